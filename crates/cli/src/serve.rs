@@ -1,0 +1,190 @@
+//! `exec-server serve` (the default command).
+
+use clap::{Args, ValueEnum};
+use exec_server::auth::{token_digest, WsAuth};
+use exec_server::listen::{self, ListenAddr};
+use exec_server::{ServerConfig, ServerState};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Authentication modes for the WebSocket listener.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum AuthMode {
+    /// `Authorization: Bearer <token>` must match --ws-token-file or --ws-token-sha256.
+    CapabilityToken,
+}
+
+/// Flags of `serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Where to listen: ws://IP:PORT (port 0 picks a free port), stdio (one client
+    /// on stdin/stdout, one JSON message per line) or unix:///path/to.sock (mode 0600).
+    /// The URL is printed as the only line on stdout once listening.
+    #[arg(long, default_value = "ws://127.0.0.1:0", value_name = "URL")]
+    pub listen: String,
+
+    /// Requests of one connection that may run at once. Above 1, file system
+    /// requests run concurrently; process requests always keep their order and a
+    /// long-polling process/read never blocks other requests.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub concurrent_requests: usize,
+
+    /// Exit (killing every process) when stdin reaches end of file: ties the
+    /// server's life to its parent's.
+    #[arg(long)]
+    pub exit_on_stdin_close: bool,
+
+    /// Seconds a session whose connection dropped is kept (with its processes)
+    /// for the client to resume it.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub detached_session_ttl: u64,
+
+    /// Most concurrent connections; more are refused with HTTP 503.
+    #[arg(long, default_value_t = exec_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    pub max_connections: usize,
+
+    /// Require a bearer token on WebSocket upgrades.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub ws_auth: Option<AuthMode>,
+
+    /// File holding the token (absolute path; read once, trimmed).
+    #[arg(
+        long,
+        value_name = "ABS_PATH",
+        requires = "ws_auth",
+        conflicts_with = "ws_token_sha256"
+    )]
+    pub ws_token_file: Option<PathBuf>,
+
+    /// SHA-256 of the token, 64 hex digits.
+    #[arg(long, value_name = "HEX", requires = "ws_auth")]
+    pub ws_token_sha256: Option<String>,
+}
+
+fn auth_from(args: &ServeArgs) -> Result<Option<WsAuth>, String> {
+    let Some(AuthMode::CapabilityToken) = args.ws_auth else {
+        return Ok(None);
+    };
+    if let Some(path) = &args.ws_token_file {
+        if !path.is_absolute() {
+            return Err("--ws-token-file needs an absolute path".into());
+        }
+        check_permissions(path);
+        let token = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if token.trim().is_empty() {
+            return Err(format!("{} is empty", path.display()));
+        }
+        return Ok(Some(WsAuth::CapabilityToken {
+            sha256: token_digest(&token),
+        }));
+    }
+    if let Some(hex_digest) = &args.ws_token_sha256 {
+        let bytes = hex::decode(hex_digest.trim())
+            .map_err(|_| "--ws-token-sha256 must be 64 hex digits".to_string())?;
+        let sha256: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| "--ws-token-sha256 must be 64 hex digits".to_string())?;
+        return Ok(Some(WsAuth::CapabilityToken { sha256 }));
+    }
+    Err("--ws-auth capability-token needs --ws-token-file or --ws-token-sha256".into())
+}
+
+fn check_permissions(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(path) {
+        if m.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(
+                "token file {} is readable by group or others (mode {:o}); chmod 600 it",
+                path.display(),
+                m.permissions().mode() & 0o777
+            );
+        }
+    }
+}
+
+/// Runs the server until SIGTERM/SIGINT (or stdin EOF with --exit-on-stdin-close,
+/// or the end of the single stdio connection). Returns the process exit code.
+pub async fn run(args: ServeArgs) -> i32 {
+    let addr: ListenAddr = match args.listen.parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("exec-server: {e}");
+            return 2;
+        }
+    };
+    let auth = match auth_from(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("exec-server: {e}");
+            return 2;
+        }
+    };
+    if let ListenAddr::WebSocket(a) = &addr {
+        if auth.is_none() && !a.ip().is_loopback() {
+            tracing::warn!(
+                "listening on {a} without --ws-auth: anyone who can reach it can run commands"
+            );
+        }
+    }
+    let config = ServerConfig {
+        concurrent_requests: args.concurrent_requests.max(1),
+        detached_session_ttl: Duration::from_secs(args.detached_session_ttl),
+        auth,
+        max_connections: args.max_connections.max(1),
+        ..ServerConfig::default()
+    };
+    let state = match ServerState::new(config.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("exec-server: cannot start: {e}");
+            return 1;
+        }
+    };
+    let listener = match listen::bind(&addr, &config).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("exec-server: cannot listen on {}: {e}", args.listen);
+            return 1;
+        }
+    };
+    let unix_path = match &addr {
+        ListenAddr::Unix(p) => Some(p.clone()),
+        _ => None,
+    };
+    if !matches!(addr, ListenAddr::Stdio) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", listener.url());
+        let _ = out.flush();
+    }
+    tracing::info!("listening on {}", listener.url());
+    let stdin_closed = async {
+        if args.exit_on_stdin_close && !matches!(addr, ListenAddr::Stdio) {
+            use tokio::io::AsyncReadExt;
+            let mut stdin = tokio::io::stdin();
+            let mut buf = [0u8; 1024];
+            while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("exec-server: cannot handle SIGTERM: {e}");
+            return 1;
+        }
+    };
+    tokio::select! {
+        _ = listen::serve(listener, state.clone()) => tracing::info!("connection ended"),
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = stdin_closed => tracing::info!("stdin closed: shutting down"),
+    }
+    state.shutdown();
+    if let Some(p) = unix_path {
+        let _ = std::fs::remove_file(p);
+    }
+    0
+}

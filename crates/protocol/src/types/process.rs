@@ -1,0 +1,320 @@
+//! `process/*` params, results and notifications.
+
+use crate::bytes::ByteChunk;
+use crate::path::PathUri;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// How the child's environment is built from the server's (`envPolicy`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvPolicy {
+    /// Which server variables to start from.
+    pub inherit: EnvInherit,
+    /// When false, names matching `*KEY*`, `*SECRET*`, `*TOKEN*` (case-insensitive) are dropped.
+    pub ignore_default_excludes: bool,
+    /// Extra name patterns (`*` and `?` wildcards, case-insensitive) to drop.
+    pub exclude: Vec<String>,
+    /// Variables set last, overriding everything.
+    pub set: BTreeMap<String, String>,
+    /// When non-empty, only names matching one of these patterns are kept.
+    pub include_only: Vec<String>,
+}
+
+/// Starting point of an [`EnvPolicy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvInherit {
+    /// Every server variable.
+    All,
+    /// PATH, SHELL, TMPDIR, TEMP, TMP, HOME, LANG, LC_ALL, LC_CTYPE, LOGNAME, USER.
+    Core,
+    /// Nothing.
+    None,
+}
+
+/// Initial PTY size in character cells (ours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
+/// Params of `process/start`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecParams {
+    /// Client-chosen id, unique among the session's live processes.
+    pub process_id: String,
+    /// Program and arguments; must not be empty.
+    pub argv: Vec<String>,
+    /// Working directory.
+    pub cwd: PathUri,
+    /// The child's entire environment (unless `envPolicy` is given).
+    pub env: BTreeMap<String, String>,
+    /// Run on a pseudo-terminal.
+    pub tty: bool,
+    /// Give a non-tty child a writable stdin pipe (else stdin is /dev/null).
+    #[serde(default)]
+    pub pipe_stdin: bool,
+    /// argv[0] override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arg0: Option<String>,
+    /// Build the environment from the server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_policy: Option<EnvPolicy>,
+    /// Portable sandbox intent (accepted; see SANDBOX.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Value>,
+    /// Managed network enforcement (accepted, not enforced).
+    #[serde(default)]
+    pub enforce_managed_network: bool,
+    /// Advanced reference fields, accepted and ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed_network: Option<Value>,
+    /// Advanced reference field, accepted and ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_proxy: Option<Value>,
+    /// Advanced reference field, accepted and ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell_snapshot: Option<Value>,
+    /// Advanced reference field, accepted and ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+    /// Ours: initial PTY size (default 80×24).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty_size: Option<PtySize>,
+    /// Ours: keep unacknowledged output until `process/ack` (flow control, no loss).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ack_output: bool,
+}
+
+/// Result of `process/start`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResponse {
+    /// The id given.
+    pub process_id: String,
+    /// `none`, `macosSeatbelt`, `linuxSeccomp`, `windowsRestrictedToken`.
+    pub sandbox_type: String,
+}
+
+/// Which stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OutputStream {
+    /// Standard output of a pipe-mode child.
+    Stdout,
+    /// Standard error of a pipe-mode child.
+    Stderr,
+    /// The PTY of a tty-mode child (stderr merged).
+    Pty,
+}
+
+impl OutputStream {
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+            OutputStream::Pty => "pty",
+        }
+    }
+}
+
+/// Params of `process/read`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadParams {
+    /// Process id.
+    pub process_id: String,
+    /// Return chunks with seq > this (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_seq: Option<u64>,
+    /// Byte budget (bytes of decoded output); at least one chunk is always returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// Long-poll up to this many milliseconds when nothing is available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+/// One retained output chunk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessOutputChunk {
+    /// Sequence number.
+    pub seq: u64,
+    /// Source stream.
+    pub stream: OutputStream,
+    /// The bytes.
+    pub chunk: ByteChunk,
+}
+
+/// Result of `process/read`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadResponse {
+    /// Chunks with seq > afterSeq, ascending.
+    pub chunks: Vec<ProcessOutputChunk>,
+    /// Where the next read should start (see SPEC §5.4 for the maxBytes quirk).
+    pub next_seq: u64,
+    /// The process has exited.
+    pub exited: bool,
+    /// Exit status, or 128+N for signal N; null until exited.
+    pub exit_code: Option<i32>,
+    /// All output is drained.
+    pub closed: bool,
+    /// Launch or runtime failure text.
+    pub failure: Option<String>,
+    /// Sandbox denial (always false here).
+    #[serde(default)]
+    pub sandbox_denied: bool,
+}
+
+/// Params of `process/write`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteParams {
+    /// Process id.
+    pub process_id: String,
+    /// Bytes for stdin.
+    pub chunk: ByteChunk,
+    /// Idempotency key: a repeated id is answered `accepted` without writing again.
+    pub write_id: String,
+}
+
+/// Outcome of a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WriteStatus {
+    /// Written (or already written under this writeId).
+    Accepted,
+    /// No such process in this session.
+    UnknownProcess,
+    /// The process has no writable stdin.
+    StdinClosed,
+    /// Not ready yet.
+    Starting,
+}
+
+/// Result of `process/write` and `process/closeStdin`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WriteResponse {
+    /// Outcome.
+    pub status: WriteStatus,
+}
+
+/// Signals for `process/signal`. The reference knows only `interrupt`; the rest are ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProcessSignal {
+    /// SIGINT.
+    Interrupt,
+    /// SIGTERM.
+    Terminate,
+    /// SIGKILL.
+    Kill,
+    /// SIGHUP.
+    Hangup,
+    /// SIGQUIT.
+    Quit,
+    /// SIGUSR1.
+    User1,
+    /// SIGUSR2.
+    User2,
+    /// SIGCONT.
+    Continue,
+    /// SIGSTOP.
+    Stop,
+    /// SIGWINCH.
+    WindowChange,
+}
+
+/// Params of `process/signal`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalParams {
+    /// Process id.
+    pub process_id: String,
+    /// Signal name.
+    pub signal: ProcessSignal,
+}
+
+/// Params of `process/terminate`, `process/closeStdin`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessIdParams {
+    /// Process id.
+    pub process_id: String,
+}
+
+/// Result of `process/terminate`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TerminateResponse {
+    /// True if the process was running and has been killed.
+    pub running: bool,
+}
+
+/// Params of `process/resize` (ours).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResizeParams {
+    /// Process id.
+    pub process_id: String,
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
+/// Params of `process/ack` (ours).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AckParams {
+    /// Process id.
+    pub process_id: String,
+    /// Every event with seq ≤ this has been consumed.
+    pub seq: u64,
+}
+
+/// `process/output` notification.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessOutputNotification {
+    /// Process id.
+    pub process_id: String,
+    /// Sequence number.
+    pub seq: u64,
+    /// Source stream.
+    pub stream: OutputStream,
+    /// The bytes.
+    pub chunk: ByteChunk,
+}
+
+/// `process/exited` notification.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessExitedNotification {
+    /// Process id.
+    pub process_id: String,
+    /// Sequence number.
+    pub seq: u64,
+    /// Exit status, or 128+N for signal N.
+    pub exit_code: i32,
+    /// Always false here.
+    #[serde(default)]
+    pub sandbox_denied: bool,
+}
+
+/// `process/closed` notification.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessClosedNotification {
+    /// Process id.
+    pub process_id: String,
+    /// Sequence number.
+    pub seq: u64,
+}

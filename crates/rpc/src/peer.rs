@@ -1,0 +1,201 @@
+//! A calling peer over a [`Connection`]: sends requests and notifications, matches
+//! responses to calls through the [`PendingCalls`] table, and hands notifications and
+//! requests from the other side to the owner through a channel.
+
+use crate::admission::{AdmissionGuard, InboundAdmission};
+use crate::pending::{CallError, PendingCalls};
+use crate::transport::{Connection, Inbound, Outbound};
+use exec_server_protocol::{
+    encode_error, encode_notification, encode_request, encode_response, ErrorObject, Message,
+    RequestId,
+};
+use serde_json::Value;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// Something the other side sent that is not a response.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A notification.
+    Notification {
+        /// Method.
+        method: String,
+        /// Params (`Null` when absent).
+        params: Value,
+    },
+    /// A request to answer with [`RpcPeer::respond`] (the guard frees its id).
+    Request {
+        /// Id to answer.
+        id: RequestId,
+        /// Method.
+        method: String,
+        /// Params.
+        params: Value,
+        /// Releases the id when dropped.
+        guard: AdmissionGuard,
+    },
+}
+
+/// Capacity of the channel of [`Incoming`] items. When full, reading from the
+/// connection waits (backpressure reaches the sender).
+pub const INCOMING_QUEUE: usize = 1024;
+
+/// A JSON-RPC peer that makes calls. Cheap to clone.
+#[derive(Clone)]
+pub struct RpcPeer {
+    outbound: Outbound,
+    pending: PendingCalls,
+    closed: watch::Receiver<bool>,
+    peer: String,
+}
+
+impl RpcPeer {
+    /// Starts the reader task over `conn`; returns the peer and the stream of
+    /// incoming notifications and requests (ends when the connection closes).
+    pub fn start(conn: Connection) -> (RpcPeer, mpsc::Receiver<Incoming>) {
+        let Connection {
+            mut inbound,
+            outbound,
+            peer,
+        } = conn;
+        let pending = PendingCalls::new();
+        let (closed_tx, closed_rx) = watch::channel(false);
+        let (in_tx, in_rx) = mpsc::channel(INCOMING_QUEUE);
+        let admission = InboundAdmission::default();
+        let reader_pending = pending.clone();
+        let reader_out = outbound.clone();
+        tokio::spawn(async move {
+            while let Some(item) = inbound.recv().await {
+                let Inbound::Message(text) = item else {
+                    continue;
+                };
+                let msg = match Message::decode(text.as_bytes()) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!("undecodable message from server: {e}");
+                        continue;
+                    }
+                };
+                match msg {
+                    Message::Response(r) => {
+                        reader_pending.complete(&r.id, Ok(r.result));
+                    }
+                    Message::Error(e) => {
+                        reader_pending.complete(&e.id, Err(e.error));
+                    }
+                    Message::Notification(n) => {
+                        let item = Incoming::Notification {
+                            method: n.method,
+                            params: n.params,
+                        };
+                        if in_tx.send(item).await.is_err() {
+                            // Owner stopped listening; keep serving responses.
+                        }
+                    }
+                    Message::Request(r) => match admission.admit(&r.id) {
+                        Ok(guard) => {
+                            let item = Incoming::Request {
+                                id: r.id,
+                                method: r.method,
+                                params: r.params,
+                                guard,
+                            };
+                            let _ = in_tx.send(item).await;
+                        }
+                        Err(e) => {
+                            let _ = reader_out.send(encode_error(&r.id, &e)).await;
+                        }
+                    },
+                }
+            }
+            // Responses already read were delivered above, in order; only now fail
+            // the calls still waiting.
+            reader_pending.close_all();
+            let _ = closed_tx.send(true);
+        });
+        (
+            RpcPeer {
+                outbound,
+                pending,
+                closed: closed_rx,
+                peer,
+            },
+            in_rx,
+        )
+    }
+
+    /// Calls `method` and waits for its result.
+    pub async fn call(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Option<Duration>,
+    ) -> Result<Value, CallError> {
+        let call = self.pending.register()?;
+        self.outbound
+            .send(encode_request(&call.id, method, &params))
+            .await
+            .map_err(|_| CallError::Closed)?;
+        call.wait(timeout).await
+    }
+
+    /// As [`RpcPeer::call`] in the reserved cleanup slot (works when the table is full).
+    pub async fn call_cleanup(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Option<Duration>,
+    ) -> Result<Value, CallError> {
+        let call = self.pending.register_cleanup()?;
+        self.outbound
+            .send(encode_request(&call.id, method, &params))
+            .await
+            .map_err(|_| CallError::Closed)?;
+        call.wait(timeout).await
+    }
+
+    /// Sends a notification.
+    pub async fn notify(&self, method: &str, params: Value) -> Result<(), CallError> {
+        self.outbound
+            .send(encode_notification(method, &params))
+            .await
+            .map_err(|_| CallError::Closed)
+    }
+
+    /// Answers a request received as [`Incoming::Request`].
+    pub async fn respond(
+        &self,
+        id: &RequestId,
+        outcome: Result<Value, ErrorObject>,
+    ) -> Result<(), CallError> {
+        let text = match outcome {
+            Ok(v) => encode_response(id, &v),
+            Err(e) => encode_error(id, &e),
+        };
+        self.outbound
+            .send(text)
+            .await
+            .map_err(|_| CallError::Closed)
+    }
+
+    /// True once the connection has closed.
+    pub fn is_closed(&self) -> bool {
+        *self.closed.borrow() || self.outbound.is_closed()
+    }
+
+    /// Resolves when the connection has closed.
+    pub async fn closed(&self) {
+        let mut rx = self.closed.clone();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    /// Calls in flight.
+    pub fn pending_calls(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Description of the other side.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+}

@@ -1,0 +1,287 @@
+//! The pending-call table: calls this peer made and whose responses it awaits.
+//!
+//! Ids are integers from a counter. At most [`MAX_PENDING_CALLS`] regular calls are
+//! in flight, plus one reserved slot for a cleanup call (e.g. terminating a process
+//! while the table is full). An entry leaves the table when its response arrives,
+//! when its timeout fires, or when the connection closes, in which case every
+//! waiter gets [`CallError::Closed`] — a disconnect is never disguised as a
+//! JSON-RPC error code.
+
+use exec_server_protocol::{ErrorObject, RequestId};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// Regular calls allowed in flight at once: 1024.
+pub const MAX_PENDING_CALLS: usize = 1024;
+
+/// Why a call did not produce a result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallError {
+    /// The peer answered with a JSON-RPC error.
+    Server(ErrorObject),
+    /// The connection closed before the answer arrived.
+    Closed,
+    /// No answer within the call's timeout; the entry was removed.
+    TimedOut,
+    /// [`MAX_PENDING_CALLS`] calls are already in flight.
+    PendingRequestLimitExceeded,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Server(e) => write!(f, "server error {}: {}", e.code, e.message),
+            CallError::Closed => f.write_str("connection closed"),
+            CallError::TimedOut => f.write_str("request timed out"),
+            CallError::PendingRequestLimitExceeded => {
+                write!(f, "more than {MAX_PENDING_CALLS} requests in flight")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+type Waiter = oneshot::Sender<Result<Value, CallError>>;
+
+#[derive(Default)]
+struct Table {
+    waiters: HashMap<i64, Waiter>,
+    cleanup_in_use: Option<i64>,
+    closed: bool,
+}
+
+/// The table. Cheap to clone (shared).
+#[derive(Clone, Default)]
+pub struct PendingCalls {
+    next_id: Arc<AtomicI64>,
+    table: Arc<Mutex<Table>>,
+}
+
+/// A registered call: its id and the receiver of its outcome.
+pub struct PendingCall {
+    /// The id to put in the request.
+    pub id: RequestId,
+    rx: oneshot::Receiver<Result<Value, CallError>>,
+    key: i64,
+    table: PendingCalls,
+}
+
+impl PendingCalls {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        // A poisoned lock only means another thread panicked mid-update; the map is
+        // still structurally sound.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a regular call. Errors with `PendingRequestLimitExceeded` when full
+    /// and `Closed` after [`PendingCalls::close_all`].
+    pub fn register(&self) -> Result<PendingCall, CallError> {
+        self.register_inner(false)
+    }
+
+    /// Registers a call in the reserved cleanup slot (one at a time), usable even
+    /// when the regular slots are full.
+    pub fn register_cleanup(&self) -> Result<PendingCall, CallError> {
+        self.register_inner(true)
+    }
+
+    fn register_inner(&self, cleanup: bool) -> Result<PendingCall, CallError> {
+        let mut t = self.lock();
+        if t.closed {
+            return Err(CallError::Closed);
+        }
+        let regular = t.waiters.len() - usize::from(t.cleanup_in_use.is_some());
+        if cleanup {
+            if t.cleanup_in_use.is_some() {
+                return Err(CallError::PendingRequestLimitExceeded);
+            }
+        } else if regular >= MAX_PENDING_CALLS {
+            return Err(CallError::PendingRequestLimitExceeded);
+        }
+        let key = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        t.waiters.insert(key, tx);
+        if cleanup {
+            t.cleanup_in_use = Some(key);
+        }
+        Ok(PendingCall {
+            id: RequestId::Integer(key),
+            rx,
+            key,
+            table: self.clone(),
+        })
+    }
+
+    /// Delivers a response or error for `id`. Returns false if no call waits for it
+    /// (an unsolicited response).
+    pub fn complete(&self, id: &RequestId, outcome: Result<Value, ErrorObject>) -> bool {
+        let RequestId::Integer(key) = id else {
+            return false;
+        };
+        let waiter = {
+            let mut t = self.lock();
+            if t.cleanup_in_use == Some(*key) {
+                t.cleanup_in_use = None;
+            }
+            t.waiters.remove(key)
+        };
+        match waiter {
+            Some(w) => {
+                let _ = w.send(outcome.map_err(CallError::Server));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Fails every waiting call with `Closed` and refuses new ones.
+    pub fn close_all(&self) {
+        let waiters: Vec<_> = {
+            let mut t = self.lock();
+            t.closed = true;
+            t.cleanup_in_use = None;
+            t.waiters.drain().map(|(_, w)| w).collect()
+        };
+        for w in waiters {
+            let _ = w.send(Err(CallError::Closed));
+        }
+    }
+
+    /// Calls in flight (regular and cleanup).
+    pub fn len(&self) -> usize {
+        self.lock().waiters.len()
+    }
+
+    /// True when no call is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn remove(&self, key: i64) {
+        let mut t = self.lock();
+        t.waiters.remove(&key);
+        if t.cleanup_in_use == Some(key) {
+            t.cleanup_in_use = None;
+        }
+    }
+}
+
+impl PendingCall {
+    /// Waits for the outcome; on timeout the entry is removed and `TimedOut` returned.
+    pub async fn wait(mut self, timeout: Option<Duration>) -> Result<Value, CallError> {
+        let outcome = match timeout {
+            Some(d) => match tokio::time::timeout(d, &mut self.rx).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.table.remove(self.key);
+                    return Err(CallError::TimedOut);
+                }
+            },
+            None => (&mut self.rx).await,
+        };
+        outcome.unwrap_or(Err(CallError::Closed))
+    }
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        // A caller that gave up (dropped its future) must not leak a slot.
+        self.table.remove(self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn out_of_order_responses_match_by_id() {
+        let t = PendingCalls::new();
+        let a = t.register().unwrap();
+        let b = t.register().unwrap();
+        let (ida, idb) = (a.id.clone(), b.id.clone());
+        assert!(t.complete(&idb, Ok(json!("b"))));
+        assert!(t.complete(&ida, Ok(json!("a"))));
+        assert_eq!(a.wait(None).await.unwrap(), json!("a"));
+        assert_eq!(b.wait(None).await.unwrap(), json!("b"));
+        assert!(
+            !t.complete(&ida, Ok(json!(1))),
+            "second answer is unsolicited"
+        );
+    }
+
+    #[tokio::test]
+    async fn timeout_removes_entry() {
+        let t = PendingCalls::new();
+        let a = t.register().unwrap();
+        let id = a.id.clone();
+        assert_eq!(t.len(), 1);
+        let r = a.wait(Some(Duration::from_millis(10))).await;
+        assert_eq!(r, Err(CallError::TimedOut));
+        assert_eq!(t.len(), 0);
+        assert!(!t.complete(&id, Ok(json!(1))));
+    }
+
+    #[tokio::test]
+    async fn close_wakes_every_waiter_with_closed() {
+        let t = PendingCalls::new();
+        let calls: Vec<_> = (0..5).map(|_| t.register().unwrap()).collect();
+        let first = calls[0].id.clone();
+        // A response read before the close is still delivered.
+        t.complete(&first, Ok(json!("early")));
+        t.close_all();
+        let mut results = Vec::new();
+        for c in calls {
+            results.push(c.wait(None).await);
+        }
+        assert_eq!(results[0], Ok(json!("early")));
+        assert!(results[1..].iter().all(|r| *r == Err(CallError::Closed)));
+        assert_eq!(t.register().err(), Some(CallError::Closed));
+    }
+
+    #[tokio::test]
+    async fn capacity_limit_and_cleanup_slot() {
+        let t = PendingCalls::new();
+        let held: Vec<_> = (0..MAX_PENDING_CALLS)
+            .map(|_| t.register().unwrap())
+            .collect();
+        assert_eq!(
+            t.register().err(),
+            Some(CallError::PendingRequestLimitExceeded)
+        );
+        let cleanup = t.register_cleanup().unwrap();
+        assert_eq!(
+            t.register_cleanup().err(),
+            Some(CallError::PendingRequestLimitExceeded)
+        );
+        t.complete(&cleanup.id.clone(), Ok(json!({})));
+        assert_eq!(cleanup.wait(None).await.unwrap(), json!({}));
+        assert!(t.register_cleanup().is_ok());
+        drop(held);
+        assert!(t.register().is_ok());
+        let e = t.complete(&RequestId::Integer(1), Err(ErrorObject::internal("x")));
+        assert!(!e);
+    }
+
+    #[tokio::test]
+    async fn server_error_is_typed() {
+        let t = PendingCalls::new();
+        let a = t.register().unwrap();
+        t.complete(&a.id.clone(), Err(ErrorObject::not_found("gone")));
+        assert_eq!(
+            a.wait(None).await,
+            Err(CallError::Server(ErrorObject::not_found("gone")))
+        );
+    }
+}

@@ -1,0 +1,243 @@
+//! Framed transports: any source and sink of whole JSON-RPC messages.
+//!
+//! Each transport is split into a reader task and a writer task joined to the rest of
+//! the program by channels, so a peer never touches a socket: it receives
+//! [`Inbound`] items and sends encoded messages through an [`Outbound`] handle.
+//! One message is one WebSocket text frame, or one `\n`-terminated line on stdio and
+//! on a Unix socket.
+
+use futures_util::{SinkExt, StreamExt};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::{mpsc, Notify};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::WebSocketStream;
+
+/// Messages a connection may have queued for writing before senders wait
+/// (backpressure). Each queued item is one encoded message.
+pub const OUTBOUND_QUEUE_MESSAGES: usize = 256;
+
+/// How long the writer may be blocked on a peer that does not read before the
+/// connection is dropped (its session detaches and can be resumed).
+pub const STALLED_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest line accepted on a line-framed transport: 512 MiB.
+pub const MAX_LINE_BYTES: usize = 512 * 1024 * 1024;
+
+/// What a transport's reader yields.
+#[derive(Debug)]
+pub enum Inbound {
+    /// One whole message (text).
+    Message(String),
+    /// A frame that is not text (binary WebSocket frame); answered as undecodable.
+    Invalid(String),
+}
+
+/// A handle for queueing encoded messages on a connection. Cloneable; sending
+/// waits while the queue is full and fails once the connection is gone.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    tx: mpsc::Sender<String>,
+    closer: Arc<Notify>,
+}
+
+/// The connection is closed; nothing more can be sent on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closed;
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection closed")
+    }
+}
+
+impl std::error::Error for Closed {}
+
+impl Outbound {
+    /// Queues one encoded message, waiting while the queue is full.
+    pub async fn send(&self, msg: String) -> Result<(), Closed> {
+        self.tx.send(msg).await.map_err(|_| Closed)
+    }
+    /// True once the writer has stopped.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+    /// Resolves when the writer has stopped.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+    /// Closes the connection now: the writer stops without sending what is queued.
+    pub fn close(&self) {
+        self.closer.notify_one();
+    }
+    /// True if both handles feed the same connection.
+    pub fn same_connection(&self, other: &Outbound) -> bool {
+        self.tx.same_channel(&other.tx)
+    }
+}
+
+/// A connected transport: a stream of inbound messages and a sending handle.
+/// Dropping every [`Outbound`] clone and the receiver closes the connection.
+pub struct Connection {
+    /// Inbound messages; `None` when the peer closed or the reader failed.
+    pub inbound: mpsc::Receiver<Inbound>,
+    /// Outbound handle.
+    pub outbound: Outbound,
+    /// Description of the peer, e.g. `exec-server websocket 127.0.0.1:5555`.
+    pub peer: String,
+}
+
+/// Serves an accepted or connected WebSocket.
+pub fn websocket<S>(ws: WebSocketStream<S>, peer: String) -> Connection
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sink, mut stream) = ws.split();
+    let (in_tx, in_rx) = mpsc::channel(64);
+    let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE_MESSAGES);
+    let closer = Arc::new(Notify::new());
+    let writer_closer = closer.clone();
+    let writer = tokio::spawn(async move {
+        loop {
+            let first = tokio::select! {
+                m = out_rx.recv() => match m { Some(m) => m, None => break },
+                _ = writer_closer.notified() => break,
+            };
+            // Feed everything already queued, then flush once: fewer syscalls under load.
+            let mut batch = Some(first);
+            let result = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
+                while let Some(msg) = batch.take() {
+                    sink.feed(WsMessage::text(msg)).await?;
+                    batch = out_rx.try_recv().ok();
+                }
+                sink.flush().await
+            })
+            .await;
+            match result {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!("websocket write failed: {e}");
+                    break;
+                }
+                Err(_) => {
+                    tracing::warn!("websocket peer stopped reading; dropping the connection");
+                    break;
+                }
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let reader_out = out_tx.clone();
+    tokio::spawn(async move {
+        while let Some(item) = stream.next().await {
+            let item = match item {
+                Ok(WsMessage::Text(t)) => Inbound::Message(t.as_str().to_owned()),
+                Ok(WsMessage::Binary(_)) => {
+                    Inbound::Invalid("binary frames are not JSON-RPC messages".into())
+                }
+                Ok(WsMessage::Close(_)) => break,
+                Ok(_) => continue, // ping/pong handled by tungstenite
+                Err(e) => {
+                    tracing::debug!("websocket read failed: {e}");
+                    break;
+                }
+            };
+            tokio::select! {
+                r = in_tx.send(item) => if r.is_err() { break },
+                _ = reader_out.closed() => break,
+            }
+        }
+        drop(reader_out);
+        // When the read side ends, the writer must stop too, or a half-open peer
+        // would keep the connection (and its session attachment) alive.
+        writer.abort();
+    });
+    Connection {
+        inbound: in_rx,
+        outbound: Outbound { tx: out_tx, closer },
+        peer,
+    }
+}
+
+/// Serves a line-framed byte stream (stdio, a Unix socket): one message per line.
+/// Empty lines are skipped.
+pub fn lines<R, W>(reader: R, writer: W, peer: String) -> Connection
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (in_tx, in_rx) = mpsc::channel(64);
+    let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE_MESSAGES);
+    let closer = Arc::new(Notify::new());
+    let writer_closer = closer.clone();
+    let writer_task = tokio::spawn(async move {
+        let mut w = BufWriter::with_capacity(64 * 1024, writer);
+        loop {
+            let first = tokio::select! {
+                m = out_rx.recv() => match m { Some(m) => m, None => break },
+                _ = writer_closer.notified() => break,
+            };
+            let mut batch = Some(first);
+            let result = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
+                while let Some(msg) = batch.take() {
+                    w.write_all(msg.as_bytes()).await?;
+                    w.write_all(b"\n").await?;
+                    batch = out_rx.try_recv().ok();
+                }
+                w.flush().await
+            })
+            .await;
+            if !matches!(result, Ok(Ok(()))) {
+                break;
+            }
+        }
+        let _ = w.shutdown().await;
+    });
+    let reader_out = out_tx.clone();
+    tokio::spawn(async move {
+        let mut r = BufReader::with_capacity(64 * 1024, reader);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match (&mut r)
+                .take(MAX_LINE_BYTES as u64 + 1)
+                .read_until(b'\n', &mut buf)
+                .await
+            {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+            if buf.len() > MAX_LINE_BYTES {
+                tracing::warn!("line longer than {MAX_LINE_BYTES} bytes; closing");
+                break;
+            }
+            while matches!(buf.last(), Some(b'\n' | b'\r')) {
+                buf.pop();
+            }
+            if buf.iter().all(|b| b.is_ascii_whitespace()) {
+                continue;
+            }
+            let item = match String::from_utf8(std::mem::take(&mut buf)) {
+                Ok(s) => Inbound::Message(s),
+                Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
+            };
+            tokio::select! {
+                res = in_tx.send(item) => if res.is_err() { break },
+                _ = reader_out.closed() => break,
+            }
+        }
+        drop(reader_out);
+        // Let queued replies go out before the writer ends on its own when every
+        // sender is dropped; abort only if it is stuck.
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+    });
+    Connection {
+        inbound: in_rx,
+        outbound: Outbound { tx: out_tx, closer },
+        peer,
+    }
+}
+
+use tokio::io::AsyncReadExt as _;

@@ -1,0 +1,93 @@
+//! `environment/info`: what the executor is, computed once at start.
+
+use exec_server_protocol::types::{EnvironmentInfo, ShellInfo};
+use exec_server_protocol::PathUri;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Version reported as `executorVersion`: the protocol version we implement, so
+/// clients that compare versions treat us as the reference release.
+pub const EXECUTOR_VERSION: &str = "0.169.0";
+
+/// Capability flags. The reference's keys come first with the values that are true
+/// of this server; our additions use new keys that a Codex client ignores.
+pub fn capabilities() -> BTreeMap<String, bool> {
+    [
+        // Reference keys.
+        ("networkProxyLaunch", false),
+        ("networkProxyReviewDomains", false),
+        ("credentialMasking", false),
+        ("credentialMaskingCustomProviders", false),
+        ("capabilityDiscoverySandbox", false),
+        ("fsWatchMissing", false),
+        ("capabilityDiscoveryV2", true),
+        ("environmentConfigRead", true),
+        ("httpHeaderEnvVars", true),
+        ("sandboxedFileStreaming", false),
+        ("fileWriteStreaming", true),
+        ("shellSnapshotV2", false),
+        ("windowsMxc", false),
+        ("linuxRootWritePreservesDevices", false),
+        ("linuxApprovedRootWritePreservesRestrictions", false),
+        // Ours.
+        ("processResize", true),
+        ("processCloseStdin", true),
+        ("processExtendedSignals", true),
+        ("processOutputAck", true),
+        ("processTreeKill", true),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+fn uri(p: &Path) -> Option<PathUri> {
+    PathUri::from_path(p)
+}
+
+/// Computes the info for this host.
+pub fn environment_info() -> EnvironmentInfo {
+    let shell_path = std::env::var("SHELL")
+        .ok()
+        .filter(|s| Path::new(s).is_absolute())
+        .unwrap_or_else(|| {
+            if Path::new("/bin/bash").exists() {
+                "/bin/bash".into()
+            } else {
+                "/bin/sh".into()
+            }
+        });
+    let shell_name = Path::new(&shell_path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "sh".into());
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let tmpdir = std::env::var_os("TMPDIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute());
+    let hostname = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let machine_id = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
+    let digest = Sha256::digest(format!(
+        "exec-server\0{hostname}\0{}\0{}",
+        machine_id.trim(),
+        nix::unistd::getuid()
+    ));
+    EnvironmentInfo {
+        shell: ShellInfo {
+            name: shell_name,
+            path: shell_path,
+        },
+        executor_version: EXECUTOR_VERSION.into(),
+        provider_id: Some(format!("sha256:{}", hex::encode(digest))),
+        cwd: std::env::current_dir().ok().as_deref().and_then(uri),
+        user_home_dir: home.as_deref().and_then(uri),
+        platform_os: Some(std::env::consts::OS.replace("macos", "macos")),
+        prepend_path_dirs: Vec::new(),
+        temporary_directories: tmpdir.as_deref().and_then(uri).into_iter().collect(),
+        temp_dir: uri(&std::env::temp_dir()),
+        capabilities: capabilities(),
+    }
+}

@@ -1,0 +1,72 @@
+//! Open file handles of a session (`fs/open`), by client-chosen id.
+
+use exec_server_protocol::ErrorObject;
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Most handles one session may hold open: 256.
+pub const MAX_OPEN_FILES_PER_SESSION: usize = 256;
+
+/// The table. Handles close when removed, or when the session ends.
+#[derive(Default)]
+pub struct HandleTable {
+    files: Mutex<HashMap<String, Arc<File>>>,
+}
+
+impl HandleTable {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<File>>> {
+        self.files.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fails with -32600 if `id` is taken or the table is full.
+    pub fn check_free(&self, id: &str) -> Result<(), ErrorObject> {
+        let files = self.lock();
+        if files.contains_key(id) {
+            return Err(ErrorObject::invalid_request(format!(
+                "file handle `{id}` already exists"
+            )));
+        }
+        if files.len() >= MAX_OPEN_FILES_PER_SESSION {
+            return Err(ErrorObject::invalid_request(format!(
+                "too many open file handles (limit {MAX_OPEN_FILES_PER_SESSION}); close some with fs/close"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds `file` under `id` (rechecked, so two racing opens cannot share an id).
+    pub fn insert(&self, id: &str, file: File) -> Result<(), ErrorObject> {
+        self.check_free(id)?;
+        self.lock().insert(id.to_string(), Arc::new(file));
+        Ok(())
+    }
+
+    /// The file under `id`, or -32004 ``unknown file handle `id` ``.
+    pub fn get(&self, id: &str) -> Result<Arc<File>, ErrorObject> {
+        self.lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ErrorObject::not_found(format!("unknown file handle `{id}`")))
+    }
+
+    /// Closes `id` (unknown ids are fine).
+    pub fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// Closes every handle.
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Number of open handles.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when none is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,119 @@
+//! The exec-server: runs processes, file operations and HTTP requests for a
+//! remote client over the JSON-RPC dialect of the Codex CLI's `exec-server`
+//! (0.169.0), on WebSocket, stdio or a Unix socket.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use exec_server::{listen, ServerConfig, ServerState};
+//! let state = ServerState::new(ServerConfig::default())?;
+//! let listener = listen::bind(&"ws://127.0.0.1:0".parse().unwrap(), &state.config).await?;
+//! println!("{}", listener.url()); // ws://127.0.0.1:PORT
+//! listen::serve(listener, state).await;
+//! # Ok(()) }
+//! ```
+//!
+//! Layers: [`listen`] accepts connections (and checks `Origin` and bearer tokens),
+//! [`connection`] runs one connection's handshake and dispatch, [`handlers`] maps
+//! methods to the [`session`], [`process`], [`fs`], [`http`] and [`discovery`]
+//! modules that do the work.
+#![deny(missing_docs)]
+
+pub mod auth;
+pub mod connection;
+pub mod discovery;
+pub mod env_info;
+pub mod fs;
+pub mod handlers;
+pub mod http;
+pub mod listen;
+pub mod process;
+pub mod session;
+
+use exec_server_protocol::types::EnvironmentInfo;
+use exec_server_rpc::router::{Mode, Router};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default for `--max-connections`: 4096 concurrent connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Largest WebSocket message (and frame) accepted: 256 MiB. Larger ones close the
+/// connection with status 1009 (message too big). Enough for `fs/writeFile` of
+/// 128 MiB after base64.
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
+/// Server settings.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// `--concurrent-requests`: above 1, file system requests of one connection
+    /// run concurrently. Process requests keep arrival order at any setting, and
+    /// long-polls never block other requests.
+    pub concurrent_requests: usize,
+    /// How long a detached session is kept ([`session::DETACHED_SESSION_TTL`]).
+    pub detached_session_ttl: Duration,
+    /// WebSocket upgrade authentication.
+    pub auth: Option<auth::WsAuth>,
+    /// Most concurrent connections; more are refused with HTTP 503.
+    pub max_connections: usize,
+    /// Largest WebSocket message in bytes.
+    pub max_message_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            concurrent_requests: 1,
+            detached_session_ttl: session::DETACHED_SESSION_TTL,
+            auth: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_message_bytes: MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+/// Everything connections share.
+pub struct ServerState {
+    /// Settings.
+    pub config: ServerConfig,
+    /// Sessions.
+    pub sessions: Arc<session::SessionRegistry>,
+    /// `environment/info`, computed once.
+    pub env_info: EnvironmentInfo,
+    /// Method table.
+    pub router: Router<connection::Ctx>,
+    /// HTTP clients for `http/request`.
+    pub http: http::HttpClients,
+    next_connection: AtomicU64,
+}
+
+impl ServerState {
+    /// Builds the state and starts the child reaper. Must run inside a Tokio runtime.
+    pub fn new(config: ServerConfig) -> std::io::Result<Arc<Self>> {
+        process::reaper::install()?;
+        let fs_mode = if config.concurrent_requests > 1 {
+            Mode::Detached
+        } else {
+            Mode::Inline
+        };
+        Ok(Arc::new(ServerState {
+            sessions: Arc::new(session::SessionRegistry::new(config.detached_session_ttl)),
+            env_info: env_info::environment_info(),
+            router: handlers::router(fs_mode),
+            http: http::HttpClients::new().map_err(std::io::Error::other)?,
+            next_connection: AtomicU64::new(1),
+            config,
+        }))
+    }
+
+    /// A fresh connection id.
+    pub fn next_connection_id(&self) -> u64 {
+        self.next_connection.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Kills every process tree of every session, and every other descendant of
+    /// this process (orphans re-parented to it). Used at shutdown.
+    pub fn shutdown(&self) {
+        self.sessions.shutdown_all();
+        process::kill::kill_all_descendants();
+    }
+}

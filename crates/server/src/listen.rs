@@ -1,0 +1,214 @@
+//! Listeners: WebSocket (`ws://IP:PORT`), stdio, and Unix sockets (`unix:///path`).
+
+use crate::auth::check_upgrade;
+use crate::{connection, ServerConfig, ServerState};
+use exec_server_rpc::transport;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::Semaphore;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+
+/// Where to listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// `ws://IP:PORT` (port 0 = ephemeral).
+    WebSocket(SocketAddr),
+    /// `stdio` or `stdio://`: one connection on stdin/stdout, one message per line.
+    Stdio,
+    /// `unix:///path/to.sock`: one message per line; socket mode 0600.
+    Unix(PathBuf),
+}
+
+impl FromStr for ListenAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "stdio" || s == "stdio://" {
+            return Ok(ListenAddr::Stdio);
+        }
+        if let Some(rest) = s.strip_prefix("ws://") {
+            let rest = rest.trim_end_matches('/');
+            return rest
+                .parse()
+                .map(ListenAddr::WebSocket)
+                .map_err(|_| format!("`{s}` is not ws://IP:PORT (e.g. ws://127.0.0.1:0)"));
+        }
+        if let Some(path) = s.strip_prefix("unix://") {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "`{s}` needs an absolute path: unix:///path/to.sock"
+                ));
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        Err(format!(
+            "unsupported listen address `{s}`: use ws://IP:PORT, stdio, or unix:///path/to.sock"
+        ))
+    }
+}
+
+/// A bound listener.
+pub enum Listener {
+    /// TCP for WebSocket.
+    WebSocket(TcpListener, SocketAddr),
+    /// stdio.
+    Stdio,
+    /// Unix socket and its path.
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    /// The URL clients use, printed on start: `ws://127.0.0.1:PORT`, `stdio`,
+    /// `unix:///path`.
+    pub fn url(&self) -> String {
+        match self {
+            Listener::WebSocket(_, a) => format!("ws://{a}"),
+            Listener::Stdio => "stdio".into(),
+            Listener::Unix(_, p) => format!("unix://{}", p.display()),
+        }
+    }
+}
+
+/// Binds `addr`. A stale Unix socket file (nobody accepting) is replaced; a live
+/// one is an `AddrInUse` error.
+pub async fn bind(addr: &ListenAddr, _config: &ServerConfig) -> std::io::Result<Listener> {
+    match addr {
+        ListenAddr::WebSocket(a) => {
+            let l = TcpListener::bind(a).await?;
+            let local = l.local_addr()?;
+            Ok(Listener::WebSocket(l, local))
+        }
+        ListenAddr::Stdio => Ok(Listener::Stdio),
+        ListenAddr::Unix(path) => {
+            use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                if !meta.file_type().is_socket() {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        format!("{} exists and is not a socket", path.display()),
+                    ));
+                }
+                if tokio::net::UnixStream::connect(path).await.is_ok() {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        format!("{} is in use by a running server", path.display()),
+                    ));
+                }
+                std::fs::remove_file(path)?;
+            }
+            // Bind with a tight umask so the socket is never reachable by others,
+            // not even between bind and chmod.
+            // SAFETY: umask only swaps the process's file mode mask.
+            let old = unsafe { libc::umask(0o177) };
+            let l = UnixListener::bind(path);
+            // SAFETY: as above.
+            unsafe { libc::umask(old) };
+            let l = l?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            Ok(Listener::Unix(l, path.clone()))
+        }
+    }
+}
+
+fn refuse(status: u16, message: &str) -> ErrorResponse {
+    let mut resp = http::Response::new(Some(message.to_string()));
+    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::FORBIDDEN);
+    resp
+}
+
+/// Serves connections until the listener fails (WebSocket, Unix) or the single
+/// connection ends (stdio).
+pub async fn serve(listener: Listener, state: Arc<ServerState>) {
+    let slots = Arc::new(Semaphore::new(state.config.max_connections));
+    match listener {
+        Listener::Stdio => {
+            let conn = transport::lines(
+                tokio::io::stdin(),
+                tokio::io::stdout(),
+                "exec-server stdio".into(),
+            );
+            connection::serve(
+                state,
+                conn,
+                "JSON-RPC message from exec-server stdio".into(),
+            )
+            .await;
+        }
+        Listener::Unix(l, path) => loop {
+            let Ok((stream, _)) = l.accept().await else {
+                continue;
+            };
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                tracing::warn!("connection limit reached; refusing a unix socket connection");
+                continue;
+            };
+            let state = state.clone();
+            let peer = format!("exec-server unix socket {}", path.display());
+            tokio::spawn(async move {
+                let (r, w) = stream.into_split();
+                let conn = transport::lines(r, w, peer.clone());
+                connection::serve(state, conn, format!("JSON-RPC message from {peer}")).await;
+                drop(permit);
+            });
+        },
+        Listener::WebSocket(l, _) => loop {
+            let (stream, peer) = match l.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let permit = slots.clone().try_acquire_owned().ok();
+            let state = state.clone();
+            tokio::spawn(async move {
+                let full = permit.is_none();
+                let auth = state.config.auth.clone();
+                let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+                    if full {
+                        return Err(refuse(503, "too many connections"));
+                    }
+                    let h = req.headers();
+                    check_upgrade(
+                        auth.as_ref(),
+                        h.get(http::header::ORIGIN).map(|v| v.as_bytes()),
+                        h.get(http::header::AUTHORIZATION).map(|v| v.as_bytes()),
+                    )
+                    .map_err(|r| refuse(r.status, r.message))?;
+                    Ok(resp)
+                };
+                let mut cfg = WebSocketConfig::default();
+                cfg.max_message_size = Some(state.config.max_message_bytes);
+                cfg.max_frame_size = Some(state.config.max_message_bytes);
+                let ws = match tokio_tungstenite::accept_hdr_async_with_config(
+                    stream,
+                    callback,
+                    Some(cfg),
+                )
+                .await
+                {
+                    Ok(ws) => ws,
+                    Err(e) => {
+                        tracing::debug!(%peer, "websocket handshake refused or failed: {e}");
+                        return;
+                    }
+                };
+                let name = format!("exec-server websocket {peer}");
+                let conn = transport::websocket(ws, name.clone());
+                connection::serve(
+                    state,
+                    conn,
+                    format!("websocket JSON-RPC message from {name}"),
+                )
+                .await;
+                drop(permit);
+            });
+        },
+    }
+}

@@ -1,0 +1,504 @@
+//! Processes: one [`Process`] per `process/start`, owning the child's output log,
+//! its stdin writer and the task that pumps its output.
+//!
+//! Ownership: the session's process table owns the [`Process`]; the pump task holds
+//! a clone until the process is closed. Killing is by process tree (see [`kill`]).
+
+pub mod kill;
+pub mod output_log;
+pub mod reaper;
+pub mod spawn;
+
+use crate::session::Link;
+use exec_server_protocol::types::{OutputStream, ProcessSignal, ReadResponse, WriteStatus};
+use exec_server_protocol::{methods, ByteChunk, ErrorObject};
+use output_log::OutputLog;
+use std::collections::{HashSet, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+
+/// How long the record of an exited and closed process stays readable: 30 s.
+pub const EXITED_PROCESS_RETENTION: Duration = Duration::from_secs(30);
+/// Accepted writeIds remembered per process for de-duplication: 4096.
+pub const REMEMBERED_WRITE_IDS: usize = 4096;
+/// Bytes read from a child's pipe or PTY at once: 64 KiB.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+enum StdinOp {
+    Write(Vec<u8>),
+    Close,
+}
+
+#[derive(Default)]
+struct WriteIds {
+    order: VecDeque<String>,
+    set: HashSet<String>,
+}
+
+impl WriteIds {
+    fn contains(&self, id: &str) -> bool {
+        self.set.contains(id)
+    }
+    fn remember(&mut self, id: String) {
+        if self.set.insert(id.clone()) {
+            self.order.push_back(id);
+            if self.order.len() > REMEMBERED_WRITE_IDS {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+struct State {
+    log: OutputLog,
+    write_ids: WriteIds,
+    /// Writable stdin (pipe or PTY) not yet closed by the client.
+    stdin: Option<mpsc::UnboundedSender<StdinOp>>,
+    /// stdin existed but failed (EPIPE) or the process exited.
+    stdin_broken: bool,
+    has_stdin: bool,
+}
+
+/// A managed process.
+pub struct Process {
+    /// Client-chosen id.
+    pub id: String,
+    /// OS pid (also its process group and session id).
+    pub pid: u32,
+    tty: Option<Arc<AsyncFd<OwnedFd>>>,
+    state: Mutex<State>,
+    /// Bumped on every new event; long-polls wait on it.
+    changed: watch::Sender<u64>,
+    /// Wakes a paused pump when output is delivered.
+    resume: Notify,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Output ends for the pump.
+enum Sources {
+    Pipes(AsyncFd<OwnedFd>, AsyncFd<OwnedFd>),
+    Pty(Arc<AsyncFd<OwnedFd>>),
+}
+
+fn nonblocking(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(&fd, FcntlArg::F_GETFL).map_err(std::io::Error::from)?;
+    let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
+    fcntl(&fd, FcntlArg::F_SETFL(flags)).map_err(std::io::Error::from)?;
+    // SAFETY: an OwnedFd is a valid open descriptor that keeps its number for as
+    // long as it is owned, here by the AsyncFd.
+    unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
+}
+
+/// Reads once; `Ok(0)` at end of file (a PTY's EIO counts as end of file).
+async fn read_some(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        let mut guard = fd.readable().await?;
+        match guard.try_io(|inner| raw_read(inner.get_ref(), buf)) {
+            Ok(r) => return r,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+fn raw_read(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<usize> {
+    match nix::unistd::read(fd, buf) {
+        Ok(n) => Ok(n),
+        Err(nix::errno::Errno::EIO) => Ok(0),
+        Err(e) => Err(std::io::Error::from(e)),
+    }
+}
+
+async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()> {
+    while !data.is_empty() {
+        let mut guard = fd.writable().await?;
+        match guard
+            .try_io(|inner| nix::unistd::write(inner.get_ref(), data).map_err(std::io::Error::from))
+        {
+            Ok(Ok(n)) => data = &data[n..],
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+    Ok(())
+}
+
+/// Encodes a `process/output` notification straight into one string (hot path:
+/// no intermediate JSON value, base64 written in place).
+pub fn encode_output_notification(
+    process_id: &str,
+    seq: u64,
+    stream: OutputStream,
+    data: &[u8],
+) -> String {
+    use base64::Engine;
+    let mut s = String::with_capacity(96 + process_id.len() + data.len().div_ceil(3) * 4);
+    s.push_str("{\"method\":\"process/output\",\"params\":{\"processId\":");
+    s.push_str(&serde_json::to_string(process_id).unwrap_or_else(|_| "\"\"".into()));
+    s.push_str(",\"seq\":");
+    s.push_str(itoa_u64(seq).as_str());
+    s.push_str(",\"stream\":\"");
+    s.push_str(stream.as_str());
+    s.push_str("\",\"chunk\":\"");
+    exec_server_protocol::bytes::BASE64.encode_string(data, &mut s);
+    s.push_str("\"}}");
+    s
+}
+
+fn itoa_u64(v: u64) -> String {
+    v.to_string()
+}
+
+impl Process {
+    /// Starts the child and its pump. The pump waits for `start_gate` (fired once
+    /// the `process/start` response is queued, or dropped) before sending any
+    /// notification, so the response always comes first.
+    pub fn spawn(
+        params: &exec_server_protocol::types::ExecParams,
+        cwd: &std::path::Path,
+        link: Arc<Link>,
+        start_gate: oneshot::Receiver<()>,
+        on_retire: Box<dyn FnOnce(&Arc<Process>) + Send>,
+    ) -> std::io::Result<Arc<Process>> {
+        let started = spawn::start(params, cwd)?;
+        let pid = started.pid;
+        let (sources, stdin_fd, tty) = match started.io {
+            spawn::ChildIo::Pipes {
+                stdin,
+                stdout,
+                stderr,
+            } => (
+                Sources::Pipes(nonblocking(stdout)?, nonblocking(stderr)?),
+                stdin.map(nonblocking).transpose()?.map(Arc::new),
+                None,
+            ),
+            spawn::ChildIo::Pty { master } => {
+                let m = Arc::new(nonblocking(master)?);
+                (Sources::Pty(m.clone()), Some(m.clone()), Some(m))
+            }
+        };
+        let has_stdin = stdin_fd.is_some();
+        let stdin_tx = stdin_fd.map(|fd| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (tx, rx, fd)
+        });
+        let (changed, _) = watch::channel(0);
+        let proc = Arc::new(Process {
+            id: params.process_id.clone(),
+            pid,
+            tty,
+            state: Mutex::new(State {
+                log: OutputLog::new(params.ack_output),
+                write_ids: WriteIds::default(),
+                stdin: stdin_tx.as_ref().map(|(tx, _, _)| tx.clone()),
+                stdin_broken: false,
+                has_stdin,
+            }),
+            changed,
+            resume: Notify::new(),
+        });
+        if let Some((_, rx, fd)) = stdin_tx {
+            tokio::spawn(stdin_writer(proc.clone(), rx, fd));
+        }
+        tokio::spawn(pump(
+            proc.clone(),
+            sources,
+            started.exit,
+            link,
+            start_gate,
+            on_retire,
+        ));
+        Ok(proc)
+    }
+
+    /// True while the process has not been reaped.
+    pub fn is_running(&self) -> bool {
+        lock(&self.state).log.exit_code().is_none()
+    }
+
+    /// True once all output is drained and the exit recorded.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.state).log.is_closed()
+    }
+
+    /// Answers `process/read`, long-polling up to `wait` when nothing is available.
+    pub async fn read(
+        &self,
+        after: u64,
+        max_bytes: Option<u64>,
+        wait: Option<Duration>,
+    ) -> ReadResponse {
+        let mut rx = self.changed.subscribe();
+        let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+        loop {
+            {
+                let mut st = lock(&self.state);
+                let ready = st.log.has_events_after(after);
+                if ready || deadline.is_none_or(|d| tokio::time::Instant::now() >= d) {
+                    // Asking from `after` proves everything up to it was received.
+                    st.log.mark_delivered(after);
+                    let page = st.log.read(after, max_bytes);
+                    if let Some(last) = page.chunks.last() {
+                        st.log.delivered_by_push(last.seq);
+                    }
+                    let exit = st.log.exit_code();
+                    let closed = st.log.is_closed();
+                    drop(st);
+                    self.resume.notify_one();
+                    return ReadResponse {
+                        chunks: page.chunks,
+                        next_seq: page.next_seq,
+                        exited: exit.is_some(),
+                        exit_code: exit,
+                        closed,
+                        failure: None,
+                        sandbox_denied: false,
+                    };
+                }
+                rx.borrow_and_update();
+            }
+            let Some(deadline) = deadline else { continue };
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                continue; // timed out: loop once more to build the empty page
+            }
+        }
+    }
+
+    /// `process/ack`: events through `seq` were consumed.
+    pub fn ack(&self, seq: u64) {
+        lock(&self.state).log.mark_delivered(seq);
+        self.resume.notify_one();
+    }
+
+    /// `process/write`.
+    pub fn write(&self, data: Vec<u8>, write_id: String) -> Result<WriteStatus, ErrorObject> {
+        let mut st = lock(&self.state);
+        if st.write_ids.contains(&write_id) {
+            return Ok(WriteStatus::Accepted);
+        }
+        if !st.has_stdin {
+            return Ok(WriteStatus::StdinClosed);
+        }
+        if st.stdin_broken || st.log.exit_code().is_some() {
+            return Err(ErrorObject::internal("failed to write to process stdin"));
+        }
+        let Some(tx) = st.stdin.as_ref() else {
+            return Ok(WriteStatus::StdinClosed);
+        };
+        if !data.is_empty() && tx.send(StdinOp::Write(data)).is_err() {
+            return Err(ErrorObject::internal("failed to write to process stdin"));
+        }
+        st.write_ids.remember(write_id);
+        Ok(WriteStatus::Accepted)
+    }
+
+    /// `process/closeStdin`: end of file after the writes already accepted. On a PTY
+    /// this sends the terminal's end-of-file character (^D).
+    pub fn close_stdin(&self) -> WriteStatus {
+        let mut st = lock(&self.state);
+        match st.stdin.take() {
+            Some(tx) => {
+                let _ = tx.send(StdinOp::Close);
+                WriteStatus::Accepted
+            }
+            None => WriteStatus::StdinClosed,
+        }
+    }
+
+    /// `process/signal`: to the process group, if the process still runs.
+    pub fn signal(&self, signal: ProcessSignal) {
+        if !self.is_running() {
+            return;
+        }
+        use nix::sys::signal::Signal;
+        let sig = match signal {
+            ProcessSignal::Interrupt => Signal::SIGINT,
+            ProcessSignal::Terminate => Signal::SIGTERM,
+            ProcessSignal::Kill => Signal::SIGKILL,
+            ProcessSignal::Hangup => Signal::SIGHUP,
+            ProcessSignal::Quit => Signal::SIGQUIT,
+            ProcessSignal::User1 => Signal::SIGUSR1,
+            ProcessSignal::User2 => Signal::SIGUSR2,
+            ProcessSignal::Continue => Signal::SIGCONT,
+            ProcessSignal::Stop => Signal::SIGSTOP,
+            ProcessSignal::WindowChange => Signal::SIGWINCH,
+        };
+        kill::signal_group(self.pid, sig);
+    }
+
+    /// `process/terminate`: kills the tree; true if the process was running.
+    pub fn terminate(&self) -> bool {
+        let (running, closed) = {
+            let st = lock(&self.state);
+            (st.log.exit_code().is_none(), st.log.is_closed())
+        };
+        if !closed {
+            kill::kill_tree(self.pid);
+        }
+        // A paused pump must run to observe the exit and drain.
+        self.resume.notify_one();
+        running
+    }
+
+    /// `process/resize` (PTY only).
+    pub fn resize(&self, cols: u16, rows: u16) -> Result<(), ErrorObject> {
+        match &self.tty {
+            Some(m) => spawn::set_pty_size(m.get_ref(), cols, rows)
+                .map_err(|e| ErrorObject::internal(e.to_string())),
+            None => Err(ErrorObject::invalid_request(format!(
+                "process {} is not running on a terminal",
+                self.id
+            ))),
+        }
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+}
+
+async fn stdin_writer(
+    proc: Arc<Process>,
+    mut rx: mpsc::UnboundedReceiver<StdinOp>,
+    fd: Arc<AsyncFd<OwnedFd>>,
+) {
+    let is_pty = proc.tty.is_some();
+    while let Some(op) = rx.recv().await {
+        let result = match op {
+            StdinOp::Write(data) => write_all(&fd, &data).await,
+            StdinOp::Close if is_pty => write_all(&fd, b"\x04").await,
+            StdinOp::Close => break,
+        };
+        if result.is_err() {
+            lock(&proc.state).stdin_broken = true;
+            break;
+        }
+    }
+    // Dropping our clone closes a stdin pipe (EOF for the child). For a PTY the
+    // master stays open through the pump's clone.
+}
+
+async fn pump(
+    proc: Arc<Process>,
+    sources: Sources,
+    mut exit: oneshot::Receiver<i32>,
+    link: Arc<Link>,
+    start_gate: oneshot::Receiver<()>,
+    on_retire: Box<dyn FnOnce(&Arc<Process>) + Send>,
+) {
+    let _ = start_gate.await;
+    let mut buf_a = vec![0u8; READ_CHUNK_BYTES];
+    let mut buf_b = vec![0u8; READ_CHUNK_BYTES];
+    let (mut a, mut b, stream_a, stream_b): (
+        Option<&AsyncFd<OwnedFd>>,
+        Option<&AsyncFd<OwnedFd>>,
+        _,
+        _,
+    ) = match &sources {
+        Sources::Pipes(o, e) => (Some(o), Some(e), OutputStream::Stdout, OutputStream::Stderr),
+        Sources::Pty(m) => (Some(&**m), None, OutputStream::Pty, OutputStream::Pty),
+    };
+    let mut exit_code: Option<i32> = None;
+    loop {
+        if a.is_none() && b.is_none() && exit_code.is_some() {
+            let seq = lock(&proc.state).log.push_closed();
+            proc.bump();
+            send_event(&proc, &link, seq, closed_json(&proc.id, seq)).await;
+            break;
+        }
+        let paused = lock(&proc.state).log.window_full();
+        tokio::select! {
+            r = read_opt(a, &mut buf_a), if a.is_some() && !paused => {
+                match r {
+                    Ok(n) if n > 0 => emit(&proc, &link, stream_a, &buf_a[..n]).await,
+                    _ => a = None,
+                }
+            }
+            r = read_opt(b, &mut buf_b), if b.is_some() && !paused => {
+                match r {
+                    Ok(n) if n > 0 => emit(&proc, &link, stream_b, &buf_b[..n]).await,
+                    _ => b = None,
+                }
+            }
+            code = &mut exit, if exit_code.is_none() => {
+                // The child is gone: what it wrote is already in the pipe or PTY
+                // buffer. Take it now so `exited` follows the child's last output.
+                for (fd, stream) in [(&mut a, stream_a), (&mut b, stream_b)] {
+                    while let Some(f) = *fd {
+                        match raw_read(f.get_ref(), &mut buf_a) {
+                            Ok(0) => { *fd = None; }
+                            Ok(n) => emit(&proc, &link, stream, &buf_a[..n]).await,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                            Err(_) => { *fd = None; }
+                        }
+                    }
+                }
+                let code = code.unwrap_or(-1);
+                exit_code = Some(code);
+                let seq = {
+                    let mut st = lock(&proc.state);
+                    st.stdin = None;
+                    st.log.push_exited(code)
+                };
+                proc.bump();
+                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code)).await;
+            }
+            _ = proc.resume.notified(), if paused => {}
+        }
+    }
+    drop(sources);
+    tokio::time::sleep(EXITED_PROCESS_RETENTION).await;
+    on_retire(&proc);
+}
+
+async fn read_opt(fd: Option<&AsyncFd<OwnedFd>>, buf: &mut [u8]) -> std::io::Result<usize> {
+    match fd {
+        Some(f) => read_some(f, buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn emit(proc: &Process, link: &Link, stream: OutputStream, data: &[u8]) {
+    let seq = lock(&proc.state).log.push_output(stream, data.to_vec());
+    proc.bump();
+    let msg = encode_output_notification(&proc.id, seq, stream, data);
+    send_event(proc, link, seq, msg).await;
+}
+
+async fn send_event(proc: &Process, link: &Link, seq: u64, msg: String) {
+    if let Some(out) = link.outbound() {
+        if out.send(msg).await.is_ok() {
+            lock(&proc.state).log.delivered_by_push(seq);
+        }
+    }
+}
+
+fn exited_json(id: &str, seq: u64, code: i32) -> String {
+    exec_server_protocol::encode_notification(
+        methods::PROCESS_EXITED,
+        &serde_json::json!({"processId": id, "seq": seq, "exitCode": code, "sandboxDenied": false}),
+    )
+}
+
+fn closed_json(id: &str, seq: u64) -> String {
+    exec_server_protocol::encode_notification(
+        methods::PROCESS_CLOSED,
+        &serde_json::json!({"processId": id, "seq": seq}),
+    )
+}
+
+/// Decodes `chunk` bytes of a read page (helper for tests and clients).
+pub fn chunk_bytes(c: &ByteChunk) -> &[u8] {
+    &c.0
+}

@@ -1,0 +1,303 @@
+//! The per-process event log: one seq counter shared by output chunks, the exited
+//! event and the closed event, with retention caps and flow control.
+//!
+//! Retention: chunks the client has been given (pushed on a live connection, returned
+//! by `process/read`, or acknowledged) are kept up to [`RETAINED_OUTPUT_BYTES_PER_PROCESS`]
+//! and [`RETAINED_OUTPUT_CHUNKS_PER_PROCESS`], oldest dropped first, as in the reference.
+//! Chunks not yet delivered are never dropped: instead the reader of the child's
+//! output pauses (the child blocks in `write(2)`) once the undelivered output reaches
+//! the flow-control window. So output produced while no client is attached is
+//! kept, not lost, and memory stays bounded.
+
+use exec_server_protocol::types::{OutputStream, ProcessOutputChunk};
+use exec_server_protocol::ByteChunk;
+use std::collections::VecDeque;
+
+/// Bytes of delivered output retained per process: 1 MiB, as in the reference.
+pub const RETAINED_OUTPUT_BYTES_PER_PROCESS: usize = 1024 * 1024;
+/// Chunks retained per process: 50 000, as in the reference.
+pub const RETAINED_OUTPUT_CHUNKS_PER_PROCESS: usize = 50_000;
+/// Undelivered output after which reading from the child pauses, for clients that
+/// do not acknowledge (`process/ack`): 1 MiB, so nothing the reference would retain
+/// is ever dropped unseen.
+pub const UNACKED_WINDOW_BYTES: usize = 1024 * 1024;
+/// The same window for clients that opted in with `ackOutput` and acknowledge: 8 MiB,
+/// large enough that acknowledgements every few hundred KiB never stall a stream.
+pub const ACKED_WINDOW_BYTES: usize = 8 * 1024 * 1024;
+/// Undelivered chunks after which reading pauses (keeps under the chunk cap).
+pub const WINDOW_CHUNKS: usize = RETAINED_OUTPUT_CHUNKS_PER_PROCESS - 1;
+
+/// One retained chunk.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    /// Sequence number.
+    pub seq: u64,
+    /// Source stream.
+    pub stream: OutputStream,
+    /// The bytes.
+    pub data: Vec<u8>,
+}
+
+/// The log. Not synchronised itself; the process state holds it under a lock.
+#[derive(Debug)]
+pub struct OutputLog {
+    chunks: VecDeque<Chunk>,
+    retained_bytes: usize,
+    next_seq: u64,
+    /// Every event with seq ≤ this has been delivered (or acknowledged).
+    delivered_seq: u64,
+    undelivered_bytes: usize,
+    undelivered_chunks: usize,
+    ack_mode: bool,
+    exited: Option<(u64, i32)>,
+    closed_seq: Option<u64>,
+}
+
+/// A page of `process/read`.
+#[derive(Debug)]
+pub struct Page {
+    /// Chunks with seq > afterSeq.
+    pub chunks: Vec<ProcessOutputChunk>,
+    /// Where to continue.
+    pub next_seq: u64,
+}
+
+impl OutputLog {
+    /// A new log; `ack_mode` selects delivery by acknowledgement only.
+    pub fn new(ack_mode: bool) -> Self {
+        OutputLog {
+            chunks: VecDeque::new(),
+            retained_bytes: 0,
+            next_seq: 1,
+            delivered_seq: 0,
+            undelivered_bytes: 0,
+            undelivered_chunks: 0,
+            ack_mode,
+            exited: None,
+            closed_seq: None,
+        }
+    }
+
+    /// The next seq that will be assigned.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Exit code once exited.
+    pub fn exit_code(&self) -> Option<i32> {
+        self.exited.map(|(_, c)| c)
+    }
+
+    /// True once the closed event is recorded.
+    pub fn is_closed(&self) -> bool {
+        self.closed_seq.is_some()
+    }
+
+    /// Seq of the oldest retained chunk, if any.
+    pub fn oldest_seq(&self) -> Option<u64> {
+        self.chunks.front().map(|c| c.seq)
+    }
+
+    /// True when reading from the child should pause.
+    pub fn window_full(&self) -> bool {
+        let window = if self.ack_mode {
+            ACKED_WINDOW_BYTES
+        } else {
+            UNACKED_WINDOW_BYTES
+        };
+        self.undelivered_bytes >= window || self.undelivered_chunks >= WINDOW_CHUNKS
+    }
+
+    /// Appends a chunk; returns its seq.
+    pub fn push_output(&mut self, stream: OutputStream, data: Vec<u8>) -> u64 {
+        let seq = self.take_seq();
+        self.retained_bytes += data.len();
+        self.undelivered_bytes += data.len();
+        self.undelivered_chunks += 1;
+        self.chunks.push_back(Chunk { seq, stream, data });
+        self.trim();
+        seq
+    }
+
+    /// Records the exit; returns its seq.
+    pub fn push_exited(&mut self, code: i32) -> u64 {
+        let seq = self.take_seq();
+        self.exited = Some((seq, code));
+        seq
+    }
+
+    /// Records the close; returns its seq.
+    pub fn push_closed(&mut self) -> u64 {
+        let seq = self.take_seq();
+        self.closed_seq = Some(seq);
+        seq
+    }
+
+    fn take_seq(&mut self) -> u64 {
+        let s = self.next_seq;
+        self.next_seq += 1;
+        s
+    }
+
+    /// Marks events through `seq` delivered by a push on a live connection. Ignored in
+    /// ack mode, where only acknowledgements count.
+    pub fn delivered_by_push(&mut self, seq: u64) {
+        if !self.ack_mode {
+            self.mark_delivered(seq);
+        }
+    }
+
+    /// Marks events through `seq` delivered (read or acknowledged).
+    pub fn mark_delivered(&mut self, seq: u64) {
+        if seq <= self.delivered_seq {
+            return;
+        }
+        self.delivered_seq = seq;
+        // Recount from the back: undelivered chunks are the newest ones.
+        let (mut bytes, mut n) = (0, 0);
+        for c in self.chunks.iter().rev() {
+            if c.seq <= seq {
+                break;
+            }
+            bytes += c.data.len();
+            n += 1;
+        }
+        self.undelivered_bytes = bytes;
+        self.undelivered_chunks = n;
+        self.trim();
+    }
+
+    fn trim(&mut self) {
+        while self.retained_bytes > RETAINED_OUTPUT_BYTES_PER_PROCESS
+            || self.chunks.len() > RETAINED_OUTPUT_CHUNKS_PER_PROCESS
+        {
+            match self.chunks.front() {
+                Some(c) if c.seq <= self.delivered_seq => {
+                    self.retained_bytes -= c.data.len();
+                    self.chunks.pop_front();
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Answers `process/read` (SPEC §5.4): chunks with seq > `after`, at least one
+    /// when any exists; with `max_bytes`, stop before exceeding it and set
+    /// `next_seq` one past the last chunk returned.
+    pub fn read(&self, after: u64, max_bytes: Option<u64>) -> Page {
+        let start = self.chunks.partition_point(|c| c.seq <= after);
+        let mut chunks = Vec::new();
+        let mut total: u64 = 0;
+        for c in self.chunks.iter().skip(start) {
+            if let Some(limit) = max_bytes {
+                if !chunks.is_empty() && total + c.data.len() as u64 > limit {
+                    break;
+                }
+            }
+            total += c.data.len() as u64;
+            chunks.push(ProcessOutputChunk {
+                seq: c.seq,
+                stream: c.stream,
+                chunk: ByteChunk(c.data.clone()),
+            });
+        }
+        let next_seq = match (max_bytes, chunks.last()) {
+            (Some(_), Some(last)) => last.seq + 1,
+            _ => self.next_seq,
+        };
+        Page { chunks, next_seq }
+    }
+
+    /// True if something happened after `after`: a chunk, the exit, or the close.
+    /// A long-poll returns at once when this holds.
+    pub fn has_events_after(&self, after: u64) -> bool {
+        self.chunks.back().is_some_and(|c| c.seq > after)
+            || self.exited.is_some_and(|(seq, _)| seq > after)
+            || self.closed_seq.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seq_shared_by_output_exit_close() {
+        let mut log = OutputLog::new(false);
+        assert_eq!(log.push_output(OutputStream::Stdout, b"a".to_vec()), 1);
+        assert_eq!(log.push_exited(0), 2);
+        assert_eq!(log.push_closed(), 3);
+        let p = log.read(0, None);
+        assert_eq!(p.chunks.len(), 1);
+        assert_eq!(p.next_seq, 4);
+    }
+
+    #[test]
+    fn max_bytes_quirk() {
+        let mut log = OutputLog::new(false);
+        for _ in 0..3 {
+            log.push_output(OutputStream::Stdout, b"abc".to_vec());
+        }
+        log.push_exited(0);
+        log.push_closed();
+        let p = log.read(0, Some(9));
+        assert_eq!(p.chunks.len(), 3);
+        assert_eq!(p.next_seq, 4, "one past the last returned chunk");
+        let p = log.read(0, Some(0));
+        assert_eq!(p.chunks.len(), 1, "at least one chunk");
+        assert_eq!(p.next_seq, 2);
+        let p = log.read(3, Some(1));
+        assert!(p.chunks.is_empty());
+        assert_eq!(p.next_seq, 6);
+    }
+
+    #[test]
+    fn undelivered_output_is_never_dropped_and_pauses() {
+        let mut log = OutputLog::new(false);
+        let chunk = vec![0u8; 64 * 1024];
+        let mut pushed = 0;
+        while !log.window_full() {
+            log.push_output(OutputStream::Stdout, chunk.clone());
+            pushed += 1;
+        }
+        assert_eq!(pushed * chunk.len(), UNACKED_WINDOW_BYTES);
+        assert_eq!(log.oldest_seq(), Some(1));
+        log.mark_delivered(pushed as u64);
+        assert!(!log.window_full());
+        // Delivered output is trimmed to the retention cap as more arrives.
+        for _ in 0..20 {
+            log.push_output(OutputStream::Stdout, chunk.clone());
+            log.delivered_by_push(log.next_seq() - 1);
+        }
+        let retained: usize = log
+            .read(0, None)
+            .chunks
+            .iter()
+            .map(|c| c.chunk.0.len())
+            .sum();
+        assert!(retained <= RETAINED_OUTPUT_BYTES_PER_PROCESS);
+        assert!(
+            log.oldest_seq().unwrap() > 1,
+            "a gap is visible as a seq jump"
+        );
+    }
+
+    #[test]
+    fn ack_mode_ignores_pushes() {
+        let mut log = OutputLog::new(true);
+        let chunk = vec![0u8; 1024 * 1024];
+        for _ in 0..8 {
+            let s = log.push_output(OutputStream::Stdout, chunk.clone());
+            log.delivered_by_push(s);
+        }
+        assert!(log.window_full());
+        assert_eq!(log.oldest_seq(), Some(1));
+        log.mark_delivered(8);
+        assert!(!log.window_full());
+        assert_eq!(
+            log.oldest_seq(),
+            Some(8),
+            "trimmed to 1 MiB once acknowledged"
+        );
+    }
+}

@@ -1,0 +1,332 @@
+//! Building and starting a child: environment, program lookup, pipes or a PTY, and
+//! its own session and process group.
+
+use super::reaper;
+use exec_server_protocol::types::{EnvInherit, EnvPolicy, ExecParams, PtySize};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use tokio::sync::oneshot;
+
+/// PATH searched when the child's environment has none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Variable names kept by `envPolicy.inherit: "core"`.
+pub const CORE_ENV_VARS: &[&str] = &[
+    "PATH", "SHELL", "TMPDIR", "TEMP", "TMP", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LOGNAME",
+    "USER",
+];
+
+/// Name patterns dropped by an `envPolicy` unless `ignoreDefaultExcludes` is set.
+pub const DEFAULT_EXCLUDES: &[&str] = &["*KEY*", "*SECRET*", "*TOKEN*"];
+
+/// Server variables never passed to a child by inheritance, whatever the policy:
+/// credentials of the server itself.
+pub const NON_INHERITABLE_ENV_VARS: &[&str] =
+    &["CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "EXEC_SERVER_TOKEN"];
+
+/// Case-insensitive glob match with `*` and `?`.
+pub fn wildcard_match(pattern: &str, name: &str) -> bool {
+    let p: Vec<char> = pattern.to_ascii_uppercase().chars().collect();
+    let n: Vec<char> = name.to_ascii_uppercase().chars().collect();
+    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// The child's environment: `env` exactly, or the policy applied to the server's
+/// environment with `env` layered on top.
+pub fn build_env(
+    env: &BTreeMap<String, String>,
+    policy: Option<&EnvPolicy>,
+    server_env: impl Iterator<Item = (String, String)>,
+) -> BTreeMap<String, String> {
+    let Some(policy) = policy else {
+        return env.clone();
+    };
+    let mut out: BTreeMap<String, String> = match policy.inherit {
+        EnvInherit::All => server_env.collect(),
+        EnvInherit::Core => server_env
+            .filter(|(k, _)| CORE_ENV_VARS.contains(&k.as_str()))
+            .collect(),
+        EnvInherit::None => BTreeMap::new(),
+    };
+    out.retain(|k, _| !NON_INHERITABLE_ENV_VARS.contains(&k.as_str()));
+    if !policy.ignore_default_excludes {
+        out.retain(|k, _| !DEFAULT_EXCLUDES.iter().any(|p| wildcard_match(p, k)));
+    }
+    out.retain(|k, _| !policy.exclude.iter().any(|p| wildcard_match(p, k)));
+    for (k, v) in &policy.set {
+        out.insert(k.clone(), v.clone());
+    }
+    if !policy.include_only.is_empty() {
+        out.retain(|k, _| policy.include_only.iter().any(|p| wildcard_match(p, k)));
+    }
+    for (k, v) in env {
+        out.insert(k.clone(), v.clone());
+    }
+    out
+}
+
+/// Resolves `program` like `execvp` would, in the child's PATH then [`DEFAULT_PATH`].
+/// A name with a `/` is taken relative to `cwd`.
+pub fn resolve_program(
+    program: &str,
+    env: &BTreeMap<String, String>,
+    cwd: &Path,
+) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if program.contains('/') {
+        return Ok(cwd.join(program));
+    }
+    let mut saw_non_executable = false;
+    let child_path = env.get("PATH").map(String::as_str).unwrap_or("");
+    for dir in child_path.split(':').chain(DEFAULT_PATH.split(':')) {
+        if dir.is_empty() {
+            continue;
+        }
+        let candidate = Path::new(dir).join(program);
+        if let Ok(meta) = std::fs::metadata(&candidate) {
+            if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
+                return Ok(candidate);
+            }
+            saw_non_executable = true;
+        }
+    }
+    Err(if saw_non_executable {
+        std::io::Error::from_raw_os_error(libc::EACCES)
+    } else {
+        std::io::Error::from_raw_os_error(libc::ENOENT)
+    })
+}
+
+/// The I/O ends the server keeps for a started child.
+pub enum ChildIo {
+    /// Pipe mode.
+    Pipes {
+        /// Writable stdin when `pipeStdin` was set.
+        stdin: Option<OwnedFd>,
+        /// stdout read end.
+        stdout: OwnedFd,
+        /// stderr read end.
+        stderr: OwnedFd,
+    },
+    /// PTY mode: the master side, for reading output and writing input.
+    Pty {
+        /// The PTY master.
+        master: OwnedFd,
+    },
+}
+
+/// A started child.
+pub struct Started {
+    /// OS pid (also its process group and session id).
+    pub pid: u32,
+    /// I/O ends.
+    pub io: ChildIo,
+    /// Yields the exit code once the child is reaped.
+    pub exit: oneshot::Receiver<i32>,
+}
+
+/// Default PTY size when `process/start` gives none.
+pub const DEFAULT_PTY_SIZE: PtySize = PtySize { cols: 80, rows: 24 };
+
+/// Starts the child described by `params`. Errors are OS errors (cwd or program
+/// missing, exec failure) for a -32603 reply.
+pub fn start(params: &ExecParams, cwd: &Path) -> std::io::Result<Started> {
+    let env = build_env(&params.env, params.env_policy.as_ref(), std::env::vars());
+    let meta = std::fs::metadata(cwd)?;
+    if !meta.is_dir() {
+        return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR));
+    }
+    let program = resolve_program(&params.argv[0], &env, cwd)?;
+    let mut cmd = Command::new(&program);
+    cmd.args(&params.argv[1..]);
+    cmd.arg0(OsString::from(
+        params.arg0.as_deref().unwrap_or(&params.argv[0]),
+    ));
+    cmd.env_clear();
+    cmd.envs(&env);
+    cmd.current_dir(cwd);
+
+    if params.tty {
+        let size = params.pty_size.unwrap_or(DEFAULT_PTY_SIZE);
+        let ws = nix::pty::Winsize {
+            ws_row: size.rows,
+            ws_col: size.cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty = nix::pty::openpty(Some(&ws), None).map_err(std::io::Error::from)?;
+        // Both ends close on exec: a child spawned meanwhile must not inherit the
+        // slave, or this PTY would never report EOF.
+        set_cloexec(&pty.master)?;
+        set_cloexec(&pty.slave)?;
+        let slave = pty.slave;
+        cmd.stdin(Stdio::from(slave.try_clone()?));
+        cmd.stdout(Stdio::from(slave.try_clone()?));
+        cmd.stderr(Stdio::from(slave));
+        // SAFETY: only async-signal-safe calls (setsid, ioctl) between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let (child, exit) = reaper::spawn_and_watch(|| {
+            let child = cmd.spawn()?;
+            let pid = child.id();
+            Ok((child, pid))
+        })?;
+        let pid = child.id();
+        // Our copies of the slave were moved into `cmd` and are closed with it, so
+        // the master sees EOF (EIO) once every process holding the slave is gone.
+        drop(cmd);
+        drop(child);
+        return Ok(Started {
+            pid,
+            io: ChildIo::Pty { master: pty.master },
+            exit,
+        });
+    }
+
+    cmd.stdin(if params.pipe_stdin {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    cmd.stdout(Stdio::piped());
+    cmd.stderr(Stdio::piped());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (mut child, exit) = reaper::spawn_and_watch(|| {
+        let child = cmd.spawn()?;
+        let pid = child.id();
+        Ok((child, pid))
+    })?;
+    let pid = child.id();
+    let stdin = child.stdin.take().map(OwnedFd::from);
+    let stdout = child
+        .stdout
+        .take()
+        .map(OwnedFd::from)
+        .ok_or_else(|| std::io::Error::other("stdout pipe missing"))?;
+    let stderr = child
+        .stderr
+        .take()
+        .map(OwnedFd::from)
+        .ok_or_else(|| std::io::Error::other("stderr pipe missing"))?;
+    Ok(Started {
+        pid,
+        io: ChildIo::Pipes {
+            stdin,
+            stdout,
+            stderr,
+        },
+        exit,
+    })
+}
+
+fn set_cloexec(fd: &OwnedFd) -> std::io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(std::io::Error::from)?;
+    Ok(())
+}
+
+/// Sets a PTY's window size.
+pub fn set_pty_size(master: &impl AsRawFd, cols: u16, rows: u16) -> std::io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads a winsize struct that lives for the call.
+    let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards() {
+        assert!(wildcard_match("*KEY*", "MY_API_KEY"));
+        assert!(wildcard_match("*key*", "MY_API_KEY"));
+        assert!(wildcard_match("*TOKEN*", "GH_TOKEN"));
+        assert!(!wildcard_match("*SECRET*", "PATH"));
+        assert!(wildcard_match("P?TH", "PATH"));
+        assert!(wildcard_match("PATH", "path"));
+        assert!(!wildcard_match("PAT", "PATH"));
+    }
+
+    #[test]
+    fn env_policy_layers() {
+        let server = vec![
+            ("PATH".to_string(), "/bin".to_string()),
+            ("HOME".to_string(), "/root".to_string()),
+            ("MY_API_KEY".to_string(), "k".to_string()),
+            ("FOO".to_string(), "f".to_string()),
+            ("EXEC_SERVER_TOKEN".to_string(), "t".to_string()),
+        ];
+        let mut policy = EnvPolicy {
+            inherit: EnvInherit::All,
+            ignore_default_excludes: false,
+            exclude: vec![],
+            set: BTreeMap::new(),
+            include_only: vec![],
+        };
+        let env = BTreeMap::from([("X".to_string(), "1".to_string())]);
+        let out = build_env(&env, Some(&policy), server.clone().into_iter());
+        assert_eq!(out.keys().collect::<Vec<_>>(), ["FOO", "HOME", "PATH", "X"]);
+        policy.ignore_default_excludes = true;
+        let out = build_env(&env, Some(&policy), server.clone().into_iter());
+        assert!(out.contains_key("MY_API_KEY"));
+        assert!(
+            !out.contains_key("EXEC_SERVER_TOKEN"),
+            "server credentials never inherited"
+        );
+        policy.inherit = EnvInherit::Core;
+        let out = build_env(&BTreeMap::new(), Some(&policy), server.clone().into_iter());
+        assert_eq!(out.keys().collect::<Vec<_>>(), ["HOME", "PATH"]);
+        let out = build_env(&env, None, server.into_iter());
+        assert_eq!(out, env, "without a policy the env is exact");
+    }
+}

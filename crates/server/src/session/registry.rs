@@ -1,0 +1,109 @@
+//! The table of sessions: create, resume (attach), detach, expire.
+
+use super::{Session, DETACHED_SESSION_TTL};
+use exec_server_protocol::ErrorObject;
+use exec_server_rpc::Outbound;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// All sessions of a server.
+pub struct SessionRegistry {
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    ttl: Duration,
+}
+
+impl Default for SessionRegistry {
+    fn default() -> Self {
+        Self::new(DETACHED_SESSION_TTL)
+    }
+}
+
+impl SessionRegistry {
+    /// A registry whose detached sessions live `ttl`.
+    pub fn new(ttl: Duration) -> Self {
+        SessionRegistry {
+            sessions: Mutex::new(HashMap::new()),
+            ttl,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens a new session attached to connection `conn`.
+    pub fn create(&self, conn: u64, out: Outbound) -> Arc<Session> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let s = Arc::new(Session::new(id.clone()));
+        s.link.attach(conn, out);
+        self.lock().insert(id, s.clone());
+        s
+    }
+
+    /// Attaches connection `conn` to the existing session `id`.
+    /// Errors: -32600 `unknown session id <id>`; -32010 when attached elsewhere.
+    pub fn resume(&self, id: &str, conn: u64, out: Outbound) -> Result<Arc<Session>, ErrorObject> {
+        let sessions = self.lock();
+        let Some(s) = sessions.get(id).cloned() else {
+            return Err(ErrorObject::invalid_request(format!(
+                "unknown session id {id}"
+            )));
+        };
+        if s.link.attached_to().is_some_and(|c| c != conn) {
+            return Err(ErrorObject::session_already_attached(id));
+        }
+        s.generation.fetch_add(1, Ordering::SeqCst);
+        s.link.attach(conn, out);
+        Ok(s)
+    }
+
+    /// Detaches `session` from `conn` (if attached to it) and schedules its expiry.
+    pub fn detach(self: &Arc<Self>, session: &Arc<Session>, conn: u64) {
+        if !session.link.detach(conn) {
+            return;
+        }
+        let generation = session.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let registry = Arc::downgrade(self);
+        let session = session.clone();
+        let ttl = self.ttl;
+        tokio::spawn(async move {
+            tokio::time::sleep(ttl).await;
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            let expired = {
+                let mut sessions = registry.lock();
+                let still_detached = session.generation.load(Ordering::SeqCst) == generation
+                    && session.link.attached_to().is_none();
+                if still_detached {
+                    sessions.remove(&session.id);
+                }
+                still_detached
+            };
+            if expired {
+                tracing::info!(session = %session.id, "detached session expired");
+                session.teardown();
+            }
+        });
+    }
+
+    /// Number of sessions.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when there is no session.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Tears every session down (server shutdown).
+    pub fn shutdown_all(&self) {
+        let all: Vec<_> = self.lock().drain().map(|(_, s)| s).collect();
+        for s in all {
+            s.teardown();
+        }
+    }
+}
