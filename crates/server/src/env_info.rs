@@ -84,7 +84,7 @@ pub fn environment_info() -> EnvironmentInfo {
         provider_id: Some(format!("sha256:{}", hex::encode(digest))),
         cwd: std::env::current_dir().ok().as_deref().and_then(uri),
         user_home_dir: home.as_deref().and_then(uri),
-        platform_os: Some(std::env::consts::OS.replace("macos", "macos")),
+        platform_os: Some(std::env::consts::OS.to_string()),
         prepend_path_dirs: Vec::new(),
         temporary_directories: tmpdir.as_deref().and_then(uri).into_iter().collect(),
         temp_dir: uri(&std::env::temp_dir()),

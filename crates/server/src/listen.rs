@@ -170,6 +170,7 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
             tokio::spawn(async move {
                 let full = permit.is_none();
                 let auth = state.config.auth.clone();
+                #[allow(clippy::result_large_err)] // the error type is tungstenite's
                 let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
                     if full {
                         return Err(refuse(503, "too many connections"));

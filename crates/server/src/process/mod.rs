@@ -27,6 +27,10 @@ pub const REMEMBERED_WRITE_IDS: usize = 4096;
 /// Bytes read from a child's pipe or PTY at once: 64 KiB.
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// Called once a closed process's record has been kept for
+/// [`EXITED_PROCESS_RETENTION`]: removes it from its session.
+pub type RetireHook = Box<dyn FnOnce(&Arc<Process>) + Send>;
+
 enum StdinOp {
     Write(Vec<u8>),
     Close,
@@ -166,7 +170,7 @@ impl Process {
         cwd: &std::path::Path,
         link: Arc<Link>,
         start_gate: oneshot::Receiver<()>,
-        on_retire: Box<dyn FnOnce(&Arc<Process>) + Send>,
+        on_retire: RetireHook,
     ) -> std::io::Result<Arc<Process>> {
         let started = spawn::start(params, cwd)?;
         let pid = started.pid;
@@ -395,7 +399,7 @@ async fn pump(
     mut exit: oneshot::Receiver<i32>,
     link: Arc<Link>,
     start_gate: oneshot::Receiver<()>,
-    on_retire: Box<dyn FnOnce(&Arc<Process>) + Send>,
+    on_retire: RetireHook,
 ) {
     let _ = start_gate.await;
     let mut buf_a = vec![0u8; READ_CHUNK_BYTES];
