@@ -1,5 +1,6 @@
 //! The `exec-server` binary: the server (default), and client commands.
 
+mod remote;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -7,6 +8,13 @@ use clap::{Parser, Subcommand};
 /// exec-server: the hands of a coding agent on another machine.
 ///
 /// Without a subcommand it serves: `exec-server --listen ws://127.0.0.1:8765`.
+///
+/// Examples:
+///   exec-server --listen ws://127.0.0.1:8765            serve on loopback
+///   exec-server run -- uname -a                         run here, via an embedded server
+///   exec-server run --connect ws://127.0.0.1:8765 -- ls run on a server
+///   exec-server shell --connect ws://127.0.0.1:8765     interactive shell (like ssh -t)
+///   exec-server fs --connect URL get /var/log/syslog ./syslog
 #[derive(Parser, Debug)]
 #[command(name = "exec-server", version, args_conflicts_with_subcommands = true)]
 struct Cli {
@@ -20,6 +28,14 @@ struct Cli {
 enum Command {
     /// Serve the exec-server protocol (the default).
     Serve(serve::ServeArgs),
+    /// Run a command on the server; stream its output; exit with its exit code.
+    Run(remote::RunArgs),
+    /// Open an interactive shell on the server on a PTY.
+    Shell(remote::ShellArgs),
+    /// Files on the server: ls, cat, put, get, stat, rm, mkdir, cp.
+    Fs(remote::FsArgs),
+    /// Print the server's environment info as JSON.
+    Info(remote::ConnectArgs),
 }
 
 fn main() {
@@ -45,6 +61,10 @@ fn main() {
         match cli.command {
             None => serve::run(cli.serve).await,
             Some(Command::Serve(args)) => serve::run(args).await,
+            Some(Command::Run(args)) => remote::run(args).await,
+            Some(Command::Shell(args)) => remote::shell(args).await,
+            Some(Command::Fs(args)) => remote::fs(args).await,
+            Some(Command::Info(args)) => remote::info(args).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));

@@ -178,6 +178,11 @@ impl RpcPeer {
             .map_err(|_| CallError::Closed)
     }
 
+    /// Closes the connection (as if the network dropped it).
+    pub fn close(&self) {
+        self.outbound.close();
+    }
+
     /// True once the connection has closed.
     pub fn is_closed(&self) -> bool {
         *self.closed.borrow() || self.outbound.is_closed()

@@ -1,0 +1,164 @@
+//! Where a client connects: a WebSocket URL, a Unix socket, a program spoken to
+//! over its stdin/stdout, or a server embedded in this process.
+
+use exec_server_rpc::{transport, Connection};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A connection source.
+#[derive(Clone)]
+pub enum Source {
+    /// `ws://` or `wss://` URL, with an optional bearer token.
+    WebSocket {
+        /// The URL.
+        url: String,
+        /// Sent as `Authorization: Bearer <token>`.
+        token: Option<String>,
+    },
+    /// `unix:///path`: one JSON message per line.
+    Unix(PathBuf),
+    /// A program speaking the protocol on stdin/stdout (e.g.
+    /// `ssh host exec-server --listen stdio`). Not reconnectable.
+    Program {
+        /// Program.
+        program: String,
+        /// Arguments.
+        args: Vec<String>,
+        /// Extra environment.
+        env: Vec<(String, String)>,
+        /// Working directory.
+        cwd: Option<PathBuf>,
+    },
+    /// A server running in this process, reached over an in-memory pipe: the full
+    /// protocol, no socket.
+    Embedded(Arc<exec_server::ServerState>),
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::WebSocket { url, .. } => write!(f, "{url}"),
+            Source::Unix(p) => write!(f, "unix://{}", p.display()),
+            Source::Program { program, .. } => write!(f, "program {program}"),
+            Source::Embedded(_) => f.write_str("embedded server"),
+        }
+    }
+}
+
+impl Source {
+    /// Parses `ws://…`, `wss://…` or `unix:///…`.
+    pub fn from_url(url: &str, token: Option<String>) -> Result<Source, String> {
+        if url.starts_with("ws://") || url.starts_with("wss://") {
+            return Ok(Source::WebSocket {
+                url: url.to_string(),
+                token,
+            });
+        }
+        if let Some(p) = url.strip_prefix("unix://") {
+            return Ok(Source::Unix(PathBuf::from(p)));
+        }
+        Err(format!(
+            "unsupported server URL `{url}`: use ws://HOST:PORT or unix:///path"
+        ))
+    }
+
+    /// Starts a server in this process and returns a source for it.
+    pub fn embedded() -> std::io::Result<Source> {
+        let state = exec_server::ServerState::new(exec_server::ServerConfig::default())?;
+        Ok(Source::Embedded(state))
+    }
+
+    /// Whether a dropped connection can be re-established (not for programs).
+    pub fn is_reconnectable(&self) -> bool {
+        !matches!(self, Source::Program { .. })
+    }
+
+    /// Opens one connection within `timeout`.
+    pub async fn connect(&self, timeout: Duration) -> Result<Connection, String> {
+        tokio::time::timeout(timeout, self.connect_inner())
+            .await
+            .map_err(|_| {
+                format!(
+                    "connecting to {self:?} timed out after {} ms",
+                    timeout.as_millis()
+                )
+            })?
+    }
+
+    async fn connect_inner(&self) -> Result<Connection, String> {
+        match self {
+            Source::WebSocket { url, token } => {
+                use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+                let mut req = url
+                    .as_str()
+                    .into_client_request()
+                    .map_err(|e| format!("bad URL {url}: {e}"))?;
+                if let Some(t) = token {
+                    let v = format!("Bearer {t}").parse().map_err(|_| {
+                        "token contains characters not allowed in a header".to_string()
+                    })?;
+                    req.headers_mut().insert("authorization", v);
+                }
+                let mut cfg = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
+                cfg.max_message_size = Some(exec_server::MAX_MESSAGE_BYTES);
+                cfg.max_frame_size = Some(exec_server::MAX_MESSAGE_BYTES);
+                let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(cfg), true)
+                    .await
+                    .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+                Ok(transport::websocket(ws, url.clone()))
+            }
+            Source::Unix(path) => {
+                let s = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(|e| format!("cannot connect to unix://{}: {e}", path.display()))?;
+                let (r, w) = s.into_split();
+                Ok(transport::lines(r, w, format!("unix://{}", path.display())))
+            }
+            Source::Program {
+                program,
+                args,
+                env,
+                cwd,
+            } => {
+                let mut cmd = tokio::process::Command::new(program);
+                cmd.args(args)
+                    .envs(env.iter().cloned())
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .kill_on_drop(true);
+                if let Some(c) = cwd {
+                    cmd.current_dir(c);
+                }
+                let mut child = cmd
+                    .spawn()
+                    .map_err(|e| format!("cannot start {program}: {e}"))?;
+                let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+                    return Err(format!("{program}: no stdio pipes"));
+                };
+                // The child lives as long as the connection's reader holds stdout;
+                // wait for it in the background so it is reaped.
+                tokio::spawn(async move {
+                    let _ = child.wait().await;
+                });
+                Ok(transport::lines(
+                    stdout,
+                    stdin,
+                    format!("program {program}"),
+                ))
+            }
+            Source::Embedded(state) => {
+                let (client_side, server_side) = tokio::io::duplex(1 << 20);
+                let (sr, sw) = tokio::io::split(server_side);
+                let server_conn = transport::lines(sr, sw, "embedded client".into());
+                tokio::spawn(exec_server::connection::serve(
+                    state.clone(),
+                    server_conn,
+                    "JSON-RPC message from embedded client".into(),
+                ));
+                let (cr, cw) = tokio::io::split(client_side);
+                Ok(transport::lines(cr, cw, "embedded server".into()))
+            }
+        }
+    }
+}
