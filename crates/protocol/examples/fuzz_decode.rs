@@ -116,7 +116,11 @@ fn main() {
             seconds = args.next().and_then(|s| s.parse().ok()).unwrap_or(seconds);
         }
     }
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
+        | 1;
     let mut rng = Rng(seed);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let (mut execs, mut accepted) = (0u64, 0u64);
@@ -125,7 +129,11 @@ fn main() {
         for _ in 0..1000 {
             let base = &pool[rng.below(pool.len())];
             let input = mutate(&mut rng, base);
-            let budget = if rng.below(4) == 0 { rng.below(64) } else { exec_server_protocol::MAX_JSONRPC_VALUE_NODES };
+            let budget = if rng.below(4) == 0 {
+                rng.below(64)
+            } else {
+                exec_server_protocol::MAX_JSONRPC_VALUE_NODES
+            };
             if check(&input, budget) {
                 accepted += 1;
                 if pool.len() < 4096 && rng.below(16) == 0 {

@@ -1,0 +1,361 @@
+//! Test support: start the real binary on loopback and speak JSON-RPC to it.
+#![allow(dead_code)]
+
+use base64::Engine;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message as Ws;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_exec-server");
+
+pub fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+pub fn unb64(v: &Value) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().unwrap_or(""))
+        .unwrap_or_default()
+}
+
+/// A server process; killed (by PID) when dropped.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Server {
+    pub fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(BIN)
+            .args(["--listen", "ws://127.0.0.1:0"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start exec-server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.starts_with("ws://127.0.0.1:"),
+            "first stdout line: {line:?}"
+        );
+        Server {
+            child,
+            url: line.trim().to_string(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn terminate(mut self) -> Option<i32> {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return s.code();
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SIGTERM first so the server kills the process trees it started; SIGKILL
+        // only if it does not exit.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A JSON-RPC connection over WebSocket that buffers unmatched messages.
+pub struct Conn {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    buffered: VecDeque<Value>,
+    next_id: i64,
+    pub session: String,
+}
+
+pub const WAIT: Duration = Duration::from_secs(10);
+
+impl Conn {
+    pub async fn connect(url: &str) -> Conn {
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("connect");
+        Conn {
+            ws,
+            buffered: VecDeque::new(),
+            next_id: 100,
+            session: String::new(),
+        }
+    }
+
+    /// Connects, initializes (optionally resuming) and sends `initialized`.
+    pub async fn open(url: &str, resume: Option<&str>) -> Conn {
+        let mut c = Conn::connect(url).await;
+        let mut params = json!({"clientName": "test"});
+        if let Some(r) = resume {
+            params["resumeSessionId"] = json!(r);
+        }
+        let r = c.call("initialize", params).await;
+        c.session = r["result"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("initialize failed: {r}"))
+            .to_string();
+        c.notify("initialized", Value::Null).await;
+        c
+    }
+
+    pub async fn send_raw(&mut self, text: String) {
+        self.ws.send(Ws::text(text)).await.expect("send");
+    }
+
+    pub async fn notify(&mut self, method: &str, params: Value) {
+        let mut m = json!({"method": method});
+        if !params.is_null() {
+            m["params"] = params;
+        }
+        self.send_raw(m.to_string()).await;
+    }
+
+    /// Sends a request and returns its id.
+    pub async fn send(&mut self, method: &str, params: Value) -> i64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send_raw(json!({"id": id, "method": method, "params": params}).to_string())
+            .await;
+        id
+    }
+
+    /// Sends a request and waits for its response (whole envelope).
+    pub async fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params).await;
+        self.response(id).await
+    }
+
+    /// `result` of a call, panicking on an error.
+    pub async fn ok(&mut self, method: &str, params: Value) -> Value {
+        let r = self.call(method, params).await;
+        assert!(r.get("error").is_none(), "{method} failed: {r}");
+        r["result"].clone()
+    }
+
+    pub async fn response(&mut self, id: i64) -> Value {
+        self.expect(|m| m["id"] == json!(id), WAIT)
+            .await
+            .unwrap_or_else(|| panic!("no response to {id}"))
+    }
+
+    async fn recv(&mut self, timeout: Duration) -> Option<Value> {
+        match tokio::time::timeout(timeout, self.ws.next()).await {
+            Ok(Some(Ok(Ws::Text(t)))) => serde_json::from_str(t.as_str()).ok(),
+            Ok(Some(Ok(_))) => Some(Value::Null),
+            _ => None,
+        }
+    }
+
+    /// Waits for the first message matching `pred` (earlier buffered ones first).
+    pub async fn expect(
+        &mut self,
+        pred: impl Fn(&Value) -> bool,
+        timeout: Duration,
+    ) -> Option<Value> {
+        if let Some(i) = self.buffered.iter().position(&pred) {
+            return self.buffered.remove(i);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let m = self.recv(left).await?;
+            if pred(&m) {
+                return Some(m);
+            }
+            self.buffered.push_back(m);
+        }
+    }
+
+    /// True if the server closed the connection within `timeout`.
+    pub async fn closed_within(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            match tokio::time::timeout(left, self.ws.next()).await {
+                Ok(None) | Ok(Some(Err(_))) | Ok(Some(Ok(Ws::Close(_)))) => return true,
+                Ok(Some(Ok(Ws::Text(t)))) => self
+                    .buffered
+                    .push_back(serde_json::from_str(t.as_str()).unwrap_or(Value::Null)),
+                Ok(Some(Ok(_))) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+    }
+
+    /// Notifications of `pid` until `process/closed`: (bytes, exit code, events in order).
+    pub async fn collect(&mut self, pid: &str, timeout: Duration) -> Collected {
+        let mut c = Collected::default();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline
+                .checked_duration_since(Instant::now())
+                .unwrap_or_default();
+            let m = self
+                .expect(
+                    |m| {
+                        m["params"]["processId"] == json!(pid)
+                            && m["method"]
+                                .as_str()
+                                .is_some_and(|s| s.starts_with("process/"))
+                    },
+                    left,
+                )
+                .await
+                .unwrap_or_else(|| {
+                    panic!("process {pid}: no closed within {timeout:?}; got {c:?}")
+                });
+            let seq = m["params"]["seq"].as_u64().unwrap_or(0);
+            c.seqs.push(seq);
+            match m["method"].as_str() {
+                Some("process/output") => c.bytes.extend(unb64(&m["params"]["chunk"])),
+                Some("process/exited") => {
+                    c.exit = m["params"]["exitCode"].as_i64();
+                    c.exit_seq = seq;
+                }
+                Some("process/closed") => {
+                    c.closed_seq = seq;
+                    return c;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub bytes: Vec<u8>,
+    pub exit: Option<i64>,
+    pub exit_seq: u64,
+    pub closed_seq: u64,
+    pub seqs: Vec<u64>,
+}
+
+pub fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "es-test-{tag}-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+pub fn uri(p: &std::path::Path) -> String {
+    format!("file://{}", p.display())
+}
+
+/// `process/start` params in the field-case convention.
+pub fn start_params(
+    id: &str,
+    argv: &[&str],
+    cwd: &std::path::Path,
+    tty: bool,
+    pipe_stdin: bool,
+) -> Value {
+    json!({"processId": id, "argv": argv, "cwd": uri(cwd), "env": {"PATH": "/usr/bin:/bin"}, "tty": tty, "pipeStdin": pipe_stdin})
+}
+
+/// Pids of processes whose command line contains `needle` (tree check).
+pub fn pids_matching(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let me = std::process::id() as i32;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Zombie children of `parent`.
+pub fn zombies_of(parent: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| stat[i + 1..].to_string()) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.len() > 1 && f[0] == "Z" && f[1] == parent.to_string() {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Polls `cond` every 50 ms until true or `timeout` (for OS state with no event to await).
+pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cond()
+}

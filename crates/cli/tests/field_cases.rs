@@ -1,0 +1,667 @@
+//! The field cases of shared/acceptance/field-cases.md that concern processes and
+//! sessions, each against the real binary on loopback, with its expected value as
+//! the assertion.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+async fn read(c: &mut Conn, pid: &str, after: u64, wait_ms: u64) -> Value {
+    c.ok(
+        "process/read",
+        json!({"processId": pid, "afterSeq": after, "waitMs": wait_ms}),
+    )
+    .await
+}
+
+/// F1: exit ≠ close. Output of a grandchild holding the pipe arrives; exited < closed.
+#[tokio::test]
+async fn f1_output_after_exit_is_not_lost() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f1");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params(
+            "p1",
+            &["sh", "-c", "(sleep 0.3; echo late) & echo early"],
+            &d,
+            false,
+            false,
+        ),
+    )
+    .await;
+    let mut cursor = 0;
+    let mut bytes = Vec::new();
+    let mut closed = false;
+    for _ in 0..10 {
+        let r = read(&mut c, "p1", cursor, 1000).await;
+        for ch in r["chunks"].as_array().unwrap() {
+            bytes.extend(unb64(&ch["chunk"]));
+        }
+        if r["closed"] == json!(true) {
+            assert!(
+                String::from_utf8_lossy(&bytes).contains("late"),
+                "closed before late output"
+            );
+            closed = true;
+            break;
+        }
+        cursor = r["nextSeq"].as_u64().unwrap() - 1;
+    }
+    assert!(closed);
+    assert_eq!(String::from_utf8_lossy(&bytes), "early\nlate\n");
+    let n = c.collect("p1", WAIT).await;
+    assert!(
+        n.exit_seq < n.closed_seq,
+        "exited seq {} must be below closed seq {}",
+        n.exit_seq,
+        n.closed_seq
+    );
+}
+
+/// F2: after `exited` was seen, a long-poll waits for the close instead of spinning.
+#[tokio::test]
+async fn f2_long_poll_after_exit_blocks_until_close() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f2");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params(
+            "p2",
+            &["sh", "-c", "(sleep 1; echo tail) & exit 0"],
+            &d,
+            false,
+            false,
+        ),
+    )
+    .await;
+    let exited = c
+        .expect(
+            |m| m["method"] == "process/exited" && m["params"]["processId"] == "p2",
+            WAIT,
+        )
+        .await
+        .unwrap();
+    let exit_seq = exited["params"]["seq"].as_u64().unwrap();
+    let t0 = Instant::now();
+    let r = read(&mut c, "p2", exit_seq, 3000).await;
+    let waited = t0.elapsed();
+    let tail: Vec<u8> = r["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|ch| unb64(&ch["chunk"]))
+        .collect();
+    assert!(tail == b"tail\n" || r["closed"] == json!(true), "got {r}");
+    assert!(
+        waited >= Duration::from_millis(500),
+        "returned after {waited:?}: busy loop"
+    );
+    // Once closed, reads return at once.
+    c.collect("p2", WAIT).await;
+    let t0 = Instant::now();
+    let r = read(&mut c, "p2", 100, 3000).await;
+    assert_eq!(r["closed"], json!(true));
+    assert!(t0.elapsed() < Duration::from_millis(500));
+}
+
+/// F3: a dropped connection does not make the process unusable; a third resume
+/// while attached fails with -32010 and does not kill the process.
+#[tokio::test]
+async fn f3_resume_after_drop() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f3");
+    let mut c1 = Conn::open(&s.url, None).await;
+    c1.ok(
+        "process/start",
+        start_params("p4", &["cat"], &d, false, true),
+    )
+    .await;
+    let w = c1
+        .ok(
+            "process/write",
+            json!({"processId": "p4", "chunk": b64(b"a\n"), "writeId": "w1"}),
+        )
+        .await;
+    assert_eq!(w["status"], "accepted");
+    let session = c1.session.clone();
+    c1.close().await;
+    let mut c2 = Conn::open_retry(&s.url, &session).await;
+    let w = c2
+        .ok(
+            "process/write",
+            json!({"processId": "p4", "chunk": b64(b"b\n"), "writeId": "w2"}),
+        )
+        .await;
+    assert_eq!(w["status"], "accepted");
+    let mut got = Vec::new();
+    let mut after = 0;
+    for _ in 0..20 {
+        let r = read(&mut c2, "p4", after, 500).await;
+        for ch in r["chunks"].as_array().unwrap() {
+            got.extend(unb64(&ch["chunk"]));
+            after = ch["seq"].as_u64().unwrap();
+        }
+        if got == b"a\nb\n" {
+            break;
+        }
+    }
+    assert_eq!(got, b"a\nb\n");
+    let mut c3 = Conn::connect(&s.url).await;
+    let r = c3
+        .call(
+            "initialize",
+            json!({"clientName": "t", "resumeSessionId": session}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], json!(-32010));
+    let r = read(&mut c2, "p4", after, 0).await;
+    assert_eq!(
+        r["exited"],
+        json!(false),
+        "the failed resume must not kill p4"
+    );
+    c2.ok("process/terminate", json!({"processId": "p4"})).await;
+}
+
+impl Conn {
+    /// Resumes `session`, retrying while the server still sees the old connection.
+    async fn open_retry(url: &str, session: &str) -> Conn {
+        for _ in 0..50 {
+            let mut c = Conn::connect(url).await;
+            let r = c
+                .call(
+                    "initialize",
+                    json!({"clientName": "t", "resumeSessionId": session}),
+                )
+                .await;
+            if r.get("result").is_some() {
+                c.session = session.to_string();
+                c.notify("initialized", Value::Null).await;
+                return c;
+            }
+            assert_eq!(r["error"]["code"], json!(-32010), "{r}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("could not resume {session}");
+    }
+}
+
+async fn assert_gone(needle: &str) {
+    assert!(
+        eventually(Duration::from_secs(3), || pids_matching(needle).is_empty()).await,
+        "`{needle}` survived: {:?}",
+        pids_matching(needle)
+    );
+}
+
+/// F4: terminate kills background jobs (pipes and PTY); so does SIGTERM to the server.
+#[tokio::test]
+async fn f4_terminate_kills_the_group() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f4");
+    let mut c = Conn::open(&s.url, None).await;
+    for (id, tty, secs) in [("a", false, "302.1"), ("b", true, "302.2")] {
+        let cmd = format!("sleep {secs} & sleep {secs} & wait");
+        c.ok(
+            "process/start",
+            start_params(id, &["sh", "-c", &cmd], &d, tty, false),
+        )
+        .await;
+        assert!(
+            eventually(Duration::from_secs(3), || pids_matching(&format!(
+                "sleep {secs}"
+            ))
+            .len()
+                >= 2)
+            .await
+        );
+        let r = c.ok("process/terminate", json!({"processId": id})).await;
+        assert_eq!(r["running"], json!(true));
+        c.collect(id, WAIT).await;
+        let r = c.ok("process/terminate", json!({"processId": id})).await;
+        assert_eq!(r["running"], json!(false));
+        assert_gone(&format!("sleep {secs}")).await;
+    }
+    c.ok(
+        "process/start",
+        start_params(
+            "c",
+            &["sh", "-c", "sleep 302.3 & sleep 302.3 & wait"],
+            &d,
+            false,
+            false,
+        ),
+    )
+    .await;
+    assert!(
+        eventually(Duration::from_secs(3), || pids_matching("sleep 302.3")
+            .len()
+            >= 2)
+        .await
+    );
+    assert_eq!(s.terminate(), Some(0));
+    assert_gone("sleep 302.3").await;
+}
+
+/// F5: interrupt ends the process in both modes with 130.
+#[tokio::test]
+async fn f5_interrupt_exit_code_is_130_in_both_modes() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f5");
+    let mut c = Conn::open(&s.url, None).await;
+    for (id, tty) in [("p7", false), ("p7t", true)] {
+        c.ok(
+            "process/start",
+            start_params(id, &["sleep", "30"], &d, tty, false),
+        )
+        .await;
+        // Give the PTY child time to become the foreground job before the signal.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t0 = Instant::now();
+        c.ok(
+            "process/signal",
+            json!({"processId": id, "signal": "interrupt"}),
+        )
+        .await;
+        let n = c.collect(id, Duration::from_secs(5)).await;
+        assert!(t0.elapsed() < Duration::from_secs(1));
+        assert_eq!(n.exit, Some(130), "tty={tty}");
+    }
+}
+
+/// F6: a UTF-8 character split across chunks arrives byte-exact.
+#[tokio::test]
+async fn f6_bytes_are_never_reencoded() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f6");
+    let mut c = Conn::open(&s.url, None).await;
+    for (id, tty, want) in [
+        ("p8", false, &b"a\xc3\xa9b\n"[..]),
+        ("p8t", true, &b"a\xc3\xa9b\r\n"[..]),
+    ] {
+        c.ok(
+            "process/start",
+            start_params(
+                id,
+                &["sh", "-c", "printf 'a\\303'; sleep 0.2; printf '\\251b\\n'"],
+                &d,
+                tty,
+                false,
+            ),
+        )
+        .await;
+        let n = c.collect(id, WAIT).await;
+        assert_eq!(n.bytes, want);
+    }
+}
+
+/// F7: after a large chunk, a drop and a resume, the small chunks all arrive once.
+#[tokio::test]
+async fn f7_small_chunks_after_large_one_and_resume() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f7");
+    let mut c = Conn::open(&s.url, None).await;
+    let cmd = "head -c 8000 /dev/zero | tr '\\0' X; echo; for i in 1 2 3; do sleep 0.2; echo small$i; done";
+    c.ok(
+        "process/start",
+        start_params("p10", &["sh", "-c", cmd], &d, false, false),
+    )
+    .await;
+    let first = c
+        .expect(|m| m["method"] == "process/output", WAIT)
+        .await
+        .unwrap();
+    let mut bytes = unb64(&first["params"]["chunk"]);
+    let mut after = first["params"]["seq"].as_u64().unwrap();
+    let session = c.session.clone();
+    c.close().await;
+    let mut c = Conn::open_retry(&s.url, &session).await;
+    for _ in 0..30 {
+        let r = read(&mut c, "p10", after, 2000).await;
+        for ch in r["chunks"].as_array().unwrap() {
+            bytes.extend(unb64(&ch["chunk"]));
+        }
+        after = r["nextSeq"].as_u64().unwrap() - 1;
+        if r["closed"] == json!(true) {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    for w in ["small1\n", "small2\n", "small3\n"] {
+        assert_eq!(text.matches(w).count(), 1, "{w} in {text:?}");
+    }
+    assert_eq!(bytes.len(), 8001 + 21);
+}
+
+/// F8: an idle connection neither kills nor forgets a process (70 s of silence).
+#[tokio::test]
+async fn f8_idle_connection_keeps_process() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f8");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params("p12", &["sleep", "90"], &d, false, false),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(70)).await;
+    let r = read(&mut c, "p12", 0, 0).await;
+    assert_eq!(r["exited"], json!(false));
+    let r = c.ok("process/terminate", json!({"processId": "p12"})).await;
+    assert_eq!(r["running"], json!(true));
+}
+
+/// F9 and F13: stdin EOF — none means EOF at once; closeStdin ends `wc` and `sort`;
+/// a drop is not EOF.
+#[tokio::test]
+async fn f9_f13_stdin_end_of_file() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f9");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params("p13a", &["cat"], &d, false, false),
+    )
+    .await;
+    let t0 = Instant::now();
+    let n = c.collect("p13a", Duration::from_secs(2)).await;
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert_eq!((n.exit, n.bytes.len()), (Some(0), 0));
+
+    c.ok(
+        "process/start",
+        start_params("p13b", &["wc", "-c"], &d, false, true),
+    )
+    .await;
+    c.ok(
+        "process/write",
+        json!({"processId": "p13b", "chunk": b64(b"abc"), "writeId": "w1"}),
+    )
+    .await;
+    let r = c
+        .ok(
+            "process/write",
+            json!({"processId": "p13b", "chunk": "", "writeId": "w2"}),
+        )
+        .await;
+    assert_eq!(
+        r["status"], "accepted",
+        "an empty write is accepted and is not EOF"
+    );
+    let r = c
+        .ok("process/closeStdin", json!({"processId": "p13b"}))
+        .await;
+    assert_eq!(r["status"], "accepted");
+    let n = c.collect("p13b", WAIT).await;
+    assert_eq!(String::from_utf8_lossy(&n.bytes).trim(), "3");
+    assert_eq!(n.exit, Some(0));
+
+    c.ok(
+        "process/start",
+        start_params("p20", &["sort"], &d, false, true),
+    )
+    .await;
+    c.ok(
+        "process/write",
+        json!({"processId": "p20", "chunk": b64(b"b\na\n"), "writeId": "w1"}),
+    )
+    .await;
+    let session = c.session.clone();
+    c.close().await;
+    let mut c = Conn::open_retry(&s.url, &session).await;
+    let r = read(&mut c, "p20", 0, 300).await;
+    assert_eq!(
+        r["exited"],
+        json!(false),
+        "a dropped connection is not EOF: sort still waits"
+    );
+    c.ok("process/closeStdin", json!({"processId": "p20"}))
+        .await;
+    let mut out = Vec::new();
+    let mut after = 0;
+    for _ in 0..20 {
+        let r = read(&mut c, "p20", after, 2000).await;
+        for ch in r["chunks"].as_array().unwrap() {
+            out.extend(unb64(&ch["chunk"]));
+        }
+        after = r["nextSeq"].as_u64().unwrap() - 1;
+        if r["closed"] == json!(true) {
+            assert_eq!(r["exitCode"], json!(0));
+            break;
+        }
+    }
+    assert_eq!(out, b"a\nb\n");
+}
+
+/// F10: a heredoc runs in both modes.
+#[tokio::test]
+async fn f10_heredoc() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f10");
+    let mut c = Conn::open(&s.url, None).await;
+    for (id, tty, want) in [("p15", false, "hello\n"), ("p15t", true, "hello\r\n")] {
+        let t0 = Instant::now();
+        c.ok(
+            "process/start",
+            start_params(
+                id,
+                &["sh", "-c", "cat <<'EOF' > f.txt\nhello\nEOF\ncat f.txt"],
+                &d,
+                tty,
+                false,
+            ),
+        )
+        .await;
+        let n = c.collect(id, Duration::from_secs(2)).await;
+        assert!(t0.elapsed() < Duration::from_secs(1));
+        assert_eq!(
+            (String::from_utf8_lossy(&n.bytes).as_ref(), n.exit),
+            (want, Some(0))
+        );
+    }
+}
+
+/// F11 and F21: terminating a PTY process kills nohup'd and piped jobs.
+#[tokio::test]
+async fn f11_f21_pty_terminate_kills_jobs() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f11");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params(
+            "p17",
+            &[
+                "bash",
+                "-c",
+                "nohup sleep 305 >/dev/null 2>&1 & echo started; sleep 300",
+            ],
+            &d,
+            true,
+            false,
+        ),
+    )
+    .await;
+    c.expect(
+        |m| m["method"] == "process/output" && unb64(&m["params"]["chunk"]).starts_with(b"started"),
+        WAIT,
+    )
+    .await
+    .unwrap();
+    c.ok("process/terminate", json!({"processId": "p17"})).await;
+    assert_gone("sleep 305").await;
+    c.ok(
+        "process/start",
+        start_params(
+            "p30",
+            &["bash", "-c", "sleep 307 | cat & wait"],
+            &d,
+            true,
+            false,
+        ),
+    )
+    .await;
+    assert!(
+        eventually(Duration::from_secs(3), || !pids_matching("sleep 307")
+            .is_empty())
+        .await
+    );
+    c.ok("process/terminate", json!({"processId": "p30"})).await;
+    assert_gone("sleep 307").await;
+}
+
+/// F12: a stream above the retention cap ends with its last line and exit 0; a late
+/// read shows the loss as a seq jump, never as a complete-looking stream.
+#[tokio::test]
+async fn f12_big_output_is_complete_or_visibly_cut() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f12");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params("p19", &["seq", "1", "200000"], &d, false, false),
+    )
+    .await;
+    let n = c.collect("p19", Duration::from_secs(20)).await;
+    assert!(n.bytes.ends_with(b"200000\n"));
+    assert_eq!(n.exit, Some(0));
+    let r = read(&mut c, "p19", 0, 0).await;
+    let chunks = r["chunks"].as_array().unwrap();
+    let late: Vec<u8> = chunks.iter().flat_map(|ch| unb64(&ch["chunk"])).collect();
+    let first_seq = chunks[0]["seq"].as_u64().unwrap();
+    assert!(
+        late == n.bytes || first_seq > 1,
+        "partial stream without a visible gap"
+    );
+}
+
+/// F14: exit codes: status, and 143 for SIGTERM; kept across a drop and resume.
+#[tokio::test]
+async fn f14_exit_codes() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f14");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params("p21b", &["sh", "-c", "kill -TERM $$"], &d, false, false),
+    )
+    .await;
+    assert_eq!(c.collect("p21b", WAIT).await.exit, Some(143));
+    c.ok(
+        "process/start",
+        start_params("p21a", &["sh", "-c", "sleep 0.2; exit 3"], &d, false, false),
+    )
+    .await;
+    let session = c.session.clone();
+    c.close().await;
+    let mut c = Conn::open_retry(&s.url, &session).await;
+    let r = read(&mut c, "p21a", 0, 3000).await;
+    let r = if r["exited"] == json!(true) {
+        r
+    } else {
+        read(&mut c, "p21a", 0, 3000).await
+    };
+    assert_eq!(
+        (r["exited"].clone(), r["exitCode"].clone()),
+        (json!(true), json!(3))
+    );
+}
+
+/// F15: 200 short commands each give their output exactly.
+#[tokio::test]
+async fn f15_short_lived_processes_lose_nothing() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f15");
+    let mut c = Conn::open(&s.url, None).await;
+    let t0 = Instant::now();
+    for i in 0..200 {
+        let id = format!("q{i}");
+        c.ok(
+            "process/start",
+            start_params(&id, &["echo", "running"], &d, false, false),
+        )
+        .await;
+        let n = c.collect(&id, WAIT).await;
+        assert_eq!(
+            (n.bytes.as_slice(), n.exit),
+            (&b"running\n"[..], Some(0)),
+            "run {i}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(60));
+    }
+}
+
+/// F16: no zombies; after the detached TTL the session's processes are gone.
+#[tokio::test]
+async fn f16_no_zombies_and_ttl_cleanup() {
+    let s = Server::start(&["--detached-session-ttl", "2"]);
+    let d = tmpdir("f16");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params(
+            "p24",
+            &["sh", "-c", "sleep 1 & sleep 306 & exit 0"],
+            &d,
+            false,
+            false,
+        ),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(zombies_of(s.pid()), Vec::<i32>::new());
+    assert_eq!(pids_matching("sleep 306").len(), 1);
+    c.close().await;
+    assert!(
+        eventually(Duration::from_secs(6), || pids_matching("sleep 306")
+            .is_empty())
+        .await,
+        "sleep 306 survived the session TTL"
+    );
+    assert_eq!(zombies_of(s.pid()), Vec::<i32>::new());
+}
+
+/// F17: signals work whatever the state of stdin.
+#[tokio::test]
+async fn f17_signal_after_stdin_eof() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f17");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params("p25", &["sleep", "30"], &d, false, false),
+    )
+    .await;
+    let t0 = Instant::now();
+    c.ok(
+        "process/signal",
+        json!({"processId": "p25", "signal": "interrupt"}),
+    )
+    .await;
+    let n = c.collect("p25", Duration::from_secs(2)).await;
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert_eq!(n.exit, Some(130));
+    let r = c.ok("process/terminate", json!({"processId": "p25"})).await;
+    assert_eq!(r["running"], json!(false));
+}
+
+/// F20: PTY output is complete.
+#[tokio::test]
+async fn f20_pty_output_complete() {
+    let s = Server::start(&[]);
+    let d = tmpdir("f20");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params("p29", &["seq", "1", "50000"], &d, true, false),
+    )
+    .await;
+    let n = c.collect("p29", Duration::from_secs(20)).await;
+    let text = String::from_utf8_lossy(&n.bytes);
+    assert!(text.ends_with("50000\r\n"));
+    assert_eq!(text.matches("\r\n").count(), 50000);
+}
