@@ -229,9 +229,15 @@ where
             }
         }
         drop(reader_out);
-        // Let queued replies go out before the writer ends on its own when every
-        // sender is dropped; abort only if it is stuck.
-        let _ = tokio::time::timeout(Duration::from_secs(5), writer_task).await;
+        // End of input reaches the connection loop now; queued replies still go
+        // out, since the writer ends on its own once every sender is dropped.
+        drop(in_tx);
+        if tokio::time::timeout(Duration::from_secs(5), writer_task)
+            .await
+            .is_err()
+        {
+            tracing::debug!("line writer still busy 5 s after end of input");
+        }
     });
     Connection {
         inbound: in_rx,

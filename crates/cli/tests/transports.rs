@@ -1,0 +1,325 @@
+//! stdio and Unix-socket transports, and the paths the Codex CLI takes.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn read_until(reader: &mut impl BufRead, pred: impl Fn(&Value) -> bool) -> Value {
+    for _ in 0..1000 {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            panic!("stream ended");
+        }
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if pred(&v) {
+            return v;
+        }
+    }
+    panic!("no matching message in 1000 lines");
+}
+
+#[test]
+fn stdio_one_message_per_line() {
+    let d = tmpdir("stdio");
+    let mut child = Command::new(BIN)
+        .args(["--listen", "stdio"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    // A watchdog: a hung server must fail the test, not hang it.
+    let pid = child.id() as i32;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog_done = done.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(20));
+        if !watchdog_done.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    });
+    let start = json!({"id": 2, "method": "process/start", "params": start_params("p1", &["echo", "hi"], &d, false, false)});
+    let script = format!(
+        "{}\n\n{}\n{}\n{{\"a\":1}} {{\"b\":2}}\n",
+        json!({"id": 1, "method": "initialize", "params": {"clientName": "t"}}),
+        json!({"method": "initialized"}),
+        start
+    );
+    stdin.write_all(script.as_bytes()).unwrap();
+    let r = read_until(&mut out, |v| v["id"] == 1);
+    assert!(r["result"]["sessionId"].is_string());
+    let r = read_until(&mut out, |v| v["id"] == 2);
+    assert_eq!(r["result"]["processId"], "p1");
+    let (mut output, mut error) = (None, None);
+    while output.is_none() || error.is_none() {
+        let v = read_until(&mut out, |v| {
+            v["method"] == "process/output" || v["id"] == -1
+        });
+        if v["id"] == -1 {
+            error = Some(v);
+        } else {
+            output = Some(v);
+        }
+    }
+    let (o, e) = (output.unwrap(), error.unwrap());
+    assert_eq!(unb64(&o["params"]["chunk"]), b"hi\n");
+    assert_eq!(e["error"]["code"], -32600);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("trailing characters"),
+        "{e}"
+    );
+    drop(stdin); // EOF ends the server
+    let status = child.wait().unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn unix_socket_mode_0600_and_stale_file() {
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let d = tmpdir("unix");
+    let sock = d.join("s.sock");
+    // A stale socket file left by a dead server is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let url = format!("unix://{}", sock.display());
+    let mut child = Command::new(BIN)
+        .args(["--listen", &url])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), url);
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let s = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let (r, mut w) = s.into_split();
+    let mut r = tokio::io::BufReader::new(r);
+    w.write_all(
+        format!(
+            "{}\n{}\n",
+            json!({"id": 1, "method": "initialize", "params": {"clientName": "t"}}),
+            json!({"method": "initialized"})
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    w.write_all(format!("{}\n", json!({"id": 2, "method": "environment/status"})).as_bytes())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let mut l = String::new();
+        tokio::time::timeout(Duration::from_secs(5), r.read_line(&mut l))
+            .await
+            .unwrap()
+            .unwrap();
+        got.push(serde_json::from_str::<Value>(&l).unwrap());
+    }
+    assert_eq!(got[1], json!({"id": 2, "result": {"status": "ready"}}));
+    // A second server on the same live socket refuses to start.
+    let second = Command::new(BIN).args(["--listen", &url]).output().unwrap();
+    assert!(!second.status.success());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(!sock.exists(), "socket file removed on shutdown");
+}
+
+/// The Codex CLI sends envPolicy inherit all, listens to notifications only,
+/// terminates each process after it exits, and types into PTYs.
+#[tokio::test]
+async fn codex_client_paths() {
+    let mut child = Command::new(BIN)
+        .args(["--listen", "ws://127.0.0.1:0"])
+        .env("VISIBLE_VAR", "yes")
+        .env("MY_API_KEY", "secret")
+        .env("EXEC_SERVER_TOKEN", "server-secret")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let server = Server {
+        child,
+        url: line.trim().to_string(),
+    };
+    let d = tmpdir("codex");
+    let mut c = Conn::open(&server.url, None).await;
+    let mut p = start_params("env", &["/usr/bin/env"], &d, false, false);
+    p["env"] = json!({"EXTRA": "1"});
+    p["envPolicy"] = json!({"inherit": "all", "ignoreDefaultExcludes": false, "exclude": [], "set": {}, "includeOnly": []});
+    c.ok("process/start", p).await;
+    let n = c.collect("env", WAIT).await;
+    let text = String::from_utf8_lossy(&n.bytes);
+    assert!(
+        text.contains("VISIBLE_VAR=yes") && text.contains("EXTRA=1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("MY_API_KEY") && !text.contains("server-secret"),
+        "{text}"
+    );
+    let r = c.ok("process/terminate", json!({"processId": "env"})).await;
+    assert_eq!(r["running"], json!(false));
+
+    c.ok(
+        "process/start",
+        start_params("tty", &["cat"], &d, true, false),
+    )
+    .await;
+    let w = c
+        .ok(
+            "process/write",
+            json!({"processId": "tty", "chunk": b64(b"hi\n"), "writeId": "1"}),
+        )
+        .await;
+    assert_eq!(w["status"], "accepted");
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("hi\r\nhi\r\n") {
+        let m = c
+            .expect(
+                |m| m["method"] == "process/output" && m["params"]["processId"] == "tty",
+                WAIT,
+            )
+            .await
+            .expect("echo");
+        seen.extend(unb64(&m["params"]["chunk"]));
+    }
+    c.ok(
+        "process/resize",
+        json!({"processId": "tty", "cols": 100, "rows": 40}),
+    )
+    .await;
+    let r = c.ok("process/terminate", json!({"processId": "tty"})).await;
+    assert_eq!(r["running"], json!(true));
+    assert_eq!(c.collect("tty", WAIT).await.exit, Some(137));
+}
+
+#[tokio::test]
+async fn pty_size_and_resize() {
+    let s = Server::start(&[]);
+    let d = tmpdir("resize");
+    let mut c = Conn::open(&s.url, None).await;
+    let mut p = start_params(
+        "sz",
+        &["sh", "-c", "stty size; read x; stty size"],
+        &d,
+        true,
+        false,
+    );
+    p["ptySize"] = json!({"cols": 120, "rows": 33});
+    c.ok("process/start", p).await;
+    c.expect(
+        |m| {
+            m["method"] == "process/output"
+                && String::from_utf8_lossy(&unb64(&m["params"]["chunk"])).contains("33 120")
+        },
+        WAIT,
+    )
+    .await
+    .expect("initial size");
+    c.ok(
+        "process/resize",
+        json!({"processId": "sz", "cols": 90, "rows": 20}),
+    )
+    .await;
+    c.ok(
+        "process/write",
+        json!({"processId": "sz", "chunk": b64(b"\n"), "writeId": "1"}),
+    )
+    .await;
+    let n = c.collect("sz", WAIT).await;
+    assert!(
+        String::from_utf8_lossy(&n.bytes).contains("20 90"),
+        "{:?}",
+        String::from_utf8_lossy(&n.bytes)
+    );
+}
+
+#[tokio::test]
+async fn extended_signals_and_unknown_signal() {
+    let s = Server::start(&[]);
+    let d = tmpdir("sig");
+    let mut c = Conn::open(&s.url, None).await;
+    for (sig, code) in [
+        ("terminate", 143),
+        ("kill", 137),
+        ("hangup", 129),
+        ("user1", 138),
+    ] {
+        let id = format!("s-{sig}");
+        c.ok(
+            "process/start",
+            start_params(&id, &["sleep", "30"], &d, false, false),
+        )
+        .await;
+        c.ok("process/signal", json!({"processId": id, "signal": sig}))
+            .await;
+        assert_eq!(c.collect(&id, WAIT).await.exit, Some(code), "{sig}");
+    }
+    let r = c
+        .call(
+            "process/signal",
+            json!({"processId": "x", "signal": "bogus"}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32602);
+}
+
+/// A long-poll never delays other requests, even at --concurrent-requests 1,
+/// while requests about one process keep their order.
+#[tokio::test]
+async fn long_poll_does_not_block_other_requests() {
+    let s = Server::start(&["--concurrent-requests", "1"]);
+    let d = tmpdir("lp");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params("cat", &["cat"], &d, false, true),
+    )
+    .await;
+    let read_id = c
+        .send(
+            "process/read",
+            json!({"processId": "cat", "afterSeq": 0, "waitMs": 5000}),
+        )
+        .await;
+    let t0 = std::time::Instant::now();
+    let st = c.send("environment/status", Value::Null).await;
+    c.response(st).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "status waited {:?} behind a long-poll",
+        t0.elapsed()
+    );
+    c.ok(
+        "process/write",
+        json!({"processId": "cat", "chunk": b64(b"x\n"), "writeId": "1"}),
+    )
+    .await;
+    let r = c.response(read_id).await;
+    assert_eq!(unb64(&r["result"]["chunks"][0]["chunk"]), b"x\n");
+    c.ok("process/terminate", json!({"processId": "cat"})).await;
+}
