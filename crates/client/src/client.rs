@@ -196,8 +196,8 @@ impl ExecServerClient {
     /// Drops the current connection without closing the client, as a network
     /// failure would; the client then recovers the session. For tests and chaos.
     pub async fn drop_connection(&self) {
-        let slot = self.inner.slot.lock().await;
-        if let Some(p) = &slot.peer {
+        let mut slot = self.inner.slot.lock().await;
+        if let Some(p) = slot.peer.take() {
             p.close();
         }
     }
@@ -401,10 +401,30 @@ impl ExecServerClient {
                 },
             );
         }
-        match self
+        let mut outcome = self
             .call::<_, ExecResponse>(m::PROCESS_START, &params, false)
-            .await
-        {
+            .await;
+        if matches!(&outcome, Err(ClientError::Connection(_))) {
+            // The request may or may not have reached the server before the drop.
+            // Retry once; "already exists" then means the first attempt started it
+            // (a live duplicate in this session was refused locally above).
+            outcome = match self
+                .call::<_, ExecResponse>(m::PROCESS_START, &params, false)
+                .await
+            {
+                Err(ClientError::Server(e))
+                    if e.code == exec_server_protocol::error::INVALID_REQUEST
+                        && e.message.contains("already exists") =>
+                {
+                    Ok(ExecResponse {
+                        process_id: id.clone(),
+                        sandbox_type: "none".into(),
+                    })
+                }
+                other => other,
+            };
+        }
+        match outcome {
             Ok(_) => Ok(ProcessHandle {
                 id,
                 client: self.clone(),

@@ -1,0 +1,175 @@
+//! The client library against the real server: recovery without loss or
+//! duplication, ordered events, files, and the embedded (local) environment.
+
+mod common;
+use common::*;
+use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
+use exec_server_protocol::types::{ExecParams, OutputStream};
+use exec_server_protocol::PathUri;
+use std::time::Duration;
+
+fn params(id: &str, argv: &[&str]) -> ExecParams {
+    ExecParams {
+        process_id: id.into(),
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        cwd: PathUri::parse("file:///tmp").unwrap(),
+        env: [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
+        tty: false,
+        pipe_stdin: false,
+        arg0: None,
+        env_policy: None,
+        sandbox: None,
+        enforce_managed_network: false,
+        managed_network: None,
+        network_proxy: None,
+        shell_snapshot: None,
+        metadata: None,
+        pty_size: None,
+        ack_output: false,
+    }
+}
+
+fn client(url: &str) -> ExecServerClient {
+    ExecServerClient::new(ClientOptions::new(Source::from_url(url, None).unwrap()))
+}
+
+fn expected_seq(n: u64) -> Vec<u8> {
+    let mut v = Vec::new();
+    for i in 1..=n {
+        v.extend_from_slice(format!("{i}\n").as_bytes());
+    }
+    v
+}
+
+/// Drops the connection `drops` times during `seq 1 n`; returns (bytes, exit).
+async fn run_with_drops(
+    c: &ExecServerClient,
+    id: &str,
+    n: u64,
+    drops: usize,
+) -> (Vec<u8>, Option<i32>) {
+    let n_s = n.to_string();
+    let mut p = c
+        .start_process(params(id, &["seq", "1", &n_s]))
+        .await
+        .unwrap();
+    let mut bytes = Vec::new();
+    let mut exit = None;
+    let total = expected_seq(n).len();
+    let mut next_drop = 1;
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(30), p.next_event())
+            .await
+            .expect("event within 30 s");
+        match ev {
+            Some(ProcessEvent::Output { stream, data, .. }) => {
+                assert_eq!(stream, OutputStream::Stdout);
+                bytes.extend_from_slice(&data);
+                if next_drop <= drops && bytes.len() * (drops + 1) >= total * next_drop {
+                    next_drop += 1;
+                    c.drop_connection().await;
+                }
+            }
+            Some(ProcessEvent::Exited { code, .. }) => exit = Some(code),
+            Some(ProcessEvent::Closed { .. }) | None => break,
+            Some(ProcessEvent::Failed(why)) => panic!("stream failed: {why}"),
+        }
+    }
+    (bytes, exit)
+}
+
+/// Killing the connection in the middle of `seq 1 2000000` loses and duplicates nothing.
+#[tokio::test]
+async fn drop_during_seq_2000000_loses_nothing() {
+    let s = Server::start(&[]);
+    let c = client(&s.url);
+    let (bytes, exit) = run_with_drops(&c, "big", 2_000_000, 3).await;
+    assert_eq!(exit, Some(0));
+    assert!(
+        bytes == expected_seq(2_000_000),
+        "output differs from seq 1 2000000 ({} bytes)",
+        bytes.len()
+    );
+    assert!(
+        c.recoveries() >= 1,
+        "the connection was really dropped and resumed"
+    );
+}
+
+/// Many drops during one fast stream, bounded in count and time.
+#[tokio::test]
+async fn repeated_drops_during_a_fast_stream() {
+    let s = Server::start(&[]);
+    let c = client(&s.url);
+    for round in 0..3 {
+        let (bytes, exit) = run_with_drops(&c, &format!("r{round}"), 300_000, 10).await;
+        assert_eq!(exit, Some(0));
+        assert!(
+            bytes == expected_seq(300_000),
+            "round {round}: {} bytes",
+            bytes.len()
+        );
+    }
+    assert!(c.recoveries() >= 3, "at least one resume per round");
+}
+
+#[tokio::test]
+async fn stdin_write_close_and_files() {
+    let s = Server::start(&[]);
+    let c = client(&s.url);
+    let mut p = params("wc", &["wc", "-c"]);
+    p.pipe_stdin = true;
+    let mut h = c.start_process(p).await.unwrap();
+    h.write(b"hello".to_vec()).await.unwrap();
+    h.close_stdin().await.unwrap();
+    let mut out = Vec::new();
+    let mut code = None;
+    while let Some(ev) = h.next_event().await {
+        match ev {
+            ProcessEvent::Output { data, .. } => out.extend(data),
+            ProcessEvent::Exited { code: c, .. } => code = Some(c),
+            ProcessEvent::Closed { .. } => break,
+            ProcessEvent::Failed(w) => panic!("{w}"),
+        }
+    }
+    assert_eq!((String::from_utf8_lossy(&out).trim(), code), ("5", Some(0)));
+
+    let d = tmpdir("client-fs");
+    let f = PathUri::from_path(&d.join("blob")).unwrap();
+    let data: Vec<u8> = (0..3_500_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    c.upload(&mut &data[..], &f).await.unwrap();
+    let mut back = Vec::new();
+    assert_eq!(c.download(&f, &mut back).await.unwrap(), data.len() as u64);
+    assert!(back == data);
+    assert_eq!(c.read_file(&f).await.unwrap().len(), data.len());
+    let meta = c.metadata(&f).await.unwrap();
+    assert_eq!((meta.is_file, meta.size), (true, data.len() as u64));
+    let missing = PathUri::from_path(&d.join("nope")).unwrap();
+    match c.read_file(&missing).await {
+        Err(exec_server_client::ClientError::Server(e)) => assert_eq!(e.code, -32004),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The local environment runs the same protocol in-process.
+#[tokio::test]
+async fn local_environment_runs_in_process() {
+    let env = exec_server_client::environment::Environment::local().unwrap();
+    assert!(env.is_local());
+    let mut h = env
+        .client
+        .start_process(params("l", &["sh", "-c", "echo local; exit 4"]))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let mut code = None;
+    while let Some(ev) = h.next_event().await {
+        match ev {
+            ProcessEvent::Output { data, .. } => out.extend(data),
+            ProcessEvent::Exited { code: c, .. } => code = Some(c),
+            ProcessEvent::Closed { .. } => break,
+            ProcessEvent::Failed(w) => panic!("{w}"),
+        }
+    }
+    assert_eq!((out.as_slice(), code), (&b"local\n"[..], Some(4)));
+}
