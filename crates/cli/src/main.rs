@@ -7,16 +7,20 @@ use clap::{Parser, Subcommand};
 
 /// exec-server: the hands of a coding agent on another machine.
 ///
-/// Without a subcommand it serves: `exec-server --listen ws://127.0.0.1:8765`.
-///
-/// Examples:
-///   exec-server --listen ws://127.0.0.1:8765            serve on loopback
-///   exec-server run -- uname -a                         run here, via an embedded server
-///   exec-server run --connect ws://127.0.0.1:8765 -- ls run on a server
-///   exec-server shell --connect ws://127.0.0.1:8765     interactive shell (like ssh -t)
-///   exec-server fs --connect URL get /var/log/syslog ./syslog
+/// Without a subcommand it serves (the flags below). With one, it is a client.
 #[derive(Parser, Debug)]
-#[command(name = "exec-server", version, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "exec-server",
+    version,
+    args_conflicts_with_subcommands = true,
+    after_help = "Examples:
+  exec-server --listen ws://127.0.0.1:8765              serve on loopback (prints the URL)
+  exec-server run -- uname -a                           run here, through an embedded server
+  exec-server run --connect ws://127.0.0.1:8765 -- ls   run on a server, exit with its code
+  exec-server shell --connect ws://127.0.0.1:8765       interactive shell (like ssh -t)
+  exec-server fs --connect URL get /var/log/syslog ./syslog
+  exec-server info --connect URL                        what the server is"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -40,8 +44,10 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),

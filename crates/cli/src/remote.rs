@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 pub struct ConnectArgs {
     /// Server URL: ws://HOST:PORT, wss://…, or unix:///path. Without it, an
     /// embedded server runs in this process (this machine, full protocol, no socket).
-    #[arg(long, env = "EXEC_SERVER_URL", value_name = "URL")]
+    #[arg(long, env = "EXEC_SERVER_URL", value_name = "URL", global = true)]
     pub connect: Option<String>,
     /// File holding a bearer token for --ws-auth servers (or set EXEC_SERVER_TOKEN).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", global = true)]
     pub token_file: Option<PathBuf>,
 }
 
@@ -89,7 +89,8 @@ pub enum FsCommand {
     Cat { path: String },
     /// Upload a local file (streamed).
     Put { local: PathBuf, remote: String },
-    /// Download a remote file (streamed).
+    /// Download a remote file (streamed; `-` writes to stdout; an existing local
+    /// file is replaced only once the download succeeded).
     Get { remote: String, local: PathBuf },
     /// Show metadata as JSON.
     Stat { path: String },
@@ -130,6 +131,21 @@ pub struct FsArgs {
 fn fail(msg: impl std::fmt::Display) -> i32 {
     eprintln!("exec-server: {msg}");
     1
+}
+
+/// Adds what to do next to errors a user can fix.
+fn explain(e: &exec_server_client::ClientError) -> String {
+    let text = e.to_string();
+    if text.contains("401") {
+        return format!("{text}\n  the server requires a bearer token: pass --token-file PATH or set EXEC_SERVER_TOKEN (or the token given is wrong)");
+    }
+    if text.contains("TLS") {
+        return format!("{text}\n  use ws:// for a plain server, or check the wss:// certificate");
+    }
+    if text.contains("Connection refused") {
+        return format!("{text}\n  is a server running there? start one with: exec-server --listen ws://127.0.0.1:PORT");
+    }
+    text
 }
 
 async fn server_cwd(client: &ExecServerClient) -> Result<PathBuf, String> {
@@ -228,7 +244,7 @@ pub async fn shell(args: ShellArgs) -> i32 {
     };
     let shell = match client.environment_info().await {
         Ok(i) => i.shell.path,
-        Err(e) => return fail(e),
+        Err(e) => return fail(explain(&e)),
     };
     let spec = Spec {
         argv: vec![shell, "-l".into()],
@@ -299,9 +315,23 @@ async fn execute(client: ExecServerClient, spec: Spec) -> i32 {
         pty_size: if spec.tty { terminal_size() } else { None },
         ack_output: false,
     };
+    let program = params.argv[0].clone();
+    let cwd_text = params
+        .cwd
+        .to_path()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     let mut proc = match client.start_process(params).await {
         Ok(p) => p,
-        Err(e) => return fail(e),
+        Err(exec_server_client::ClientError::Server(e)) if e.message.contains("os error 2") => {
+            eprintln!("exec-server: cannot start `{program}` in {cwd_text}: {} (is the program on PATH, and does the directory exist?)", e.message);
+            return 127;
+        }
+        Err(exec_server_client::ClientError::Server(e)) if e.message.contains("os error 13") => {
+            eprintln!("exec-server: cannot start `{program}`: {}", e.message);
+            return 126;
+        }
+        Err(e) => return fail(explain(&e)),
     };
     let raw = if spec.tty {
         RawMode::enter()
@@ -420,7 +450,7 @@ pub async fn info(conn: ConnectArgs) -> i32 {
             println!("{}", serde_json::to_string_pretty(&i).unwrap_or_default());
             0
         }
-        Err(e) => fail(e),
+        Err(e) => fail(explain(&e)),
     }
 }
 
@@ -437,7 +467,7 @@ pub async fn fs(args: FsArgs) -> i32 {
 }
 
 async fn fs_inner(c: &ExecServerClient, cmd: FsCommand) -> Result<(), String> {
-    let s = |e: exec_server_client::ClientError| e.to_string();
+    let s = |e: exec_server_client::ClientError| explain(&e);
     match cmd {
         FsCommand::Ls { path } => {
             let p = remote_path(c, &path).await?;
@@ -460,11 +490,34 @@ async fn fs_inner(c: &ExecServerClient, cmd: FsCommand) -> Result<(), String> {
         }
         FsCommand::Get { remote, local } => {
             let p = remote_path(c, &remote).await?;
-            let mut f = tokio::fs::File::create(&local)
+            if local.as_os_str() == "-" {
+                let mut out = tokio::io::stdout();
+                c.download(&p, &mut out).await.map_err(s)?;
+                return Ok(());
+            }
+            // Write beside the target and rename on success, so a failed download
+            // never truncates an existing file.
+            let name = local
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "download".into());
+            let partial = local.with_file_name(format!(".{name}.partial-{}", std::process::id()));
+            let mut f = tokio::fs::File::create(&partial)
                 .await
-                .map_err(|e| format!("{}: {e}", local.display()))?;
-            let n = c.download(&p, &mut f).await.map_err(s)?;
-            eprintln!("{n} bytes");
+                .map_err(|e| format!("{}: {e}", partial.display()))?;
+            match c.download(&p, &mut f).await {
+                Ok(n) => {
+                    drop(f);
+                    std::fs::rename(&partial, &local)
+                        .map_err(|e| format!("{}: {e}", local.display()))?;
+                    eprintln!("{n} bytes");
+                }
+                Err(e) => {
+                    drop(f);
+                    let _ = std::fs::remove_file(&partial);
+                    return Err(s(e));
+                }
+            }
         }
         FsCommand::Put { local, remote } => {
             let p = remote_path(c, &remote).await?;
@@ -496,7 +549,16 @@ async fn fs_inner(c: &ExecServerClient, cmd: FsCommand) -> Result<(), String> {
         }
         FsCommand::Mkdir { parents, path } => {
             let p = remote_path(c, &path).await?;
-            c.create_directory(&p, parents).await.map_err(s)?;
+            c.create_directory(&p, parents)
+                .await
+                .map_err(|e| match &e {
+                    exec_server_client::ClientError::Server(err) if err.code == -32004 => {
+                        format!(
+                            "{path}: a parent directory does not exist (use -p to create parents)"
+                        )
+                    }
+                    _ => s(e),
+                })?;
         }
         FsCommand::Cp {
             recursive,
@@ -504,6 +566,13 @@ async fn fs_inner(c: &ExecServerClient, cmd: FsCommand) -> Result<(), String> {
             to,
         } => {
             let (f, t) = (remote_path(c, &from).await?, remote_path(c, &to).await?);
+            if !recursive
+                && c.metadata(&f)
+                    .await
+                    .is_ok_and(|m| m.is_directory && !m.is_symlink)
+            {
+                return Err(format!("{from} is a directory (use -r)"));
+            }
             c.copy(&f, &t, recursive).await.map_err(s)?;
         }
     }

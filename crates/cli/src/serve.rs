@@ -121,13 +121,7 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 2;
         }
     };
-    if let ListenAddr::WebSocket(a) = &addr {
-        if auth.is_none() && !a.ip().is_loopback() {
-            tracing::warn!(
-                "listening on {a} without --ws-auth: anyone who can reach it can run commands"
-            );
-        }
-    }
+
     let config = ServerConfig {
         concurrent_requests: args.concurrent_requests.max(1),
         detached_session_ttl: Duration::from_secs(args.detached_session_ttl),
@@ -159,6 +153,14 @@ pub async fn run(args: ServeArgs) -> i32 {
         let _ = out.flush();
     }
     tracing::info!("listening on {}", listener.url());
+    if let ListenAddr::WebSocket(a) = &addr {
+        if config.auth.is_none() && !a.ip().is_loopback() {
+            tracing::warn!(
+                "listening on {} without --ws-auth: anyone who can reach it can run commands as this user",
+                listener.url()
+            );
+        }
+    }
     let stdin_closed = async {
         if args.exit_on_stdin_close && !matches!(addr, ListenAddr::Stdio) {
             use tokio::io::AsyncReadExt;

@@ -235,6 +235,12 @@ impl ExecServerClient {
             self.fail_all(&why);
             return Err(ClientError::Connection(why));
         }
+        if resume.is_some() {
+            tracing::warn!(
+                "connection to {:?} lost; resuming the session",
+                self.inner.opts.source
+            );
+        }
         let deadline = tokio::time::Instant::now() + self.inner.opts.recovery_timeout;
         loop {
             match self.connect_once(resume.clone()).await {

@@ -1,0 +1,240 @@
+//! The `exec-server` command line, driven as a user would.
+
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn run(args: &[&str], stdin: &[u8]) -> (i32, Vec<u8>, Vec<u8>) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.code().unwrap_or(-1), out.stdout, out.stderr)
+}
+
+#[test]
+fn run_embedded_exit_codes_and_streams() {
+    let (code, out, err) = run(
+        &["run", "--", "sh", "-c", "echo out; echo err >&2; exit 7"],
+        b"",
+    );
+    assert_eq!(
+        (code, out.as_slice(), err.as_slice()),
+        (7, &b"out\n"[..], &b"err\n"[..])
+    );
+    let (code, _, _) = run(&["run", "--", "sh", "-c", "kill -TERM $$"], b"");
+    assert_eq!(code, 143);
+    let (code, _, err) = run(&["run", "--", "/nonexistent/program"], b"");
+    assert_eq!(code, 127);
+    assert!(
+        String::from_utf8_lossy(&err).contains("cannot start `/nonexistent/program`"),
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
+}
+
+#[test]
+fn run_forwards_stdin_and_its_end() {
+    let (code, out, _) = run(&["run", "--", "wc", "-c"], b"hello world");
+    assert_eq!((code, String::from_utf8_lossy(&out).trim()), (0, "11"));
+    let input: Vec<u8> = (0..200_000u32).map(|i| (i % 256) as u8).collect();
+    let (code, out, _) = run(&["run", "--", "cat"], &input);
+    assert_eq!(code, 0);
+    assert!(out == input, "binary stdin/stdout round trip differs");
+}
+
+#[test]
+fn run_output_is_binary_safe() {
+    let d = tmpdir("bin");
+    let all: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    std::fs::write(d.join("all"), &all).unwrap();
+    let path = d.join("all").display().to_string();
+    let (code, out, _) = run(&["run", "--", "cat", &path], b"");
+    assert_eq!(code, 0);
+    assert!(out == all);
+}
+
+#[tokio::test]
+async fn run_and_fs_against_a_server() {
+    let s = Server::start(&[]);
+    let d = tmpdir("clifs");
+    let url = s.url.clone();
+    let (code, out, _) = run(
+        &[
+            "run",
+            "--connect",
+            &url,
+            "--cwd",
+            &d.display().to_string(),
+            "--",
+            "pwd",
+        ],
+        b"",
+    );
+    assert_eq!(
+        (code, String::from_utf8_lossy(&out).trim()),
+        (0, d.display().to_string().as_str())
+    );
+    let local = d.join("local.bin");
+    let data: Vec<u8> = (0..2_500_000u32).map(|i| (i * 31 % 253) as u8).collect();
+    std::fs::write(&local, &data).unwrap();
+    let remote = d.join("remote.bin").display().to_string();
+    let (code, _, err) = run(
+        &[
+            "fs",
+            "--connect",
+            &url,
+            "put",
+            &local.display().to_string(),
+            &remote,
+        ],
+        b"",
+    );
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let back = d.join("back.bin");
+    let (code, _, _) = run(
+        &[
+            "fs",
+            "get",
+            "--connect",
+            &url,
+            &remote,
+            &back.display().to_string(),
+        ],
+        b"",
+    );
+    assert_eq!(code, 0);
+    assert!(std::fs::read(&back).unwrap() == data);
+    // A failed download leaves an existing local file untouched.
+    let (code, _, _) = run(
+        &[
+            "fs",
+            "--connect",
+            &url,
+            "get",
+            "/nonexistent/x",
+            &back.display().to_string(),
+        ],
+        b"",
+    );
+    assert_eq!(code, 1);
+    assert!(std::fs::read(&back).unwrap() == data);
+    let (code, out, _) = run(
+        &["fs", "--connect", &url, "ls", &d.display().to_string()],
+        b"",
+    );
+    assert_eq!(code, 0);
+    let listing = String::from_utf8_lossy(&out);
+    assert!(
+        listing.contains("remote.bin") && listing.contains("local.bin"),
+        "{listing}"
+    );
+    let (code, _, err) = run(
+        &[
+            "fs",
+            "--connect",
+            &url,
+            "mkdir",
+            &d.join("a/b/c").display().to_string(),
+        ],
+        b"",
+    );
+    assert_eq!(code, 1);
+    assert!(String::from_utf8_lossy(&err).contains("use -p"));
+    let (code, out, _) = run(&["info", "--connect", &url], b"");
+    assert_eq!(code, 0);
+    let info: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(info["capabilities"]["processCloseStdin"], true);
+}
+
+#[test]
+fn token_auth_hint() {
+    let d = tmpdir("tok");
+    let tf = d.join("token");
+    std::fs::write(&tf, "s3cret-token\n").unwrap();
+    let s = Server::start(&[
+        "--ws-auth",
+        "capability-token",
+        "--ws-token-file",
+        &tf.display().to_string(),
+    ]);
+    let (code, _, err) = run(&["info", "--connect", &s.url], b"");
+    assert_eq!(code, 1);
+    assert!(
+        String::from_utf8_lossy(&err).contains("--token-file"),
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
+    let (code, _, _) = run(
+        &[
+            "info",
+            "--connect",
+            &s.url,
+            "--token-file",
+            &tf.display().to_string(),
+        ],
+        b"",
+    );
+    assert_eq!(code, 0);
+}
+
+/// `run -t` and `shell` under a real pseudo-terminal: raw mode, the remote PTY,
+/// and the local terminal restored afterwards.
+#[test]
+fn tty_under_a_pseudo_terminal() {
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let before = nix::sys::termios::tcgetattr(&pty.slave).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["shell"])
+        .env("SHELL", "/bin/sh")
+        .stdin(Stdio::from(pty.slave.try_clone().unwrap()))
+        .stdout(Stdio::from(pty.slave.try_clone().unwrap()))
+        .stderr(Stdio::from(pty.slave.try_clone().unwrap()))
+        .spawn()
+        .unwrap();
+    let mut master = std::fs::File::from(pty.master);
+    let fd = master.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        libc::fcntl(
+            fd,
+            libc::F_SETFL,
+            libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+        )
+    };
+    master
+        .write_all(b"tty; echo marker-$((40+2)); exit 3\n")
+        .unwrap();
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let mut buf = [0u8; 4096];
+        match master.read(&mut buf) {
+            Ok(n) if n > 0 => seen.extend_from_slice(&buf[..n]),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "shell did not exit; saw {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+    };
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("marker-42"), "{text}");
+    assert!(text.contains("/dev/pts/"), "{text}");
+    assert_eq!(status.code(), Some(3));
+    let after = nix::sys::termios::tcgetattr(&pty.slave).unwrap();
+    assert_eq!(before.local_flags, after.local_flags, "terminal restored");
+    assert_eq!(before.input_flags, after.input_flags, "terminal restored");
+}
