@@ -1,0 +1,544 @@
+//! File system, HTTP and discovery methods over WebSocket against the real binary.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn err_code(c: &mut Conn, method: &str, params: Value) -> i64 {
+    let r = c.call(method, params).await;
+    r["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{method} should fail: {r}"))
+}
+
+#[tokio::test]
+async fn every_fs_method_and_error_path() {
+    let s = Server::start(&[]);
+    let d = tmpdir("fs");
+    let mut c = Conn::open(&s.url, None).await;
+    let u = |p: &str| uri(&d.join(p));
+    // writeFile / readFile
+    c.ok(
+        "fs/writeFile",
+        json!({"path": u("a.txt"), "dataBase64": b64(b"hello world")}),
+    )
+    .await;
+    let r = c.ok("fs/readFile", json!({"path": u("a.txt")})).await;
+    assert_eq!(unb64(&r["dataBase64"]), b"hello world");
+    assert_eq!(
+        err_code(&mut c, "fs/readFile", json!({"path": u("missing")})).await,
+        -32004
+    );
+    assert_eq!(
+        err_code(&mut c, "fs/readFile", json!({"path": uri(&d)})).await,
+        -32600
+    );
+    assert_eq!(
+        err_code(&mut c, "fs/readFile", json!({"path": "/bare/path"})).await,
+        -32602
+    );
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/writeFile",
+            json!({"path": u("no/parent/x"), "dataBase64": ""})
+        )
+        .await,
+        -32004
+    );
+    // createDirectory
+    c.ok("fs/createDirectory", json!({"path": u("d1/d2")}))
+        .await;
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/createDirectory",
+            json!({"path": u("d1"), "recursive": false})
+        )
+        .await,
+        -32603
+    );
+    // getMetadata (a symlink reports its target's type with isSymlink)
+    std::os::unix::fs::symlink(d.join("a.txt"), d.join("link")).unwrap();
+    let m = c.ok("fs/getMetadata", json!({"path": u("link")})).await;
+    assert_eq!(
+        (
+            m["isFile"].clone(),
+            m["isSymlink"].clone(),
+            m["size"].clone()
+        ),
+        (json!(true), json!(true), json!(11))
+    );
+    assert_eq!(
+        err_code(&mut c, "fs/getMetadata", json!({"path": u("missing")})).await,
+        -32004
+    );
+    // canonicalize
+    let r = c
+        .ok("fs/canonicalize", json!({"path": u("d1/../link")}))
+        .await;
+    assert_eq!(
+        r["path"],
+        json!(uri(&std::fs::canonicalize(d.join("a.txt")).unwrap()))
+    );
+    // readDirectory
+    let r = c.ok("fs/readDirectory", json!({"path": uri(&d)})).await;
+    let mut names: Vec<String> = r["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["fileName"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a.txt", "d1", "link"]);
+    assert_eq!(
+        err_code(&mut c, "fs/readDirectory", json!({"path": u("a.txt")})).await,
+        -32603
+    );
+    // walk
+    let r = c.ok("fs/walk", json!({"path": uri(&d), "options": {"maxDepth": 5, "maxDirectories": 10, "maxEntries": 2, "followDirectorySymlinks": false}})).await;
+    assert_eq!(
+        (
+            r["entries"].as_array().unwrap().len(),
+            r["truncated"].clone()
+        ),
+        (2, json!(true))
+    );
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/walk",
+            json!({"path": uri(&d), "options": {"maxDepth": 5}})
+        )
+        .await,
+        -32602
+    );
+    // copy: file, directory (recursive only), symlink as symlink
+    c.ok(
+        "fs/copy",
+        json!({"sourcePath": u("a.txt"), "destinationPath": u("b.txt"), "recursive": false}),
+    )
+    .await;
+    assert_eq!(std::fs::read(d.join("b.txt")).unwrap(), b"hello world");
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/copy",
+            json!({"sourcePath": u("d1"), "destinationPath": u("d3"), "recursive": false})
+        )
+        .await,
+        -32600
+    );
+    std::os::unix::fs::symlink("a.txt", d.join("d1/rel")).unwrap();
+    c.ok(
+        "fs/copy",
+        json!({"sourcePath": u("d1"), "destinationPath": u("d3"), "recursive": true}),
+    )
+    .await;
+    assert!(d.join("d3/d2").is_dir());
+    assert_eq!(
+        std::fs::read_link(d.join("d3/rel")).unwrap(),
+        std::path::Path::new("a.txt")
+    );
+    // remove
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/remove",
+            json!({"path": u("d3"), "recursive": false})
+        )
+        .await,
+        -32603
+    );
+    c.ok("fs/remove", json!({"path": u("d3")})).await;
+    assert!(!d.join("d3").exists());
+    c.ok("fs/remove", json!({"path": u("gone")})).await;
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/remove",
+            json!({"path": u("gone"), "force": false})
+        )
+        .await,
+        -32004
+    );
+    // open / readBlock / writeBlock / close
+    c.ok(
+        "fs/open",
+        json!({"handleId": "w", "path": u("blocks"), "mode": "replace"}),
+    )
+    .await;
+    c.ok(
+        "fs/writeBlock",
+        json!({"handleId": "w", "offset": 0, "chunk": b64(b"abc")}),
+    )
+    .await;
+    c.ok(
+        "fs/writeBlock",
+        json!({"handleId": "w", "offset": 5, "chunk": b64(b"z")}),
+    )
+    .await;
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/writeBlock",
+            json!({"handleId": "w", "offset": 0, "chunk": ""})
+        )
+        .await,
+        -32600
+    );
+    c.ok("fs/close", json!({"handleId": "w"})).await;
+    assert_eq!(std::fs::read(d.join("blocks")).unwrap(), b"abc\0\0z");
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/open",
+            json!({"handleId": "r", "path": u("missing")})
+        )
+        .await,
+        -32004
+    );
+    c.ok("fs/open", json!({"handleId": "r", "path": u("blocks")}))
+        .await;
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/open",
+            json!({"handleId": "r", "path": u("blocks")})
+        )
+        .await,
+        -32600
+    );
+    let r = c
+        .ok(
+            "fs/readBlock",
+            json!({"handleId": "r", "offset": 3, "len": 100}),
+        )
+        .await;
+    assert_eq!(
+        (unb64(&r["chunk"]), r["eof"].clone()),
+        (b"\0\0z".to_vec(), json!(true))
+    );
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/readBlock",
+            json!({"handleId": "r", "offset": 0, "len": 1048577})
+        )
+        .await,
+        -32600
+    );
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/readBlock",
+            json!({"handleId": "nope", "offset": 0, "len": 1})
+        )
+        .await,
+        -32004
+    );
+    c.ok("fs/close", json!({"handleId": "r"})).await;
+    c.ok("fs/close", json!({"handleId": "r"})).await;
+    // Handles are scoped to the session.
+    c.ok("fs/open", json!({"handleId": "mine", "path": u("blocks")}))
+        .await;
+    let mut other = Conn::open(&s.url, None).await;
+    assert_eq!(
+        err_code(
+            &mut other,
+            "fs/readBlock",
+            json!({"handleId": "mine", "offset": 0, "len": 1})
+        )
+        .await,
+        -32004
+    );
+}
+
+#[tokio::test]
+async fn read_file_cap_names_fs_open_and_large_block_reads() {
+    let s = Server::start(&[]);
+    let d = tmpdir("big");
+    let big = d.join("big");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(300 * 1024 * 1024)
+        .unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let r = c.call("fs/readFile", json!({"path": uri(&big)})).await;
+    assert_eq!(r["error"]["code"], -32600);
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("fs/open"),
+        "{r}"
+    );
+    c.ok("fs/open", json!({"handleId": "b", "path": uri(&big)}))
+        .await;
+    let mut n = 0;
+    loop {
+        let r = c
+            .ok(
+                "fs/readBlock",
+                json!({"handleId": "b", "offset": n * 1048576, "len": 1048576}),
+            )
+            .await;
+        n += 1;
+        if r["eof"] == json!(true) {
+            break;
+        }
+        assert!(n < 400);
+    }
+    assert_eq!(n, 300);
+    c.ok("fs/close", json!({"handleId": "b"})).await;
+}
+
+#[tokio::test]
+async fn discovery_methods() {
+    let s = Server::start(&[]);
+    let d = tmpdir("disc");
+    std::fs::create_dir_all(d.join(".codex-plugin")).unwrap();
+    std::fs::write(d.join(".codex-plugin/plugin.json"), r#"{"name":"p"}"#).unwrap();
+    std::fs::write(d.join("SKILL.md"), "---\nname: s\n---\nbody").unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let r = c
+        .ok("capabilities/discoverV2", json!({"cwd": uri(&d)}))
+        .await;
+    assert_eq!(r, json!({"plugins": [], "skills": [], "warnings": []}));
+    let r = c.ok("capabilityRoots/discoverV1", json!({"roots": [{"id": "x", "path": uri(&d)}, {"id": "y", "path": uri(&d.join("missing"))}]})).await;
+    assert_eq!(r["roots"][0]["plugin"]["manifest"]["name"], "p");
+    assert_eq!(r["roots"][0]["skills"][0]["metadata"]["name"], "s");
+    assert!(r["roots"][1]["error"].is_string());
+    let r = c
+        .call(
+            "environmentConfig/read",
+            json!({"cwd": uri(&d), "configPaths": [], "requirementsPaths": []}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32602);
+    let r = c
+        .ok(
+            "environmentConfig/read",
+            json!({"cwd": uri(&d), "configPaths": [["model"]], "requirementsPaths": []}),
+        )
+        .await;
+    assert_eq!(r["config"]["cloudInsertionIndex"], 0);
+    for m in [
+        "fs/rename",
+        "fs/symlink",
+        "capabilityRoots/discoverV2",
+        "network/policyRequest",
+    ] {
+        let r = c.call(m, json!({})).await;
+        assert_eq!(r["error"]["code"], -32601, "{m}");
+    }
+}
+
+/// A minimal HTTP/1.1 server on loopback for `http/request` tests.
+async fn http_server() -> (String, tokio::task::JoinHandle<()>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 4096];
+                let head_end = loop {
+                    let n = sock.read(&mut tmp).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&tmp[..n]);
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap_or(0))
+                    })
+                    .unwrap_or(0);
+                while buf.len() < head_end + len {
+                    let n = sock.read(&mut tmp).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&tmp[..n]);
+                }
+                let body = buf[head_end..].to_vec();
+                let mut lines = head.lines();
+                let request_line = lines.next().unwrap_or("").to_string();
+                let path = request_line.split(' ').nth(1).unwrap_or("/").to_string();
+                let headers: Vec<String> = lines
+                    .filter(|l| !l.is_empty())
+                    .map(|l| l.to_string())
+                    .collect();
+                let resp: Vec<u8> = match path.as_str() {
+                    "/echo" => {
+                        let j = json!({"request": request_line, "headers": headers, "body": String::from_utf8_lossy(&body)}).to_string();
+                        format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Multi: a\r\nX-Multi: b\r\nContent-Length: {}\r\n\r\n{j}", j.len()).into_bytes()
+                    }
+                    "/gone" => b"HTTP/1.1 410 Gone\r\nContent-Length: 4\r\n\r\ngone".to_vec(),
+                    "/redirect" => {
+                        b"HTTP/1.1 302 Found\r\nLocation: /echo\r\nContent-Length: 0\r\n\r\n"
+                            .to_vec()
+                    }
+                    "/stream" => {
+                        let _ = sock.write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n").await;
+                        for part in ["one", "two", "three"] {
+                            let _ = sock
+                                .write_all(format!("{:x}\r\n{part}\r\n", part.len()).as_bytes())
+                                .await;
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        b"0\r\n\r\n".to_vec()
+                    }
+                    "/slow" => {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".to_vec()
+                    }
+                    _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
+                };
+                // One request per connection: say so, so clients never reuse it.
+                let resp = match resp.windows(2).position(|w| w == b"\r\n") {
+                    Some(i) if !resp.starts_with(b"0\r\n") => {
+                        [&resp[..i + 2], b"Connection: close\r\n", &resp[i + 2..]].concat()
+                    }
+                    _ => resp,
+                };
+                let _ = sock.write_all(&resp).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    (format!("http://{addr}"), task)
+}
+
+#[tokio::test]
+async fn http_request_paths() {
+    let (base, server_task) = http_server().await;
+    let mut child = std::process::Command::new(BIN)
+        .args(["--listen", "ws://127.0.0.1:0"])
+        .env("MY_HEADER_SECRET", "from-env")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let s = Server {
+        child,
+        url: line.trim().to_string(),
+    };
+    let mut c = Conn::open(&s.url, None).await;
+    // Buffered, ordered repeated headers, env-var header, body.
+    let r = c
+        .ok(
+            "http/request",
+            json!({"method": "POST", "url": format!("{base}/echo"), "requestId": "r1",
+                   "headers": [{"name": "X-A", "value": "1"}, {"name": "X-A", "value": "2"}, {"name": "X-Env", "valueEnvVar": "MY_HEADER_SECRET"}],
+                   "bodyBase64": b64(b"payload")}),
+        )
+        .await;
+    assert_eq!(r["status"], 200);
+    let echo: Value = serde_json::from_slice(&unb64(&r["bodyBase64"])).unwrap();
+    assert_eq!(echo["body"], "payload");
+    let hdrs: Vec<String> = echo["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_str().unwrap().to_ascii_lowercase())
+        .collect();
+    let xa: Vec<&String> = hdrs.iter().filter(|h| h.starts_with("x-a:")).collect();
+    assert_eq!(xa, ["x-a: 1", "x-a: 2"]);
+    assert!(hdrs.contains(&"x-env: from-env".to_string()));
+    let multi: Vec<&Value> = r["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["name"] == "x-multi")
+        .collect();
+    assert_eq!(multi.len(), 2);
+    // Non-2xx is a normal result; redirects followed or not.
+    let r = c
+        .ok(
+            "http/request",
+            json!({"method": "GET", "url": format!("{base}/gone"), "requestId": "r2"}),
+        )
+        .await;
+    assert_eq!(r["status"], 410);
+    let r = c
+        .ok(
+            "http/request",
+            json!({"method": "GET", "url": format!("{base}/redirect"), "requestId": "r3"}),
+        )
+        .await;
+    assert_eq!(r["status"], 200);
+    let r = c.ok("http/request", json!({"method": "GET", "url": format!("{base}/redirect"), "requestId": "r4", "redirectPolicy": "stop"})).await;
+    assert_eq!(r["status"], 302);
+    // Streaming: result first with an empty body, then deltas from seq 1 and a final done.
+    let id = c.send("http/request", json!({"method": "GET", "url": format!("{base}/stream"), "requestId": "s1", "streamResponse": true})).await;
+    let r = c.response(id).await;
+    assert_eq!(
+        (
+            r["result"]["status"].clone(),
+            r["result"]["bodyBase64"].clone()
+        ),
+        (json!(200), json!(""))
+    );
+    let mut body = Vec::new();
+    let mut seq = 0;
+    loop {
+        let d = c
+            .expect(|m| m["method"] == "http/request/bodyDelta", WAIT)
+            .await
+            .expect("delta");
+        seq += 1;
+        assert_eq!(d["params"]["seq"], json!(seq));
+        body.extend(unb64(&d["params"]["deltaBase64"]));
+        if d["params"]["done"] == json!(true) {
+            assert!(d["params"]["error"].is_null());
+            break;
+        }
+    }
+    assert_eq!(body, b"onetwothree");
+    // Errors: bad method, scheme, URL, timeout, refused.
+    for (p, code) in [
+        (
+            json!({"method": "BAD METHOD", "url": format!("{base}/echo"), "requestId": "e1"}),
+            -32602,
+        ),
+        (
+            json!({"method": "GET", "url": "ftp://127.0.0.1/x", "requestId": "e2"}),
+            -32602,
+        ),
+        (
+            json!({"method": "GET", "url": "not a url", "requestId": "e3"}),
+            -32602,
+        ),
+        (
+            json!({"method": "GET", "url": format!("{base}/slow"), "requestId": "e4", "timeoutMs": 100}),
+            -32603,
+        ),
+        (
+            json!({"method": "GET", "url": "http://127.0.0.1:1/", "requestId": "e5"}),
+            -32603,
+        ),
+    ] {
+        assert_eq!(
+            err_code(&mut c, "http/request", p.clone()).await,
+            code,
+            "{p}"
+        );
+    }
+    server_task.abort();
+}
