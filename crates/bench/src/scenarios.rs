@@ -1,0 +1,645 @@
+//! The scenarios. Each checks its own result (byte counts, content, exit codes),
+//! so a fast wrong answer fails instead of winning.
+
+use crate::server::Running;
+use crate::wire::{b64d, b64e, start_params, wait_closed, Conn};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const STREAM_BYTES: usize = 256 * 1024 * 1024;
+const FILE_BYTES: usize = 64 * 1024 * 1024;
+const BLOCK: usize = 1024 * 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    Connect,
+    Spawn,
+    SpawnConcurrent,
+    SpawnPipelined,
+    Stream,
+    FsRead,
+    FsWrite,
+    FsReadBlocks,
+    FsWriteBlocks,
+    ManyProcs,
+    IdleConns,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 11] = [
+        Scenario::Connect,
+        Scenario::Spawn,
+        Scenario::SpawnConcurrent,
+        Scenario::SpawnPipelined,
+        Scenario::Stream,
+        Scenario::FsRead,
+        Scenario::FsWrite,
+        Scenario::FsReadBlocks,
+        Scenario::FsWriteBlocks,
+        Scenario::ManyProcs,
+        Scenario::IdleConns,
+    ];
+
+    pub fn parse(s: &str) -> Result<Scenario, String> {
+        Scenario::ALL
+            .iter()
+            .copied()
+            .find(|x| x.name() == s)
+            .ok_or(format!("unknown scenario `{s}`"))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Connect => "connect",
+            Scenario::Spawn => "spawn",
+            Scenario::SpawnConcurrent => "spawn-concurrent",
+            Scenario::SpawnPipelined => "spawn-pipelined",
+            Scenario::Stream => "stream",
+            Scenario::FsRead => "fsread",
+            Scenario::FsWrite => "fswrite",
+            Scenario::FsReadBlocks => "fsread-blocks",
+            Scenario::FsWriteBlocks => "fswrite-blocks",
+            Scenario::ManyProcs => "many-procs",
+            Scenario::IdleConns => "idle-conns",
+        }
+    }
+
+    pub fn metrics(self) -> &'static [&'static str] {
+        match self {
+            Scenario::Connect | Scenario::Spawn => &["p50 ms", "p99 ms"],
+            Scenario::SpawnConcurrent | Scenario::SpawnPipelined => &["ops/s"],
+            Scenario::Stream
+            | Scenario::FsRead
+            | Scenario::FsWrite
+            | Scenario::FsReadBlocks
+            | Scenario::FsWriteBlocks => &["MiB/s", "server peak RSS MiB"],
+            Scenario::ManyProcs => &["wall ms", "server peak RSS MiB"],
+            Scenario::IdleConns => &["KiB RSS / connection"],
+        }
+    }
+}
+
+/// One run's figures, in the order of `metrics()`.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub values: Vec<f64>,
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    fn of(values: Vec<f64>) -> Outcome {
+        Outcome {
+            values,
+            error: None,
+        }
+    }
+    pub fn failed(e: String) -> Outcome {
+        Outcome {
+            values: vec![],
+            error: Some(e),
+        }
+    }
+    pub fn describe(&self) -> String {
+        self.values
+            .iter()
+            .map(|v| format!("{v:.2}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    }
+}
+
+fn pct(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
+
+/// Samples a server's RSS every 5 ms while `f` runs; returns f's result and the peak in MiB.
+async fn with_peak_rss<T>(srv: &Running, f: impl std::future::Future<Output = T>) -> (T, f64) {
+    let pid = srv.pid();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let sampler = tokio::spawn(async move {
+        let mut peak = 0u64;
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Some(r) = pid.and_then(|p| crate::server::status_field(p, "VmRSS:")) {
+                peak = peak.max(r);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        peak
+    });
+    let out = f.await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.await.unwrap_or(0);
+    (out, peak as f64 / 1024.0)
+}
+
+async fn spawn_true(c: &Conn, id: &str) -> Result<f64, String> {
+    let t0 = Instant::now();
+    c.call("process/start", start_params(id, &["true"])).await?;
+    let (_, exit) = wait_closed(c, id).await?;
+    if exit != Some(0) {
+        return Err(format!("{id}: exit {exit:?}"));
+    }
+    Ok(t0.elapsed().as_secs_f64() * 1000.0)
+}
+
+fn scratch(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("es-bench-{tag}-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&d);
+    d
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[1])
+        .collect()
+}
+
+pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
+    let url = srv.url.clone();
+    match sc {
+        Scenario::Connect => {
+            let mut lat = Vec::new();
+            for _ in 0..200 {
+                let t0 = Instant::now();
+                let c = Conn::open(&url).await?;
+                lat.push(t0.elapsed().as_secs_f64() * 1000.0);
+                drop(c);
+            }
+            Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
+        }
+        Scenario::Spawn => {
+            let c = Conn::open(&url).await?;
+            let mut lat = Vec::new();
+            for i in 0..300 {
+                let id = format!("t{i}");
+                lat.push(spawn_true(&c, &id).await?);
+                // The reference keeps finished processes; terminate as the Codex CLI does.
+                c.call("process/terminate", json!({"processId": id}))
+                    .await?;
+            }
+            Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
+        }
+        Scenario::SpawnConcurrent => {
+            let t0 = Instant::now();
+            let mut tasks = Vec::new();
+            for k in 0..64 {
+                let url = url.clone();
+                tasks.push(tokio::spawn(async move {
+                    let c = Conn::open(&url).await?;
+                    for i in 0..20 {
+                        spawn_true(&c, &format!("c{k}-{i}")).await?;
+                    }
+                    Ok::<_, String>(())
+                }));
+            }
+            for t in tasks {
+                t.await.map_err(|e| e.to_string())??;
+            }
+            Ok(Outcome::of(vec![64.0 * 20.0 / t0.elapsed().as_secs_f64()]))
+        }
+        Scenario::SpawnPipelined => {
+            let c = Conn::open(&url).await?;
+            let total = 640;
+            let t0 = Instant::now();
+            let mut notes = c.notes.lock().await;
+            let mut started = 0;
+            let mut closed = 0;
+            let mut pending = Vec::new();
+            while started < 64 {
+                pending.push(
+                    c.send(
+                        "process/start",
+                        start_params(&format!("q{started}"), &["true"]),
+                    )
+                    .await?,
+                );
+                started += 1;
+            }
+            while closed < total {
+                let n = tokio::time::timeout(Duration::from_secs(60), notes.recv())
+                    .await
+                    .map_err(|_| "timeout")?
+                    .ok_or("closed")?;
+                if n["method"] == "process/exited" && n["params"]["exitCode"] != json!(0) {
+                    return Err(format!("bad exit: {n}"));
+                }
+                if n["method"] == "process/closed" {
+                    closed += 1;
+                    if started < total {
+                        pending.push(
+                            c.send(
+                                "process/start",
+                                start_params(&format!("q{started}"), &["true"]),
+                            )
+                            .await?,
+                        );
+                        started += 1;
+                    }
+                }
+            }
+            for p in pending {
+                let r = p.await.map_err(|_| "closed")?;
+                if r.get("error").is_some() {
+                    return Err(r.to_string());
+                }
+            }
+            Ok(Outcome::of(vec![total as f64 / t0.elapsed().as_secs_f64()]))
+        }
+        Scenario::Stream => {
+            let c = Conn::open(&url).await?;
+            let (r, peak) = with_peak_rss(srv, async {
+                let t0 = Instant::now();
+                c.call(
+                    "process/start",
+                    start_params("s", &["head", "-c", &STREAM_BYTES.to_string(), "/dev/zero"]),
+                )
+                .await?;
+                let (bytes, exit) = wait_closed(&c, "s").await?;
+                if exit != Some(0) {
+                    return Err(format!("exit {exit:?}"));
+                }
+                Ok::<_, String>((bytes, t0.elapsed().as_secs_f64()))
+            })
+            .await;
+            let (bytes, secs) = r?;
+            if bytes != STREAM_BYTES {
+                return Err(format!("received {bytes} of {STREAM_BYTES} bytes"));
+            }
+            Ok(Outcome::of(vec![bytes as f64 / 1048576.0 / secs, peak]))
+        }
+        Scenario::FsRead | Scenario::FsReadBlocks => {
+            let d = scratch("read");
+            let f = d.join("in");
+            let data = pattern(FILE_BYTES);
+            std::fs::write(&f, &data).map_err(|e| e.to_string())?;
+            let uri = format!("file://{}", f.display());
+            let c = Conn::open(&url).await?;
+            let (got, peak) = with_peak_rss(srv, async {
+                let t0 = Instant::now();
+                let got = if sc == Scenario::FsRead {
+                    let r = c.call("fs/readFile", json!({"path": uri})).await?;
+                    b64d(&r["dataBase64"])
+                } else {
+                    read_blocks(&c, &uri).await?
+                };
+                Ok::<_, String>((got, t0.elapsed().as_secs_f64()))
+            })
+            .await;
+            let (got, secs) = got?;
+            let _ = std::fs::remove_dir_all(&d);
+            if got != data {
+                return Err(format!("content differs ({} bytes read)", got.len()));
+            }
+            Ok(Outcome::of(vec![
+                FILE_BYTES as f64 / 1048576.0 / secs,
+                peak,
+            ]))
+        }
+        Scenario::FsWrite | Scenario::FsWriteBlocks => {
+            let d = scratch("write");
+            let f = d.join("out");
+            let _ = std::fs::remove_file(&f);
+            let data = pattern(FILE_BYTES);
+            let uri = format!("file://{}", f.display());
+            let c = Conn::open(&url).await?;
+            let (r, peak) = with_peak_rss(srv, async {
+                let t0 = Instant::now();
+                if sc == Scenario::FsWrite {
+                    c.call(
+                        "fs/writeFile",
+                        json!({"path": uri, "dataBase64": b64e(&data)}),
+                    )
+                    .await?;
+                } else {
+                    write_blocks(&c, &uri, &data).await?;
+                }
+                Ok::<_, String>(t0.elapsed().as_secs_f64())
+            })
+            .await;
+            let secs = r?;
+            let written = std::fs::read(&f).map_err(|e| e.to_string())?;
+            let _ = std::fs::remove_dir_all(&d);
+            if written != data {
+                return Err(format!("file differs ({} bytes on disk)", written.len()));
+            }
+            Ok(Outcome::of(vec![
+                FILE_BYTES as f64 / 1048576.0 / secs,
+                peak,
+            ]))
+        }
+        Scenario::ManyProcs => {
+            let (r, peak) = with_peak_rss(srv, async {
+                let t0 = Instant::now();
+                let mut tasks = Vec::new();
+                for k in 0..10 {
+                    let url = url.clone();
+                    tasks.push(tokio::spawn(async move {
+                        let c = Conn::open(&url).await?;
+                        let mut notes = c.notes.lock().await;
+                        for i in 0..50 {
+                            c.call(
+                                "process/start",
+                                start_params(&format!("m{k}-{i}"), &["sleep", "1"]),
+                            )
+                            .await?;
+                        }
+                        let mut closed = 0;
+                        while closed < 50 {
+                            let n = tokio::time::timeout(Duration::from_secs(60), notes.recv())
+                                .await
+                                .map_err(|_| "timeout")?
+                                .ok_or("closed")?;
+                            if n["method"] == "process/exited"
+                                && n["params"]["exitCode"] != json!(0)
+                            {
+                                return Err(format!("bad exit {n}"));
+                            }
+                            if n["method"] == "process/closed" {
+                                closed += 1;
+                            }
+                        }
+                        Ok::<_, String>(())
+                    }));
+                }
+                for t in tasks {
+                    t.await.map_err(|e| e.to_string())??;
+                }
+                Ok::<_, String>(t0.elapsed().as_secs_f64() * 1000.0)
+            })
+            .await;
+            Ok(Outcome::of(vec![r?, peak]))
+        }
+        Scenario::IdleConns => {
+            let before = srv
+                .rss_kib()
+                .ok_or("server RSS unavailable (needs a started server)")?;
+            let mut conns = Vec::new();
+            for _ in 0..1000 {
+                conns.push(Conn::open(&url).await?);
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let after = srv.rss_kib().ok_or("server RSS unavailable")?;
+            let status = conns[999].call("environment/status", Value::Null).await?;
+            if status["status"] != "ready" {
+                return Err(format!("status {status}"));
+            }
+            drop(conns);
+            Ok(Outcome::of(vec![
+                (after.saturating_sub(before)) as f64 / 1000.0,
+            ]))
+        }
+    }
+}
+
+async fn read_blocks(c: &Conn, uri: &str) -> Result<Vec<u8>, String> {
+    c.call("fs/open", json!({"handleId": "b", "path": uri}))
+        .await?;
+    let mut out = Vec::with_capacity(FILE_BYTES);
+    let mut offset = 0usize;
+    let mut queue = std::collections::VecDeque::new();
+    for _ in 0..4 {
+        queue.push_back(
+            c.send(
+                "fs/readBlock",
+                json!({"handleId": "b", "offset": offset, "len": BLOCK}),
+            )
+            .await?,
+        );
+        offset += BLOCK;
+    }
+    while let Some(rx) = queue.pop_front() {
+        let r = rx.await.map_err(|_| "closed")?;
+        let chunk = r["result"]["chunk"]
+            .as_str()
+            .ok_or_else(|| format!("readBlock: {r}"))?;
+        out.extend(b64d(&Value::String(chunk.to_string())));
+        if r["result"]["eof"] == json!(true) {
+            break;
+        }
+        queue.push_back(
+            c.send(
+                "fs/readBlock",
+                json!({"handleId": "b", "offset": offset, "len": BLOCK}),
+            )
+            .await?,
+        );
+        offset += BLOCK;
+    }
+    for rx in queue {
+        let _ = rx.await;
+    }
+    c.call("fs/close", json!({"handleId": "b"})).await?;
+    Ok(out)
+}
+
+async fn write_blocks(c: &Conn, uri: &str, data: &[u8]) -> Result<(), String> {
+    c.call(
+        "fs/open",
+        json!({"handleId": "w", "path": uri, "mode": "replace"}),
+    )
+    .await?;
+    let mut queue: std::collections::VecDeque<tokio::sync::oneshot::Receiver<Value>> =
+        std::collections::VecDeque::new();
+    for (i, block) in data.chunks(BLOCK).enumerate() {
+        if queue.len() == 4 {
+            let Some(rx) = queue.pop_front() else { break };
+            let r: Value = rx.await.map_err(|_| "closed")?;
+            if r.get("error").is_some() {
+                return Err(r.to_string());
+            }
+        }
+        queue.push_back(
+            c.send(
+                "fs/writeBlock",
+                json!({"handleId": "w", "offset": i * BLOCK, "chunk": b64e(block)}),
+            )
+            .await?,
+        );
+    }
+    for rx in queue {
+        let r = rx.await.map_err(|_| "closed")?;
+        if r.get("error").is_some() {
+            return Err(r.to_string());
+        }
+    }
+    c.call("fs/close", json!({"handleId": "w"})).await?;
+    Ok(())
+}
+
+/// The same work without a server: what the machine allows.
+pub async fn local(sc: Scenario) -> Result<Outcome, String> {
+    tokio::task::spawn_blocking(move || local_blocking(sc))
+        .await
+        .map_err(|e| e.to_string())?
+}
+
+fn spawn_true_local() -> Result<f64, String> {
+    let t0 = Instant::now();
+    let st = std::process::Command::new("true")
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !st.success() {
+        return Err("true failed".into());
+    }
+    Ok(t0.elapsed().as_secs_f64() * 1000.0)
+}
+
+fn local_blocking(sc: Scenario) -> Result<Outcome, String> {
+    use std::io::Read;
+    match sc {
+        Scenario::Connect | Scenario::IdleConns => Err("no local equivalent".into()),
+        Scenario::Spawn => {
+            let lat: Vec<f64> = (0..300)
+                .map(|_| spawn_true_local())
+                .collect::<Result<_, _>>()?;
+            Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
+        }
+        Scenario::SpawnConcurrent | Scenario::SpawnPipelined => {
+            let t0 = Instant::now();
+            let threads: Vec<_> = (0..64)
+                .map(|_| {
+                    std::thread::spawn(|| (0..20).try_for_each(|_| spawn_true_local().map(|_| ())))
+                })
+                .collect();
+            for t in threads {
+                t.join().map_err(|_| "thread panicked")??;
+            }
+            Ok(Outcome::of(vec![1280.0 / t0.elapsed().as_secs_f64()]))
+        }
+        Scenario::Stream => {
+            let t0 = Instant::now();
+            let mut child = std::process::Command::new("head")
+                .args(["-c", &STREAM_BYTES.to_string(), "/dev/zero"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| e.to_string())?;
+            let mut out = child.stdout.take().ok_or("no stdout")?;
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut n = 0;
+            loop {
+                let k = out.read(&mut buf).map_err(|e| e.to_string())?;
+                if k == 0 {
+                    break;
+                }
+                n += k;
+            }
+            child.wait().map_err(|e| e.to_string())?;
+            if n != STREAM_BYTES {
+                return Err(format!("{n} bytes"));
+            }
+            Ok(Outcome::of(vec![
+                n as f64 / 1048576.0 / t0.elapsed().as_secs_f64(),
+                f64::NAN,
+            ]))
+        }
+        Scenario::FsRead | Scenario::FsReadBlocks => {
+            let d = scratch("lread");
+            let f = d.join("in");
+            let data = pattern(FILE_BYTES);
+            std::fs::write(&f, &data).map_err(|e| e.to_string())?;
+            let t0 = Instant::now();
+            let got = std::fs::read(&f).map_err(|e| e.to_string())?;
+            let secs = t0.elapsed().as_secs_f64();
+            let _ = std::fs::remove_dir_all(&d);
+            if got != data {
+                return Err("content differs".into());
+            }
+            Ok(Outcome::of(vec![
+                FILE_BYTES as f64 / 1048576.0 / secs,
+                f64::NAN,
+            ]))
+        }
+        Scenario::FsWrite | Scenario::FsWriteBlocks => {
+            let d = scratch("lwrite");
+            let f = d.join("out");
+            let data = pattern(FILE_BYTES);
+            let t0 = Instant::now();
+            std::fs::write(&f, &data).map_err(|e| e.to_string())?;
+            let secs = t0.elapsed().as_secs_f64();
+            let _ = std::fs::remove_dir_all(&d);
+            Ok(Outcome::of(vec![
+                FILE_BYTES as f64 / 1048576.0 / secs,
+                f64::NAN,
+            ]))
+        }
+        Scenario::ManyProcs => {
+            let t0 = Instant::now();
+            let mut kids = Vec::new();
+            for _ in 0..500 {
+                kids.push(
+                    std::process::Command::new("sleep")
+                        .arg("1")
+                        .spawn()
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+            for mut k in kids {
+                k.wait().map_err(|e| e.to_string())?;
+            }
+            Ok(Outcome::of(vec![
+                t0.elapsed().as_secs_f64() * 1000.0,
+                f64::NAN,
+            ]))
+        }
+    }
+}
+
+/// One point of the scaling plot.
+pub struct Point {
+    pub procs: usize,
+    pub spawn_ms: f64,
+    pub rss_mib: f64,
+}
+
+/// Spawn latency and server memory with N concurrent `sleep` processes alive.
+pub async fn scaling(
+    servers: &[crate::server::Target],
+) -> Result<Vec<(String, Vec<Point>)>, String> {
+    let mut out = Vec::new();
+    for t in servers {
+        let srv = t.start().await?;
+        let mut pts = Vec::new();
+        let conns: Vec<Conn> = {
+            let mut v = Vec::new();
+            for _ in 0..10 {
+                v.push(Conn::open(&srv.url).await?);
+            }
+            v
+        };
+        let probe = Conn::open(&srv.url).await?;
+        let mut alive = 0usize;
+        for target in [1usize, 10, 100, 250, 500, 1000] {
+            while alive < target {
+                conns[alive % 10]
+                    .call(
+                        "process/start",
+                        start_params(&format!("z{alive}"), &["sleep", "60"]),
+                    )
+                    .await?;
+                alive += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut lat = Vec::new();
+            for i in 0..20 {
+                let id = format!("probe{target}-{i}");
+                lat.push(spawn_true(&probe, &id).await?);
+                probe
+                    .call("process/terminate", json!({"processId": id}))
+                    .await?;
+            }
+            let rss = srv.rss_kib().unwrap_or(0) as f64 / 1024.0;
+            pts.push(Point {
+                procs: target,
+                spawn_ms: pct(lat, 0.5),
+                rss_mib: rss,
+            });
+        }
+        srv.stop();
+        out.push((t.name.clone(), pts));
+    }
+    Ok(out)
+}
