@@ -1,9 +1,11 @@
 //! Killing a whole process tree.
 //!
-//! Every child starts in its own session and process group (`setsid`), so its pid is
-//! also its group and session id. Killing "the process" means SIGKILL to:
+//! Every child starts in its own process group (pipe mode) or its own session and
+//! group (PTY mode, `setsid`), so its pid is also its group (and, on a PTY, session)
+//! id. Killing "the process" means SIGKILL to:
 //! 1. its process group;
-//! 2. every process still in its session (jobs of a shell that changed group);
+//! 2. every process still in its session or group (on a PTY: jobs of the shell
+//!    that moved to other groups);
 //! 3. every live descendant by parent pid, found in `/proc` before anything is
 //!    killed (this catches those that called `setsid` themselves while their
 //!    parent was alive).

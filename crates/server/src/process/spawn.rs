@@ -223,15 +223,10 @@ pub fn start(params: &ExecParams, cwd: &Path) -> std::io::Result<Started> {
     });
     cmd.stdout(Stdio::piped());
     cmd.stderr(Stdio::piped());
-    // SAFETY: setsid is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // Its own process group, not a new session: with no `pre_exec` hook the
+    // standard library starts the child with posix_spawn (vfork-like), which is
+    // several times faster than fork for a large, multi-threaded server.
+    cmd.process_group(0);
     let (mut child, exit) = reaper::spawn_and_watch(|| {
         let child = cmd.spawn()?;
         let pid = child.id();
