@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, Notify};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::WebSocketStream;
 
@@ -21,6 +23,10 @@ pub const OUTBOUND_QUEUE_MESSAGES: usize = 256;
 /// How long the writer may be blocked on a peer that does not read before the
 /// connection is dropped (its session detaches and can be resumed).
 pub const STALLED_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Messages longer than this (bytes) are sent as several WebSocket frames of at
+/// most this size (one message, fragmented as RFC 6455 allows): 1 MiB.
+pub const WS_FRAGMENT_BYTES: usize = 1024 * 1024;
 
 /// Largest line accepted on a line-framed transport: 512 MiB.
 pub const MAX_LINE_BYTES: usize = 512 * 1024 * 1024;
@@ -108,7 +114,30 @@ where
             let mut batch = Some(first);
             let result = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
                 while let Some(msg) = batch.take() {
-                    sink.feed(WsMessage::text(msg)).await?;
+                    if msg.len() > WS_FRAGMENT_BYTES {
+                        // Large messages go out as continuation frames: the WebSocket
+                        // library buffers a whole frame and shifts its buffer after
+                        // each partial write, which is quadratic in the frame size.
+                        let bytes = tokio_tungstenite::tungstenite::Bytes::from(msg.into_bytes());
+                        let mut offset = 0;
+                        while offset < bytes.len() {
+                            let end = (offset + WS_FRAGMENT_BYTES).min(bytes.len());
+                            let opcode = if offset == 0 {
+                                Data::Text
+                            } else {
+                                Data::Continue
+                            };
+                            let frame = Frame::message(
+                                bytes.slice(offset..end),
+                                OpCode::Data(opcode),
+                                end == bytes.len(),
+                            );
+                            sink.feed(WsMessage::Frame(frame)).await?;
+                            offset = end;
+                        }
+                    } else {
+                        sink.feed(WsMessage::text(msg)).await?;
+                    }
                     batch = out_rx.try_recv().ok();
                 }
                 sink.flush().await

@@ -36,6 +36,21 @@ fn process(ctx: &Ctx, id: &str) -> Result<Option<Arc<Process>>, ErrorObject> {
     Ok(ctx.session()?.process(id))
 }
 
+/// A result holding bytes, built in one allocation: base64 never needs JSON
+/// escaping, so the usual serializer's per-byte escape scan and the extra copies
+/// are skipped (the hot path of file transfers).
+fn raw_bytes_reply(head: &str, data: &[u8], tail: &str) -> Reply {
+    use base64::Engine;
+    let mut s = String::with_capacity(head.len() + data.len().div_ceil(3) * 4 + tail.len());
+    s.push_str(head);
+    exec_server_protocol::bytes::BASE64.encode_string(data, &mut s);
+    s.push_str(tail);
+    Reply {
+        result_json: s,
+        after_send: None,
+    }
+}
+
 fn unknown_process(id: &str) -> ErrorObject {
     ErrorObject::invalid_request(format!("unknown process id {id}"))
 }
@@ -202,10 +217,17 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
     );
 
     // File system.
-    r.request(
+    r.request_reply(
         m::FS_READ_FILE,
         fs_mode,
-        |_ctx: Ctx, p: ReadFileParams| async move { blocking(move || fs::read_file(&p)).await },
+        |_ctx: Ctx, p: ReadFileParams| async move {
+            let data = blocking(move || fs::read_file(&p)).await?;
+            Ok(raw_bytes_reply(
+                "{\"dataBase64\":\"",
+                &data.data_base64.0,
+                "\"}",
+            ))
+        },
     );
     r.request(
         m::FS_WRITE_FILE,
@@ -253,12 +275,18 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
         let session = ctx.session()?;
         blocking(move || fs::open(&p, &session.files)).await
     });
-    r.request(
+    r.request_reply(
         m::FS_READ_BLOCK,
         fs_mode,
         |ctx: Ctx, p: ReadBlockParams| async move {
             let session = ctx.session()?;
-            blocking(move || fs::read_block(&p, &session.files)).await
+            let block = blocking(move || fs::read_block(&p, &session.files)).await?;
+            let tail = if block.eof {
+                "\",\"eof\":true}"
+            } else {
+                "\",\"eof\":false}"
+            };
+            Ok(raw_bytes_reply("{\"chunk\":\"", &block.chunk.0, tail))
         },
     );
     r.request(
