@@ -196,6 +196,8 @@ impl ExecServerClient {
     /// Drops the current connection without closing the client, as a network
     /// failure would; the client then recovers the session. For tests and chaos.
     pub async fn drop_connection(&self) {
+        // Connect (or finish resuming) first, so every call drops a live connection.
+        let _ = self.peer().await;
         let mut slot = self.inner.slot.lock().await;
         if let Some(p) = slot.peer.take() {
             p.close();
