@@ -13,6 +13,9 @@ use std::time::Duration;
 pub enum AuthMode {
     /// `Authorization: Bearer <token>` must match --ws-token-file or --ws-token-sha256.
     CapabilityToken,
+    /// `Authorization: Bearer <JWT>`: HS256, signed with --ws-shared-secret-file,
+    /// `exp` required, `nbf`/`iss`/`aud` checked when present or configured.
+    SignedBearerToken,
 }
 
 /// Flags of `serve`.
@@ -40,6 +43,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub detached_session_ttl: u64,
 
+    /// Largest WebSocket message accepted, in bytes; a larger one closes its
+    /// connection with status 1009 (message too big). The session detaches.
+    #[arg(long, default_value_t = exec_server::MAX_MESSAGE_BYTES, value_name = "BYTES")]
+    pub max_message_bytes: usize,
+
     /// Most concurrent connections; more are refused with HTTP 503.
     #[arg(long, default_value_t = exec_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
@@ -60,12 +68,66 @@ pub struct ServeArgs {
     /// SHA-256 of the token, 64 hex digits.
     #[arg(long, value_name = "HEX", requires = "ws_auth")]
     pub ws_token_sha256: Option<String>,
+
+    /// File holding the HS256 secret for signed bearer tokens (absolute path,
+    /// trimmed, at least 32 bytes).
+    #[arg(long, value_name = "ABS_PATH", requires = "ws_auth")]
+    pub ws_shared_secret_file: Option<PathBuf>,
+
+    /// Required `iss` claim of signed bearer tokens.
+    #[arg(long, value_name = "ISSUER", requires = "ws_shared_secret_file")]
+    pub ws_issuer: Option<String>,
+
+    /// Required `aud` claim (one of) of signed bearer tokens.
+    #[arg(long, value_name = "AUDIENCE", requires = "ws_shared_secret_file")]
+    pub ws_audience: Option<String>,
+
+    /// Clock difference tolerated for `exp` and `nbf`, in seconds.
+    #[arg(long, value_name = "SECONDS", requires = "ws_shared_secret_file")]
+    pub ws_max_clock_skew_seconds: Option<u64>,
 }
 
 fn auth_from(args: &ServeArgs) -> Result<Option<WsAuth>, String> {
-    let Some(AuthMode::CapabilityToken) = args.ws_auth else {
+    let Some(mode) = args.ws_auth else {
         return Ok(None);
     };
+    if let AuthMode::SignedBearerToken = mode {
+        if args.ws_token_file.is_some() || args.ws_token_sha256.is_some() {
+            return Err(
+                "--ws-token-file and --ws-token-sha256 go with --ws-auth capability-token".into(),
+            );
+        }
+        let path = args
+            .ws_shared_secret_file
+            .as_ref()
+            .ok_or("--ws-auth signed-bearer-token needs --ws-shared-secret-file")?;
+        if !path.is_absolute() {
+            return Err("--ws-shared-secret-file needs an absolute path".into());
+        }
+        check_permissions(path);
+        let secret = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let secret = secret.trim().as_bytes().to_vec();
+        if secret.len() < exec_server::auth::MIN_SHARED_SECRET_BYTES {
+            return Err(format!(
+                "{} holds {} bytes; a shared secret needs at least {}",
+                path.display(),
+                secret.len(),
+                exec_server::auth::MIN_SHARED_SECRET_BYTES
+            ));
+        }
+        return Ok(Some(WsAuth::SignedBearerToken(
+            exec_server::auth::JwtRules {
+                secret,
+                issuer: args.ws_issuer.clone(),
+                audience: args.ws_audience.clone(),
+                max_clock_skew_seconds: args.ws_max_clock_skew_seconds.unwrap_or(30),
+            },
+        )));
+    }
+    if args.ws_shared_secret_file.is_some() {
+        return Err("--ws-shared-secret-file goes with --ws-auth signed-bearer-token".into());
+    }
     if let Some(path) = &args.ws_token_file {
         if !path.is_absolute() {
             return Err("--ws-token-file needs an absolute path".into());
@@ -96,7 +158,7 @@ fn check_permissions(path: &std::path::Path) {
     if let Ok(m) = std::fs::metadata(path) {
         if m.permissions().mode() & 0o077 != 0 {
             tracing::warn!(
-                "token file {} is readable by group or others (mode {:o}); chmod 600 it",
+                "secret file {} is readable by group or others (mode {:o}); chmod 600 it",
                 path.display(),
                 m.permissions().mode() & 0o777
             );
@@ -127,6 +189,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         detached_session_ttl: Duration::from_secs(args.detached_session_ttl),
         auth,
         max_connections: args.max_connections.max(1),
+        max_message_bytes: args.max_message_bytes.max(1024),
         ..ServerConfig::default()
     };
     let state = match ServerState::new(config.clone()) {

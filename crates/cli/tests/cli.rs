@@ -238,3 +238,80 @@ fn tty_under_a_pseudo_terminal() {
     assert_eq!(before.local_flags, after.local_flags, "terminal restored");
     assert_eq!(before.input_flags, after.input_flags, "terminal restored");
 }
+
+#[test]
+fn signed_bearer_token_auth() {
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    let d = tmpdir("jwt");
+    let secret = "0123456789abcdef0123456789abcdef-secret";
+    let sf = d.join("secret");
+    std::fs::write(&sf, secret).unwrap();
+    let s = Server::start(&[
+        "--ws-auth",
+        "signed-bearer-token",
+        "--ws-shared-secret-file",
+        &sf.display().to_string(),
+        "--ws-audience",
+        "exec",
+    ]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let make = |exp: u64, aud: &str| {
+        encode(
+            &Header::default(),
+            &serde_json::json!({"exp": exp, "aud": aud}),
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
+    };
+    let tf = d.join("token");
+    std::fs::write(&tf, make(now + 300, "exec")).unwrap();
+    let (code, _, err) = run(
+        &[
+            "info",
+            "--connect",
+            &s.url,
+            "--token-file",
+            &tf.display().to_string(),
+        ],
+        b"",
+    );
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    std::fs::write(&tf, make(now - 3600, "exec")).unwrap();
+    let (code, _, _) = run(
+        &[
+            "info",
+            "--connect",
+            &s.url,
+            "--token-file",
+            &tf.display().to_string(),
+        ],
+        b"",
+    );
+    assert_eq!(code, 1, "expired token refused");
+    std::fs::write(&tf, make(now + 300, "other")).unwrap();
+    let (code, _, _) = run(
+        &[
+            "info",
+            "--connect",
+            &s.url,
+            "--token-file",
+            &tf.display().to_string(),
+        ],
+        b"",
+    );
+    assert_eq!(code, 1, "wrong audience refused");
+    // Flag misuse is a start-up error.
+    let out = Command::new(BIN)
+        .args([
+            "--ws-auth",
+            "signed-bearer-token",
+            "--ws-shared-secret-file",
+            "relative",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

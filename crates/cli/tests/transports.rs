@@ -323,3 +323,50 @@ async fn long_poll_does_not_block_other_requests() {
     assert_eq!(unb64(&r["result"]["chunks"][0]["chunk"]), b"x\n");
     c.ok("process/terminate", json!({"processId": "cat"})).await;
 }
+
+/// A message above --max-message-bytes is refused with close code 1009, and the
+/// server keeps serving other connections.
+#[tokio::test]
+async fn oversized_message_closes_with_1009() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message as Ws;
+    let s = Server::start(&["--max-message-bytes", "1048576"]);
+    let (mut ws, _) = tokio_tungstenite::connect_async(&s.url).await.unwrap();
+    let big = format!(
+        "{{\"id\":1,\"method\":\"environment/status\",\"params\":{{\"x\":\"{}\"}}}}",
+        "a".repeat(2 << 20)
+    );
+    let _ = ws.send(Ws::text(big)).await;
+    let mut code = None;
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+        match m {
+            Ok(Ws::Close(Some(f))) => {
+                code = Some(u16::from(f.code));
+                break;
+            }
+            Ok(_) => continue,
+            Err(_) => break,
+        }
+    }
+    assert_eq!(code, Some(1009));
+    let mut c = Conn::open(&s.url, None).await;
+    assert_eq!(
+        c.ok("environment/status", Value::Null).await["status"],
+        "ready"
+    );
+}
+
+/// Limits: processes per session and open handles are bounded with clear errors.
+#[tokio::test]
+async fn connection_limit_refuses_with_503() {
+    let s = Server::start(&["--max-connections", "2"]);
+    let _a = Conn::open(&s.url, None).await;
+    let _b = Conn::open(&s.url, None).await;
+    let third = tokio_tungstenite::connect_async(&s.url).await;
+    match third {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status().as_u16(), 503)
+        }
+        other => panic!("third connection: {:?}", other.map(|_| ())),
+    }
+}

@@ -11,8 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, Notify};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::WebSocketStream;
 
@@ -104,11 +106,20 @@ where
     let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE_MESSAGES);
     let closer = Arc::new(Notify::new());
     let writer_closer = closer.clone();
+    // Set by the reader when it must refuse the peer with a close frame.
+    let close_frame: Arc<std::sync::Mutex<Option<CloseFrame>>> = Arc::default();
+    let writer_close_frame = close_frame.clone();
     let writer = tokio::spawn(async move {
         loop {
             let first = tokio::select! {
                 m = out_rx.recv() => match m { Some(m) => m, None => break },
-                _ = writer_closer.notified() => break,
+                _ = writer_closer.notified() => {
+                    let frame = writer_close_frame.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some(frame) = frame {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), sink.send(WsMessage::Close(Some(frame)))).await;
+                    }
+                    break;
+                }
             };
             // Feed everything already queued, then flush once: fewer syscalls under load.
             let mut batch = Some(first);
@@ -158,7 +169,9 @@ where
         let _ = sink.close().await;
     });
     let reader_out = out_tx.clone();
+    let reader_closer = closer.clone();
     tokio::spawn(async move {
+        let mut refused = false;
         while let Some(item) = stream.next().await {
             let item = match item {
                 Ok(WsMessage::Text(t)) => Inbound::Message(t.as_str().to_owned()),
@@ -167,6 +180,17 @@ where
                 }
                 Ok(WsMessage::Close(_)) => break,
                 Ok(_) => continue, // ping/pong handled by tungstenite
+                Err(tokio_tungstenite::tungstenite::Error::Capacity(e)) => {
+                    refused = true;
+                    // Refuse with a close frame (1009), not a reset.
+                    tracing::warn!("closing a connection: {e}");
+                    *close_frame.lock().unwrap_or_else(|p| p.into_inner()) = Some(CloseFrame {
+                        code: CloseCode::Size,
+                        reason: "message too big".into(),
+                    });
+                    reader_closer.notify_one();
+                    break;
+                }
                 Err(e) => {
                     tracing::debug!("websocket read failed: {e}");
                     break;
@@ -179,8 +203,18 @@ where
         }
         drop(reader_out);
         // When the read side ends, the writer must stop too, or a half-open peer
-        // would keep the connection (and its session attachment) alive.
-        writer.abort();
+        // would keep the connection (and its session attachment) alive; a writer
+        // sending a refusal gets a moment to finish it.
+        if close_frame
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+            || refused
+        {
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+        } else {
+            writer.abort();
+        }
     });
     Connection {
         inbound: in_rx,

@@ -11,6 +11,52 @@ pub enum WsAuth {
         /// SHA-256 digest of the token.
         sha256: [u8; 32],
     },
+    /// `--ws-auth signed-bearer-token`: an HS256 JWT signed with a shared secret.
+    SignedBearerToken(JwtRules),
+}
+
+/// What a signed bearer token must satisfy.
+#[derive(Clone)]
+pub struct JwtRules {
+    /// The shared HMAC secret (at least 32 bytes).
+    pub secret: Vec<u8>,
+    /// Required `iss`, if set.
+    pub issuer: Option<String>,
+    /// Required member of `aud`, if set.
+    pub audience: Option<String>,
+    /// Allowed clock difference for `exp` and `nbf`, in seconds.
+    pub max_clock_skew_seconds: u64,
+}
+
+/// Smallest accepted shared secret for signed bearer tokens: 32 bytes.
+pub const MIN_SHARED_SECRET_BYTES: usize = 32;
+
+fn check_jwt(rules: &JwtRules, token: &str) -> Result<(), Refusal> {
+    use jsonwebtoken::{decode, errors::ErrorKind, Algorithm, DecodingKey, Validation};
+    let mut v = Validation::new(Algorithm::HS256);
+    v.leeway = rules.max_clock_skew_seconds;
+    v.validate_exp = true;
+    v.validate_nbf = true;
+    v.set_required_spec_claims(&["exp"]);
+    match &rules.issuer {
+        Some(i) => v.set_issuer(&[i]),
+        None => v.iss = None,
+    }
+    match &rules.audience {
+        Some(a) => v.set_audience(&[a]),
+        None => v.validate_aud = false,
+    }
+    match decode::<serde_json::Value>(token, &DecodingKey::from_secret(&rules.secret), &v) {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.kind(), ErrorKind::ExpiredSignature) => Err(Refusal {
+            status: 401,
+            message: "expired websocket jwt",
+        }),
+        Err(_) => Err(Refusal {
+            status: 401,
+            message: "invalid websocket jwt",
+        }),
+    }
 }
 
 /// Why an upgrade is refused: HTTP status and a short body.
@@ -63,6 +109,7 @@ pub fn check_upgrade(
         });
     }
     match auth {
+        WsAuth::SignedBearerToken(rules) => check_jwt(rules, token.trim()),
         WsAuth::CapabilityToken { sha256 } => {
             let got = Sha256::digest(token.trim().as_bytes());
             if constant_time_eq(&got, sha256) {
@@ -115,5 +162,81 @@ mod tests {
             401
         );
         assert!(check_upgrade(Some(&auth), None, Some(b"bearer  s3cret ")).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod jwt_tests {
+    use super::*;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    fn token(secret: &[u8], claims: serde_json::Value) -> String {
+        encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(secret),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn signed_bearer_tokens() {
+        let secret = b"0123456789abcdef0123456789abcdef".to_vec();
+        let rules = JwtRules {
+            secret: secret.clone(),
+            issuer: Some("me".into()),
+            audience: Some("exec".into()),
+            max_clock_skew_seconds: 30,
+        };
+        let auth = WsAuth::SignedBearerToken(rules);
+        let check =
+            |t: &str| check_upgrade(Some(&auth), None, Some(format!("Bearer {t}").as_bytes()));
+        let good = token(
+            &secret,
+            serde_json::json!({"exp": now() + 60, "iss": "me", "aud": ["x", "exec"]}),
+        );
+        assert!(check(&good).is_ok());
+        let expired = token(
+            &secret,
+            serde_json::json!({"exp": now() - 120, "iss": "me", "aud": "exec"}),
+        );
+        assert_eq!(
+            check(&expired).unwrap_err().message,
+            "expired websocket jwt"
+        );
+        let skewed = token(
+            &secret,
+            serde_json::json!({"exp": now() - 10, "iss": "me", "aud": "exec"}),
+        );
+        assert!(check(&skewed).is_ok(), "within the clock skew");
+        let early = token(
+            &secret,
+            serde_json::json!({"exp": now() + 600, "nbf": now() + 300, "iss": "me", "aud": "exec"}),
+        );
+        assert!(check(&early).is_err());
+        let wrong_iss = token(
+            &secret,
+            serde_json::json!({"exp": now() + 60, "iss": "other", "aud": "exec"}),
+        );
+        assert!(check(&wrong_iss).is_err());
+        let wrong_aud = token(
+            &secret,
+            serde_json::json!({"exp": now() + 60, "iss": "me", "aud": "nope"}),
+        );
+        assert!(check(&wrong_aud).is_err());
+        let no_exp = token(&secret, serde_json::json!({"iss": "me", "aud": "exec"}));
+        assert!(check(&no_exp).is_err());
+        let other_key = token(
+            b"another-secret-another-secret-xx",
+            serde_json::json!({"exp": now() + 60, "iss": "me", "aud": "exec"}),
+        );
+        assert_eq!(check(&other_key).unwrap_err().status, 401);
     }
 }
