@@ -190,7 +190,6 @@ pub async fn run(args: ServeArgs) -> i32 {
         auth,
         max_connections: args.max_connections.max(1),
         max_message_bytes: args.max_message_bytes.max(1024),
-        ..ServerConfig::default()
     };
     let state = match ServerState::new(config.clone()) {
         Ok(s) => s,
