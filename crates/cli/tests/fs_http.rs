@@ -542,3 +542,60 @@ async fn http_request_paths() {
     }
     server_task.abort();
 }
+
+#[tokio::test]
+async fn fs_watch_notifies_changes_until_unwatched() {
+    let s = Server::start(&[]);
+    let d = tmpdir("watch");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "fs/watch",
+        json!({"watchId": "w1", "path": uri(&d), "recursive": true}),
+    )
+    .await;
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/watch",
+            json!({"watchId": "w1", "path": uri(&d)})
+        )
+        .await,
+        -32600
+    );
+    assert_eq!(
+        err_code(
+            &mut c,
+            "fs/watch",
+            json!({"watchId": "w2", "path": uri(&d.join("missing"))})
+        )
+        .await,
+        -32004
+    );
+    std::fs::write(d.join("new.txt"), "x").unwrap();
+    let target = uri(&d.join("new.txt"));
+    let n = c
+        .expect(
+            |m| {
+                m["method"] == "fs/changed"
+                    && m["params"]["paths"]
+                        .as_array()
+                        .is_some_and(|p| p.contains(&json!(target)))
+            },
+            WAIT,
+        )
+        .await
+        .expect("fs/changed for new.txt");
+    assert_eq!(n["params"]["watchId"], "w1");
+    c.ok("fs/unwatch", json!({"watchId": "w1"})).await;
+    // Drain what the first write produced, then check silence after unwatch.
+    while c
+        .expect(|m| m["method"] == "fs/changed", Duration::from_millis(200))
+        .await
+        .is_some()
+    {}
+    std::fs::write(d.join("after.txt"), "y").unwrap();
+    assert!(c
+        .expect(|m| m["method"] == "fs/changed", Duration::from_millis(300))
+        .await
+        .is_none());
+}

@@ -62,6 +62,8 @@ pub const FS_WRITE_BLOCK: &str = "fs/writeBlock";
 pub const FS_CLOSE: &str = "fs/close";
 /// Request (ours): watch a path for changes.
 pub const FS_WATCH: &str = "fs/watch";
+/// Notification (ours), server→client: a watched path changed.
+pub const FS_CHANGED: &str = "fs/changed";
 /// Request (ours): stop a watch.
 pub const FS_UNWATCH: &str = "fs/unwatch";
 /// Not implemented by the reference nor by us (-32601).

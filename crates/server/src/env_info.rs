@@ -36,6 +36,7 @@ pub fn capabilities() -> BTreeMap<String, bool> {
         ("processExtendedSignals", true),
         ("processOutputAck", true),
         ("processTreeKill", true),
+        ("fsWatch", true),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

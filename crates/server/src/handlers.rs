@@ -306,6 +306,26 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
         },
     );
 
+    r.request(
+        m::FS_WATCH,
+        Mode::Inline,
+        |ctx: Ctx, p: WatchParams| async move {
+            let session = ctx.session()?;
+            session
+                .watches
+                .watch(&p.watch_id, &p.path, p.recursive, session.link.clone())?;
+            Ok(Empty {})
+        },
+    );
+    r.request(
+        m::FS_UNWATCH,
+        Mode::Inline,
+        |ctx: Ctx, p: UnwatchParams| async move {
+            ctx.session()?.watches.unwatch(&p.watch_id);
+            Ok(Empty {})
+        },
+    );
+
     // Discovery and configuration.
     r.request(
         m::ENVIRONMENT_CONFIG_READ,

@@ -304,3 +304,36 @@ pub struct HandleParams {
     /// Handle.
     pub handle_id: String,
 }
+
+/// Params of `fs/watch` (ours): watch `path` for changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchParams {
+    /// Client-chosen id, unique in the session.
+    pub watch_id: String,
+    /// File or directory to watch.
+    pub path: PathUri,
+    /// Watch a directory's whole tree (default false).
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// Params of `fs/unwatch` (ours).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnwatchParams {
+    /// The watch to remove (unknown ids are fine).
+    pub watch_id: String,
+}
+
+/// `fs/changed` notification (ours): something changed under a watched path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsChangedNotification {
+    /// The watch.
+    pub watch_id: String,
+    /// `create`, `modify`, `remove`, `rename` or `other`.
+    pub kind: String,
+    /// Paths affected.
+    pub paths: Vec<PathUri>,
+}

@@ -4,6 +4,7 @@
 
 pub mod handles;
 pub mod walk;
+pub mod watch;
 
 use exec_server_protocol::types::*;
 use exec_server_protocol::{ByteChunk, ErrorObject, PathUri};

@@ -75,6 +75,8 @@ pub struct Session {
     processes: Mutex<HashMap<String, Arc<Process>>>,
     /// Open `fs/open` handles.
     pub files: HandleTable,
+    /// `fs/watch` watches.
+    pub watches: crate::fs::watch::WatchTable,
     /// Bumped on every attach, so a stale expiry timer does nothing.
     pub(crate) generation: AtomicU64,
 }
@@ -86,6 +88,7 @@ impl Session {
             link: Arc::new(Link::default()),
             processes: Mutex::new(HashMap::new()),
             files: HandleTable::default(),
+            watches: Default::default(),
             generation: AtomicU64::new(0),
         }
     }
@@ -140,6 +143,7 @@ impl Session {
             p.terminate();
         }
         self.files.clear();
+        self.watches.clear();
     }
 }
 
