@@ -48,6 +48,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = exec_server::MAX_MESSAGE_BYTES, value_name = "BYTES")]
     pub max_message_bytes: usize,
 
+    /// Run requests whose `sandbox` restricts the file system or network without
+    /// any restriction. This server does not enforce sandboxes; without this flag
+    /// such requests are refused with a clear error instead of running unsandboxed.
+    /// The Codex CLI in a sandboxed mode needs it (or run Codex with
+    /// --sandbox danger-full-access).
+    #[arg(long)]
+    pub allow_unsandboxed: bool,
+
     /// Most concurrent connections; more are refused with HTTP 503.
     #[arg(long, default_value_t = exec_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
@@ -190,6 +198,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         auth,
         max_connections: args.max_connections.max(1),
         max_message_bytes: args.max_message_bytes.max(1024),
+        allow_unsandboxed: args.allow_unsandboxed,
     };
     let state = match ServerState::new(config.clone()) {
         Ok(s) => s,

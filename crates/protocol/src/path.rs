@@ -19,6 +19,9 @@ impl PathUri {
         if url.scheme() != "file" {
             return Err(format!("unsupported path URI scheme `{}`", url.scheme()));
         }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!("file URI `{s}` must not have a query or fragment"));
+        }
         Ok(PathUri(url))
     }
 

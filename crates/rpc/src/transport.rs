@@ -20,7 +20,7 @@ use tokio_tungstenite::WebSocketStream;
 
 /// Messages a connection may have queued for writing before senders wait
 /// (backpressure). Each queued item is one encoded message.
-pub const OUTBOUND_QUEUE_MESSAGES: usize = 256;
+pub const OUTBOUND_QUEUE_MESSAGES: usize = 64;
 
 /// How long the writer may be blocked on a peer that does not read before the
 /// connection is dropped (its session detaches and can be resumed).
@@ -175,9 +175,11 @@ where
         while let Some(item) = stream.next().await {
             let item = match item {
                 Ok(WsMessage::Text(t)) => Inbound::Message(t.as_str().to_owned()),
-                Ok(WsMessage::Binary(_)) => {
-                    Inbound::Invalid("binary frames are not JSON-RPC messages".into())
-                }
+                // The reference treats a binary frame's bytes as a message too.
+                Ok(WsMessage::Binary(b)) => match String::from_utf8(b.to_vec()) {
+                    Ok(s) => Inbound::Message(s),
+                    Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
+                },
                 Ok(WsMessage::Close(_)) => break,
                 Ok(_) => continue, // ping/pong handled by tungstenite
                 Err(tokio_tungstenite::tungstenite::Error::Capacity(e)) => {

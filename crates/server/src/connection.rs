@@ -13,8 +13,8 @@ use exec_server_rpc::{Connection, Inbound, Outbound};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Semaphore;
 
-/// Spawned (detached) requests one connection may have running at once; further
-/// ones wait for a slot, which applies backpressure to the reader.
+/// Spawned (detached) requests one connection may have running at once (long-polls,
+/// HTTP); further ones are refused with -32600 rather than stalling the connection.
 pub const MAX_DETACHED_REQUESTS_PER_CONNECTION: usize = 1024;
 
 /// Where a connection is in the handshake.
@@ -153,8 +153,15 @@ pub async fn serve(server: Arc<ServerState>, mut conn: Connection, parse_context
                         }
                     }
                     Ok((Mode::Detached, fut)) => {
-                        let Ok(permit) = detached.clone().acquire_owned().await else {
-                            break;
+                        // Never block the connection on a full table: refuse this one.
+                        let Ok(permit) = detached.clone().try_acquire_owned() else {
+                            let e = ErrorObject::invalid_request(format!(
+                                "too many requests in flight on this connection (limit {MAX_DETACHED_REQUESTS_PER_CONNECTION}); wait for some to finish"
+                            ));
+                            if ctx.outbound.send(encode_error(&req.id, &e)).await.is_err() {
+                                break;
+                            }
+                            continue;
                         };
                         let out = ctx.outbound.clone();
                         tokio::spawn(async move {

@@ -95,6 +95,7 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
             if p.argv.is_empty() {
                 return Err(ErrorObject::invalid_params("argv must not be empty"));
             }
+            crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
             let cwd = fs::native(&p.cwd)?;
             let session = ctx.session()?;
             let (gate_tx, gate_rx) = oneshot::channel();
@@ -156,7 +157,7 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
                 });
             };
             Ok(WriteResponse {
-                status: proc.write(p.chunk.0, p.write_id)?,
+                status: proc.write(p.chunk.0, p.write_id).await?,
             })
         },
     );
@@ -232,12 +233,16 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
     r.request(
         m::FS_WRITE_FILE,
         fs_mode,
-        |_ctx: Ctx, p: WriteFileParams| async move { blocking(move || fs::write_file(p)).await },
+        |ctx: Ctx, p: WriteFileParams| async move {
+            crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
+            blocking(move || fs::write_file(p)).await
+        },
     );
     r.request(
         m::FS_CREATE_DIRECTORY,
         fs_mode,
-        |_ctx: Ctx, p: CreateDirectoryParams| async move {
+        |ctx: Ctx, p: CreateDirectoryParams| async move {
+            crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
             blocking(move || fs::create_directory(&p)).await
         },
     );
@@ -266,12 +271,19 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
     r.request(
         m::FS_REMOVE,
         fs_mode,
-        |_ctx: Ctx, p: RemoveParams| async move { blocking(move || fs::remove(&p)).await },
+        |ctx: Ctx, p: RemoveParams| async move {
+            crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
+            blocking(move || fs::remove(&p)).await
+        },
     );
-    r.request(m::FS_COPY, fs_mode, |_ctx: Ctx, p: CopyParams| async move {
+    r.request(m::FS_COPY, fs_mode, |ctx: Ctx, p: CopyParams| async move {
+        crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
         blocking(move || fs::copy(&p)).await
     });
     r.request(m::FS_OPEN, fs_mode, |ctx: Ctx, p: OpenParams| async move {
+        if p.mode == OpenMode::Replace {
+            crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
+        }
         let session = ctx.session()?;
         blocking(move || fs::open(&p, &session.files)).await
     });

@@ -27,6 +27,7 @@ pub mod handlers;
 pub mod http;
 pub mod listen;
 pub mod process;
+pub mod sandbox;
 pub mod session;
 
 use exec_server_protocol::types::EnvironmentInfo;
@@ -37,10 +38,10 @@ use std::time::Duration;
 
 /// Default for `--max-connections`: 4096 concurrent connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-/// Largest WebSocket message (and frame) accepted: 256 MiB. Larger ones close the
+/// Largest WebSocket message (and frame) accepted: 128 MiB. Larger ones close the
 /// connection with status 1009 (message too big). Enough for `fs/writeFile` of
-/// 128 MiB after base64.
-pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+/// 96 MiB after base64; larger files go through `fs/open` + `fs/writeBlock`.
+pub const MAX_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
 
 /// Server settings.
 #[derive(Clone)]
@@ -57,6 +58,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Largest WebSocket message in bytes.
     pub max_message_bytes: usize,
+    /// Run requests whose `sandbox` restricts the file system or network without
+    /// restriction (this server does not enforce sandboxes); off: refuse them.
+    pub allow_unsandboxed: bool,
 }
 
 impl Default for ServerConfig {
@@ -67,6 +71,7 @@ impl Default for ServerConfig {
             auth: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_message_bytes: MAX_MESSAGE_BYTES,
+            allow_unsandboxed: false,
         }
     }
 }

@@ -13,6 +13,11 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::tungstenite::http;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
+/// Time a new socket has to complete the WebSocket upgrade: 10 s.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Sockets allowed in the middle of the upgrade at once: 1024; more are dropped.
+pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListenAddr {
@@ -155,61 +160,80 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
                 drop(permit);
             });
         },
-        Listener::WebSocket(l, _) => loop {
-            let (stream, peer) = match l.accept().await {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            let permit = slots.clone().try_acquire_owned().ok();
-            let state = state.clone();
-            tokio::spawn(async move {
-                let full = permit.is_none();
-                let auth = state.config.auth.clone();
-                #[allow(clippy::result_large_err)] // the error type is tungstenite's
-                let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
-                    if full {
-                        return Err(refuse(503, "too many connections"));
-                    }
-                    let h = req.headers();
-                    check_upgrade(
-                        auth.as_ref(),
-                        h.get(http::header::ORIGIN).map(|v| v.as_bytes()),
-                        h.get(http::header::AUTHORIZATION).map(|v| v.as_bytes()),
-                    )
-                    .map_err(|r| refuse(r.status, r.message))?;
-                    Ok(resp)
-                };
-                let mut cfg = WebSocketConfig::default();
-                cfg.max_message_size = Some(state.config.max_message_bytes);
-                cfg.max_frame_size = Some(state.config.max_message_bytes);
-                let ws = match tokio_tungstenite::accept_hdr_async_with_config(
-                    stream,
-                    callback,
-                    Some(cfg),
-                )
-                .await
-                {
-                    Ok(ws) => ws,
+        Listener::WebSocket(l, _) => {
+            let handshakes = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
+            loop {
+                let (stream, peer) = match l.accept().await {
+                    Ok(x) => x,
                     Err(e) => {
-                        tracing::debug!(%peer, "websocket handshake refused or failed: {e}");
-                        return;
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
                     }
                 };
-                let name = format!("exec-server websocket {peer}");
-                let conn = transport::websocket(ws, name.clone());
-                connection::serve(
-                    state,
-                    conn,
-                    format!("websocket JSON-RPC message from {name}"),
-                )
-                .await;
-                drop(permit);
-            });
-        },
+                let _ = stream.set_nodelay(true);
+                // Sockets that have not finished the upgrade do not hold connection
+                // slots (idle sockets must not lock real clients out); they are
+                // bounded separately and must finish within HANDSHAKE_TIMEOUT.
+                let Ok(handshake_permit) = handshakes.clone().try_acquire_owned() else {
+                    tracing::warn!(%peer, "too many pending handshakes; dropping a socket");
+                    continue;
+                };
+                let state = state.clone();
+                let slots = slots.clone();
+                tokio::spawn(async move {
+                    let full = slots.available_permits() == 0;
+                    let auth = state.config.auth.clone();
+                    #[allow(clippy::result_large_err)] // the error type is tungstenite's
+                    let callback =
+                        |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+                            if full {
+                                return Err(refuse(503, "too many connections"));
+                            }
+                            let h = req.headers();
+                            check_upgrade(
+                                auth.as_ref(),
+                                h.get(http::header::ORIGIN).map(|v| v.as_bytes()),
+                                h.get(http::header::AUTHORIZATION).map(|v| v.as_bytes()),
+                            )
+                            .map_err(|r| refuse(r.status, r.message))?;
+                            Ok(resp)
+                        };
+                    let mut cfg = WebSocketConfig::default();
+                    cfg.max_message_size = Some(state.config.max_message_bytes);
+                    cfg.max_frame_size = Some(state.config.max_message_bytes);
+                    let handshake = tokio_tungstenite::accept_hdr_async_with_config(
+                        stream,
+                        callback,
+                        Some(cfg),
+                    );
+                    let ws = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                        Ok(Ok(ws)) => ws,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, "websocket handshake refused or failed: {e}");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "websocket handshake timed out");
+                            return;
+                        }
+                    };
+                    drop(handshake_permit);
+                    let Ok(permit) = slots.try_acquire_owned() else {
+                        tracing::warn!(%peer, "connection limit reached after the upgrade; closing");
+                        return;
+                    };
+                    let name = format!("exec-server websocket {peer}");
+                    let conn = transport::websocket(ws, name.clone());
+                    connection::serve(
+                        state,
+                        conn,
+                        format!("websocket JSON-RPC message from {name}"),
+                    )
+                    .await;
+                    drop(permit);
+                });
+            }
+        }
     }
 }

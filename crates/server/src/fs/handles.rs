@@ -70,3 +70,33 @@ impl HandleTable {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_limit_and_duplicates() {
+        let t = HandleTable::default();
+        for i in 0..MAX_OPEN_FILES_PER_SESSION {
+            t.insert(&format!("h{i}"), File::open("/dev/null").unwrap())
+                .unwrap();
+        }
+        let e = t
+            .insert("one-more", File::open("/dev/null").unwrap())
+            .unwrap_err();
+        assert_eq!(e.code, -32600);
+        assert!(e.message.contains("too many open file handles"));
+        assert_eq!(
+            t.insert("h0", File::open("/dev/null").unwrap())
+                .unwrap_err()
+                .code,
+            -32600
+        );
+        t.remove("h0");
+        assert!(t.insert("again", File::open("/dev/null").unwrap()).is_ok());
+        t.clear();
+        assert!(t.is_empty());
+        assert_eq!(t.get("again").unwrap_err().code, -32004);
+    }
+}

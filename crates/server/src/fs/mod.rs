@@ -20,9 +20,16 @@ pub const MAX_READ_FILE_BYTES: u64 = 256 * 1024 * 1024;
 /// Largest block of `fs/readBlock` and `fs/writeBlock`: 1 MiB.
 pub const MAX_BLOCK_BYTES: u64 = 1024 * 1024;
 
-/// The native path of a URI, or -32602.
+/// The native path of a URI: -32602 for a NUL byte, -32600 for a URI that names
+/// no path on this host (e.g. another host), as the reference answers.
 pub fn native(p: &PathUri) -> Result<PathBuf, ErrorObject> {
-    p.to_path().map_err(ErrorObject::invalid_params)
+    let path = p.to_path().map_err(ErrorObject::invalid_request)?;
+    if path.as_os_str().as_encoded_bytes().contains(&0) {
+        return Err(ErrorObject::invalid_params(format!(
+            "path `{p}` contains a NUL byte"
+        )));
+    }
+    Ok(path)
 }
 
 fn io(e: std::io::Error) -> ErrorObject {
@@ -166,6 +173,19 @@ pub fn copy(p: &CopyParams) -> Result<Empty, ErrorObject> {
         }
         copy_tree(&src, &dst).map_err(io)?;
     } else {
+        if !meta.is_file() && !meta.file_type().is_symlink() {
+            return Err(ErrorObject::invalid_request(format!(
+                "fs/copy only copies regular files, directories and symlinks; `{}` is neither",
+                src.display()
+            )));
+        }
+        if let (Ok(a), Ok(b)) = (std::fs::canonicalize(&src), std::fs::canonicalize(&dst)) {
+            if a == b {
+                return Err(ErrorObject::invalid_request(
+                    "fs/copy source and destination are the same file",
+                ));
+            }
+        }
         copy_one(&src, &dst, &meta).map_err(io)?;
     }
     Ok(Empty {})
@@ -173,13 +193,20 @@ pub fn copy(p: &CopyParams) -> Result<Empty, ErrorObject> {
 
 fn copy_one(src: &Path, dst: &Path, meta: &std::fs::Metadata) -> std::io::Result<()> {
     if meta.file_type().is_symlink() {
+        // Never replace an existing destination with a link: EEXIST, as the reference.
         let target = std::fs::read_link(src)?;
-        if std::fs::symlink_metadata(dst).is_ok() {
-            std::fs::remove_file(dst)?;
-        }
         std::os::unix::fs::symlink(target, dst)
-    } else {
+    } else if meta.is_file() {
         std::fs::copy(src, dst).map(|_| ())
+    } else {
+        // FIFOs, sockets and devices: opening one could block forever.
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a regular file, directory or symlink",
+                src.display()
+            ),
+        ))
     }
 }
 
@@ -191,9 +218,9 @@ fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
         let to = dst.join(e.file_name());
         if meta.is_dir() {
             copy_tree(&e.path(), &to)?;
-        } else {
+        } else if meta.is_file() || meta.file_type().is_symlink() {
             copy_one(&e.path(), &to, &meta)?;
-        }
+        } // special files inside a tree are skipped
     }
     Ok(())
 }
@@ -238,6 +265,7 @@ pub fn read_block(
             "file read block length must be between 1 and {MAX_BLOCK_BYTES}"
         )));
     }
+    check_offset(p.offset, p.len)?;
     let file = table.get(&p.handle_id)?;
     let mut buf = vec![0u8; p.len as usize];
     let mut n = 0;
@@ -257,6 +285,18 @@ pub fn read_block(
     })
 }
 
+fn check_offset(offset: u64, len: u64) -> Result<(), ErrorObject> {
+    if offset
+        .checked_add(len)
+        .is_none_or(|end| end > i64::MAX as u64)
+    {
+        return Err(ErrorObject::invalid_request(format!(
+            "file offset {offset} is out of range"
+        )));
+    }
+    Ok(())
+}
+
 /// `fs/writeBlock`: positional write; a gap is zero-filled by the OS.
 pub fn write_block(p: &WriteBlockParams, table: &HandleTable) -> Result<Empty, ErrorObject> {
     let len = p.chunk.0.len() as u64;
@@ -265,6 +305,7 @@ pub fn write_block(p: &WriteBlockParams, table: &HandleTable) -> Result<Empty, E
             "file write block length must be between 1 and {MAX_BLOCK_BYTES}"
         )));
     }
+    check_offset(p.offset, len)?;
     let file = table.get(&p.handle_id)?;
     file.write_all_at(&p.chunk.0, p.offset).map_err(io)?;
     Ok(Empty {})

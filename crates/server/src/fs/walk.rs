@@ -31,9 +31,12 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<WalkResponse, ErrorObject> {
     }
     let meta = std::fs::metadata(root).map_err(|e| ErrorObject::from_io(&e))?;
     if !meta.is_dir() {
-        return Err(ErrorObject::internal(
-            std::io::Error::from_raw_os_error(libc::ENOTDIR).to_string(),
-        ));
+        // A file has nothing below it: an empty walk, as the reference answers.
+        return Ok(WalkResponse {
+            entries: Vec::new(),
+            errors: Vec::new(),
+            truncated: false,
+        });
     }
     let mut out = WalkResponse {
         entries: Vec::new(),

@@ -31,8 +31,15 @@ pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// [`EXITED_PROCESS_RETENTION`]: removes it from its session.
 pub type RetireHook = Box<dyn FnOnce(&Arc<Process>) + Send>;
 
+/// Stdin bytes accepted but not yet taken by the child, per process: 8 MiB. A
+/// write beyond it waits (backpressure, as the reference) up to
+/// [`STDIN_WRITE_TIMEOUT`].
+pub const MAX_PENDING_STDIN_BYTES: usize = 8 * 1024 * 1024;
+/// How long `process/write` waits for room in a full stdin buffer: 30 s.
+pub const STDIN_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
 enum StdinOp {
-    Write(Vec<u8>),
+    Write(Vec<u8>, tokio::sync::OwnedSemaphorePermit),
     Close,
 }
 
@@ -80,6 +87,8 @@ pub struct Process {
     changed: watch::Sender<u64>,
     /// Wakes a paused pump when output is delivered.
     resume: Notify,
+    /// Byte budget of stdin data queued for the child.
+    stdin_budget: Arc<tokio::sync::Semaphore>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -208,6 +217,7 @@ impl Process {
             }),
             changed,
             resume: Notify::new(),
+            stdin_budget: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_STDIN_BYTES)),
         });
         if let Some((_, rx, fd)) = stdin_tx {
             tokio::spawn(stdin_writer(proc.clone(), rx, fd));
@@ -286,25 +296,61 @@ impl Process {
     }
 
     /// `process/write`.
-    pub fn write(&self, data: Vec<u8>, write_id: String) -> Result<WriteStatus, ErrorObject> {
+    pub async fn write(&self, data: Vec<u8>, write_id: String) -> Result<WriteStatus, ErrorObject> {
+        if let Some(status) = self.write_precheck(&write_id)? {
+            return Ok(status);
+        }
+        let permit = if data.is_empty() {
+            None
+        } else {
+            let n = data.len().min(MAX_PENDING_STDIN_BYTES) as u32;
+            let budget = self.stdin_budget.clone();
+            match tokio::time::timeout(STDIN_WRITE_TIMEOUT, budget.acquire_many_owned(n)).await {
+                Ok(Ok(p)) => Some(p),
+                Ok(Err(_)) => return Err(ErrorObject::internal("failed to write to process stdin")),
+                Err(_) => {
+                    return Err(ErrorObject::internal(format!(
+                        "failed to write to process stdin: the process has not read its input for {} s ({} bytes pending)",
+                        STDIN_WRITE_TIMEOUT.as_secs(),
+                        MAX_PENDING_STDIN_BYTES - self.stdin_budget.available_permits()
+                    )))
+                }
+            }
+        };
+        // The state may have changed while waiting for room.
+        if let Some(status) = self.write_precheck(&write_id)? {
+            return Ok(status);
+        }
         let mut st = lock(&self.state);
-        if st.write_ids.contains(&write_id) {
-            return Ok(WriteStatus::Accepted);
+        if let Some(permit) = permit {
+            let sent = st
+                .stdin
+                .as_ref()
+                .is_some_and(|tx| tx.send(StdinOp::Write(data, permit)).is_ok());
+            if !sent {
+                return Err(ErrorObject::internal("failed to write to process stdin"));
+            }
+        }
+        st.write_ids.remember(write_id);
+        Ok(WriteStatus::Accepted)
+    }
+
+    /// The answer to a write that needs no bytes moved, if any.
+    fn write_precheck(&self, write_id: &str) -> Result<Option<WriteStatus>, ErrorObject> {
+        let st = lock(&self.state);
+        if st.write_ids.contains(write_id) {
+            return Ok(Some(WriteStatus::Accepted));
         }
         if !st.has_stdin {
-            return Ok(WriteStatus::StdinClosed);
+            return Ok(Some(WriteStatus::StdinClosed));
         }
         if st.stdin_broken || st.log.exit_code().is_some() {
             return Err(ErrorObject::internal("failed to write to process stdin"));
         }
-        let Some(tx) = st.stdin.as_ref() else {
-            return Ok(WriteStatus::StdinClosed);
-        };
-        if !data.is_empty() && tx.send(StdinOp::Write(data)).is_err() {
-            return Err(ErrorObject::internal("failed to write to process stdin"));
+        if st.stdin.is_none() {
+            return Ok(Some(WriteStatus::StdinClosed));
         }
-        st.write_ids.remember(write_id);
-        Ok(WriteStatus::Accepted)
+        Ok(None)
     }
 
     /// `process/closeStdin`: end of file after the writes already accepted. On a PTY
@@ -380,7 +426,8 @@ async fn stdin_writer(
     let is_pty = proc.tty.is_some();
     while let Some(op) = rx.recv().await {
         let result = match op {
-            StdinOp::Write(data) => write_all(&fd, &data).await,
+            // The permit is released once the child has taken the bytes.
+            StdinOp::Write(data, _permit) => write_all(&fd, &data).await,
             StdinOp::Close if is_pty => write_all(&fd, b"\x04").await,
             StdinOp::Close => break,
         };
@@ -389,6 +436,8 @@ async fn stdin_writer(
             break;
         }
     }
+    // Writers waiting for room fail at once instead of timing out.
+    proc.stdin_budget.close();
     // Dropping our clone closes a stdin pipe (EOF for the child). For a PTY the
     // master stays open through the pump's clone.
 }
@@ -450,11 +499,12 @@ async fn pump(
                 }
                 let code = code.unwrap_or(-1);
                 exit_code = Some(code);
-                let seq = {
+                                let seq = {
                     let mut st = lock(&proc.state);
                     st.stdin = None;
                     st.log.push_exited(code)
                 };
+                proc.stdin_budget.close();
                 proc.bump();
                 send_event(&proc, &link, seq, exited_json(&proc.id, seq, code)).await;
             }

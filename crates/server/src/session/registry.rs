@@ -64,6 +64,9 @@ impl SessionRegistry {
         if !session.link.detach(conn) {
             return;
         }
+        // File handles belong to the connection, as in the reference: a client
+        // that drops and reconnects in a loop cannot pile up descriptors.
+        session.files.clear();
         let generation = session.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let registry = Arc::downgrade(self);
         let session = session.clone();
