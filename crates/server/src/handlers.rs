@@ -59,7 +59,7 @@ fn unknown_process(id: &str) -> ErrorObject {
 pub fn router(fs_mode: Mode) -> Router<Ctx> {
     let mut r = Router::new().gate(gate);
 
-    r.request(m::INITIALIZE, Mode::Inline, |ctx: Ctx, p: InitializeParams| async move {
+    r.request_reply(m::INITIALIZE, Mode::Inline, |ctx: Ctx, p: InitializeParams| async move {
         if !matches!(*ctx.phase(), Phase::Fresh) {
             return Err(ErrorObject::invalid_request("initialize may only be sent once per connection"));
         }
@@ -70,12 +70,21 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
         };
         *ctx.phase() = Phase::Initializing(session.clone());
         tracing::info!(conn = ctx.id, session = %session.id, client = %p.client_name, resumed = p.resume_session_id.is_some(), "initialized");
-        Ok(InitializeResponse { session_id: session.id.clone(), environment_info: Some(server.env_info.clone()) })
+        // Built from the environment info encoded once at start (hot on connect).
+        Ok(Reply {
+            result_json: format!("{{\"sessionId\":\"{}\",\"environmentInfo\":{}}}", session.id, server.env_info_json),
+            after_send: None,
+        })
     });
-    r.request(
+    r.request_reply(
         m::ENVIRONMENT_INFO,
         Mode::Inline,
-        |ctx: Ctx, _: ()| async move { Ok(ctx.server.env_info.clone()) },
+        |ctx: Ctx, _: ()| async move {
+            Ok(Reply {
+                result_json: ctx.server.env_info_json.clone(),
+                after_send: None,
+            })
+        },
     );
     r.request(
         m::ENVIRONMENT_STATUS,

@@ -84,6 +84,8 @@ pub struct ServerState {
     pub sessions: Arc<session::SessionRegistry>,
     /// `environment/info`, computed once.
     pub env_info: EnvironmentInfo,
+    /// The same, encoded as JSON once.
+    pub env_info_json: String,
     /// Method table.
     pub router: Router<connection::Ctx>,
     /// HTTP clients for `http/request`.
@@ -95,6 +97,7 @@ impl ServerState {
     /// Builds the state and starts the child reaper. Must run inside a Tokio runtime.
     pub fn new(config: ServerConfig) -> std::io::Result<Arc<Self>> {
         process::reaper::install()?;
+        let env_info = env_info::environment_info();
         let fs_mode = if config.concurrent_requests > 1 {
             Mode::Detached
         } else {
@@ -102,7 +105,8 @@ impl ServerState {
         };
         Ok(Arc::new(ServerState {
             sessions: Arc::new(session::SessionRegistry::new(config.detached_session_ttl)),
-            env_info: env_info::environment_info(),
+            env_info_json: serde_json::to_string(&env_info).map_err(std::io::Error::other)?,
+            env_info,
             router: handlers::router(fs_mode),
             http: http::HttpClients::new().map_err(std::io::Error::other)?,
             next_connection: AtomicU64::new(1),
