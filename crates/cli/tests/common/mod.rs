@@ -31,10 +31,23 @@ pub struct Server {
 }
 
 impl Server {
+    /// Starts our binary with `extra` flags, or, when `EXEC_SERVER_TEST_SERVER_CMD`
+    /// is set (differential runs against the reference), that command as is.
     pub fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(BIN)
-            .args(["--listen", "ws://127.0.0.1:0"])
-            .args(extra)
+        let mut cmd = match std::env::var("EXEC_SERVER_TEST_SERVER_CMD") {
+            Ok(line) => {
+                let parts: Vec<&str> = line.split_whitespace().collect();
+                let mut c = Command::new(parts[0]);
+                c.args(&parts[1..]);
+                c
+            }
+            Err(_) => {
+                let mut c = Command::new(BIN);
+                c.args(["--listen", "ws://127.0.0.1:0"]).args(extra);
+                c
+            }
+        };
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
