@@ -290,31 +290,19 @@ async fn execute(client: ExecServerClient, spec: Spec) -> i32 {
         set: BTreeMap::new(),
         include_only: vec![],
     });
-    let params = ExecParams {
-        process_id: format!(
-            "run-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_micros())
-                .unwrap_or(0)
-        ),
-        argv: spec.argv,
-        cwd,
-        env: set,
-        tty: spec.tty,
-        pipe_stdin: true,
-        arg0: None,
-        env_policy,
-        sandbox: None,
-        enforce_managed_network: false,
-        managed_network: None,
-        network_proxy: None,
-        shell_snapshot: None,
-        metadata: None,
-        pty_size: if spec.tty { terminal_size() } else { None },
-        ack_output: false,
-    };
+    let process_id = format!(
+        "run-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros())
+            .unwrap_or(0)
+    );
+    let mut params = ExecParams::new(process_id, spec.argv, cwd, set);
+    params.tty = spec.tty;
+    params.pipe_stdin = true;
+    params.env_policy = env_policy;
+    params.pty_size = if spec.tty { terminal_size() } else { None };
     let program = params.argv[0].clone();
     let cwd_text = params
         .cwd

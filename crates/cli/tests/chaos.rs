@@ -9,24 +9,12 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 
 fn params(id: &str, argv: &[&str]) -> ExecParams {
-    ExecParams {
-        process_id: id.into(),
-        argv: argv.iter().map(|s| s.to_string()).collect(),
-        cwd: PathUri::parse("file:///tmp").unwrap(),
-        env: [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
-        tty: false,
-        pipe_stdin: false,
-        arg0: None,
-        env_policy: None,
-        sandbox: None,
-        enforce_managed_network: false,
-        managed_network: None,
-        network_proxy: None,
-        shell_snapshot: None,
-        metadata: None,
-        pty_size: None,
-        ack_output: false,
-    }
+    ExecParams::new(
+        id,
+        argv.iter().map(|s| s.to_string()).collect(),
+        PathUri::parse("file:///tmp").unwrap(),
+        [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
+    )
 }
 
 fn children_of(pid: u32) -> Vec<i32> {

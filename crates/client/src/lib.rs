@@ -17,24 +17,12 @@
 //!
 //! let client = ExecServerClient::new(ClientOptions::new(Source::from_url("ws://127.0.0.1:8765", None)?));
 //! let mut proc = client
-//!     .start_process(ExecParams {
-//!         process_id: "p1".into(),
-//!         argv: vec!["echo".into(), "hello".into()],
-//!         cwd: PathUri::parse("file:///tmp")?,
-//!         env: [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
-//!         tty: false,
-//!         pipe_stdin: false,
-//!         arg0: None,
-//!         env_policy: None,
-//!         sandbox: None,
-//!         enforce_managed_network: false,
-//!         managed_network: None,
-//!         network_proxy: None,
-//!         shell_snapshot: None,
-//!         metadata: None,
-//!         pty_size: None,
-//!         ack_output: false,
-//!     })
+//!     .start_process(ExecParams::new(
+//!         "p1",
+//!         vec!["echo".into(), "hello".into()],
+//!         PathUri::parse("file:///tmp")?,
+//!         [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
+//!     ))
 //!     .await?;
 //! while let Some(ev) = proc.next_event().await {
 //!     match ev {

@@ -122,7 +122,8 @@ fn main() {
         .unwrap_or(1)
         | 1;
     let mut rng = Rng(seed);
-    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(seconds);
     let (mut execs, mut accepted) = (0u64, 0u64);
     let mut pool: Vec<Vec<u8>> = CORPUS.iter().map(|s| s.as_bytes().to_vec()).collect();
     while Instant::now() < deadline {
@@ -143,5 +144,8 @@ fn main() {
             execs += 1;
         }
     }
-    println!("fuzz_decode: {execs} executions in {seconds} s, {accepted} accepted, 0 crashes (seed {seed})");
+    println!(
+        "fuzz_decode: {execs} executions in {:.1} s, {accepted} accepted, 0 crashes (seed {seed})",
+        started.elapsed().as_secs_f64()
+    );
 }

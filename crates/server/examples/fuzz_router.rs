@@ -254,7 +254,8 @@ async fn main() {
         .unwrap_or(7)
         | 1;
     let mut r = Rng(seed);
-    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(seconds);
     let (mut sent, mut conns) = (0u64, 0u64);
     let mut failures = 0;
     while Instant::now() < deadline {
@@ -286,15 +287,21 @@ async fn main() {
                 json!({"id": i + 1, "method": method, "params": params(&mut r, method, &scratch_s)})
                     .to_string()
             };
-            if conn.outbound.send(msg).await.is_err() {
+            // Keep reading while sending: a client that stops reading is (rightly)
+            // stalled by the server's backpressure.
+            let mut delivered = false;
+            let send = conn.outbound.send(msg);
+            tokio::pin!(send);
+            loop {
+                tokio::select! {
+                    r = &mut send => { delivered = r.is_ok(); break; }
+                    m = conn.inbound.recv() => if m.is_none() { break },
+                }
+            }
+            if !delivered {
                 break;
             }
             sent += 1;
-            // Drain what arrived so the server never waits on us.
-            while let Ok(Some(_)) =
-                tokio::time::timeout(Duration::from_millis(0), conn.inbound.recv()).await
-            {
-            }
         }
         let alive = status_ok(&mut conn, 1_000_000).await;
         let mut fresh = open(&state);
@@ -323,7 +330,10 @@ async fn main() {
     }
     state.shutdown();
     let _ = std::fs::remove_dir_all(&scratch);
-    println!("fuzz_router: {sent} requests on {conns} connections in {seconds} s, {failures} failures (seed {seed})");
+    println!(
+        "fuzz_router: {sent} requests on {conns} connections in {:.1} s, {failures} failures (seed {seed})",
+        started.elapsed().as_secs_f64()
+    );
     if failures > 0 {
         std::process::exit(1);
     }

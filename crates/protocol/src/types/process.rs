@@ -92,6 +92,36 @@ pub struct ExecParams {
     pub ack_output: bool,
 }
 
+impl ExecParams {
+    /// Params with the given id, argv, cwd and exact environment, and every
+    /// optional field at its default (pipes, no stdin, no policy, no sandbox).
+    pub fn new(
+        process_id: impl Into<String>,
+        argv: Vec<String>,
+        cwd: PathUri,
+        env: BTreeMap<String, String>,
+    ) -> Self {
+        ExecParams {
+            process_id: process_id.into(),
+            argv,
+            cwd,
+            env,
+            tty: false,
+            pipe_stdin: false,
+            arg0: None,
+            env_policy: None,
+            sandbox: None,
+            enforce_managed_network: false,
+            managed_network: None,
+            network_proxy: None,
+            shell_snapshot: None,
+            metadata: None,
+            pty_size: None,
+            ack_output: false,
+        }
+    }
+}
+
 /// Result of `process/start`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
