@@ -523,7 +523,29 @@ async fn read_opt(fd: Option<&AsyncFd<OwnedFd>>, buf: &mut [u8]) -> std::io::Res
     }
 }
 
+/// A small terminal read holding several lines is sent as one chunk per line, up
+/// to this many bytes: on a terminal, lines written by different programs in
+/// quick succession (a prompt, then a command's output) reach a client as they
+/// were written rather than merged by scheduling luck. Larger reads are one chunk.
+pub const PTY_LINE_SPLIT_MAX_BYTES: usize = 4096;
+
 async fn emit(proc: &Process, link: &Link, stream: OutputStream, data: &[u8]) {
+    if stream == OutputStream::Pty && data.len() <= PTY_LINE_SPLIT_MAX_BYTES {
+        let mut rest = data;
+        while let Some(i) = rest.iter().position(|b| *b == b'\n') {
+            if i + 1 == rest.len() {
+                break;
+            }
+            emit_one(proc, link, stream, &rest[..=i]).await;
+            rest = &rest[i + 1..];
+        }
+        emit_one(proc, link, stream, rest).await;
+        return;
+    }
+    emit_one(proc, link, stream, data).await;
+}
+
+async fn emit_one(proc: &Process, link: &Link, stream: OutputStream, data: &[u8]) {
     let seq = lock(&proc.state).log.push_output(stream, data.to_vec());
     proc.bump();
     let msg = encode_output_notification(&proc.id, seq, stream, data);
