@@ -203,3 +203,34 @@ async fn bad_path_uris() {
         assert_eq!(r["error"]["code"], json!(code), "{p}: {r}");
     }
 }
+
+/// A sandbox that denies reading a path refuses reads instead of ignoring it.
+#[tokio::test]
+async fn read_denying_sandbox_is_refused() {
+    let s = Server::start(&[]);
+    let d = tmpdir("deny");
+    std::fs::write(d.join("secret"), "s").unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let deny = json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [{"path": {"type": "path", "path": uri(&d.join("secret"))}, "access": "deny"}]}, "network": "enabled"}, "windowsSandboxLevel": "disabled"});
+    for (m, p) in [
+        (
+            "fs/readFile",
+            json!({"path": uri(&d.join("secret")), "sandbox": deny}),
+        ),
+        (
+            "fs/getMetadata",
+            json!({"path": uri(&d.join("secret")), "sandbox": deny}),
+        ),
+        (
+            "fs/readDirectory",
+            json!({"path": uri(&d), "sandbox": deny}),
+        ),
+        (
+            "fs/open",
+            json!({"handleId": "h", "path": uri(&d.join("secret")), "sandbox": deny}),
+        ),
+    ] {
+        let r = c.call(m, p).await;
+        assert_eq!(r["error"]["code"], -32603, "{m}: {r}");
+    }
+}

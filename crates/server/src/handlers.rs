@@ -230,7 +230,8 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
     r.request_reply(
         m::FS_READ_FILE,
         fs_mode,
-        |_ctx: Ctx, p: ReadFileParams| async move {
+        |ctx: Ctx, p: ReadFileParams| async move {
+            crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
             let data = blocking(move || fs::read_file(&p)).await?;
             Ok(raw_bytes_reply(
                 "{\"dataBase64\":\"",
@@ -258,19 +259,29 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
     r.request(
         m::FS_GET_METADATA,
         fs_mode,
-        |_ctx: Ctx, p: PathParams| async move { blocking(move || fs::get_metadata(&p)).await },
+        |ctx: Ctx, p: PathParams| async move {
+            crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
+            blocking(move || fs::get_metadata(&p)).await
+        },
     );
     r.request(
         m::FS_CANONICALIZE,
         fs_mode,
-        |_ctx: Ctx, p: PathParams| async move { blocking(move || fs::canonicalize(&p)).await },
+        |ctx: Ctx, p: PathParams| async move {
+            crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
+            blocking(move || fs::canonicalize(&p)).await
+        },
     );
     r.request(
         m::FS_READ_DIRECTORY,
         fs_mode,
-        |_ctx: Ctx, p: PathParams| async move { blocking(move || fs::read_directory(&p)).await },
+        |ctx: Ctx, p: PathParams| async move {
+            crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
+            blocking(move || fs::read_directory(&p)).await
+        },
     );
-    r.request(m::FS_WALK, fs_mode, |_ctx: Ctx, p: WalkParams| async move {
+    r.request(m::FS_WALK, fs_mode, |ctx: Ctx, p: WalkParams| async move {
+        crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
         blocking(move || {
             let root = fs::native(&p.path)?;
             fs::walk::walk(&root, &p.options)
@@ -292,6 +303,8 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
     r.request(m::FS_OPEN, fs_mode, |ctx: Ctx, p: OpenParams| async move {
         if p.mode == OpenMode::Replace {
             crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
+        } else {
+            crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
         }
         let session = ctx.session()?;
         blocking(move || fs::open(&p, &session.files)).await

@@ -25,6 +25,30 @@ pub fn is_unrestricted(sandbox: &Value) -> bool {
     }
 }
 
+/// True if `sandbox` denies reading some path (an entry with access `deny` or
+/// `none`), which a read this server performs unrestricted could violate.
+pub fn denies_reads(sandbox: &Value) -> bool {
+    let fs = &sandbox["permissions"]["file_system"];
+    fs["entries"].as_array().is_some_and(|entries| {
+        entries
+            .iter()
+            .any(|e| matches!(e["access"].as_str(), Some("deny" | "none")))
+    })
+}
+
+/// Checks a read-only request's sandbox: refused only when the sandbox denies
+/// reading somewhere (reads are otherwise allowed by every sandbox preset).
+pub fn check_read(sandbox: Option<&Value>, allow_unsandboxed: bool) -> Result<(), ErrorObject> {
+    match sandbox {
+        Some(s) if !allow_unsandboxed && denies_reads(s) => Err(ErrorObject::internal(
+            "this exec-server does not enforce sandboxes, and the request's `sandbox` denies reading some \
+             paths; it was refused rather than run unrestricted. Send it without `sandbox`, or start the \
+             server with --allow-unsandboxed",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Checks a request's sandbox. `allow_unsandboxed` is the operator's consent to
 /// run restricted requests without restriction.
 pub fn check(sandbox: Option<&Value>, allow_unsandboxed: bool) -> Result<(), ErrorObject> {
@@ -54,5 +78,12 @@ mod tests {
         assert!(check(Some(&Value::Null), false).is_ok());
         assert!(check(None, false).is_ok());
         assert!(check(Some(&json!({"permissions": {"type": "weird"}})), false).is_err());
+        assert!(
+            check_read(Some(&read_only), false).is_ok(),
+            "reads pass a read-only sandbox"
+        );
+        let deny = json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [{"path": {"type": "path", "path": "file:///secret"}, "access": "deny"}]}, "network": "enabled"}});
+        assert_eq!(check_read(Some(&deny), false).unwrap_err().code, -32603);
+        assert!(check_read(Some(&deny), true).is_ok());
     }
 }
