@@ -3,19 +3,8 @@
 mod common;
 use common::*;
 use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
-use exec_server_protocol::types::ExecParams;
-use exec_server_protocol::PathUri;
 use serde_json::json;
 use std::time::{Duration, Instant};
-
-fn params(id: &str, argv: &[&str]) -> ExecParams {
-    ExecParams::new(
-        id,
-        argv.iter().map(|s| s.to_string()).collect(),
-        PathUri::parse("file:///tmp").unwrap(),
-        [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
-    )
-}
 
 fn children_of(pid: u32) -> Vec<i32> {
     let mut out = Vec::new();
@@ -58,7 +47,7 @@ async fn thousand_drops_lose_nothing() {
             .flat_map(|i| format!("{i}\n").into_bytes())
             .collect();
         let mut p = c
-            .start_process(params(&format!("c{round}"), &["seq", "1", &n_s]))
+            .start_process(exec_params(&format!("c{round}"), &["seq", "1", &n_s]))
             .await
             .unwrap();
         let mut got = Vec::new();

@@ -4,17 +4,23 @@
 mod common;
 use common::*;
 use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
-use exec_server_protocol::types::{ExecParams, OutputStream};
+use exec_server_protocol::types::OutputStream;
 use exec_server_protocol::PathUri;
 use std::time::Duration;
 
-fn params(id: &str, argv: &[&str]) -> ExecParams {
-    ExecParams::new(
-        id,
-        argv.iter().map(|s| s.to_string()).collect(),
-        PathUri::parse("file:///tmp").unwrap(),
-        [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
-    )
+/// Output bytes and exit code of a process, up to its close.
+async fn drain(h: &mut exec_server_client::ProcessHandle) -> (Vec<u8>, Option<i32>) {
+    let mut out = Vec::new();
+    let mut code = None;
+    while let Some(ev) = h.next_event().await {
+        match ev {
+            ProcessEvent::Output { data, .. } => out.extend(data),
+            ProcessEvent::Exited { code: c, .. } => code = Some(c),
+            ProcessEvent::Closed { .. } => break,
+            ProcessEvent::Failed(w) => panic!("{w}"),
+        }
+    }
+    (out, code)
 }
 
 fn client(url: &str) -> ExecServerClient {
@@ -38,7 +44,7 @@ async fn run_with_drops(
 ) -> (Vec<u8>, Option<i32>) {
     let n_s = n.to_string();
     let mut p = c
-        .start_process(params(id, &["seq", "1", &n_s]))
+        .start_process(exec_params(id, &["seq", "1", &n_s]))
         .await
         .unwrap();
     let mut bytes = Vec::new();
@@ -105,21 +111,12 @@ async fn repeated_drops_during_a_fast_stream() {
 async fn stdin_write_close_and_files() {
     let s = Server::start(&[]);
     let c = client(&s.url);
-    let mut p = params("wc", &["wc", "-c"]);
+    let mut p = exec_params("wc", &["wc", "-c"]);
     p.pipe_stdin = true;
     let mut h = c.start_process(p).await.unwrap();
     h.write(b"hello".to_vec()).await.unwrap();
     h.close_stdin().await.unwrap();
-    let mut out = Vec::new();
-    let mut code = None;
-    while let Some(ev) = h.next_event().await {
-        match ev {
-            ProcessEvent::Output { data, .. } => out.extend(data),
-            ProcessEvent::Exited { code: c, .. } => code = Some(c),
-            ProcessEvent::Closed { .. } => break,
-            ProcessEvent::Failed(w) => panic!("{w}"),
-        }
-    }
+    let (out, code) = drain(&mut h).await;
     assert_eq!((String::from_utf8_lossy(&out).trim(), code), ("5", Some(0)));
 
     let d = tmpdir("client-fs");
@@ -146,18 +143,9 @@ async fn local_environment_runs_in_process() {
     assert!(env.is_local());
     let mut h = env
         .client
-        .start_process(params("l", &["sh", "-c", "echo local; exit 4"]))
+        .start_process(exec_params("l", &["sh", "-c", "echo local; exit 4"]))
         .await
         .unwrap();
-    let mut out = Vec::new();
-    let mut code = None;
-    while let Some(ev) = h.next_event().await {
-        match ev {
-            ProcessEvent::Output { data, .. } => out.extend(data),
-            ProcessEvent::Exited { code: c, .. } => code = Some(c),
-            ProcessEvent::Closed { .. } => break,
-            ProcessEvent::Failed(w) => panic!("{w}"),
-        }
-    }
+    let (out, code) = drain(&mut h).await;
     assert_eq!((out.as_slice(), code), (&b"local\n"[..], Some(4)));
 }

@@ -668,6 +668,27 @@ impl ExecServerClient {
         .await
     }
 
+    /// `fs/open` under a fresh handle id.
+    async fn open_handle(&self, path: &PathUri, mode: OpenMode) -> Result<String, ClientError> {
+        let handle_id = self.handle_id();
+        let params = OpenParams {
+            handle_id: handle_id.clone(),
+            path: path.clone(),
+            mode,
+            sandbox: None,
+        };
+        let _: OpenResponse = self.call(m::FS_OPEN, &params, false).await?;
+        Ok(handle_id)
+    }
+
+    /// `fs/close`; failures are ignored (the server also closes handles when the
+    /// connection ends).
+    async fn close_handle(&self, handle_id: String) {
+        let _: Result<Value, _> = self
+            .call(m::FS_CLOSE, &HandleParams { handle_id }, true)
+            .await;
+    }
+
     fn handle_id(&self) -> String {
         format!(
             "h{}-{}",
@@ -686,19 +707,7 @@ impl ExecServerClient {
         use tokio::io::AsyncWriteExt;
         const BLOCK: u64 = 1024 * 1024;
         const IN_FLIGHT: usize = 4;
-        let handle = self.handle_id();
-        let _: OpenResponse = self
-            .call(
-                m::FS_OPEN,
-                &OpenParams {
-                    handle_id: handle.clone(),
-                    path: path.clone(),
-                    mode: OpenMode::Read,
-                    sandbox: None,
-                },
-                false,
-            )
-            .await?;
+        let handle = self.open_handle(path, OpenMode::Read).await?;
         let result = async {
             let mut next_offset = 0u64;
             let mut total = 0u64;
@@ -741,9 +750,7 @@ impl ExecServerClient {
             Ok(total)
         }
         .await;
-        let _: Result<Value, _> = self
-            .call(m::FS_CLOSE, &HandleParams { handle_id: handle }, true)
-            .await;
+        self.close_handle(handle).await;
         result
     }
 
@@ -757,19 +764,7 @@ impl ExecServerClient {
         use tokio::io::AsyncReadExt;
         const BLOCK: usize = 1024 * 1024;
         const IN_FLIGHT: usize = 4;
-        let handle = self.handle_id();
-        let _: OpenResponse = self
-            .call(
-                m::FS_OPEN,
-                &OpenParams {
-                    handle_id: handle.clone(),
-                    path: path.clone(),
-                    mode: OpenMode::Replace,
-                    sandbox: None,
-                },
-                false,
-            )
-            .await?;
+        let handle = self.open_handle(path, OpenMode::Replace).await?;
         let result = async {
             let mut offset = 0u64;
             let mut queue = std::collections::VecDeque::new();
@@ -814,9 +809,7 @@ impl ExecServerClient {
             Ok(offset)
         }
         .await;
-        let _: Result<Value, _> = self
-            .call(m::FS_CLOSE, &HandleParams { handle_id: handle }, true)
-            .await;
+        self.close_handle(handle).await;
         result
     }
 

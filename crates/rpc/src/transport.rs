@@ -9,7 +9,9 @@
 use futures_util::{SinkExt, StreamExt};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+};
 use tokio::sync::{mpsc, Notify};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
@@ -310,5 +312,3 @@ where
         peer,
     }
 }
-
-use tokio::io::AsyncReadExt as _;

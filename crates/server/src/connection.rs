@@ -5,7 +5,6 @@
 //! long-polls (`process/read`) and HTTP requests are spawned so they never delay
 //! the requests behind them.
 
-use crate::handlers;
 use crate::ServerState;
 use exec_server_protocol::{encode_error, methods, ErrorObject, Message, RequestId};
 use exec_server_rpc::router::{Mode, Reply};
@@ -104,9 +103,13 @@ pub async fn serve(server: Arc<ServerState>, mut conn: Connection, parse_context
     });
     let detached = Arc::new(Semaphore::new(MAX_DETACHED_REQUESTS_PER_CONNECTION));
     while let Some(item) = conn.inbound.recv().await {
-        let text = match item {
-            Inbound::Message(t) => t,
-            Inbound::Invalid(why) => {
+        let decoded = match item {
+            Inbound::Message(text) => Message::decode(text.as_bytes()).map_err(|e| e.to_string()),
+            Inbound::Invalid(why) => Err(why),
+        };
+        let msg = match decoded {
+            Ok(m) => m,
+            Err(why) => {
                 let e =
                     ErrorObject::invalid_request(format!("failed to parse {parse_context}: {why}"));
                 if ctx
@@ -120,23 +123,6 @@ pub async fn serve(server: Arc<ServerState>, mut conn: Connection, parse_context
                 continue;
             }
         };
-        let msg = match Message::decode(text.as_bytes()) {
-            Ok(m) => m,
-            Err(e) => {
-                let e =
-                    ErrorObject::invalid_request(format!("failed to parse {parse_context}: {e}"));
-                if ctx
-                    .outbound
-                    .send(encode_error(&RequestId::UNDECODABLE, &e))
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
-                continue;
-            }
-        };
-        drop(text);
         match msg {
             Message::Request(req) => {
                 let dispatched = server.router.dispatch(ctx.clone(), &req.method, req.params);
@@ -202,7 +188,6 @@ pub async fn serve(server: Arc<ServerState>, mut conn: Connection, parse_context
     if let Some(s) = session {
         server.sessions.detach(&s, ctx.id);
     }
-    handlers::connection_closed(&ctx);
 }
 
 async fn reply(

@@ -12,16 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-/// Methods of the reference that this server answers with -32601, as the
-/// reference does (or, for the network ones, because no proxy runs here).
-pub const NOT_IMPLEMENTED: &[&str] = &[
-    m::FS_RENAME,
-    m::FS_SYMLINK,
-    m::CAPABILITY_ROOTS_DISCOVER_V2,
-    m::NETWORK_POLICY_REQUEST,
-    m::NETWORK_POLICY_DECISION,
-];
-
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ErrorObject> + Send + 'static,
 ) -> Result<T, ErrorObject> {
@@ -401,6 +391,3 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
     );
     r
 }
-
-/// Hook for per-connection cleanup when a connection ends.
-pub fn connection_closed(_ctx: &Ctx) {}

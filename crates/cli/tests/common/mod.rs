@@ -307,6 +307,16 @@ pub fn uri(p: &std::path::Path) -> String {
     format!("file://{}", p.display())
 }
 
+/// Typed `process/start` params for the client library: pipes, cwd /tmp, a minimal PATH.
+pub fn exec_params(id: &str, argv: &[&str]) -> exec_server_protocol::types::ExecParams {
+    exec_server_protocol::types::ExecParams::new(
+        id,
+        argv.iter().map(|s| s.to_string()).collect(),
+        exec_server_protocol::PathUri::parse("file:///tmp").unwrap(),
+        [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
+    )
+}
+
 /// `process/start` params in the field-case convention.
 pub fn start_params(
     id: &str,

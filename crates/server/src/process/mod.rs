@@ -11,7 +11,7 @@ pub mod spawn;
 
 use crate::session::Link;
 use exec_server_protocol::types::{OutputStream, ProcessSignal, ReadResponse, WriteStatus};
-use exec_server_protocol::{methods, ByteChunk, ErrorObject};
+use exec_server_protocol::{methods, ErrorObject};
 use output_log::OutputLog;
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::OwnedFd;
@@ -157,17 +157,13 @@ pub fn encode_output_notification(
     s.push_str("{\"method\":\"process/output\",\"params\":{\"processId\":");
     s.push_str(&serde_json::to_string(process_id).unwrap_or_else(|_| "\"\"".into()));
     s.push_str(",\"seq\":");
-    s.push_str(itoa_u64(seq).as_str());
+    s.push_str(&seq.to_string());
     s.push_str(",\"stream\":\"");
     s.push_str(stream.as_str());
     s.push_str("\",\"chunk\":\"");
     exec_server_protocol::bytes::BASE64.encode_string(data, &mut s);
     s.push_str("\"}}");
     s
-}
-
-fn itoa_u64(v: u64) -> String {
-    v.to_string()
 }
 
 impl Process {
@@ -279,12 +275,9 @@ impl Process {
                 }
                 rx.borrow_and_update();
             }
-            let Some(deadline) = deadline else { continue };
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                continue; // timed out: loop once more to build the empty page
+            // Wake on a change or at the deadline; the next pass builds the page.
+            if let Some(deadline) = deadline {
+                let _ = tokio::time::timeout_at(deadline, rx.changed()).await;
             }
         }
     }
@@ -572,9 +565,4 @@ fn closed_json(id: &str, seq: u64) -> String {
         methods::PROCESS_CLOSED,
         &serde_json::json!({"processId": id, "seq": seq}),
     )
-}
-
-/// Decodes `chunk` bytes of a read page (helper for tests and clients).
-pub fn chunk_bytes(c: &ByteChunk) -> &[u8] {
-    &c.0
 }
