@@ -210,32 +210,25 @@ pub fn encode_request(id: &RequestId, method: &str, params: &Value) -> String {
     s
 }
 
-/// `{"method":M,"params":P}` (params omitted when null).
-pub fn encode_notification(method: &str, params: &Value) -> String {
+/// `{"method":M,"params":P}` for any serializable params (a typed notification or
+/// a [`Value`]), without an intermediate [`Value`]; params omitted when they
+/// encode as `null`.
+pub fn encode_notification<T: Serialize + ?Sized>(method: &str, params: &T) -> String {
     let mut s = String::with_capacity(64);
     s.push_str("{\"method\":");
     push_json(&mut s, method);
-    if !params.is_null() {
+    let mut p = String::new();
+    push_json(&mut p, params);
+    if p != "null" {
         s.push_str(",\"params\":");
-        push_json(&mut s, params);
+        s.push_str(&p);
     }
     s.push('}');
     s
 }
 
-/// `{"id":ID,"result":R}`.
-pub fn encode_response(id: &RequestId, result: &Value) -> String {
-    let mut s = String::with_capacity(64);
-    s.push_str("{\"id\":");
-    push_json(&mut s, id);
-    s.push_str(",\"result\":");
-    push_json(&mut s, result);
-    s.push('}');
-    s
-}
-
-/// `{"id":ID,"result":R}` for any serializable result, without an intermediate [`Value`].
-pub fn encode_response_of<T: Serialize>(id: &RequestId, result: &T) -> String {
+/// `{"id":ID,"result":R}` for any serializable result.
+pub fn encode_response<T: Serialize + ?Sized>(id: &RequestId, result: &T) -> String {
     let mut s = String::with_capacity(64);
     s.push_str("{\"id\":");
     push_json(&mut s, id);

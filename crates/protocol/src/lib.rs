@@ -26,8 +26,8 @@ pub mod types;
 pub use bytes::ByteChunk;
 pub use decode::{from_slice_bounded, MAX_JSONRPC_VALUE_NODES};
 pub use envelope::{
-    encode_error, encode_notification, encode_request, encode_response, encode_response_of,
-    DecodeError, ErrorResponse, Message, Notification, Request, RequestId, Response,
+    encode_error, encode_notification, encode_request, encode_response, DecodeError, ErrorResponse,
+    Message, Notification, Request, RequestId, Response,
 };
 pub use error::ErrorObject;
 pub use path::PathUri;

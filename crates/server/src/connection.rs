@@ -49,51 +49,17 @@ impl ConnCtx {
     }
 
     /// The session, once `initialize` succeeded.
-    pub fn session(&self) -> Result<Arc<crate::session::Session>, ErrorObject> {
+    pub fn session(&self) -> Option<Arc<crate::session::Session>> {
         match &*self.phase() {
-            Phase::Ready(s) | Phase::Initializing(s) => Ok(s.clone()),
-            Phase::Fresh => Err(ErrorObject::invalid_request(
-                "client must call initialize first",
-            )),
+            Phase::Ready(s) | Phase::Initializing(s) => Some(s.clone()),
+            Phase::Fresh => None,
         }
     }
 }
 
-/// The group name used in handshake errors, as the reference words them.
-pub fn method_group(method: &str) -> &'static str {
-    if method.starts_with("process/") {
-        "exec"
-    } else if method.starts_with("fs/") {
-        "filesystem"
-    } else if method.starts_with("http/") {
-        "http"
-    } else if method.starts_with("environment") {
-        "environment info"
-    } else {
-        "capability"
-    }
-}
-
-/// The handshake gate: every method but `initialize` needs `initialize` and then
-/// `initialized`. Runs after params decode.
-pub fn gate(ctx: &Ctx, method: &str) -> Result<(), ErrorObject> {
-    if method == methods::INITIALIZE {
-        return Ok(());
-    }
-    match &*ctx.phase() {
-        Phase::Ready(_) => Ok(()),
-        Phase::Fresh => Err(ErrorObject::invalid_request(format!(
-            "client must call initialize before using {} methods",
-            method_group(method)
-        ))),
-        Phase::Initializing(_) => Err(ErrorObject::invalid_request(format!(
-            "client must send initialized before using {} methods",
-            method_group(method)
-        ))),
-    }
-}
-
-/// Serves `conn` until it closes or sends something connection-fatal (SPEC §1.5).
+/// Serves `conn` until it closes or sends something connection-fatal: a
+/// notification other than `initialized` (or `initialized` before `initialize`),
+/// or a response, since this server never sends requests of its own.
 pub async fn serve(server: Arc<ServerState>, mut conn: Connection, parse_context: String) {
     let ctx: Ctx = Arc::new(ConnCtx {
         id: server.next_connection_id(),
@@ -110,8 +76,7 @@ pub async fn serve(server: Arc<ServerState>, mut conn: Connection, parse_context
         let msg = match decoded {
             Ok(m) => m,
             Err(why) => {
-                let e =
-                    ErrorObject::invalid_request(format!("failed to parse {parse_context}: {why}"));
+                let e = crate::handlers::undecodable(&parse_context, &why);
                 if ctx
                     .outbound
                     .send(encode_error(&RequestId::UNDECODABLE, &e))
@@ -141,9 +106,9 @@ pub async fn serve(server: Arc<ServerState>, mut conn: Connection, parse_context
                     Ok((Mode::Detached, fut)) => {
                         // Never block the connection on a full table: refuse this one.
                         let Ok(permit) = detached.clone().try_acquire_owned() else {
-                            let e = ErrorObject::invalid_request(format!(
-                                "too many requests in flight on this connection (limit {MAX_DETACHED_REQUESTS_PER_CONNECTION}); wait for some to finish"
-                            ));
+                            let e = crate::handlers::too_many_in_flight(
+                                MAX_DETACHED_REQUESTS_PER_CONNECTION,
+                            );
                             if ctx.outbound.send(encode_error(&req.id, &e)).await.is_err() {
                                 break;
                             }
@@ -181,11 +146,7 @@ pub async fn serve(server: Arc<ServerState>, mut conn: Connection, parse_context
         }
     }
     ctx.outbound.close();
-    let session = match &*ctx.phase() {
-        Phase::Ready(s) | Phase::Initializing(s) => Some(s.clone()),
-        Phase::Fresh => None,
-    };
-    if let Some(s) = session {
+    if let Some(s) = ctx.session() {
         server.sessions.detach(&s, ctx.id);
     }
 }
@@ -200,6 +161,8 @@ async fn reply(
             result_json,
             after_send,
         }) => {
+            // Spliced by hand: the result is already JSON text (often large, from
+            // the byte-carrying hot paths), so it is never parsed back into a value.
             let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
             let mut s = String::with_capacity(result_json.len() + id_json.len() + 16);
             s.push_str("{\"id\":");

@@ -1,8 +1,9 @@
 //! `environmentConfig/read`, `capabilities/discoverV2` and
 //! `capabilityRoots/discoverV1`: reading configuration and manifests from disk.
 
+use crate::error::{ErrorKind, ExecError, ExecResult};
 use exec_server_protocol::types::*;
-use exec_server_protocol::{ErrorObject, PathUri};
+use exec_server_protocol::PathUri;
 use std::path::{Path, PathBuf};
 
 /// Plugin manifest locations inside a root, in the order they are tried.
@@ -56,29 +57,30 @@ fn insert_at(table: &mut toml::Table, path: &[String], value: toml::Value) {
     }
 }
 
-fn layer(
-    kind: &str,
-    file: &Path,
-    paths: &[Vec<String>],
-) -> Result<Option<ConfigLayer>, ErrorObject> {
+fn layer(kind: &str, file: &Path, paths: &[Vec<String>]) -> ExecResult<Option<ConfigLayer>> {
     if paths.is_empty() {
         return Ok(None);
     }
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(ErrorObject::internal(format!("{}: {e}", file.display()))),
+        Err(e) => {
+            return Err(
+                ExecError::new(ErrorKind::Io, format!("{}: {e}", file.display())).with_source(e),
+            )
+        }
     };
-    let doc: toml::Table = text
-        .parse()
-        .map_err(|e| ErrorObject::internal(format!("{} is not valid TOML: {e}", file.display())))?;
+    let doc: toml::Table = text.parse().map_err(|e| {
+        ExecError::failed(format!("{} is not valid TOML: {e}", file.display())).with_source(e)
+    })?;
     let selected = select_keys(&doc, paths);
-    let toml = toml::to_string(&selected).map_err(|e| ErrorObject::internal(e.to_string()))?;
+    let toml =
+        toml::to_string(&selected).map_err(|e| ExecError::failed(e.to_string()).with_source(e))?;
     let dir = file.parent().unwrap_or(Path::new("/"));
     Ok(Some(ConfigLayer {
         source: format!("{kind} ({})", file.display()),
         base_dir: PathUri::from_path(dir)
-            .ok_or_else(|| ErrorObject::internal("config dir has no URI"))?,
+            .ok_or_else(|| ExecError::failed("config dir has no URI"))?,
         toml,
     }))
 }
@@ -86,9 +88,9 @@ fn layer(
 /// `environmentConfig/read`.
 pub fn environment_config_read(
     p: &EnvironmentConfigReadParams,
-) -> Result<EnvironmentConfigReadResponse, ErrorObject> {
+) -> ExecResult<EnvironmentConfigReadResponse> {
     if p.config_paths.is_empty() && p.requirements_paths.is_empty() {
-        return Err(ErrorObject::invalid_params(
+        return Err(ExecError::invalid_params(
             "at least one config or requirements path is required",
         ));
     }
@@ -97,7 +99,7 @@ pub fn environment_config_read(
         .chain(&p.requirements_paths)
         .any(|k| k.is_empty())
     {
-        return Err(ErrorObject::invalid_params(
+        return Err(ExecError::invalid_params(
             "TOML paths must contain at least one key segment",
         ));
     }
@@ -129,8 +131,8 @@ pub fn environment_config_read(
 }
 
 /// `capabilities/discoverV2`: skills under `<cwd>/.codex/skills/*/SKILL.md`.
-pub fn discover_v2(p: &DiscoverV2Params) -> Result<DiscoverV2Response, ErrorObject> {
-    let cwd = p.cwd.to_path().map_err(ErrorObject::invalid_params)?;
+pub fn discover_v2(p: &DiscoverV2Params) -> ExecResult<DiscoverV2Response> {
+    let cwd = p.cwd.to_path().map_err(ExecError::invalid_params)?;
     let mut warnings = Vec::new();
     let skills = skills_in(&cwd.join(".codex").join("skills"), &mut warnings)
         .into_iter()
@@ -200,7 +202,7 @@ fn read_json(path: &Path, warnings: &mut Vec<String>) -> Option<serde_json::Valu
 }
 
 /// `capabilityRoots/discoverV1`: plugin manifests and skills in each root.
-pub fn roots_discover_v1(p: &RootsDiscoverParams) -> Result<RootsDiscoverResponse, ErrorObject> {
+pub fn roots_discover_v1(p: &RootsDiscoverParams) -> ExecResult<RootsDiscoverResponse> {
     let mut roots = Vec::new();
     for r in &p.roots {
         let mut out = RootDiscovery {

@@ -1,11 +1,11 @@
 //! The `sandbox` field (FileSystemSandboxContext). This server does not enforce
 //! sandboxes, so it must never pretend to: a request whose sandbox would restrict
-//! the file system or the network is refused (-32603) unless the operator started
+//! the file system or the network is refused ([`ErrorKind::PermissionDenied`](crate::error::ErrorKind::PermissionDenied)) unless the operator started
 //! the server with `--allow-unsandboxed`. A sandbox that restricts nothing
 //! (`permissions.type` `disabled`, or `managed` with an unrestricted file system
 //! and enabled network, or `external` with enabled network) is accepted.
 
-use exec_server_protocol::ErrorObject;
+use crate::error::{ExecError, ExecResult};
 use serde_json::Value;
 
 /// True if `sandbox` asks for no restriction this server would have to enforce.
@@ -38,9 +38,9 @@ pub fn denies_reads(sandbox: &Value) -> bool {
 
 /// Checks a read-only request's sandbox: refused only when the sandbox denies
 /// reading somewhere (reads are otherwise allowed by every sandbox preset).
-pub fn check_read(sandbox: Option<&Value>, allow_unsandboxed: bool) -> Result<(), ErrorObject> {
+pub fn check_read(sandbox: Option<&Value>, allow_unsandboxed: bool) -> ExecResult<()> {
     match sandbox {
-        Some(s) if !allow_unsandboxed && denies_reads(s) => Err(ErrorObject::internal(
+        Some(s) if !allow_unsandboxed && denies_reads(s) => Err(ExecError::permission_denied(
             "this exec-server does not enforce sandboxes, and the request's `sandbox` denies reading some \
              paths; it was refused rather than run unrestricted. Send it without `sandbox`, or start the \
              server with --allow-unsandboxed",
@@ -51,9 +51,9 @@ pub fn check_read(sandbox: Option<&Value>, allow_unsandboxed: bool) -> Result<()
 
 /// Checks a request's sandbox. `allow_unsandboxed` is the operator's consent to
 /// run restricted requests without restriction.
-pub fn check(sandbox: Option<&Value>, allow_unsandboxed: bool) -> Result<(), ErrorObject> {
+pub fn check(sandbox: Option<&Value>, allow_unsandboxed: bool) -> ExecResult<()> {
     match sandbox {
-        Some(s) if !allow_unsandboxed && !is_unrestricted(s) => Err(ErrorObject::internal(
+        Some(s) if !allow_unsandboxed && !is_unrestricted(s) => Err(ExecError::permission_denied(
             "this exec-server does not enforce sandboxes, and the request's `sandbox` restricts the file \
              system or network; it was refused rather than run unsandboxed. Send it without `sandbox`, or \
              start the server with --allow-unsandboxed to accept running it without restriction",
@@ -70,7 +70,10 @@ mod tests {
     #[test]
     fn restrictive_sandboxes_are_refused_unless_allowed() {
         let read_only = json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": []}, "network": "restricted"}, "windowsSandboxLevel": "disabled"});
-        assert_eq!(check(Some(&read_only), false).unwrap_err().code, -32603);
+        assert_eq!(
+            check(Some(&read_only), false).unwrap_err().kind(),
+            crate::error::ErrorKind::PermissionDenied
+        );
         assert!(check(Some(&read_only), true).is_ok());
         let open = json!({"permissions": {"type": "managed", "file_system": {"type": "unrestricted"}, "network": "enabled"}, "windowsSandboxLevel": "disabled"});
         assert!(check(Some(&open), false).is_ok());
@@ -83,7 +86,10 @@ mod tests {
             "reads pass a read-only sandbox"
         );
         let deny = json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [{"path": {"type": "path", "path": "file:///secret"}, "access": "deny"}]}, "network": "enabled"}});
-        assert_eq!(check_read(Some(&deny), false).unwrap_err().code, -32603);
+        assert_eq!(
+            check_read(Some(&deny), false).unwrap_err().kind(),
+            crate::error::ErrorKind::PermissionDenied
+        );
         assert!(check_read(Some(&deny), true).is_ok());
     }
 }

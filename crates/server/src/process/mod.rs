@@ -9,9 +9,13 @@ pub mod output_log;
 pub mod reaper;
 pub mod spawn;
 
-use crate::session::Link;
-use exec_server_protocol::types::{OutputStream, ProcessSignal, ReadResponse, WriteStatus};
-use exec_server_protocol::{methods, ErrorObject};
+use crate::error::{ExecError, ExecResult};
+use crate::link::Link;
+use exec_server_protocol::methods;
+use exec_server_protocol::types::{
+    OutputStream, ProcessClosedNotification, ProcessExitedNotification, ProcessSignal,
+    ReadResponse, WriteStatus,
+};
 use output_log::OutputLog;
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::OwnedFd;
@@ -288,8 +292,10 @@ impl Process {
         self.resume.notify_one();
     }
 
-    /// `process/write`.
-    pub async fn write(&self, data: Vec<u8>, write_id: String) -> Result<WriteStatus, ErrorObject> {
+    /// `process/write`. Errors ([`ErrorKind::Failed`](crate::error::ErrorKind::Failed)):
+    /// stdin broken or the process exited, or no room for the bytes within
+    /// [`STDIN_WRITE_TIMEOUT`].
+    pub async fn write(&self, data: Vec<u8>, write_id: String) -> ExecResult<WriteStatus> {
         if let Some(status) = self.write_precheck(&write_id)? {
             return Ok(status);
         }
@@ -300,9 +306,9 @@ impl Process {
             let budget = self.stdin_budget.clone();
             match tokio::time::timeout(STDIN_WRITE_TIMEOUT, budget.acquire_many_owned(n)).await {
                 Ok(Ok(p)) => Some(p),
-                Ok(Err(_)) => return Err(ErrorObject::internal("failed to write to process stdin")),
+                Ok(Err(_)) => return Err(stdin_failed()),
                 Err(_) => {
-                    return Err(ErrorObject::internal(format!(
+                    return Err(ExecError::failed(format!(
                         "failed to write to process stdin: the process has not read its input for {} s ({} bytes pending)",
                         STDIN_WRITE_TIMEOUT.as_secs(),
                         MAX_PENDING_STDIN_BYTES - self.stdin_budget.available_permits()
@@ -321,7 +327,7 @@ impl Process {
                 .as_ref()
                 .is_some_and(|tx| tx.send(StdinOp::Write(data, permit)).is_ok());
             if !sent {
-                return Err(ErrorObject::internal("failed to write to process stdin"));
+                return Err(stdin_failed());
             }
         }
         st.write_ids.remember(write_id);
@@ -329,7 +335,7 @@ impl Process {
     }
 
     /// The answer to a write that needs no bytes moved, if any.
-    fn write_precheck(&self, write_id: &str) -> Result<Option<WriteStatus>, ErrorObject> {
+    fn write_precheck(&self, write_id: &str) -> ExecResult<Option<WriteStatus>> {
         let st = lock(&self.state);
         if st.write_ids.contains(write_id) {
             return Ok(Some(WriteStatus::Accepted));
@@ -338,7 +344,7 @@ impl Process {
             return Ok(Some(WriteStatus::StdinClosed));
         }
         if st.stdin_broken || st.log.exit_code().is_some() {
-            return Err(ErrorObject::internal("failed to write to process stdin"));
+            return Err(stdin_failed());
         }
         if st.stdin.is_none() {
             return Ok(Some(WriteStatus::StdinClosed));
@@ -395,11 +401,12 @@ impl Process {
     }
 
     /// `process/resize` (PTY only).
-    pub fn resize(&self, cols: u16, rows: u16) -> Result<(), ErrorObject> {
+    /// Errors: [`ErrorKind::InvalidInput`](crate::error::ErrorKind::InvalidInput)
+    /// on a pipe process; the OS error if the terminal refuses the size.
+    pub fn resize(&self, cols: u16, rows: u16) -> ExecResult<()> {
         match &self.tty {
-            Some(m) => spawn::set_pty_size(m.get_ref(), cols, rows)
-                .map_err(|e| ErrorObject::internal(e.to_string())),
-            None => Err(ErrorObject::invalid_request(format!(
+            Some(m) => spawn::set_pty_size(m.get_ref(), cols, rows).map_err(ExecError::io),
+            None => Err(ExecError::invalid_input(format!(
                 "process {} is not running on a terminal",
                 self.id
             ))),
@@ -492,7 +499,7 @@ async fn pump(
                 }
                 let code = code.unwrap_or(-1);
                 exit_code = Some(code);
-                                let seq = {
+                let seq = {
                     let mut st = lock(&proc.state);
                     st.stdin = None;
                     st.log.push_exited(code)
@@ -553,16 +560,28 @@ async fn send_event(proc: &Process, link: &Link, seq: u64, msg: String) {
     }
 }
 
+fn stdin_failed() -> ExecError {
+    ExecError::failed("failed to write to process stdin")
+}
+
 fn exited_json(id: &str, seq: u64, code: i32) -> String {
     exec_server_protocol::encode_notification(
         methods::PROCESS_EXITED,
-        &serde_json::json!({"processId": id, "seq": seq, "exitCode": code, "sandboxDenied": false}),
+        &ProcessExitedNotification {
+            process_id: id.to_string(),
+            seq,
+            exit_code: code,
+            sandbox_denied: false,
+        },
     )
 }
 
 fn closed_json(id: &str, seq: u64) -> String {
     exec_server_protocol::encode_notification(
         methods::PROCESS_CLOSED,
-        &serde_json::json!({"processId": id, "seq": seq}),
+        &ProcessClosedNotification {
+            process_id: id.to_string(),
+            seq,
+        },
     )
 }

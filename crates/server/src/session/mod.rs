@@ -8,14 +8,15 @@
 
 pub mod registry;
 
+use crate::error::{ErrorKind, ExecError, ExecResult};
 use crate::fs::handles::HandleTable;
 use crate::process::Process;
-use exec_server_rpc::Outbound;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+pub use crate::link::Link;
 pub use registry::SessionRegistry;
 
 /// How long a detached session (and its processes) is kept: 30 s, as in the reference.
@@ -23,48 +24,6 @@ pub const DETACHED_SESSION_TTL: Duration = Duration::from_secs(30);
 
 /// Most processes one session may hold (live or retained): 1024.
 pub const MAX_PROCESSES_PER_SESSION: usize = 1024;
-
-/// The attachment of a session to a connection.
-#[derive(Default)]
-pub struct Link {
-    current: Mutex<Option<(u64, Outbound)>>,
-}
-
-impl Link {
-    fn lock(&self) -> MutexGuard<'_, Option<(u64, Outbound)>> {
-        self.current.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The attached connection's sending handle, if attached and alive.
-    pub fn outbound(&self) -> Option<Outbound> {
-        self.lock()
-            .as_ref()
-            .filter(|(_, o)| !o.is_closed())
-            .map(|(_, o)| o.clone())
-    }
-
-    /// The id of the attached live connection.
-    pub fn attached_to(&self) -> Option<u64> {
-        self.lock()
-            .as_ref()
-            .filter(|(_, o)| !o.is_closed())
-            .map(|(id, _)| *id)
-    }
-
-    fn attach(&self, conn: u64, out: Outbound) {
-        *self.lock() = Some((conn, out));
-    }
-
-    /// Detaches if `conn` is the attached connection; true if it was.
-    fn detach(&self, conn: u64) -> bool {
-        let mut cur = self.lock();
-        if cur.as_ref().is_some_and(|(id, _)| *id == conn) {
-            *cur = None;
-            return true;
-        }
-        false
-    }
-}
 
 /// A session.
 pub struct Session {
@@ -107,25 +66,31 @@ impl Session {
         self.procs().len()
     }
 
-    /// Runs `insert` while holding the table lock if `id` is free; `insert` starts
-    /// the process. Errors: `Ok(None)` from `insert` is not allowed.
-    pub fn insert_process_with<E>(
+    /// Runs `start` while holding the table lock if `id` is free, and keeps the
+    /// process it starts under `id`. Errors: `process <id> already exists`
+    /// ([`AlreadyExists`](ErrorKind::AlreadyExists)); the table holds
+    /// [`MAX_PROCESSES_PER_SESSION`] ([`LimitReached`](ErrorKind::LimitReached));
+    /// `start`'s OS error ([`Spawn`](ErrorKind::Spawn)).
+    pub fn insert_process_with(
         &self,
         id: &str,
-        insert: impl FnOnce() -> Result<Arc<Process>, E>,
-    ) -> Result<Result<Arc<Process>, E>, InsertError> {
+        start: impl FnOnce() -> std::io::Result<Arc<Process>>,
+    ) -> ExecResult<Arc<Process>> {
         let mut procs = self.procs();
         if procs.contains_key(id) {
-            return Err(InsertError::Exists);
+            return Err(ExecError::already_exists(format!(
+                "process {id} already exists"
+            )));
         }
         if procs.len() >= MAX_PROCESSES_PER_SESSION {
-            return Err(InsertError::Full);
+            return Err(ExecError::limit_reached(format!(
+                "too many processes in this session (limit {MAX_PROCESSES_PER_SESSION})"
+            )));
         }
-        let r = insert();
-        if let Ok(p) = &r {
-            procs.insert(id.to_string(), p.clone());
-        }
-        Ok(r)
+        let p =
+            start().map_err(|e| ExecError::new(ErrorKind::Spawn, e.to_string()).with_source(e))?;
+        procs.insert(id.to_string(), p.clone());
+        Ok(p)
     }
 
     /// Removes `proc` from the table if it is still the one under its id.
@@ -145,13 +110,4 @@ impl Session {
         self.files.clear();
         self.watches.clear();
     }
-}
-
-/// Why a process could not be added.
-#[derive(Debug, PartialEq, Eq)]
-pub enum InsertError {
-    /// The id is taken in this session.
-    Exists,
-    /// [`MAX_PROCESSES_PER_SESSION`] reached.
-    Full,
 }

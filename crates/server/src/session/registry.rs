@@ -1,7 +1,7 @@
 //! The table of sessions: create, resume (attach), detach, expire.
 
 use super::{Session, DETACHED_SESSION_TTL};
-use exec_server_protocol::ErrorObject;
+use crate::error::{ExecError, ExecResult};
 use exec_server_rpc::Outbound;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -43,16 +43,19 @@ impl SessionRegistry {
     }
 
     /// Attaches connection `conn` to the existing session `id`.
-    /// Errors: -32600 `unknown session id <id>`; -32010 when attached elsewhere.
-    pub fn resume(&self, id: &str, conn: u64, out: Outbound) -> Result<Arc<Session>, ErrorObject> {
+    /// Errors: [`UnknownId`](crate::error::ErrorKind::UnknownId) `unknown session
+    /// id <id>`; [`Attached`](crate::error::ErrorKind::Attached) when attached to
+    /// another connection.
+    pub fn resume(&self, id: &str, conn: u64, out: Outbound) -> ExecResult<Arc<Session>> {
         let sessions = self.lock();
         let Some(s) = sessions.get(id).cloned() else {
-            return Err(ErrorObject::invalid_request(format!(
-                "unknown session id {id}"
-            )));
+            return Err(ExecError::unknown_id(format!("unknown session id {id}")));
         };
         if s.link.attached_to().is_some_and(|c| c != conn) {
-            return Err(ErrorObject::session_already_attached(id));
+            return Err(ExecError::new(
+                crate::error::ErrorKind::Attached,
+                format!("session {id} is already attached to another connection"),
+            ));
         }
         s.generation.fetch_add(1, Ordering::SeqCst);
         s.link.attach(conn, out);

@@ -1,0 +1,118 @@
+//! `fs/*`: whole-file and directory operations, block I/O on handles, watches.
+//! File operations run on the blocking pool; with `--concurrent-requests` > 1
+//! they are spawned (`fs_mode`), otherwise they keep arrival order.
+
+use super::{blocking, check_sandbox, raw_bytes_reply, session_of, Sandboxed};
+use crate::connection::Ctx;
+use crate::fs;
+use exec_server_protocol::types::*;
+use exec_server_protocol::{methods as m, ErrorObject};
+use exec_server_rpc::router::{Mode, Router};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
+    // Whole-path operations: sandbox check, then the blocking call.
+    path_op(r, m::FS_WRITE_FILE, fs_mode, fs::write_file);
+    path_op(r, m::FS_CREATE_DIRECTORY, fs_mode, |p| {
+        fs::create_directory(&p)
+    });
+    path_op(r, m::FS_GET_METADATA, fs_mode, |p| fs::get_metadata(&p));
+    path_op(r, m::FS_CANONICALIZE, fs_mode, |p| fs::canonicalize(&p));
+    path_op(r, m::FS_READ_DIRECTORY, fs_mode, |p| fs::read_directory(&p));
+    path_op(r, m::FS_REMOVE, fs_mode, |p| fs::remove(&p));
+    path_op(r, m::FS_COPY, fs_mode, |p| fs::copy(&p));
+    path_op(r, m::FS_WALK, fs_mode, |p: WalkParams| {
+        let root = fs::native(&p.path)?;
+        fs::walk::walk(&root, &p.options)
+    });
+    r.request_reply(
+        m::FS_READ_FILE,
+        fs_mode,
+        |ctx: Ctx, p: ReadFileParams| async move {
+            check_sandbox(&ctx, &p)?;
+            let data = blocking(move || fs::read_file(&p)).await?;
+            Ok(raw_bytes_reply(
+                "{\"dataBase64\":\"",
+                &data.data_base64.0,
+                "\"}",
+            ))
+        },
+    );
+
+    // Handles: they belong to the session.
+    r.request(m::FS_OPEN, fs_mode, |ctx: Ctx, p: OpenParams| async move {
+        check_sandbox(&ctx, &p)?;
+        let session = session_of(&ctx)?;
+        blocking(move || fs::open(&p, &session.files)).await
+    });
+    r.request_reply(
+        m::FS_READ_BLOCK,
+        fs_mode,
+        |ctx: Ctx, p: ReadBlockParams| async move {
+            let session = session_of(&ctx)?;
+            let block = blocking(move || fs::read_block(&p, &session.files)).await?;
+            let tail = if block.eof {
+                "\",\"eof\":true}"
+            } else {
+                "\",\"eof\":false}"
+            };
+            Ok(raw_bytes_reply("{\"chunk\":\"", &block.chunk.0, tail))
+        },
+    );
+    r.request(
+        m::FS_WRITE_BLOCK,
+        fs_mode,
+        |ctx: Ctx, p: WriteBlockParams| async move {
+            let session = session_of(&ctx)?;
+            blocking(move || fs::write_block(&p, &session.files)).await
+        },
+    );
+    r.request(
+        m::FS_CLOSE,
+        fs_mode,
+        |ctx: Ctx, p: HandleParams| async move {
+            session_of(&ctx)?.files.remove(&p.handle_id);
+            Ok(Empty {})
+        },
+    );
+
+    // Watches: in arrival order, so an unwatch never overtakes its watch.
+    r.request(
+        m::FS_WATCH,
+        Mode::Inline,
+        |ctx: Ctx, p: WatchParams| async move {
+            let session = session_of(&ctx)?;
+            session
+                .watches
+                .watch(&p.watch_id, &p.path, p.recursive, session.link.clone())?;
+            Ok(Empty {})
+        },
+    );
+    r.request(
+        m::FS_UNWATCH,
+        Mode::Inline,
+        |ctx: Ctx, p: UnwatchParams| async move {
+            session_of(&ctx)?.watches.unwatch(&p.watch_id);
+            Ok(Empty {})
+        },
+    );
+}
+
+/// Registers a blocking file operation whose params carry a `sandbox`: the
+/// sandbox is checked first, then `op` runs on the blocking pool.
+fn path_op<P, R, E>(
+    r: &mut Router<Ctx>,
+    method: &'static str,
+    mode: Mode,
+    op: impl Fn(P) -> Result<R, E> + Copy + Send + Sync + 'static,
+) where
+    P: Sandboxed + DeserializeOwned + Send + 'static,
+    R: Serialize + Send + 'static,
+    E: Into<ErrorObject> + Send + 'static,
+{
+    r.request(method, mode, move |ctx: Ctx, p: P| async move {
+        check_sandbox(&ctx, &p)?;
+        blocking(move || op(p)).await
+    });
+}

@@ -1,0 +1,147 @@
+//! The method table: one handler per method, each a thin adapter from typed
+//! params to the session, process, fs, http or discovery module that does the
+//! work. This is the only module that knows JSON-RPC codes: the modules below
+//! return an [`ExecError`], and [`wire_error`] maps its kind to a code.
+//!
+//! One file per method group; [`router`] assembles the table.
+
+mod discovery;
+mod fs;
+mod http;
+mod process;
+mod session;
+
+use crate::connection::Ctx;
+use crate::error::{ErrorKind, ExecError};
+use crate::session::Session;
+use exec_server_protocol::ErrorObject;
+use exec_server_rpc::router::{Mode, Reply, Router};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// Builds the router. `fs_mode` is `Detached` when `--concurrent-requests` > 1.
+pub fn router(fs_mode: Mode) -> Router<Ctx> {
+    let mut r = Router::new().gate(session::gate);
+    session::register(&mut r);
+    process::register(&mut r);
+    fs::register(&mut r, fs_mode);
+    discovery::register(&mut r, fs_mode);
+    http::register(&mut r);
+    r
+}
+
+/// The JSON-RPC error for a domain error, with its message unchanged:
+/// not found → -32004; an unknown id, a taken id, input that does not apply and a
+/// reached limit → -32600; malformed params → -32602; a session attached
+/// elsewhere → -32010; refusals, OS failures, spawn and other failures → -32603.
+pub fn wire_error(e: &ExecError) -> ErrorObject {
+    let code = match e.kind() {
+        ErrorKind::NotFound => exec_server_protocol::error::NOT_FOUND,
+        ErrorKind::UnknownId
+        | ErrorKind::AlreadyExists
+        | ErrorKind::InvalidInput
+        | ErrorKind::LimitReached => exec_server_protocol::error::INVALID_REQUEST,
+        ErrorKind::InvalidParams => exec_server_protocol::error::INVALID_PARAMS,
+        ErrorKind::Attached => exec_server_protocol::error::SESSION_ALREADY_ATTACHED,
+        _ => exec_server_protocol::error::INTERNAL_ERROR,
+    };
+    ErrorObject::new(code, e.message())
+}
+
+impl From<ExecError> for ErrorObject {
+    fn from(e: ExecError) -> Self {
+        wire_error(&e)
+    }
+}
+
+/// The answer to a message that does not decode (sent with id -1).
+pub fn undecodable(parse_context: &str, why: &str) -> ErrorObject {
+    ErrorObject::invalid_request(format!("failed to parse {parse_context}: {why}"))
+}
+
+/// The answer to a spawned request beyond the per-connection limit.
+pub fn too_many_in_flight(limit: usize) -> ErrorObject {
+    ErrorObject::invalid_request(format!(
+        "too many requests in flight on this connection (limit {limit}); wait for some to finish"
+    ))
+}
+
+/// The connection's session, once `initialize` succeeded.
+fn session_of(ctx: &Ctx) -> Result<Arc<Session>, ErrorObject> {
+    ctx.session()
+        .ok_or_else(|| ErrorObject::invalid_request("client must call initialize first"))
+}
+
+/// Runs blocking file system work on Tokio's blocking pool.
+async fn blocking<T: Send + 'static, E: Into<ErrorObject> + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, ErrorObject> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(e) => Err(ErrorObject::internal(format!(
+            "file system task failed: {e}"
+        ))),
+    }
+}
+
+/// A result holding bytes, built in one allocation: base64 never needs JSON
+/// escaping, so the usual serializer's per-byte escape scan and the extra copies
+/// are skipped (the hot path of file transfers; benchmarked).
+fn raw_bytes_reply(head: &str, data: &[u8], tail: &str) -> Reply {
+    use base64::Engine;
+    let mut s = String::with_capacity(head.len() + data.len().div_ceil(3) * 4 + tail.len());
+    s.push_str(head);
+    exec_server_protocol::bytes::BASE64.encode_string(data, &mut s);
+    s.push_str(tail);
+    Reply {
+        result_json: s,
+        after_send: None,
+    }
+}
+
+/// Params that carry a `sandbox`, and whether the method changes anything.
+trait Sandboxed {
+    fn sandbox(&self) -> Option<&Value>;
+    /// True if the request writes, starts a process or reaches the network; false
+    /// for a pure read.
+    fn writes(&self) -> bool;
+}
+
+/// Refuses a request whose sandbox this server would have to enforce (see
+/// [`crate::sandbox`]), unless the operator allowed running it unrestricted.
+fn check_sandbox(ctx: &Ctx, p: &impl Sandboxed) -> Result<(), ErrorObject> {
+    let allow = ctx.server.config.allow_unsandboxed;
+    let r = if p.writes() {
+        crate::sandbox::check(p.sandbox(), allow)
+    } else {
+        crate::sandbox::check_read(p.sandbox(), allow)
+    };
+    Ok(r?)
+}
+
+macro_rules! sandboxed {
+    ($($t:ty => $writes:expr),* $(,)?) => {$(
+        impl Sandboxed for $t {
+            fn sandbox(&self) -> Option<&Value> {
+                self.sandbox.as_ref()
+            }
+            fn writes(&self) -> bool {
+                let f: fn(&$t) -> bool = $writes;
+                f(self)
+            }
+        }
+    )*};
+}
+
+use exec_server_protocol::types::*;
+sandboxed! {
+    ExecParams => |_| true,
+    ReadFileParams => |_| false,
+    WriteFileParams => |_| true,
+    CreateDirectoryParams => |_| true,
+    PathParams => |_| false,
+    WalkParams => |_| false,
+    RemoveParams => |_| true,
+    CopyParams => |_| true,
+    OpenParams => |p| p.mode == OpenMode::Replace,
+}

@@ -1,0 +1,125 @@
+//! `process/*`: start, read, write, closeStdin, signal, terminate, resize, ack.
+//! All but the long-poll `process/read` run in arrival order.
+
+use super::{check_sandbox, session_of};
+use crate::connection::Ctx;
+use crate::process::Process;
+use exec_server_protocol::types::*;
+use exec_server_protocol::{methods as m, ErrorObject};
+use exec_server_rpc::router::{Mode, Reply, Router};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+pub(super) fn register(r: &mut Router<Ctx>) {
+    r.request_reply(m::PROCESS_START, Mode::Inline, start);
+    r.request(
+        m::PROCESS_READ,
+        Mode::Detached,
+        |ctx: Ctx, p: ReadParams| async move {
+            let proc = known(&ctx, &p.process_id)?;
+            let wait = p.wait_ms.filter(|w| *w > 0).map(Duration::from_millis);
+            Ok(proc.read(p.after_seq.unwrap_or(0), p.max_bytes, wait).await)
+        },
+    );
+    r.request(
+        m::PROCESS_WRITE,
+        Mode::Inline,
+        |ctx: Ctx, p: WriteParams| async move {
+            let status = match find(&ctx, &p.process_id)? {
+                Some(proc) => proc.write(p.chunk.0, p.write_id).await?,
+                None => WriteStatus::UnknownProcess,
+            };
+            Ok(WriteResponse { status })
+        },
+    );
+    r.request(
+        m::PROCESS_CLOSE_STDIN,
+        Mode::Inline,
+        |ctx: Ctx, p: ProcessIdParams| async move {
+            let status = match find(&ctx, &p.process_id)? {
+                Some(proc) => proc.close_stdin(),
+                None => WriteStatus::UnknownProcess,
+            };
+            Ok(WriteResponse { status })
+        },
+    );
+    r.request(
+        m::PROCESS_SIGNAL,
+        Mode::Inline,
+        |ctx: Ctx, p: SignalParams| async move {
+            if let Some(proc) = find(&ctx, &p.process_id)? {
+                proc.signal(p.signal);
+            }
+            Ok(Empty {})
+        },
+    );
+    r.request(
+        m::PROCESS_TERMINATE,
+        Mode::Inline,
+        |ctx: Ctx, p: ProcessIdParams| async move {
+            let running = find(&ctx, &p.process_id)?.is_some_and(|proc| proc.terminate());
+            Ok(TerminateResponse { running })
+        },
+    );
+    r.request(
+        m::PROCESS_RESIZE,
+        Mode::Inline,
+        |ctx: Ctx, p: ResizeParams| async move {
+            known(&ctx, &p.process_id)?.resize(p.cols, p.rows)?;
+            Ok(Empty {})
+        },
+    );
+    r.request(
+        m::PROCESS_ACK,
+        Mode::Inline,
+        |ctx: Ctx, p: AckParams| async move {
+            known(&ctx, &p.process_id)?.ack(p.seq);
+            Ok(Empty {})
+        },
+    );
+}
+
+/// The process with this id in the connection's session, if any.
+fn find(ctx: &Ctx, id: &str) -> Result<Option<Arc<Process>>, ErrorObject> {
+    Ok(session_of(ctx)?.process(id))
+}
+
+/// The process with this id; -32600 `unknown process id <id>` if there is none.
+fn known(ctx: &Ctx, id: &str) -> Result<Arc<Process>, ErrorObject> {
+    find(ctx, id)?.ok_or_else(|| ErrorObject::invalid_request(format!("unknown process id {id}")))
+}
+
+async fn start(ctx: Ctx, p: ExecParams) -> Result<Reply, ErrorObject> {
+    if p.argv.is_empty() {
+        return Err(ErrorObject::invalid_params("argv must not be empty"));
+    }
+    check_sandbox(&ctx, &p)?;
+    let cwd = crate::fs::native(&p.cwd)?;
+    let session = session_of(&ctx)?;
+    // The pump sends nothing before this fires, so the response comes first.
+    let (gate_tx, gate_rx) = oneshot::channel();
+    let weak = Arc::downgrade(&session);
+    let link = session.link.clone();
+    session.insert_process_with(&p.process_id, || {
+        Process::spawn(
+            &p,
+            &cwd,
+            link,
+            gate_rx,
+            Box::new(move |proc| {
+                if let Some(s) = weak.upgrade() {
+                    s.retire(proc);
+                }
+            }),
+        )
+    })?;
+    let mut reply = Reply::of(&ExecResponse {
+        process_id: p.process_id,
+        sandbox_type: "none".into(),
+    });
+    reply.after_send = Some(Box::new(move || {
+        let _ = gate_tx.send(());
+    }));
+    Ok(reply)
+}
