@@ -1,6 +1,6 @@
 //! The `exec-server` binary: the server (default), and client commands.
 
-mod remote;
+mod commands;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -33,13 +33,13 @@ enum Command {
     /// Serve the exec-server protocol (the default).
     Serve(serve::ServeArgs),
     /// Run a command on the server; stream its output; exit with its exit code.
-    Run(remote::RunArgs),
+    Run(commands::run::RunArgs),
     /// Open an interactive shell on the server on a PTY.
-    Shell(remote::ShellArgs),
+    Shell(commands::shell::ShellArgs),
     /// Files on the server: ls, cat, put, get, stat, rm, mkdir, cp.
-    Fs(remote::FsArgs),
+    Fs(commands::fs::FsArgs),
     /// Print the server's environment info as JSON.
-    Info(remote::ConnectArgs),
+    Info(commands::ConnectArgs),
 }
 
 fn main() {
@@ -67,10 +67,10 @@ fn main() {
         match cli.command {
             None => serve::run(cli.serve).await,
             Some(Command::Serve(args)) => serve::run(args).await,
-            Some(Command::Run(args)) => remote::run(args).await,
-            Some(Command::Shell(args)) => remote::shell(args).await,
-            Some(Command::Fs(args)) => remote::fs(args).await,
-            Some(Command::Info(args)) => remote::info(args).await,
+            Some(Command::Run(args)) => commands::run::run(args).await,
+            Some(Command::Shell(args)) => commands::shell::shell(args).await,
+            Some(Command::Fs(args)) => commands::fs::fs(args).await,
+            Some(Command::Info(args)) => commands::info::info(args).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));

@@ -2,6 +2,8 @@
 //! session recovery after a dropped connection.
 
 use crate::connect::Source;
+pub use crate::error::ClientError;
+use crate::error::{ConnectionError, ConnectionErrorKind};
 use crate::events::{OrderedEvents, ProcessEvent};
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, ErrorObject, PathUri};
@@ -23,43 +25,6 @@ pub const SESSION_RECOVERY_TIMEOUT: Duration = Duration::from_secs(25);
 pub const RECOVERY_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// Output bytes released to the consumer between two `process/ack` calls: 1 MiB.
 pub const ACK_EVERY_BYTES: usize = 1024 * 1024;
-
-/// Client errors.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ClientError {
-    /// The server answered with a JSON-RPC error.
-    Server(ErrorObject),
-    /// Could not connect, or the session could not be recovered.
-    Connection(String),
-    /// A call timed out.
-    TimedOut,
-    /// The reply did not have the expected shape.
-    Protocol(String),
-}
-
-impl std::fmt::Display for ClientError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ClientError::Server(e) => write!(f, "{} (code {})", e.message, e.code),
-            ClientError::Connection(m) => write!(f, "connection: {m}"),
-            ClientError::TimedOut => f.write_str("request timed out"),
-            ClientError::Protocol(m) => write!(f, "unexpected reply: {m}"),
-        }
-    }
-}
-
-impl std::error::Error for ClientError {}
-
-impl From<CallError> for ClientError {
-    fn from(e: CallError) -> Self {
-        match e {
-            CallError::Server(e) => ClientError::Server(e),
-            CallError::Closed => ClientError::Connection("connection closed".into()),
-            CallError::TimedOut => ClientError::TimedOut,
-            CallError::PendingRequestLimitExceeded => ClientError::Connection(e.to_string()),
-        }
-    }
-}
 
 /// Client settings.
 #[derive(Clone, Debug)]
@@ -97,7 +62,7 @@ struct ProcEntry {
 #[derive(Default)]
 struct Slot {
     peer: Option<RpcPeer>,
-    failed: Option<String>,
+    failed: Option<ConnectionError>,
 }
 
 struct Inner {
@@ -190,7 +155,10 @@ impl ExecServerClient {
         self.inner.closed.store(true, Ordering::SeqCst);
         let mut slot = self.inner.slot.lock().await;
         slot.peer = None;
-        slot.failed = Some("client closed".into());
+        slot.failed = Some(ConnectionError::new(
+            ConnectionErrorKind::Closed,
+            "client closed",
+        ));
     }
 
     /// Drops the current connection without closing the client, as a network
@@ -232,9 +200,12 @@ impl ExecServerClient {
         }
         let resume = self.session_id();
         if resume.is_some() && !self.inner.opts.source.is_reconnectable() {
-            let why = "connection to a stdio program ended; it cannot be resumed".to_string();
+            let why = ConnectionError::new(
+                ConnectionErrorKind::Closed,
+                "connection to a stdio program ended; it cannot be resumed",
+            );
             slot.failed = Some(why.clone());
-            self.fail_all(&why);
+            self.fail_all(&why.to_string());
             return Err(ClientError::Connection(why));
         }
         if resume.is_some() {
@@ -256,12 +227,12 @@ impl ExecServerClient {
                 }
                 Err((why, retryable)) => {
                     if resume.is_none() {
-                        return Err(ClientError::Connection(why));
+                        return Err(why);
                     }
                     if !retryable || tokio::time::Instant::now() >= deadline {
-                        let why = format!("session could not be recovered: {why}");
+                        let why = ConnectionError::unrecoverable(why);
                         slot.failed = Some(why.clone());
-                        self.fail_all(&why);
+                        self.fail_all(&why.to_string());
                         return Err(ClientError::Connection(why));
                     }
                     tokio::time::sleep(RECOVERY_RETRY_INTERVAL).await;
@@ -277,13 +248,15 @@ impl ExecServerClient {
         lock(&self.inner.http_streams).clear();
     }
 
-    async fn connect_once(&self, resume: Option<String>) -> Result<RpcPeer, (String, bool)> {
+    /// One attempt: connect and initialize (resuming `resume`). The flag says
+    /// whether another attempt may succeed.
+    async fn connect_once(&self, resume: Option<String>) -> Result<RpcPeer, (ClientError, bool)> {
         let opts = &self.inner.opts;
         let conn = opts
             .source
             .connect(opts.connect_timeout)
             .await
-            .map_err(|e| (e, true))?;
+            .map_err(|e| (ClientError::Connection(e), true))?;
         let (peer, incoming) = RpcPeer::start(conn);
         tokio::spawn(dispatch(
             Arc::downgrade(&self.inner),
@@ -305,13 +278,13 @@ impl ExecServerClient {
                     }
                     _ => true,
                 };
-                (ClientError::from(e).to_string(), retryable)
+                (ClientError::from(e), retryable)
             })?;
-        let init: InitializeResponse =
-            serde_json::from_value(init).map_err(|e| (e.to_string(), false))?;
+        let init: InitializeResponse = serde_json::from_value(init)
+            .map_err(|e| (ClientError::protocol(m::INITIALIZE, e), false))?;
         peer.notify(m::INITIALIZED, Value::Null)
             .await
-            .map_err(|e| (e.to_string(), true))?;
+            .map_err(|e| (ClientError::from(e), true))?;
         *lock(&self.inner.session_id) = Some(init.session_id);
         if let Some(info) = init.environment_info {
             *lock(&self.inner.env_info) = Some(info);
@@ -365,8 +338,7 @@ impl ExecServerClient {
         params: &P,
         retry: bool,
     ) -> Result<R, ClientError> {
-        let value =
-            serde_json::to_value(params).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let value = serde_json::to_value(params).map_err(|e| ClientError::protocol(method, e))?;
         let mut attempt = 0;
         loop {
             let peer = self.peer().await?;
@@ -375,8 +347,7 @@ impl ExecServerClient {
                 .await
             {
                 Ok(v) => {
-                    return serde_json::from_value(v)
-                        .map_err(|e| ClientError::Protocol(format!("{method}: {e}")))
+                    return serde_json::from_value(v).map_err(|e| ClientError::protocol(method, e))
                 }
                 Err(CallError::Closed) if retry && attempt == 0 => attempt += 1,
                 Err(e) => return Err(e.into()),
@@ -411,25 +382,27 @@ impl ExecServerClient {
         }
         let mut outcome = self
             .call::<_, ExecResponse>(m::PROCESS_START, &params, false)
-            .await;
+            .await
+            .map(Some);
         if matches!(&outcome, Err(ClientError::Connection(_))) {
             // The request may or may not have reached the server before the drop.
-            // Retry once; "already exists" then means the first attempt started it
-            // (a live duplicate in this session was refused locally above).
+            // Retry once; if the server refuses the retry, ask it whether the
+            // process exists (the first attempt started it) rather than guess
+            // from the refusal's text. A live duplicate in this session was
+            // refused locally above.
             outcome = match self
                 .call::<_, ExecResponse>(m::PROCESS_START, &params, false)
                 .await
             {
                 Err(ClientError::Server(e))
-                    if e.code == exec_server_protocol::error::INVALID_REQUEST
-                        && e.message.contains("already exists") =>
+                    if e.code == exec_server_protocol::error::INVALID_REQUEST =>
                 {
-                    Ok(ExecResponse {
-                        process_id: id.clone(),
-                        sandbox_type: "none".into(),
-                    })
+                    match self.started_before(&id).await {
+                        true => Ok(None),
+                        false => Err(ClientError::Server(e)),
+                    }
                 }
-                other => other,
+                other => other.map(Some),
             };
         }
         match outcome {
@@ -443,6 +416,31 @@ impl ExecServerClient {
                 Err(e)
             }
         }
+    }
+
+    /// True if the server holds process `id`, whose events it then feeds to the
+    /// process's stream from the last one released (a `process/read` that
+    /// waits for nothing).
+    async fn started_before(&self, id: &str) -> bool {
+        let Some(after) = lock(&self.inner.procs)
+            .get(id)
+            .map(|e| e.events.last_published())
+        else {
+            return false;
+        };
+        let params = ReadParams {
+            process_id: id.to_string(),
+            after_seq: Some(after),
+            max_bytes: None,
+            wait_ms: Some(0),
+        };
+        let Ok(page) = self.read_process(&params).await else {
+            return false;
+        };
+        if let Some(e) = lock(&self.inner.procs).get_mut(id) {
+            e.unacked_bytes += e.events.recover(page);
+        }
+        true
     }
 
     /// `process/read`.
@@ -732,10 +730,10 @@ impl ExecServerClient {
                 let Some(task) = queue.pop_front() else { break };
                 let block = task
                     .await
-                    .map_err(|e| ClientError::Protocol(e.to_string()))??;
+                    .map_err(|e| ClientError::protocol(m::FS_READ_BLOCK, e))??;
                 sink.write_all(&block.chunk.0)
                     .await
-                    .map_err(|e| ClientError::Connection(format!("local write: {e}")))?;
+                    .map_err(|e| ClientError::local("local write", e))?;
                 total += block.chunk.0.len() as u64;
                 if block.eof {
                     for t in queue.drain(..) {
@@ -746,7 +744,7 @@ impl ExecServerClient {
             }
             sink.flush()
                 .await
-                .map_err(|e| ClientError::Connection(format!("local write: {e}")))?;
+                .map_err(|e| ClientError::local("local write", e))?;
             Ok(total)
         }
         .await;
@@ -775,7 +773,7 @@ impl ExecServerClient {
                     let k = source
                         .read(&mut buf[n..])
                         .await
-                        .map_err(|e| ClientError::Connection(format!("local read: {e}")))?;
+                        .map_err(|e| ClientError::local("local read", e))?;
                     if k == 0 {
                         break;
                     }
@@ -798,13 +796,13 @@ impl ExecServerClient {
                 if queue.len() >= IN_FLIGHT {
                     if let Some(t) = queue.pop_front() {
                         t.await
-                            .map_err(|e| ClientError::Protocol(e.to_string()))??;
+                            .map_err(|e| ClientError::protocol(m::FS_WRITE_BLOCK, e))??;
                     }
                 }
             }
             for t in queue {
                 t.await
-                    .map_err(|e| ClientError::Protocol(e.to_string()))??;
+                    .map_err(|e| ClientError::protocol(m::FS_WRITE_BLOCK, e))??;
             }
             Ok(offset)
         }

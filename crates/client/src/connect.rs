@@ -1,9 +1,9 @@
 //! Where a client connects: a WebSocket URL, a Unix socket, a program spoken to
 //! over its stdin/stdout, or a server embedded in this process.
 
+use crate::error::{ConnectionError, ConnectionErrorKind};
 use exec_server_rpc::{transport, Connection};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// A connection source.
@@ -31,8 +31,9 @@ pub enum Source {
         cwd: Option<PathBuf>,
     },
     /// A server running in this process, reached over an in-memory pipe: the full
-    /// protocol, no socket.
-    Embedded(Arc<exec_server::ServerState>),
+    /// protocol, no socket. Needs the `embedded` feature.
+    #[cfg(feature = "embedded")]
+    Embedded(std::sync::Arc<exec_server::ServerState>),
 }
 
 impl std::fmt::Debug for Source {
@@ -41,6 +42,7 @@ impl std::fmt::Debug for Source {
             Source::WebSocket { url, .. } => write!(f, "{url}"),
             Source::Unix(p) => write!(f, "unix://{}", p.display()),
             Source::Program { program, .. } => write!(f, "program {program}"),
+            #[cfg(feature = "embedded")]
             Source::Embedded(_) => f.write_str("embedded server"),
         }
     }
@@ -48,7 +50,8 @@ impl std::fmt::Debug for Source {
 
 impl Source {
     /// Parses `ws://…`, `wss://…` or `unix:///…`.
-    pub fn from_url(url: &str, token: Option<String>) -> Result<Source, String> {
+    /// Errors: [`ConnectionErrorKind::Other`] for any other scheme.
+    pub fn from_url(url: &str, token: Option<String>) -> Result<Source, ConnectionError> {
         if url.starts_with("ws://") || url.starts_with("wss://") {
             return Ok(Source::WebSocket {
                 url: url.to_string(),
@@ -58,12 +61,15 @@ impl Source {
         if let Some(p) = url.strip_prefix("unix://") {
             return Ok(Source::Unix(PathBuf::from(p)));
         }
-        Err(format!(
-            "unsupported server URL `{url}`: use ws://HOST:PORT or unix:///path"
+        Err(ConnectionError::new(
+            ConnectionErrorKind::Other,
+            format!("unsupported server URL `{url}`: use ws://HOST:PORT or unix:///path"),
         ))
     }
 
-    /// Starts a server in this process and returns a source for it.
+    /// Starts a server in this process and returns a source for it (feature
+    /// `embedded`).
+    #[cfg(feature = "embedded")]
     pub fn embedded() -> std::io::Result<Source> {
         let state = exec_server::ServerState::new(exec_server::ServerConfig::default())?;
         Ok(Source::Embedded(state))
@@ -75,43 +81,49 @@ impl Source {
     }
 
     /// Opens one connection within `timeout`.
-    pub async fn connect(&self, timeout: Duration) -> Result<Connection, String> {
+    pub async fn connect(&self, timeout: Duration) -> Result<Connection, ConnectionError> {
         tokio::time::timeout(timeout, self.connect_inner())
             .await
             .map_err(|_| {
-                format!(
-                    "connecting to {self:?} timed out after {} ms",
-                    timeout.as_millis()
+                ConnectionError::new(
+                    ConnectionErrorKind::TimedOut,
+                    format!(
+                        "connecting to {self:?} timed out after {} ms",
+                        timeout.as_millis()
+                    ),
                 )
             })?
     }
 
-    async fn connect_inner(&self) -> Result<Connection, String> {
+    async fn connect_inner(&self) -> Result<Connection, ConnectionError> {
+        let other = |m: String| ConnectionError::new(ConnectionErrorKind::Other, m);
         match self {
             Source::WebSocket { url, token } => {
                 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
                 let mut req = url
                     .as_str()
                     .into_client_request()
-                    .map_err(|e| format!("bad URL {url}: {e}"))?;
+                    .map_err(|e| ConnectionError::websocket(format!("bad URL {url}"), e))?;
                 if let Some(t) = token {
                     let v = format!("Bearer {t}").parse().map_err(|_| {
-                        "token contains characters not allowed in a header".to_string()
+                        other("token contains characters not allowed in a header".into())
                     })?;
                     req.headers_mut().insert("authorization", v);
                 }
                 let mut cfg = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
-                cfg.max_message_size = Some(exec_server::MAX_MESSAGE_BYTES);
-                cfg.max_frame_size = Some(exec_server::MAX_MESSAGE_BYTES);
+                cfg.max_message_size = Some(exec_server_protocol::MAX_MESSAGE_BYTES);
+                cfg.max_frame_size = Some(exec_server_protocol::MAX_MESSAGE_BYTES);
                 let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(cfg), true)
                     .await
-                    .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+                    .map_err(|e| {
+                        ConnectionError::websocket(format!("cannot connect to {url}"), e)
+                    })?;
                 Ok(transport::websocket(ws, url.clone()))
             }
             Source::Unix(path) => {
-                let s = tokio::net::UnixStream::connect(path)
-                    .await
-                    .map_err(|e| format!("cannot connect to unix://{}: {e}", path.display()))?;
+                let s = tokio::net::UnixStream::connect(path).await.map_err(|e| {
+                    ConnectionError::io(format!("cannot connect to unix://{}", path.display()), e)
+                })?;
                 let (r, w) = s.into_split();
                 Ok(transport::lines(r, w, format!("unix://{}", path.display())))
             }
@@ -132,9 +144,9 @@ impl Source {
                 }
                 let mut child = cmd
                     .spawn()
-                    .map_err(|e| format!("cannot start {program}: {e}"))?;
+                    .map_err(|e| other(format!("cannot start {program}: {e}")).with_source(e))?;
                 let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-                    return Err(format!("{program}: no stdio pipes"));
+                    return Err(other(format!("{program}: no stdio pipes")));
                 };
                 // The child lives as long as the connection's reader holds stdout;
                 // wait for it in the background so it is reaped.
@@ -147,6 +159,7 @@ impl Source {
                     format!("program {program}"),
                 ))
             }
+            #[cfg(feature = "embedded")]
             Source::Embedded(state) => {
                 let (client_side, server_side) = tokio::io::duplex(1 << 20);
                 let (sr, sw) = tokio::io::split(server_side);

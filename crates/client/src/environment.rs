@@ -4,7 +4,7 @@
 //! code and semantics as a remote server), `remote` through a server by URL or a
 //! `program` spoken to over stdio.
 //!
-//! Configuration (REMOTE.md (e)), in priority order:
+//! Configuration, in priority order (the Codex CLI's own order):
 //! 1. `environments.toml` at `$EXEC_SERVER_ENVIRONMENTS`, or `$CODEX_HOME/environments.toml`
 //!    (default `~/.codex/environments.toml`) when that file exists;
 //! 2. else `EXEC_SERVER_URL` (or `CODEX_EXEC_SERVER_URL`): a `ws://`/`wss://`/`unix://`
@@ -30,11 +30,12 @@ pub struct Environment {
 }
 
 impl Environment {
-    /// This machine, through an in-process server.
+    /// This machine, through an in-process server. Errors: the server cannot
+    /// start, or (`Unsupported`) this build lacks the `embedded` feature.
     pub fn local() -> std::io::Result<Environment> {
         Ok(Environment {
             id: LOCAL_ID.into(),
-            client: ExecServerClient::new(ClientOptions::new(Source::embedded()?)),
+            client: ExecServerClient::new(ClientOptions::new(local_source()?)),
         })
     }
 
@@ -42,7 +43,9 @@ impl Environment {
     pub fn remote(id: &str, url: &str, token: Option<String>) -> Result<Environment, String> {
         Ok(Environment {
             id: id.into(),
-            client: ExecServerClient::new(ClientOptions::new(Source::from_url(url, token)?)),
+            client: ExecServerClient::new(ClientOptions::new(
+                Source::from_url(url, token).map_err(|e| e.to_string())?,
+            )),
         })
     }
 
@@ -50,6 +53,19 @@ impl Environment {
     pub fn is_local(&self) -> bool {
         self.id == LOCAL_ID
     }
+}
+
+#[cfg(feature = "embedded")]
+fn local_source() -> std::io::Result<Source> {
+    Source::embedded()
+}
+
+#[cfg(not(feature = "embedded"))]
+fn local_source() -> std::io::Result<Source> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "no local environment: exec-server-client was built without the `embedded` feature",
+    ))
 }
 
 /// The configured environments and the default one.
@@ -130,7 +146,7 @@ impl Environments {
                             e.id
                         ));
                     }
-                    Source::from_url(url, e.auth_bearer_token.clone())?
+                    Source::from_url(url, e.auth_bearer_token.clone()).map_err(|e| e.to_string())?
                 }
                 (None, Some(program)) => {
                     if e.connect_timeout_sec.is_some() {

@@ -264,7 +264,12 @@ mod tests {
         o.recover(page(&[(5, "e")], 6, false, None, false));
         let got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
         assert_eq!(got.len(), 2);
-        assert!(matches!(&got[1], ProcessEvent::Failed(m) if m.contains("no longer retained")));
+        assert_eq!(
+            got[1],
+            ProcessEvent::Failed(
+                "process events are no longer retained while recovering through sequence 5".into()
+            )
+        );
         assert!(o.is_finished());
     }
 }

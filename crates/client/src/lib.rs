@@ -39,8 +39,10 @@
 pub mod client;
 pub mod connect;
 pub mod environment;
+pub mod error;
 pub mod events;
 
-pub use client::{ClientError, ClientOptions, ExecServerClient, ProcessHandle};
+pub use client::{ClientOptions, ExecServerClient, ProcessHandle};
 pub use connect::Source;
+pub use error::{ClientError, ConnectionError, ConnectionErrorKind};
 pub use events::ProcessEvent;

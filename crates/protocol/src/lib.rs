@@ -32,6 +32,12 @@ pub use envelope::{
 pub use error::ErrorObject;
 pub use path::PathUri;
 
+/// Largest WebSocket message (and frame) either side accepts: 128 MiB. Larger
+/// ones close the connection with status 1009 (message too big). Enough for
+/// `fs/writeFile` of 96 MiB after base64; larger files go through `fs/open` +
+/// `fs/writeBlock`.
+pub const MAX_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
+
 /// Decodes params into `T` as the reference does: absent params are `null`, and an
 /// empty object is retried as `null` so that unit-like params accept `{}`.
 /// Errors are serde's text, for a -32602 reply.

@@ -40,10 +40,7 @@ use std::time::Duration;
 
 /// Default for `--max-connections`: 4096 concurrent connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-/// Largest WebSocket message (and frame) accepted: 128 MiB. Larger ones close the
-/// connection with status 1009 (message too big). Enough for `fs/writeFile` of
-/// 96 MiB after base64; larger files go through `fs/open` + `fs/writeBlock`.
-pub const MAX_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
+pub use exec_server_protocol::MAX_MESSAGE_BYTES;
 
 /// Server settings.
 #[derive(Clone)]

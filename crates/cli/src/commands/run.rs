@@ -1,0 +1,254 @@
+//! `run`: a command on the server with its output streamed, stdin forwarded,
+//! Ctrl-C turned into an interrupt, and the command's exit code as ours.
+
+use super::terminal::{terminal_size, RawMode};
+use super::{explain, fail, remote_path, server_cwd, ConnectArgs};
+use clap::Args;
+use exec_server_client::{ExecServerClient, ProcessEvent, ProcessHandle};
+use exec_server_protocol::types::{EnvInherit, EnvPolicy, ExecParams, OutputStream, ProcessSignal};
+use exec_server_protocol::PathUri;
+use std::collections::BTreeMap;
+use std::io::Write;
+
+/// `run` flags.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+    /// Run on a pseudo-terminal (stderr merged into stdout; local terminal in raw mode).
+    #[arg(long, short = 't')]
+    pub tty: bool,
+    /// Working directory on the server (relative paths are taken from the server's cwd).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Set a variable for the command (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Start from an empty environment instead of the server's (minus names
+    /// matching *KEY*, *SECRET*, *TOKEN*).
+    #[arg(long)]
+    pub clean_env: bool,
+    /// The command and its arguments.
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// What to run, shared by `run` and `shell`.
+pub struct Spec {
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+    pub env: Vec<String>,
+    pub clean_env: bool,
+    pub tty: bool,
+}
+
+/// Exit code of a program that does not exist (as a shell answers).
+const EXIT_NOT_FOUND: i32 = 127;
+/// Exit code of a program that cannot be executed (as a shell answers).
+const EXIT_NOT_EXECUTABLE: i32 = 126;
+
+/// Runs `run`; returns the remote exit code (128+N for signal N).
+pub async fn run(args: RunArgs) -> i32 {
+    let client = match args.conn.client("exec-server run") {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let spec = Spec {
+        argv: args.command,
+        cwd: args.cwd,
+        env: args.env,
+        clean_env: args.clean_env,
+        tty: args.tty,
+    };
+    execute(client, spec).await
+}
+
+/// Starts `spec` on the server and relays it until it closes; returns its exit code.
+pub async fn execute(client: ExecServerClient, spec: Spec) -> i32 {
+    let params = match exec_params(&client, &spec).await {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let mut proc = match start(&client, params).await {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let raw = if spec.tty {
+        RawMode::enter()
+    } else {
+        RawMode::none()
+    };
+    let stdin_task = tokio::spawn(forward_stdin(client.clone(), proc.id.clone()));
+    let signal_task = tokio::spawn(forward_signals(client, proc.id.clone(), spec.tty));
+    let outcome = relay_output(&mut proc).await;
+    stdin_task.abort();
+    signal_task.abort();
+    drop(raw);
+    match outcome {
+        Ok(code) => code.unwrap_or(1),
+        Err(why) => {
+            let _ = proc.terminate().await;
+            fail(why)
+        }
+    }
+}
+
+/// The `process/start` params for `spec`: cwd, environment, terminal.
+async fn exec_params(client: &ExecServerClient, spec: &Spec) -> Result<ExecParams, String> {
+    let cwd = match &spec.cwd {
+        Some(c) => remote_path(client, c).await?,
+        None => {
+            PathUri::from_path(&server_cwd(client).await?).ok_or("server cwd is not absolute")?
+        }
+    };
+    let mut set = BTreeMap::new();
+    for kv in &spec.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--env takes K=V, got `{kv}`"))?;
+        set.insert(k.to_string(), v.to_string());
+    }
+    if spec.tty && !set.contains_key("TERM") {
+        set.insert(
+            "TERM".into(),
+            std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into()),
+        );
+    }
+    let mut params = ExecParams::new(process_id(), spec.argv.clone(), cwd, set);
+    params.tty = spec.tty;
+    params.pipe_stdin = true;
+    params.env_policy = (!spec.clean_env).then(|| EnvPolicy {
+        inherit: EnvInherit::All,
+        ignore_default_excludes: false,
+        exclude: vec![],
+        set: BTreeMap::new(),
+        include_only: vec![],
+    });
+    params.pty_size = if spec.tty { terminal_size() } else { None };
+    Ok(params)
+}
+
+/// A process id unique to this invocation.
+fn process_id() -> String {
+    format!(
+        "run-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros())
+            .unwrap_or(0)
+    )
+}
+
+/// Starts the process; on failure prints why and returns the exit code to use
+/// (127 / 126 when the program is missing / not executable, as a shell does).
+async fn start(client: &ExecServerClient, params: ExecParams) -> Result<ProcessHandle, i32> {
+    let program = params.argv[0].clone();
+    let cwd_text = params
+        .cwd
+        .to_path()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let e = match client.start_process(params).await {
+        Ok(p) => return Ok(p),
+        Err(e) => e,
+    };
+    let message = e
+        .server_error()
+        .map(|s| s.message.clone())
+        .unwrap_or_default();
+    Err(match e.os_error() {
+        Some(libc::ENOENT) => {
+            eprintln!("exec-server: cannot start `{program}` in {cwd_text}: {message} (is the program on PATH, and does the directory exist?)");
+            EXIT_NOT_FOUND
+        }
+        Some(libc::EACCES) => {
+            eprintln!("exec-server: cannot start `{program}`: {message}");
+            EXIT_NOT_EXECUTABLE
+        }
+        _ => fail(explain(&e)),
+    })
+}
+
+/// Local stdin → remote stdin, then end of file.
+async fn forward_stdin(client: ExecServerClient, id: String) {
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stdin.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if client.write_process(&id, buf[..n].to_vec()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = client.close_stdin(&id).await;
+}
+
+/// Ctrl-C → interrupt (a second one kills); SIGTERM → kill; window size
+/// changes → resize (on a terminal).
+async fn forward_signals(client: ExecServerClient, id: String, tty: bool) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut winch), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::window_change()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return;
+    };
+    let mut interrupts = 0;
+    loop {
+        tokio::select! {
+            _ = int.recv() => {
+                interrupts += 1;
+                if interrupts == 1 {
+                    let _ = client.signal(&id, ProcessSignal::Interrupt).await;
+                } else {
+                    let _ = client.terminate(&id).await;
+                }
+            }
+            _ = term.recv() => { let _ = client.terminate(&id).await; }
+            _ = winch.recv() => {
+                if let Some(s) = terminal_size().filter(|_| tty) {
+                    let _ = client.resize(&id, s.cols, s.rows).await;
+                }
+            }
+        }
+    }
+}
+
+/// Writes the process's output to stdout / stderr until it closes. Returns its
+/// exit code (if it reported one), or why its events stopped.
+async fn relay_output(proc: &mut ProcessHandle) -> Result<Option<i32>, String> {
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    let mut code = None;
+    while let Some(ev) = proc.next_event().await {
+        match ev {
+            ProcessEvent::Output { stream, data, .. } => {
+                let r = match stream {
+                    OutputStream::Stderr => stderr.lock().write_all(&data),
+                    _ => {
+                        let mut out = stdout.lock();
+                        out.write_all(&data).and_then(|_| out.flush())
+                    }
+                };
+                if r.is_err() {
+                    // Local stdout closed (e.g. `| head`): stop the remote command.
+                    let _ = proc.terminate().await;
+                }
+            }
+            ProcessEvent::Exited { code: c, .. } => code = Some(c),
+            ProcessEvent::Closed { .. } => break,
+            ProcessEvent::Failed(why) => {
+                let _ = stdout.lock().flush();
+                return Err(why);
+            }
+        }
+    }
+    let _ = stdout.lock().flush();
+    Ok(code)
+}
