@@ -139,21 +139,6 @@ impl RpcPeer {
         call.wait(timeout).await
     }
 
-    /// As [`RpcPeer::call`] in the reserved cleanup slot (works when the table is full).
-    pub async fn call_cleanup(
-        &self,
-        method: &str,
-        params: Value,
-        timeout: Option<Duration>,
-    ) -> Result<Value, CallError> {
-        let call = self.pending.register_cleanup()?;
-        self.outbound
-            .send(encode_request(&call.id, method, &params))
-            .await
-            .map_err(|_| CallError::Closed)?;
-        call.wait(timeout).await
-    }
-
     /// Sends a notification.
     pub async fn notify(&self, method: &str, params: Value) -> Result<(), CallError> {
         self.outbound

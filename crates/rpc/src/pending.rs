@@ -1,8 +1,7 @@
 //! The pending-call table: calls this peer made and whose responses it awaits.
 //!
-//! Ids are integers from a counter. At most [`MAX_PENDING_CALLS`] regular calls are
-//! in flight, plus one reserved slot for a cleanup call (e.g. terminating a process
-//! while the table is full). An entry leaves the table when its response arrives,
+//! Ids are integers from a counter. At most [`MAX_PENDING_CALLS`] calls are in
+//! flight. An entry leaves the table when its response arrives,
 //! when its timeout fires, or when the connection closes, in which case every
 //! waiter gets [`CallError::Closed`] — a disconnect is never disguised as a
 //! JSON-RPC error code.
@@ -15,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-/// Regular calls allowed in flight at once: 1024.
+/// Calls allowed in flight at once: 1024.
 pub const MAX_PENDING_CALLS: usize = 1024;
 
 /// Why a call did not produce a result.
@@ -51,7 +50,6 @@ type Waiter = oneshot::Sender<Result<Value, CallError>>;
 #[derive(Default)]
 struct Table {
     waiters: HashMap<i64, Waiter>,
-    cleanup_in_use: Option<i64>,
     closed: bool,
 }
 
@@ -83,37 +81,19 @@ impl PendingCalls {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a regular call. Errors with `PendingRequestLimitExceeded` when full
-    /// and `Closed` after [`PendingCalls::close_all`].
+    /// Registers a call. Errors with `PendingRequestLimitExceeded` when full and
+    /// `Closed` after [`PendingCalls::close_all`].
     pub fn register(&self) -> Result<PendingCall, CallError> {
-        self.register_inner(false)
-    }
-
-    /// Registers a call in the reserved cleanup slot (one at a time), usable even
-    /// when the regular slots are full.
-    pub fn register_cleanup(&self) -> Result<PendingCall, CallError> {
-        self.register_inner(true)
-    }
-
-    fn register_inner(&self, cleanup: bool) -> Result<PendingCall, CallError> {
         let mut t = self.lock();
         if t.closed {
             return Err(CallError::Closed);
         }
-        let regular = t.waiters.len() - usize::from(t.cleanup_in_use.is_some());
-        if cleanup {
-            if t.cleanup_in_use.is_some() {
-                return Err(CallError::PendingRequestLimitExceeded);
-            }
-        } else if regular >= MAX_PENDING_CALLS {
+        if t.waiters.len() >= MAX_PENDING_CALLS {
             return Err(CallError::PendingRequestLimitExceeded);
         }
         let key = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         t.waiters.insert(key, tx);
-        if cleanup {
-            t.cleanup_in_use = Some(key);
-        }
         Ok(PendingCall {
             id: RequestId::Integer(key),
             rx,
@@ -128,13 +108,7 @@ impl PendingCalls {
         let RequestId::Integer(key) = id else {
             return false;
         };
-        let waiter = {
-            let mut t = self.lock();
-            if t.cleanup_in_use == Some(*key) {
-                t.cleanup_in_use = None;
-            }
-            t.waiters.remove(key)
-        };
+        let waiter = self.lock().waiters.remove(key);
         match waiter {
             Some(w) => {
                 let _ = w.send(outcome.map_err(CallError::Server));
@@ -149,7 +123,6 @@ impl PendingCalls {
         let waiters: Vec<_> = {
             let mut t = self.lock();
             t.closed = true;
-            t.cleanup_in_use = None;
             t.waiters.drain().map(|(_, w)| w).collect()
         };
         for w in waiters {
@@ -157,7 +130,7 @@ impl PendingCalls {
         }
     }
 
-    /// Calls in flight (regular and cleanup).
+    /// Calls in flight.
     pub fn len(&self) -> usize {
         self.lock().waiters.len()
     }
@@ -168,11 +141,7 @@ impl PendingCalls {
     }
 
     fn remove(&self, key: i64) {
-        let mut t = self.lock();
-        t.waiters.remove(&key);
-        if t.cleanup_in_use == Some(key) {
-            t.cleanup_in_use = None;
-        }
+        self.lock().waiters.remove(&key);
     }
 }
 
@@ -251,7 +220,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn capacity_limit_and_cleanup_slot() {
+    async fn capacity_limit() {
         let t = PendingCalls::new();
         let held: Vec<_> = (0..MAX_PENDING_CALLS)
             .map(|_| t.register().unwrap())
@@ -260,14 +229,9 @@ mod tests {
             t.register().err(),
             Some(CallError::PendingRequestLimitExceeded)
         );
-        let cleanup = t.register_cleanup().unwrap();
-        assert_eq!(
-            t.register_cleanup().err(),
-            Some(CallError::PendingRequestLimitExceeded)
-        );
-        t.complete(&cleanup.id.clone(), Ok(json!({})));
-        assert_eq!(cleanup.wait(None).await.unwrap(), json!({}));
-        assert!(t.register_cleanup().is_ok());
+        let first = &held[0];
+        t.complete(&first.id.clone(), Ok(json!({})));
+        assert!(t.register().is_ok(), "an answered call frees its slot");
         drop(held);
         assert!(t.register().is_ok());
         let e = t.complete(&RequestId::Integer(1), Err(ErrorObject::internal("x")));

@@ -123,11 +123,6 @@ impl<C: Send + 'static> Router<C> {
         self
     }
 
-    /// True if `method` is registered.
-    pub fn knows(&self, method: &str) -> bool {
-        self.handlers.contains_key(method)
-    }
-
     /// Decodes params, runs the gate, and returns the handler's future with its mode.
     pub fn dispatch(
         &self,

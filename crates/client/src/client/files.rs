@@ -1,0 +1,298 @@
+//! Files: whole-file calls, directory calls, and streamed transfers over
+//! `fs/open` + `fs/readBlock` / `fs/writeBlock`.
+
+use super::{ClientError, ExecServerClient};
+use exec_server_protocol::types::*;
+use exec_server_protocol::{methods as m, PathUri};
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+
+impl ExecServerClient {
+    /// `fs/readFile`.
+    pub async fn read_file(&self, path: &PathUri) -> Result<Vec<u8>, ClientError> {
+        let r: ReadFileResponse = self
+            .call(
+                m::FS_READ_FILE,
+                &ReadFileParams {
+                    path: path.clone(),
+                    follow_symlinks: None,
+                    sandbox: None,
+                },
+                true,
+            )
+            .await?;
+        Ok(r.data_base64.0)
+    }
+
+    /// `fs/writeFile`.
+    pub async fn write_file(&self, path: &PathUri, data: Vec<u8>) -> Result<(), ClientError> {
+        let p = WriteFileParams {
+            path: path.clone(),
+            data_base64: exec_server_protocol::ByteChunk(data),
+            follow_symlinks: None,
+            sandbox: None,
+        };
+        let _: Value = self.call(m::FS_WRITE_FILE, &p, true).await?;
+        Ok(())
+    }
+
+    /// `fs/getMetadata`.
+    pub async fn metadata(&self, path: &PathUri) -> Result<MetadataResponse, ClientError> {
+        self.call(
+            m::FS_GET_METADATA,
+            &PathParams {
+                path: path.clone(),
+                follow_symlinks: None,
+                sandbox: None,
+            },
+            true,
+        )
+        .await
+    }
+
+    /// `fs/readDirectory`.
+    pub async fn read_directory(&self, path: &PathUri) -> Result<Vec<DirectoryEntry>, ClientError> {
+        let r: ReadDirectoryResponse = self
+            .call(
+                m::FS_READ_DIRECTORY,
+                &PathParams {
+                    path: path.clone(),
+                    follow_symlinks: None,
+                    sandbox: None,
+                },
+                true,
+            )
+            .await?;
+        Ok(r.entries)
+    }
+
+    /// `fs/createDirectory`.
+    pub async fn create_directory(
+        &self,
+        path: &PathUri,
+        recursive: bool,
+    ) -> Result<(), ClientError> {
+        let p = CreateDirectoryParams {
+            path: path.clone(),
+            recursive,
+            follow_symlinks: None,
+            sandbox: None,
+        };
+        let _: Value = self.call(m::FS_CREATE_DIRECTORY, &p, true).await?;
+        Ok(())
+    }
+
+    /// `fs/remove`.
+    pub async fn remove(
+        &self,
+        path: &PathUri,
+        recursive: bool,
+        force: bool,
+    ) -> Result<(), ClientError> {
+        let p = RemoveParams {
+            path: path.clone(),
+            recursive,
+            force,
+            follow_symlinks: None,
+            sandbox: None,
+        };
+        let _: Value = self.call(m::FS_REMOVE, &p, true).await?;
+        Ok(())
+    }
+
+    /// `fs/copy`.
+    pub async fn copy(
+        &self,
+        from: &PathUri,
+        to: &PathUri,
+        recursive: bool,
+    ) -> Result<(), ClientError> {
+        let p = CopyParams {
+            source_path: from.clone(),
+            destination_path: to.clone(),
+            recursive,
+            sandbox: None,
+        };
+        let _: Value = self.call(m::FS_COPY, &p, true).await?;
+        Ok(())
+    }
+
+    /// `fs/canonicalize`.
+    pub async fn canonicalize(&self, path: &PathUri) -> Result<PathUri, ClientError> {
+        let r: CanonicalizeResponse = self
+            .call(
+                m::FS_CANONICALIZE,
+                &PathParams {
+                    path: path.clone(),
+                    follow_symlinks: None,
+                    sandbox: None,
+                },
+                true,
+            )
+            .await?;
+        Ok(r.path)
+    }
+
+    /// `fs/walk`.
+    pub async fn walk(
+        &self,
+        path: &PathUri,
+        options: WalkOptions,
+    ) -> Result<WalkResponse, ClientError> {
+        self.call(
+            m::FS_WALK,
+            &WalkParams {
+                path: path.clone(),
+                options,
+                sandbox: None,
+            },
+            true,
+        )
+        .await
+    }
+
+    /// `fs/open` under a fresh handle id.
+    async fn open_handle(&self, path: &PathUri, mode: OpenMode) -> Result<String, ClientError> {
+        let handle_id = self.handle_id();
+        let params = OpenParams {
+            handle_id: handle_id.clone(),
+            path: path.clone(),
+            mode,
+            sandbox: None,
+        };
+        let _: OpenResponse = self.call(m::FS_OPEN, &params, false).await?;
+        Ok(handle_id)
+    }
+
+    /// `fs/close`; failures are ignored (the server also closes handles when the
+    /// connection ends).
+    async fn close_handle(&self, handle_id: String) {
+        let _: Result<Value, _> = self
+            .call(m::FS_CLOSE, &HandleParams { handle_id }, true)
+            .await;
+    }
+
+    fn handle_id(&self) -> String {
+        format!(
+            "h{}-{}",
+            self.inner.write_prefix,
+            self.inner.next_write.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Streams a remote file into `sink` with `fs/open` + `fs/readBlock` (1 MiB
+    /// blocks, 4 in flight): memory stays flat for any size. Returns bytes copied.
+    pub async fn download<W: tokio::io::AsyncWrite + Unpin>(
+        &self,
+        path: &PathUri,
+        sink: &mut W,
+    ) -> Result<u64, ClientError> {
+        use tokio::io::AsyncWriteExt;
+        const BLOCK: u64 = 1024 * 1024;
+        const IN_FLIGHT: usize = 4;
+        let handle = self.open_handle(path, OpenMode::Read).await?;
+        let result = async {
+            let mut next_offset = 0u64;
+            let mut total = 0u64;
+            let mut queue = std::collections::VecDeque::new();
+            loop {
+                while queue.len() < IN_FLIGHT {
+                    let me = self.clone();
+                    let p = ReadBlockParams {
+                        handle_id: handle.clone(),
+                        offset: next_offset,
+                        len: BLOCK,
+                    };
+                    next_offset += BLOCK;
+                    queue.push_back(tokio::spawn(async move {
+                        me.call::<_, ReadBlockResponse>(m::FS_READ_BLOCK, &p, true)
+                            .await
+                    }));
+                    if queue.len() == 1 && next_offset == BLOCK {
+                        break; // learn the size class from the first block before fanning out
+                    }
+                }
+                let Some(task) = queue.pop_front() else { break };
+                let block = task
+                    .await
+                    .map_err(|e| ClientError::protocol(m::FS_READ_BLOCK, e))??;
+                sink.write_all(&block.chunk.0)
+                    .await
+                    .map_err(|e| ClientError::local("local write", e))?;
+                total += block.chunk.0.len() as u64;
+                if block.eof {
+                    for t in queue.drain(..) {
+                        t.abort();
+                    }
+                    break;
+                }
+            }
+            sink.flush()
+                .await
+                .map_err(|e| ClientError::local("local write", e))?;
+            Ok(total)
+        }
+        .await;
+        self.close_handle(handle).await;
+        result
+    }
+
+    /// Streams `source` into a remote file (created or truncated) with
+    /// `fs/open {mode: replace}` + `fs/writeBlock` (1 MiB blocks, 4 in flight).
+    pub async fn upload<R: tokio::io::AsyncRead + Unpin>(
+        &self,
+        source: &mut R,
+        path: &PathUri,
+    ) -> Result<u64, ClientError> {
+        use tokio::io::AsyncReadExt;
+        const BLOCK: usize = 1024 * 1024;
+        const IN_FLIGHT: usize = 4;
+        let handle = self.open_handle(path, OpenMode::Replace).await?;
+        let result = async {
+            let mut offset = 0u64;
+            let mut queue = std::collections::VecDeque::new();
+            loop {
+                let mut buf = vec![0u8; BLOCK];
+                let mut n = 0;
+                while n < BLOCK {
+                    let k = source
+                        .read(&mut buf[n..])
+                        .await
+                        .map_err(|e| ClientError::local("local read", e))?;
+                    if k == 0 {
+                        break;
+                    }
+                    n += k;
+                }
+                if n == 0 {
+                    break;
+                }
+                buf.truncate(n);
+                let me = self.clone();
+                let p = WriteBlockParams {
+                    handle_id: handle.clone(),
+                    offset,
+                    chunk: exec_server_protocol::ByteChunk(buf),
+                };
+                offset += n as u64;
+                queue.push_back(tokio::spawn(async move {
+                    me.call::<_, Value>(m::FS_WRITE_BLOCK, &p, true).await
+                }));
+                if queue.len() >= IN_FLIGHT {
+                    if let Some(t) = queue.pop_front() {
+                        t.await
+                            .map_err(|e| ClientError::protocol(m::FS_WRITE_BLOCK, e))??;
+                    }
+                }
+            }
+            for t in queue {
+                t.await
+                    .map_err(|e| ClientError::protocol(m::FS_WRITE_BLOCK, e))??;
+            }
+            Ok(offset)
+        }
+        .await;
+        self.close_handle(handle).await;
+        result
+    }
+}

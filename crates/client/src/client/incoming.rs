@@ -1,0 +1,111 @@
+//! What the server sends unasked: notifications routed to process streams and
+//! HTTP body streams, and the end of a connection, which starts recovery.
+
+use super::{lock, Inner, ACK_EVERY_BYTES};
+use crate::events::ProcessEvent;
+use exec_server_protocol::types::*;
+use exec_server_protocol::{methods as m, ErrorObject};
+use exec_server_rpc::peer::{Incoming, RpcPeer};
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Routes notifications of one connection; when it ends, starts recovery.
+pub(super) async fn dispatch(
+    inner: std::sync::Weak<Inner>,
+    peer: RpcPeer,
+    mut incoming: mpsc::Receiver<Incoming>,
+) {
+    while let Some(item) = incoming.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        match item {
+            Incoming::Notification { method, params } => {
+                on_notification(&inner, &peer, &method, params)
+            }
+            Incoming::Request { id, method, .. } => {
+                // No network proxy runs on our behalf: refuse anything else asked.
+                let _ = peer
+                    .respond(&id, Err(ErrorObject::method_not_found(&method)))
+                    .await;
+            }
+        }
+    }
+    let Some(inner) = inner.upgrade() else { return };
+    if inner.closed.load(Ordering::SeqCst) || !inner.opts.source.is_reconnectable() {
+        if !inner.opts.source.is_reconnectable() {
+            let why = "connection to the stdio program ended".to_string();
+            for e in lock(&inner.procs).values_mut() {
+                e.events.fail(why.clone());
+            }
+        }
+        return;
+    }
+    let has_work = lock(&inner.procs).values().any(|e| !e.events.is_finished());
+    if has_work {
+        let _ = inner.lost.send(());
+    }
+}
+
+fn on_notification(inner: &Arc<Inner>, peer: &RpcPeer, method: &str, params: Value) {
+    match method {
+        m::PROCESS_OUTPUT => {
+            let Ok(n) = serde_json::from_value::<ProcessOutputNotification>(params) else {
+                return;
+            };
+            let mut procs = lock(&inner.procs);
+            let Some(e) = procs.get_mut(&n.process_id) else {
+                return;
+            };
+            e.unacked_bytes += e.events.add(ProcessEvent::Output {
+                seq: n.seq,
+                stream: n.stream,
+                data: n.chunk.0,
+            });
+            if e.unacked_bytes >= ACK_EVERY_BYTES {
+                e.unacked_bytes = 0;
+                let seq = e.events.last_published();
+                let peer = peer.clone();
+                let id = n.process_id.clone();
+                tokio::spawn(async move {
+                    let p = serde_json::json!({"processId": id, "seq": seq});
+                    let _ = peer.call(m::PROCESS_ACK, p, None).await;
+                });
+            }
+        }
+        m::PROCESS_EXITED => {
+            let Ok(n) = serde_json::from_value::<ProcessExitedNotification>(params) else {
+                return;
+            };
+            if let Some(e) = lock(&inner.procs).get_mut(&n.process_id) {
+                e.events.add(ProcessEvent::Exited {
+                    seq: n.seq,
+                    code: n.exit_code,
+                });
+            }
+        }
+        m::PROCESS_CLOSED => {
+            let Ok(n) = serde_json::from_value::<ProcessClosedNotification>(params) else {
+                return;
+            };
+            if let Some(e) = lock(&inner.procs).get_mut(&n.process_id) {
+                e.events.add(ProcessEvent::Closed { seq: n.seq });
+            }
+        }
+        m::HTTP_REQUEST_BODY_DELTA => {
+            let Ok(d) = serde_json::from_value::<HttpBodyDelta>(params) else {
+                return;
+            };
+            let mut streams = lock(&inner.http_streams);
+            let done = d.done || d.error.is_some();
+            let id = d.request_id.clone();
+            if let Some(tx) = streams.get(&id) {
+                let _ = tx.send(d);
+            }
+            if done {
+                streams.remove(&id);
+            }
+        }
+        _ => {}
+    }
+}

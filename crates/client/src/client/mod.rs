@@ -1,0 +1,374 @@
+//! The client: lazy connect, typed calls, per-process ordered event streams, and
+//! session recovery after a dropped connection.
+
+mod files;
+mod incoming;
+mod process;
+
+pub use process::ProcessHandle;
+
+use crate::connect::Source;
+pub use crate::error::ClientError;
+use crate::error::{ConnectionError, ConnectionErrorKind};
+use crate::events::OrderedEvents;
+use exec_server_protocol::methods as m;
+use exec_server_protocol::types::*;
+use exec_server_rpc::peer::RpcPeer;
+use exec_server_rpc::CallError;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How long the client keeps trying to resume its session after the connection
+/// drops: 25 s, inside the server's 30 s detached-session lifetime.
+pub const SESSION_RECOVERY_TIMEOUT: Duration = Duration::from_secs(25);
+/// Pause between resume attempts: 100 ms.
+pub const RECOVERY_RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// Output bytes released to the consumer between two `process/ack` calls: 1 MiB.
+pub const ACK_EVERY_BYTES: usize = 1024 * 1024;
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Where to connect.
+    pub source: Source,
+    /// Sent as `clientName`.
+    pub client_name: String,
+    /// Limit for one connection attempt.
+    pub connect_timeout: Duration,
+    /// Limit for one call (`None`: no limit).
+    pub call_timeout: Option<Duration>,
+    /// How long to try resuming after a drop.
+    pub recovery_timeout: Duration,
+}
+
+impl ClientOptions {
+    /// Defaults for `source`: 10 s connect timeout, no call timeout, 25 s recovery.
+    pub fn new(source: Source) -> Self {
+        ClientOptions {
+            source,
+            client_name: "exec-server-client".into(),
+            connect_timeout: Duration::from_secs(10),
+            call_timeout: None,
+            recovery_timeout: SESSION_RECOVERY_TIMEOUT,
+        }
+    }
+}
+
+struct ProcEntry {
+    events: OrderedEvents,
+    unacked_bytes: usize,
+}
+
+#[derive(Default)]
+struct Slot {
+    peer: Option<RpcPeer>,
+    failed: Option<ConnectionError>,
+}
+
+struct Inner {
+    opts: ClientOptions,
+    slot: tokio::sync::Mutex<Slot>,
+    session_id: Mutex<Option<String>>,
+    env_info: Mutex<Option<EnvironmentInfo>>,
+    procs: Mutex<HashMap<String, ProcEntry>>,
+    http_streams: Mutex<HashMap<String, mpsc::UnboundedSender<HttpBodyDelta>>>,
+    closed: AtomicBool,
+    next_write: AtomicU64,
+    write_prefix: String,
+    recoveries: AtomicU64,
+    /// Tells the recovery task that a connection ended with work outstanding.
+    lost: mpsc::UnboundedSender<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A client of one exec-server session. Cheap to clone; connects on first use.
+#[derive(Clone)]
+pub struct ExecServerClient {
+    inner: Arc<Inner>,
+}
+
+impl ExecServerClient {
+    /// A client for `opts`; nothing happens until the first call.
+    pub fn new(opts: ClientOptions) -> Self {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let (lost, mut lost_rx) = mpsc::unbounded_channel();
+        let client = ExecServerClient {
+            inner: Arc::new(Inner {
+                opts,
+                slot: tokio::sync::Mutex::new(Slot::default()),
+                session_id: Mutex::new(None),
+                env_info: Mutex::new(None),
+                procs: Mutex::new(HashMap::new()),
+                http_streams: Mutex::new(HashMap::new()),
+                closed: AtomicBool::new(false),
+                next_write: AtomicU64::new(1),
+                write_prefix: format!("w{:x}{:x}", std::process::id(), n),
+                recoveries: AtomicU64::new(0),
+                lost,
+            }),
+        };
+        // Recovery runs in its own task, started here rather than from inside a
+        // connection, so that process streams resume even when no call is made.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let weak = Arc::downgrade(&client.inner);
+            rt.spawn(async move {
+                while lost_rx.recv().await.is_some() {
+                    let Some(inner) = weak.upgrade() else { return };
+                    let _ = ExecServerClient { inner }.peer().await;
+                }
+            });
+        }
+        client
+    }
+
+    /// Connects now (otherwise the first call does).
+    pub async fn connect(&self) -> Result<(), ClientError> {
+        self.peer().await.map(|_| ())
+    }
+
+    /// The session id, once connected.
+    pub fn session_id(&self) -> Option<String> {
+        lock(&self.inner.session_id).clone()
+    }
+
+    /// How many times the session was resumed after a drop.
+    pub fn recoveries(&self) -> u64 {
+        self.inner.recoveries.load(Ordering::Relaxed)
+    }
+
+    /// Closes the connection for good (the server keeps the session for its TTL).
+    pub async fn close(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        let mut slot = self.inner.slot.lock().await;
+        slot.peer = None;
+        slot.failed = Some(ConnectionError::new(
+            ConnectionErrorKind::Closed,
+            "client closed",
+        ));
+    }
+
+    /// Drops the current connection without closing the client, as a network
+    /// failure would; the client then recovers the session. For tests and chaos.
+    pub async fn drop_connection(&self) {
+        // Connect (or finish resuming) first, so every call drops a live connection.
+        let _ = self.peer().await;
+        let mut slot = self.inner.slot.lock().await;
+        if let Some(p) = slot.peer.take() {
+            p.close();
+        }
+    }
+
+    fn supports(&self, capability: &str) -> bool {
+        lock(&self.inner.env_info)
+            .as_ref()
+            .and_then(|i| i.capabilities.get(capability).copied())
+            .unwrap_or(false)
+    }
+
+    /// The server's environment info (from `initialize`, else `environment/info`).
+    pub async fn environment_info(&self) -> Result<EnvironmentInfo, ClientError> {
+        self.peer().await?;
+        if let Some(i) = lock(&self.inner.env_info).clone() {
+            return Ok(i);
+        }
+        self.call(m::ENVIRONMENT_INFO, &(), true).await
+    }
+
+    async fn peer(&self) -> Result<RpcPeer, ClientError> {
+        let mut slot = self.inner.slot.lock().await;
+        if let Some(p) = &slot.peer {
+            if !p.is_closed() {
+                return Ok(p.clone());
+            }
+        }
+        if let Some(f) = &slot.failed {
+            return Err(ClientError::Connection(f.clone()));
+        }
+        let resume = self.session_id();
+        if resume.is_some() && !self.inner.opts.source.is_reconnectable() {
+            let why = ConnectionError::new(
+                ConnectionErrorKind::Closed,
+                "connection to a stdio program ended; it cannot be resumed",
+            );
+            slot.failed = Some(why.clone());
+            self.fail_all(&why.to_string());
+            return Err(ClientError::Connection(why));
+        }
+        if resume.is_some() {
+            tracing::warn!(
+                "connection to {:?} lost; resuming the session",
+                self.inner.opts.source
+            );
+        }
+        let deadline = tokio::time::Instant::now() + self.inner.opts.recovery_timeout;
+        loop {
+            match self.connect_once(resume.clone()).await {
+                Ok(peer) => {
+                    slot.peer = Some(peer.clone());
+                    if resume.is_some() {
+                        self.inner.recoveries.fetch_add(1, Ordering::Relaxed);
+                        self.replay(&peer).await;
+                    }
+                    return Ok(peer);
+                }
+                Err((why, retryable)) => {
+                    if resume.is_none() {
+                        return Err(why);
+                    }
+                    if !retryable || tokio::time::Instant::now() >= deadline {
+                        let why = ConnectionError::unrecoverable(why);
+                        slot.failed = Some(why.clone());
+                        self.fail_all(&why.to_string());
+                        return Err(ClientError::Connection(why));
+                    }
+                    tokio::time::sleep(RECOVERY_RETRY_INTERVAL).await;
+                }
+            }
+        }
+    }
+
+    fn fail_all(&self, why: &str) {
+        for e in lock(&self.inner.procs).values_mut() {
+            e.events.fail(why.to_string());
+        }
+        lock(&self.inner.http_streams).clear();
+    }
+
+    /// One attempt: connect and initialize (resuming `resume`). The flag says
+    /// whether another attempt may succeed.
+    async fn connect_once(&self, resume: Option<String>) -> Result<RpcPeer, (ClientError, bool)> {
+        let opts = &self.inner.opts;
+        let conn = opts
+            .source
+            .connect(opts.connect_timeout)
+            .await
+            .map_err(|e| (ClientError::Connection(e), true))?;
+        let (peer, incoming) = RpcPeer::start(conn);
+        tokio::spawn(incoming::dispatch(
+            Arc::downgrade(&self.inner),
+            peer.clone(),
+            incoming,
+        ));
+        let params = InitializeParams {
+            client_name: opts.client_name.clone(),
+            resume_session_id: resume,
+        };
+        let value = serde_json::to_value(&params).unwrap_or_default();
+        let init = peer
+            .call(m::INITIALIZE, value, Some(opts.connect_timeout))
+            .await
+            .map_err(|e| {
+                let retryable = match &e {
+                    CallError::Server(err) => {
+                        err.code == exec_server_protocol::error::SESSION_ALREADY_ATTACHED
+                    }
+                    _ => true,
+                };
+                (ClientError::from(e), retryable)
+            })?;
+        let init: InitializeResponse = serde_json::from_value(init)
+            .map_err(|e| (ClientError::protocol(m::INITIALIZE, e), false))?;
+        peer.notify(m::INITIALIZED, Value::Null)
+            .await
+            .map_err(|e| (ClientError::from(e), true))?;
+        *lock(&self.inner.session_id) = Some(init.session_id);
+        if let Some(info) = init.environment_info {
+            *lock(&self.inner.env_info) = Some(info);
+        }
+        Ok(peer)
+    }
+
+    /// After a resume, read each unfinished process from its last released seq.
+    async fn replay(&self, peer: &RpcPeer) {
+        let todo: Vec<(String, u64)> = lock(&self.inner.procs)
+            .iter()
+            .filter(|(_, e)| !e.events.is_finished())
+            .map(|(id, e)| (id.clone(), e.events.last_published()))
+            .collect();
+        for (id, after) in todo {
+            let params = ReadParams {
+                process_id: id.clone(),
+                after_seq: Some(after),
+                max_bytes: None,
+                wait_ms: Some(0),
+            };
+            let r = peer
+                .call(
+                    m::PROCESS_READ,
+                    serde_json::to_value(&params).unwrap_or_default(),
+                    None,
+                )
+                .await;
+            let mut procs = lock(&self.inner.procs);
+            let Some(e) = procs.get_mut(&id) else {
+                continue;
+            };
+            match r.map(serde_json::from_value::<ReadResponse>) {
+                Ok(Ok(page)) => {
+                    e.unacked_bytes += e.events.recover(page);
+                }
+                Ok(Err(err)) => e.events.fail(format!("bad process/read reply: {err}")),
+                Err(CallError::Server(err)) => e
+                    .events
+                    .fail(format!("process lost while recovering: {}", err.message)),
+                Err(_) => {} // connection dropped again: the next recovery retries
+            }
+        }
+    }
+
+    /// Calls `method`; with `retry`, a call cut by a dropped connection is sent
+    /// again once after recovery (only for calls that are safe to repeat).
+    pub async fn call<P: Serialize, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: &P,
+        retry: bool,
+    ) -> Result<R, ClientError> {
+        let value = serde_json::to_value(params).map_err(|e| ClientError::protocol(method, e))?;
+        let mut attempt = 0;
+        loop {
+            let peer = self.peer().await?;
+            match peer
+                .call(method, value.clone(), self.inner.opts.call_timeout)
+                .await
+            {
+                Ok(v) => {
+                    return serde_json::from_value(v).map_err(|e| ClientError::protocol(method, e))
+                }
+                Err(CallError::Closed) if retry && attempt == 0 => attempt += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// `http/request`. With `streamResponse`, the body arrives on the returned receiver.
+    pub async fn http_request(
+        &self,
+        params: HttpRequestParams,
+    ) -> Result<(HttpResponse, Option<mpsc::UnboundedReceiver<HttpBodyDelta>>), ClientError> {
+        let rx = if params.stream_response {
+            let (tx, rx) = mpsc::unbounded_channel();
+            lock(&self.inner.http_streams).insert(params.request_id.clone(), tx);
+            Some(rx)
+        } else {
+            None
+        };
+        let r = self.call(m::HTTP_REQUEST, &params, false).await;
+        if r.is_err() {
+            lock(&self.inner.http_streams).remove(&params.request_id);
+        }
+        Ok((r?, rx))
+    }
+}
