@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: unit and integration tests, the decoder fuzzer for a
-# bounded time, and the public conformance suite against the release binary.
+# The whole test suite: unit and integration tests and both fuzzers for a
+# bounded time. Everything here needs only this checkout. When the public
+# conformance suite is beside it (../shared, or SHARED_DIR=...), as in CI, it
+# runs too, against the release binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-if ! python3 -c 'import websockets' 2>/dev/null; then
-  python3 -m pip install --quiet websockets
-fi
 
 # One profile for everything: the tests reuse the release build of the binary.
 cargo build --release --workspace --all-targets
@@ -19,10 +17,12 @@ cargo run --release -q -p exec-server --example fuzz_router -- --seconds "$FUZZ_
 
 shared=${SHARED_DIR:-../shared}
 if [ -f "$shared/conformance/run.py" ]; then
+  if ! python3 -c 'import websockets' 2>/dev/null; then
+    python3 -m pip install --quiet websockets
+  fi
   python3 "$shared/conformance/run.py" \
     --server-cmd "target/release/exec-server --listen ws://127.0.0.1:0" \
     "$shared/conformance/cases"
 else
-  echo "conformance suite not found at $shared/conformance (set SHARED_DIR)" >&2
-  exit 1
+  echo "note: no conformance suite at $shared/conformance; skipped (set SHARED_DIR to run it)" >&2
 fi
