@@ -70,7 +70,7 @@ pub struct ErrorResponse {
     pub error: ErrorObject,
 }
 
-/// Any message of the dialect, classified as SPEC §1.1 says: `method`+`id` is a
+/// Any message of the dialect, classified as the reference classifies: `method`+`id` is a
 /// request, `method` alone a notification, `result` a response, anything else an
 /// error response.
 #[derive(Debug, Clone, PartialEq)]

@@ -66,7 +66,8 @@ pub struct ExecParams {
     /// Build the environment from the server's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_policy: Option<EnvPolicy>,
-    /// Portable sandbox intent (accepted; see SANDBOX.md).
+    /// Portable sandbox intent: the Codex CLI's `FileSystemSandboxContext` (this
+    /// server refuses restrictive ones; see the server's `sandbox` module).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<Value>,
     /// Managed network enforcement (accepted, not enforced).
@@ -189,7 +190,9 @@ pub struct ProcessOutputChunk {
 pub struct ReadResponse {
     /// Chunks with seq > afterSeq, ascending.
     pub chunks: Vec<ProcessOutputChunk>,
-    /// Where the next read should start (see SPEC §5.4 for the maxBytes quirk).
+    /// Where the next read should start: one past the last chunk returned. With
+    /// `maxBytes`, as in the reference, at least one chunk is returned whatever its
+    /// size, and a read with nothing to return past the last event points after it.
     pub next_seq: u64,
     /// The process has exited.
     pub exited: bool,

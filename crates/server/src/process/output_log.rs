@@ -181,7 +181,7 @@ impl OutputLog {
         }
     }
 
-    /// Answers `process/read` (SPEC §5.4): chunks with seq > `after`, at least one
+    /// Answers `process/read` as the reference does: chunks with seq > `after`, at least one
     /// when any exists; with `max_bytes`, stop before exceeding it and set
     /// `next_seq` one past the last chunk returned.
     pub fn read(&self, after: u64, max_bytes: Option<u64>) -> Page {
