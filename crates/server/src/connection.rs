@@ -179,3 +179,96 @@ async fn reply(
         Err(e) => out.send(encode_error(id, &e)).await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ServerConfig;
+    use serde_json::{json, Value};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    /// A server connection over an in-memory pipe; returns the client's ends.
+    async fn connect() -> (
+        tokio::io::WriteHalf<tokio::io::DuplexStream>,
+        tokio::io::Lines<BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let state = ServerState::new(ServerConfig::default()).unwrap();
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (sr, sw) = tokio::io::split(server);
+        let conn = exec_server_rpc::transport::lines(sr, sw, "test".into());
+        let task = tokio::spawn(serve(state, conn, "test message".into()));
+        let (cr, cw) = tokio::io::split(client);
+        (cw, BufReader::new(cr).lines(), task)
+    }
+
+    async fn next(
+        lines: &mut tokio::io::Lines<BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
+    ) -> Option<Value> {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(5), lines.next_line())
+            .await
+            .expect("an answer within 5 s")
+            .ok()??;
+        serde_json::from_str(&line).ok()
+    }
+
+    #[tokio::test]
+    async fn handshake_order_and_bad_input_are_answered() {
+        let (mut w, mut r, task) = connect().await;
+        w.write_all(b"{not json\n").await.unwrap();
+        let e = next(&mut r).await.unwrap();
+        assert_eq!(
+            (e["id"].clone(), e["error"]["code"].clone()),
+            (json!(-1), json!(-32600))
+        );
+        w.write_all(b"{\"id\":1,\"method\":\"process/read\",\"params\":{\"processId\":\"p\"}}\n")
+            .await
+            .unwrap();
+        let e = next(&mut r).await.unwrap();
+        assert_eq!(e["id"], json!(1));
+        assert_eq!(
+            e["error"]["message"],
+            json!("client must call initialize before using exec methods")
+        );
+        w.write_all(b"{\"id\":2,\"method\":\"initialize\",\"params\":{\"clientName\":\"t\"}}\n")
+            .await
+            .unwrap();
+        let ok = next(&mut r).await.unwrap();
+        assert!(ok["result"]["sessionId"].is_string(), "{ok}");
+        w.write_all(b"{\"id\":3,\"method\":\"environment/status\"}\n")
+            .await
+            .unwrap();
+        let e = next(&mut r).await.unwrap();
+        assert_eq!(
+            e["error"]["message"],
+            json!("client must send initialized before using environment info methods")
+        );
+        w.write_all(
+            b"{\"method\":\"initialized\"}\n{\"id\":4,\"method\":\"environment/status\"}\n",
+        )
+        .await
+        .unwrap();
+        let ok = next(&mut r).await.unwrap();
+        assert_eq!(ok, json!({"id": 4, "result": {"status": "ready"}}));
+        // A response from the client is connection-fatal: the server closes.
+        w.write_all(b"{\"id\":9,\"result\":{}}\n").await.unwrap();
+        assert_eq!(next(&mut r).await, None);
+        tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .expect("the loop ends")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unexpected_notification_ends_the_connection() {
+        let (mut w, mut r, task) = connect().await;
+        w.write_all(b"{\"method\":\"initialized\"}\n")
+            .await
+            .unwrap();
+        assert_eq!(next(&mut r).await, None, "initialized before initialize");
+        tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .expect("the loop ends")
+            .unwrap();
+    }
+}

@@ -372,3 +372,77 @@ impl ExecServerClient {
         Ok((r?, rx))
     }
 }
+
+#[cfg(all(test, feature = "embedded"))]
+mod tests {
+    use super::*;
+    use crate::events::ProcessEvent;
+    use exec_server_protocol::PathUri;
+
+    async fn next_output(p: &mut ProcessHandle) -> Vec<u8> {
+        let ev = tokio::time::timeout(Duration::from_secs(10), p.next_event())
+            .await
+            .expect("an event within 10 s");
+        match ev {
+            Some(ProcessEvent::Output { data, .. }) => data,
+            other => panic!("expected output, got {other:?}"),
+        }
+    }
+
+    /// A dropped connection is recovered: same session, the stream continues in
+    /// order, a write after the drop is delivered once, and the end arrives.
+    #[tokio::test]
+    async fn recovery_resumes_the_session_and_the_stream() {
+        let client = ExecServerClient::new(ClientOptions::new(Source::embedded().unwrap()));
+        let mut params = ExecParams::new(
+            "cat",
+            vec!["cat".into()],
+            PathUri::parse("file:///").unwrap(),
+            [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
+        );
+        params.pipe_stdin = true;
+        let mut p = client.start_process(params).await.unwrap();
+        let session = client.session_id();
+        assert!(session.is_some());
+        p.write(b"one\n".to_vec()).await.unwrap();
+        assert_eq!(next_output(&mut p).await, b"one\n");
+
+        client.drop_connection().await;
+        p.write(b"two\n".to_vec()).await.unwrap();
+        assert_eq!(next_output(&mut p).await, b"two\n");
+        assert_eq!(client.recoveries(), 1);
+        assert_eq!(client.session_id(), session, "the session was resumed");
+
+        p.close_stdin().await.unwrap();
+        let mut tail = Vec::new();
+        while let Some(ev) = tokio::time::timeout(Duration::from_secs(10), p.next_event())
+            .await
+            .expect("the end within 10 s")
+        {
+            tail.push(ev);
+        }
+        assert!(
+            matches!(
+                tail.as_slice(),
+                [
+                    ProcessEvent::Exited { code: 0, .. },
+                    ProcessEvent::Closed { .. }
+                ]
+            ),
+            "{tail:?}"
+        );
+    }
+
+    /// A closed client refuses calls with a typed error.
+    #[tokio::test]
+    async fn a_closed_client_says_so() {
+        let client = ExecServerClient::new(ClientOptions::new(Source::embedded().unwrap()));
+        client.connect().await.unwrap();
+        client.close().await;
+        let e = client.environment_info().await.unwrap_err();
+        assert_eq!(
+            e.connection_kind(),
+            Some(crate::error::ConnectionErrorKind::Closed)
+        );
+    }
+}

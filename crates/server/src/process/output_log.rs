@@ -301,3 +301,40 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    #[test]
+    fn many_small_chunks_fill_the_window_by_count() {
+        let mut log = OutputLog::new(false);
+        let mut pushed = 0;
+        while !log.window_full() {
+            log.push_output(OutputStream::Stdout, b"x".to_vec());
+            pushed += 1;
+            assert!(pushed <= WINDOW_CHUNKS, "the window never filled");
+        }
+        assert_eq!(pushed, WINDOW_CHUNKS);
+        // Delivering part of it reopens the window; nothing undelivered was dropped.
+        log.mark_delivered(10);
+        assert!(!log.window_full());
+        assert_eq!(log.oldest_seq(), Some(1));
+        assert_eq!(log.read(0, None).chunks.len(), WINDOW_CHUNKS);
+    }
+
+    #[test]
+    fn exit_and_close_never_count_against_the_window() {
+        let mut log = OutputLog::new(false);
+        let big = vec![0u8; UNACKED_WINDOW_BYTES - 1];
+        log.push_output(OutputStream::Stderr, big);
+        assert!(!log.window_full());
+        let exited = log.push_exited(3);
+        let closed = log.push_closed();
+        assert!(!log.window_full());
+        assert_eq!((exited, closed), (2, 3));
+        let page = log.read(1, None);
+        assert!(page.chunks.is_empty());
+        assert_eq!(page.next_seq, 4);
+    }
+}

@@ -38,27 +38,56 @@ fn reaper() -> &'static Reaper {
 }
 
 /// Starts the SIGCHLD listener (once) and makes this process a child subreaper.
-/// Must run inside a Tokio runtime before the first spawn.
+/// Call before the first spawn. The listener runs on a thread of its own, so it
+/// outlives the runtime that installed it (an embedding program may start and
+/// drop several runtimes, as `#[tokio::test]` does).
 pub fn install() -> std::io::Result<()> {
-    static STARTED: OnceLock<()> = OnceLock::new();
-    if STARTED.get().is_some() {
+    static STARTED: Mutex<bool> = Mutex::new(false);
+    let mut started = lock(&STARTED);
+    if *started {
         return Ok(());
     }
-    let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
-    STARTED.get_or_init(|| ());
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("exec-server-reaper".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let kind = tokio::signal::unix::SignalKind::child();
+                let mut sigchld = match tokio::signal::unix::signal(kind) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                loop {
+                    reap_all();
+                    if sigchld.recv().await.is_none() {
+                        break;
+                    }
+                }
+            });
+        })?;
+    ready_rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the reaper thread ended before it started"))??;
+    *started = true;
     #[cfg(target_os = "linux")]
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer flag and no pointers.
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     }
-    tokio::spawn(async move {
-        loop {
-            reap_all();
-            if sigchld.recv().await.is_none() {
-                break;
-            }
-        }
-    });
     Ok(())
 }
 
