@@ -382,3 +382,44 @@ pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bo
     }
     cond()
 }
+
+/// `process/read` from `after`, long-polling up to `wait_ms`.
+pub async fn read(c: &mut Conn, pid: &str, after: u64, wait_ms: u64) -> Value {
+    c.ok(
+        "process/read",
+        json!({"processId": pid, "afterSeq": after, "waitMs": wait_ms}),
+    )
+    .await
+}
+
+/// Asserts that no process matching `needle` is left within 3 s.
+pub async fn assert_gone(needle: &str) {
+    assert!(
+        eventually(Duration::from_secs(3), || pids_matching(needle).is_empty()).await,
+        "`{needle}` survived: {:?}",
+        pids_matching(needle)
+    );
+}
+
+impl Conn {
+    /// Resumes `session`, retrying while the server still sees the old connection.
+    pub async fn open_retry(url: &str, session: &str) -> Conn {
+        for _ in 0..50 {
+            let mut c = Conn::connect(url).await;
+            let r = c
+                .call(
+                    "initialize",
+                    json!({"clientName": "t", "resumeSessionId": session}),
+                )
+                .await;
+            if r.get("result").is_some() {
+                c.session = session.to_string();
+                c.notify("initialized", Value::Null).await;
+                return c;
+            }
+            assert_eq!(r["error"]["code"], json!(-32010), "{r}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("could not resume {session}");
+    }
+}
