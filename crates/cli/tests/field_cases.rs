@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 /// F1: exit ≠ close. Output of a grandchild holding the pipe arrives; exited < closed.
