@@ -124,5 +124,6 @@ impl ServerState {
     pub fn shutdown(&self) {
         self.sessions.shutdown_all();
         process::kill::kill_all_descendants();
+        process::cgroup::kill_all_and_remove();
     }
 }

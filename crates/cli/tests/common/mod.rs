@@ -382,3 +382,29 @@ pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bo
     }
     cond()
 }
+
+/// Every entry below `dir` with its kind, bytes or link target and mode,
+/// sorted: compare two to prove a tree unchanged.
+pub fn snapshot(dir: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            let what = if m.file_type().is_symlink() {
+                format!("link {}", std::fs::read_link(&p).unwrap().display())
+            } else if m.is_dir() {
+                stack.push(p);
+                "dir".to_string()
+            } else {
+                format!("file {:?}", std::fs::read(&p).unwrap())
+            };
+            out.push(format!("{rel} {what} {:o}", m.mode()));
+        }
+    }
+    out.sort();
+    out
+}
