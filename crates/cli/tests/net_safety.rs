@@ -169,3 +169,104 @@ async fn http_timeouts_and_refused_redirects_say_what_happened() {
     }
     web.abort();
 }
+
+/// Bytes of one unterminated line a transport test offers at most: 256 MiB.
+const ENDLESS_LINE_LIMIT: usize = 256 << 20;
+
+/// Writes `x` without a newline into `sink` until it fails or
+/// [`ENDLESS_LINE_LIMIT`] is written, sampling `pid`'s RSS after every MiB while
+/// it runs; returns (bytes written, highest RSS seen in KiB).
+fn write_endless_line(sink: &mut impl std::io::Write, pid: u32) -> (usize, u64) {
+    let chunk = vec![b'x'; 1 << 20];
+    let (mut written, mut peak) = (0, 0);
+    while written < ENDLESS_LINE_LIMIT {
+        if alive(pid) {
+            peak = peak.max(proc_status_kib(pid, "VmRSS"));
+        }
+        if sink.write_all(&chunk).is_err() {
+            break;
+        }
+        written += chunk.len();
+    }
+    (written, peak)
+}
+
+#[test]
+fn stdio_refuses_a_line_above_max_message_bytes_without_buffering_it() {
+    use std::io::{BufRead, Read, Write};
+    let mut child = std::process::Command::new(BIN)
+        .args(["--listen", "stdio", "--max-message-bytes", "1048576"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let init = json!({"id": 1, "method": "initialize", "params": {"clientName": "t"}});
+    stdin.write_all(format!("{init}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("sessionId"), "{line}");
+    let (written, peak_kib) = write_endless_line(&mut stdin, pid);
+    assert!(
+        written < ENDLESS_LINE_LIMIT,
+        "the server took all {written} bytes of one line"
+    );
+    assert!(peak_kib < 64 * 1024, "server RSS reached {peak_kib} KiB");
+    eprintln!("stdio: refused after {written} bytes; RSS at most {peak_kib} KiB");
+    // The one stdio connection ended, so the server exits cleanly and says why.
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(log.contains("--max-message-bytes"), "{log}");
+}
+
+#[tokio::test]
+async fn unix_socket_refuses_a_line_above_max_message_bytes_and_keeps_serving() {
+    use std::io::{BufRead, Write};
+    let d = tmpdir("unix-line");
+    let sock = d.join("s.sock");
+    let mut child = std::process::Command::new(BIN)
+        .args(["--max-message-bytes", "1048576", "--listen"])
+        .arg(format!("unix://{}", sock.display()))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let s = Server {
+        child,
+        url: line.trim().into(),
+    };
+    let pid = s.pid();
+    let (written, peak_kib) = tokio::task::spawn_blocking({
+        let sock = sock.clone();
+        move || {
+            let mut conn = std::os::unix::net::UnixStream::connect(sock).unwrap();
+            write_endless_line(&mut conn, pid)
+        }
+    })
+    .await
+    .unwrap();
+    assert!(written < ENDLESS_LINE_LIMIT, "took {written} bytes");
+    assert!(peak_kib < 64 * 1024, "server RSS reached {peak_kib} KiB");
+    // Still up: a new connection completes a request.
+    let mut conn = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let init = json!({"id": 1, "method": "initialize", "params": {"clientName": "t"}});
+    conn.write_all(format!("{init}\n").as_bytes()).unwrap();
+    let mut reply = String::new();
+    std::io::BufReader::new(conn).read_line(&mut reply).unwrap();
+    assert!(reply.contains("sessionId"), "{reply}");
+    assert!(alive(pid));
+}

@@ -135,10 +135,11 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
     let slots = Arc::new(Semaphore::new(state.config.max_connections));
     match listener {
         Listener::Stdio => {
-            let conn = transport::lines(
+            let conn = transport::lines_with_limit(
                 tokio::io::stdin(),
                 tokio::io::stdout(),
                 "exec-server stdio".into(),
+                state.config.max_message_bytes,
             );
             connection::serve(
                 state,
@@ -159,8 +160,10 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
             let peer = format!("exec-server unix socket {}", path.display());
             tokio::spawn(async move {
                 let (r, w) = stream.into_split();
-                let conn = transport::lines(r, w, peer.clone());
-                connection::serve(state, conn, format!("JSON-RPC message from {peer}")).await;
+                let limit = state.config.max_message_bytes;
+                let conn = transport::lines_with_limit(r, w, peer.clone(), limit);
+                let context = format!("JSON-RPC message from {peer}");
+                connection::serve(state, conn, context).await;
                 drop(permit);
             });
         },
