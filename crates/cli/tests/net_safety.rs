@@ -7,6 +7,7 @@ mod common;
 use common::loopback_http::http_server;
 use common::*;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 /// The error message of a call that must fail with -32603.
 async fn internal_error(c: &mut Conn, method: &str, params: Value) -> String {
@@ -269,4 +270,47 @@ async fn unix_socket_refuses_a_line_above_max_message_bytes_and_keeps_serving() 
     std::io::BufReader::new(conn).read_line(&mut reply).unwrap();
     assert!(reply.contains("sessionId"), "{reply}");
     assert!(alive(pid));
+}
+
+#[tokio::test]
+async fn connections_that_never_initialize_free_their_slot() {
+    let s = Server::start(&["--max-connections", "4"]);
+    // One real client, then three upgraded sockets that never finish the
+    // JSON-RPC handshake: silent, `initialize` without `initialized`, garbage.
+    let mut real = Conn::open(&s.url, None).await;
+    let mut idle = Vec::new();
+    for first in [
+        None,
+        Some(json!({"id": 1, "method": "initialize", "params": {"clientName": "t"}}).to_string()),
+        Some("not json".to_string()),
+    ] {
+        let mut c = Conn::connect(&s.url).await;
+        if let Some(text) = first {
+            c.send_raw(text).await;
+        }
+        idle.push(c);
+    }
+    match tokio_tungstenite::connect_async(&s.url).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status().as_u16(), 503)
+        }
+        other => panic!("fifth connection: {:?}", other.map(|_| ())),
+    }
+    // The handshake timeout (10 s) closes each of them and frees its slot…
+    for (i, c) in idle.iter_mut().enumerate() {
+        assert!(
+            c.closed_within(Duration::from_secs(20)).await,
+            "idle connection {i} still open"
+        );
+    }
+    let mut c = Conn::open(&s.url, None).await;
+    assert_eq!(
+        c.ok("environment/status", Value::Null).await["status"],
+        "ready"
+    );
+    // …but never cuts a client that completed it, however quiet since.
+    assert_eq!(
+        real.ok("environment/status", Value::Null).await["status"],
+        "ready"
+    );
 }
