@@ -314,3 +314,152 @@ async fn connections_that_never_initialize_free_their_slot() {
         "ready"
     );
 }
+
+/// The next `fs/changed` of `watch` naming `path` (a `file://` URI).
+async fn changed(c: &mut Conn, watch: &str, path: &str) -> Option<Value> {
+    c.expect(
+        |m| {
+            m["method"] == "fs/changed"
+                && m["params"]["watchId"] == watch
+                && m["params"]["paths"]
+                    .as_array()
+                    .is_some_and(|p| p.contains(&json!(path)))
+        },
+        WAIT,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn watches_of_all_sessions_share_one_inotify_instance() {
+    let s = Server::start(&[]);
+    let pid = s.pid();
+    let d = tmpdir("watch-share");
+    let dirs: Vec<_> = (0..64)
+        .map(|i| {
+            let p = d.join(format!("d{i}"));
+            std::fs::create_dir(&p).unwrap();
+            p
+        })
+        .collect();
+    let (mut a, mut b) = (
+        Conn::open(&s.url, None).await,
+        Conn::open(&s.url, None).await,
+    );
+    let (fds, threads) = (fd_count(pid), thread_count(pid));
+    // Two sessions, 64 watches each, on the same 64 directories.
+    for c in [&mut a, &mut b] {
+        for (i, p) in dirs.iter().enumerate() {
+            c.ok(
+                "fs/watch",
+                json!({"watchId": format!("w{i}"), "path": uri(p)}),
+            )
+            .await;
+        }
+    }
+    assert_eq!(inotify_count(pid), 1, "one inotify instance for the server");
+    // One kernel watch per directory, and one for their common parent.
+    assert_eq!(inotify_watch_count(pid), 65);
+    let (fds_after, threads_after) = (fd_count(pid), thread_count(pid));
+    eprintln!("128 watches: fds {fds} -> {fds_after}, threads {threads} -> {threads_after}");
+    assert!(fds_after <= fds + 2, "fds {fds} -> {fds_after}");
+    assert!(
+        threads_after <= threads + 2,
+        "threads {threads} -> {threads_after}"
+    );
+    // Each session hears about a change under its own watch id…
+    std::fs::write(dirs[63].join("x"), "1").unwrap();
+    let x = uri(&dirs[63].join("x"));
+    for c in [&mut a, &mut b] {
+        assert!(changed(c, "w63", &x).await.is_some());
+    }
+    // …and one session's unwatch leaves the other's watch working.
+    a.ok("fs/unwatch", json!({"watchId": "w63"})).await;
+    std::fs::write(dirs[63].join("y"), "2").unwrap();
+    assert!(changed(&mut b, "w63", &uri(&dirs[63].join("y")))
+        .await
+        .is_some());
+    // Unwatching everything removes every kernel watch.
+    for c in [&mut a, &mut b] {
+        for i in 0..64 {
+            c.ok("fs/unwatch", json!({"watchId": format!("w{i}")}))
+                .await;
+        }
+    }
+    assert_eq!(inotify_watch_count(pid), 0);
+    assert!(alive(pid));
+}
+
+#[tokio::test]
+async fn watch_survives_replacement_and_ends_with_a_notice() {
+    let s = Server::start(&[]);
+    let d = tmpdir("watch-replace");
+    let mut c = Conn::open(&s.url, None).await;
+    // A file replaced by an atomic save (write a temporary file, rename it over).
+    let f = d.join("f.txt");
+    std::fs::write(&f, "v1").unwrap();
+    c.ok("fs/watch", json!({"watchId": "file", "path": uri(&f)}))
+        .await;
+    for round in 0..3 {
+        let tmp = d.join(format!(".f.txt.{round}.tmp"));
+        std::fs::write(&tmp, format!("v{round}")).unwrap();
+        std::fs::rename(&tmp, &f).unwrap();
+        let n = changed(&mut c, "file", &uri(&f))
+            .await
+            .unwrap_or_else(|| panic!("no change after atomic save {round}"));
+        assert_ne!(n["params"]["kind"], "remove", "{n}");
+        // Written in place afterwards: still heard.
+        std::fs::write(&f, format!("edit {round}")).unwrap();
+        let n = changed(&mut c, "file", &uri(&f))
+            .await
+            .unwrap_or_else(|| panic!("silent after atomic save {round}"));
+        assert_eq!(n["params"]["kind"], "modify", "{n}");
+    }
+    // A directory removed and made again.
+    let sub = d.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    c.ok("fs/watch", json!({"watchId": "dir", "path": uri(&sub)}))
+        .await;
+    std::fs::remove_dir_all(&sub).unwrap();
+    let n = changed(&mut c, "dir", &uri(&sub)).await.expect("removal");
+    assert_eq!(n["params"]["kind"], "remove");
+    std::fs::create_dir(&sub).unwrap();
+    let n = changed(&mut c, "dir", &uri(&sub))
+        .await
+        .expect("re-creation");
+    assert_eq!(n["params"]["kind"], "create");
+    std::fs::write(sub.join("inside.txt"), "x").unwrap();
+    assert!(changed(&mut c, "dir", &uri(&sub.join("inside.txt")))
+        .await
+        .is_some());
+    // When the directory holding the path goes, the watch ends, says so once,
+    // and its id is free again; the other watches go on.
+    let holder = d.join("holder");
+    std::fs::create_dir(&holder).unwrap();
+    std::fs::write(holder.join("g.txt"), "g").unwrap();
+    c.ok(
+        "fs/watch",
+        json!({"watchId": "gone", "path": uri(&holder.join("g.txt"))}),
+    )
+    .await;
+    std::fs::remove_dir_all(&holder).unwrap();
+    let n = c
+        .expect(|m| m["method"] == "fs/watchEnded", WAIT)
+        .await
+        .expect("fs/watchEnded");
+    assert_eq!(n["params"]["watchId"], "gone");
+    assert!(n["params"]["reason"]
+        .as_str()
+        .is_some_and(|r| r.contains("removed")));
+    c.ok("fs/watch", json!({"watchId": "gone", "path": uri(&d)}))
+        .await;
+    std::fs::write(&f, "last").unwrap();
+    assert!(changed(&mut c, "file", &uri(&f)).await.is_some());
+    assert!(c
+        .expect(
+            |m| m["method"] == "fs/watchEnded",
+            Duration::from_millis(300)
+        )
+        .await
+        .is_none());
+}

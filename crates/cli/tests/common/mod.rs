@@ -423,6 +423,29 @@ pub fn inotify_count(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// Kernel watches held by `pid`'s inotify instances (`inotify wd:` lines of
+/// their `/proc/PID/fdinfo`).
+pub fn inotify_watch_count(pid: u32) -> usize {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy() == "anon_inode:inotify")
+        })
+        .map(|e| {
+            std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("inotify wd:"))
+            .count()
+        })
+        .sum()
+}
+
 /// True while `pid` runs (not exited, not a zombie).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
