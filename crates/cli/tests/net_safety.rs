@@ -317,10 +317,17 @@ async fn connections_that_never_initialize_free_their_slot() {
 
 /// The next `fs/changed` of `watch` naming `path` (a `file://` URI).
 async fn changed(c: &mut Conn, watch: &str, path: &str) -> Option<Value> {
+    changed_but(c, watch, path, "").await
+}
+
+/// The next `fs/changed` of `watch` naming `path` whose kind is not `skip`
+/// (one write can report `modify` more than once).
+async fn changed_but(c: &mut Conn, watch: &str, path: &str, skip: &str) -> Option<Value> {
     c.expect(
         |m| {
             m["method"] == "fs/changed"
                 && m["params"]["watchId"] == watch
+                && m["params"]["kind"] != skip
                 && m["params"]["paths"]
                     .as_array()
                     .is_some_and(|p| p.contains(&json!(path)))
@@ -395,19 +402,23 @@ async fn watch_survives_replacement_and_ends_with_a_notice() {
     let s = Server::start(&[]);
     let d = tmpdir("watch-replace");
     let mut c = Conn::open(&s.url, None).await;
-    // A file replaced by an atomic save (write a temporary file, rename it over).
-    let f = d.join("f.txt");
+    // Everything exists before the first watch, so no event predates a watch.
+    let (f, sub, holder) = (d.join("f.txt"), d.join("sub"), d.join("holder"));
     std::fs::write(&f, "v1").unwrap();
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::create_dir(&holder).unwrap();
+    std::fs::write(holder.join("g.txt"), "g").unwrap();
+    // A file replaced by an atomic save (write a temporary file, rename it over).
     c.ok("fs/watch", json!({"watchId": "file", "path": uri(&f)}))
         .await;
     for round in 0..3 {
         let tmp = d.join(format!(".f.txt.{round}.tmp"));
         std::fs::write(&tmp, format!("v{round}")).unwrap();
         std::fs::rename(&tmp, &f).unwrap();
-        let n = changed(&mut c, "file", &uri(&f))
+        let n = changed_but(&mut c, "file", &uri(&f), "modify")
             .await
             .unwrap_or_else(|| panic!("no change after atomic save {round}"));
-        assert_ne!(n["params"]["kind"], "remove", "{n}");
+        assert_eq!(n["params"]["kind"], "rename", "{n}");
         // Written in place afterwards: still heard.
         std::fs::write(&f, format!("edit {round}")).unwrap();
         let n = changed(&mut c, "file", &uri(&f))
@@ -416,8 +427,6 @@ async fn watch_survives_replacement_and_ends_with_a_notice() {
         assert_eq!(n["params"]["kind"], "modify", "{n}");
     }
     // A directory removed and made again.
-    let sub = d.join("sub");
-    std::fs::create_dir(&sub).unwrap();
     c.ok("fs/watch", json!({"watchId": "dir", "path": uri(&sub)}))
         .await;
     std::fs::remove_dir_all(&sub).unwrap();
@@ -434,9 +443,6 @@ async fn watch_survives_replacement_and_ends_with_a_notice() {
         .is_some());
     // When the directory holding the path goes, the watch ends, says so once,
     // and its id is free again; the other watches go on.
-    let holder = d.join("holder");
-    std::fs::create_dir(&holder).unwrap();
-    std::fs::write(holder.join("g.txt"), "g").unwrap();
     c.ok(
         "fs/watch",
         json!({"watchId": "gone", "path": uri(&holder.join("g.txt"))}),
@@ -462,4 +468,61 @@ async fn watch_survives_replacement_and_ends_with_a_notice() {
         )
         .await
         .is_none());
+    // A recursive watch follows new directories and directories moved within it.
+    c.ok(
+        "fs/watch",
+        json!({"watchId": "tree", "path": uri(&d), "recursive": true}),
+    )
+    .await;
+    let deep = d.join("deep");
+    std::fs::create_dir(&deep).unwrap();
+    assert!(changed(&mut c, "tree", &uri(&deep)).await.is_some());
+    std::fs::create_dir(deep.join("er")).unwrap();
+    assert!(changed(&mut c, "tree", &uri(&deep.join("er")))
+        .await
+        .is_some());
+    let moved = d.join("moved");
+    std::fs::rename(&deep, &moved).unwrap();
+    assert!(changed(&mut c, "tree", &uri(&moved)).await.is_some());
+    std::fs::write(moved.join("er/z"), "z").unwrap();
+    assert!(changed(&mut c, "tree", &uri(&moved.join("er/z")))
+        .await
+        .is_some());
+}
+
+/// Sets `pid`'s soft limit on open files; returns the previous limits.
+fn set_nofile_soft(pid: u32, soft: u64) -> libc::rlimit {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit reads `new` and writes `old`, both valid for the call.
+    let rc = unsafe { libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    assert_eq!(rc, 0);
+    let new = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: as above.
+    let rc = unsafe { libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+    assert_eq!(rc, 0);
+    old
+}
+
+#[tokio::test]
+async fn watch_without_inotify_resources_says_so_and_recovers() {
+    let s = Server::start(&[]);
+    let pid = s.pid();
+    let d = tmpdir("watch-limit");
+    let mut c = Conn::open(&s.url, None).await;
+    // No descriptor to spare: the inotify instance cannot be made.
+    let old = set_nofile_soft(pid, 0);
+    let why = internal_error(&mut c, "fs/watch", json!({"watchId": "w", "path": uri(&d)})).await;
+    set_nofile_soft(pid, old.rlim_cur);
+    assert!(why.contains("max_user_instances"), "{why}");
+    // Not remembered: with descriptors again, the same watch works.
+    c.ok("fs/watch", json!({"watchId": "w", "path": uri(&d)}))
+        .await;
+    std::fs::write(d.join("n"), "1").unwrap();
+    assert!(changed(&mut c, "w", &uri(&d.join("n"))).await.is_some());
 }

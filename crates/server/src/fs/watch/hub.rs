@@ -15,7 +15,7 @@
 use exec_server_protocol::types::FsChangedNotification;
 use exec_server_protocol::PathUri;
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -89,7 +89,8 @@ impl Sub {
 struct State {
     /// Kernel watches by descriptor number, with the paths they stand for.
     dirs: HashMap<i32, (WatchDescriptor, Vec<PathBuf>)>,
-    by_path: HashMap<PathBuf, i32>,
+    /// Ordered by components, so a directory's descendants follow it.
+    by_path: BTreeMap<PathBuf, i32>,
     subs: HashMap<SubId, Sub>,
     next_sub: SubId,
 }
@@ -240,8 +241,9 @@ impl Hub {
     fn forget_below(&self, st: &mut State, gone: &Path) {
         let stale: Vec<PathBuf> = st
             .by_path
-            .keys()
-            .filter(|p| p.starts_with(gone))
+            .range(gone.to_path_buf()..)
+            .map(|(p, _)| p)
+            .take_while(|p| p.starts_with(gone))
             .cloned()
             .collect();
         for p in stale {
@@ -289,6 +291,9 @@ impl Hub {
             .filter(|(_, s)| s.anchor().is_some_and(|a| !st.by_path.contains_key(a)))
             .map(|(id, _)| *id)
             .collect();
+        if orphans.is_empty() {
+            return;
+        }
         for id in orphans {
             if let Some(sub) = st.subs.remove(&id) {
                 let _ = sub.end.send(why.to_string());
@@ -371,17 +376,10 @@ impl Hub {
         let is_dir = mask.contains(EventMask::ISDIR);
         for base in bases {
             let path = base.join(&name);
-            for sub in st.subs.values() {
-                if sub.covers(&path) {
-                    send(sub, kind, &path);
-                }
-            }
-            if is_dir && mask.intersects(EventMask::DELETE | EventMask::MOVED_FROM) {
-                self.forget_below(st, &path);
-                self.end_orphans(st, "the directory holding the watched path was removed");
-            }
             if is_dir && mask.intersects(EventMask::CREATE | EventMask::MOVED_TO) {
-                // A watched path made again, or a new directory in a watched tree.
+                // A watched path made again, or a new directory in a watched
+                // tree: armed before anyone hears of it, so a client reacting
+                // to the news misses nothing made inside.
                 let wanted: Vec<bool> = st
                     .subs
                     .values()
@@ -394,6 +392,15 @@ impl Hub {
                         tracing::warn!("fs/watch: cannot follow {}: {e}", path.display());
                     }
                 }
+            }
+            for sub in st.subs.values() {
+                if sub.covers(&path) {
+                    send(sub, kind, &path);
+                }
+            }
+            if is_dir && mask.intersects(EventMask::DELETE | EventMask::MOVED_FROM) {
+                self.forget_below(st, &path);
+                self.end_orphans(st, "the directory holding the watched path was removed");
             }
         }
     }
