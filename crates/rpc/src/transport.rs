@@ -264,7 +264,7 @@ async fn read_line_capped<R: AsyncRead + Unpin>(
                 LineRead::Line
             });
         }
-        let (piece, found) = match available.iter().position(|&b| b == b'\n') {
+        let (piece, found) = match memchr::memchr(b'\n', available) {
             Some(i) => (&available[..i], true),
             None => (available, false),
         };
