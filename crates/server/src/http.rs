@@ -197,7 +197,8 @@ fn too_big(limit: usize) -> ErrorObject {
 /// such a response back as is instead of consulting the policy, so under
 /// `follow` it is checked here: following it is refused, as the reference does.
 fn unfollowable_redirect(resp: &reqwest::Response) -> Option<RedirectRefused> {
-    if !resp.status().is_redirection() {
+    // The statuses the HTTP stack follows; 300 and 304 are answers, not hops.
+    if !matches!(resp.status().as_u16(), 301 | 302 | 303 | 307 | 308) {
         return None;
     }
     let location = resp
