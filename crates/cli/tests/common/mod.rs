@@ -409,6 +409,7 @@ pub fn snapshot(dir: &std::path::Path) -> Vec<String> {
     }
     out.sort();
     out
+}
 
 /// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`…), in KiB.
 pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
