@@ -4,6 +4,7 @@
 
 use super::{blocking, check_sandbox, raw_bytes_reply, session_of, Sandboxed};
 use crate::connection::Ctx;
+use crate::error::ExecError;
 use crate::fs;
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, ErrorObject};
@@ -72,8 +73,13 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         m::FS_CLOSE,
         fs_mode,
         |ctx: Ctx, p: HandleParams| async move {
-            session_of(&ctx)?.files.remove(&p.handle_id);
-            Ok(Empty {})
+            // Closing commits a replace upload (a rename): file system work too.
+            let session = session_of(&ctx)?;
+            blocking(move || {
+                session.files.remove(&p.handle_id).map_err(ExecError::io)?;
+                Ok::<_, ExecError>(Empty {})
+            })
+            .await
         },
     );
 
