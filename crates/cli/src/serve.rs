@@ -214,7 +214,7 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
-    let listener = match listen::bind(&addr, &config).await {
+    let listener = match listen::bind(&addr).await {
         Ok(l) => l,
         Err(e) => {
             eprintln!("exec-server: cannot listen on {}: {e}", args.listen);

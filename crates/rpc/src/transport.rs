@@ -80,10 +80,6 @@ impl Outbound {
     pub fn close(&self) {
         self.closer.notify_one();
     }
-    /// True if both handles feed the same connection.
-    pub fn same_connection(&self, other: &Outbound) -> bool {
-        self.tx.same_channel(&other.tx)
-    }
 }
 
 /// A connected transport: a stream of inbound messages and a sending handle.

@@ -1,10 +1,11 @@
 //! `http/request`: an HTTP client on the executor, with optional streaming of the
 //! body as `http/request/bodyDelta` notifications.
 
+use crate::error::{ExecError, ExecResult};
 use exec_server_protocol::types::{
     HttpBodyDelta, HttpRequestParams, HttpResponse, HttpResponseHeader, RedirectPolicy,
 };
-use exec_server_protocol::{methods, ByteChunk, ErrorObject};
+use exec_server_protocol::{methods, ByteChunk};
 use exec_server_rpc::Outbound;
 use std::time::Duration;
 
@@ -96,13 +97,13 @@ pub struct Prepared {
 
 /// Validates params (-32602 on a bad method, URL, scheme or header) and builds
 /// the request.
-pub fn prepare(clients: &HttpClients, p: HttpRequestParams) -> Result<Prepared, ErrorObject> {
+pub fn prepare(clients: &HttpClients, p: HttpRequestParams) -> ExecResult<Prepared> {
     let method = reqwest::Method::from_bytes(p.method.as_bytes())
-        .map_err(|e| ErrorObject::invalid_params(format!("http/request method is invalid: {e}")))?;
+        .map_err(|e| ExecError::invalid_params(format!("http/request method is invalid: {e}")))?;
     let url = url::Url::parse(&p.url)
-        .map_err(|e| ErrorObject::invalid_params(format!("http/request url is invalid: {e}")))?;
+        .map_err(|e| ExecError::invalid_params(format!("http/request url is invalid: {e}")))?;
     if url.scheme() != "http" && url.scheme() != "https" {
-        return Err(ErrorObject::invalid_params(format!(
+        return Err(ExecError::invalid_params(format!(
             "http/request only supports http and https URLs, got {}",
             url.scheme()
         )));
@@ -115,7 +116,7 @@ pub fn prepare(clients: &HttpClients, p: HttpRequestParams) -> Result<Prepared, 
     for h in &p.headers {
         let value = match &h.value_env_var {
             Some(var) => std::env::var(var).map_err(|_| {
-                ErrorObject::invalid_params(format!(
+                ExecError::invalid_params(format!(
                     "http/request header `{}` names environment variable `{var}`, which is not set on the executor",
                     h.name
                 ))
@@ -123,14 +124,14 @@ pub fn prepare(clients: &HttpClients, p: HttpRequestParams) -> Result<Prepared, 
             None => h.value.clone(),
         };
         let name = reqwest::header::HeaderName::from_bytes(h.name.as_bytes()).map_err(|e| {
-            ErrorObject::invalid_params(format!(
+            ExecError::invalid_params(format!(
                 "http/request header name `{}` is invalid: {e}",
                 h.name
             ))
         })?;
         // The value may be a secret from the environment: never echo it.
         let value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| {
-            ErrorObject::invalid_params(format!(
+            ExecError::invalid_params(format!(
                 "http/request header `{}` has an invalid value",
                 h.name
             ))
@@ -182,12 +183,12 @@ fn describe(e: &reqwest::Error, timeout_ms: Option<u64>) -> String {
     text
 }
 
-fn transport_error(e: reqwest::Error, timeout_ms: Option<u64>) -> ErrorObject {
-    ErrorObject::internal(format!("http/request failed: {}", describe(&e, timeout_ms)))
+fn transport_error(e: reqwest::Error, timeout_ms: Option<u64>) -> ExecError {
+    ExecError::failed(format!("http/request failed: {}", describe(&e, timeout_ms))).with_source(e)
 }
 
-fn too_big(limit: usize) -> ErrorObject {
-    ErrorObject::internal(format!(
+fn too_big(limit: usize) -> ExecError {
+    ExecError::failed(format!(
         "http/request failed: response body is larger than {limit} bytes, the limit for buffered responses; \
          set streamResponse: true to receive it as http/request/bodyDelta notifications"
     ))
@@ -216,7 +217,7 @@ async fn read_capped(
     mut resp: reqwest::Response,
     limit: usize,
     timeout_ms: Option<u64>,
-) -> Result<Vec<u8>, ErrorObject> {
+) -> ExecResult<Vec<u8>> {
     if resp.content_length().is_some_and(|n| n > limit as u64) {
         return Err(too_big(limit));
     }
@@ -245,13 +246,13 @@ pub async fn send(
         HttpResponse,
         Option<impl std::future::Future<Output = ()> + Send>,
     ),
-    ErrorObject,
+    ExecError,
 > {
     let timeout_ms = prepared.timeout_ms;
     if timeout_ms == Some(0) {
         // A zero budget has run out before anything is sent (as the reference
         // answers); racing a zero timer against a connect would answer at random.
-        return Err(ErrorObject::internal(
+        return Err(ExecError::failed(
             "http/request failed: request timed out (timeoutMs 0)",
         ));
     }
@@ -262,9 +263,7 @@ pub async fn send(
         .map_err(|e| transport_error(e, timeout_ms))?;
     if prepared.follow {
         if let Some(refused) = unfollowable_redirect(&resp) {
-            return Err(ErrorObject::internal(format!(
-                "http/request failed: {refused}"
-            )));
+            return Err(ExecError::failed(format!("http/request failed: {refused}")));
         }
     }
     let status = resp.status().as_u16();

@@ -6,7 +6,7 @@
 //! # async fn demo() -> std::io::Result<()> {
 //! use exec_server::{listen, ServerConfig, ServerState};
 //! let state = ServerState::new(ServerConfig::default())?;
-//! let listener = listen::bind(&"ws://127.0.0.1:0".parse().unwrap(), &state.config).await?;
+//! let listener = listen::bind(&"ws://127.0.0.1:0".parse().unwrap()).await?;
 //! println!("{}", listener.url()); // ws://127.0.0.1:PORT
 //! listen::serve(listener, state).await;
 //! # Ok(()) }

@@ -1,7 +1,7 @@
 //! Listeners: WebSocket (`ws://IP:PORT`), stdio, and Unix sockets (`unix:///path`).
 
 use crate::auth::check_upgrade;
-use crate::{connection, ServerConfig, ServerState};
+use crate::{connection, ServerState};
 use exec_server_rpc::transport;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -87,7 +87,7 @@ impl Listener {
 
 /// Binds `addr`. A stale Unix socket file (nobody accepting) is replaced; a live
 /// one is an `AddrInUse` error.
-pub async fn bind(addr: &ListenAddr, _config: &ServerConfig) -> std::io::Result<Listener> {
+pub async fn bind(addr: &ListenAddr) -> std::io::Result<Listener> {
     match addr {
         ListenAddr::WebSocket(a) => {
             let l = TcpListener::bind(a).await?;

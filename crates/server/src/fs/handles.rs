@@ -1,7 +1,7 @@
 //! Open file handles of a session (`fs/open`), by client-chosen id.
 
 use super::write::{PendingReplace, Writer};
-use exec_server_protocol::ErrorObject;
+use crate::error::{ExecError, ExecResult};
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -49,16 +49,17 @@ impl HandleTable {
         self.files.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Fails with -32600 if `id` is taken or the table is full.
-    pub fn check_free(&self, id: &str) -> Result<(), ErrorObject> {
+    /// Fails if `id` is taken ([`AlreadyExists`](crate::error::ErrorKind::AlreadyExists))
+    /// or the table is full ([`LimitReached`](crate::error::ErrorKind::LimitReached)).
+    pub fn check_free(&self, id: &str) -> ExecResult<()> {
         let files = self.lock();
         if files.contains_key(id) {
-            return Err(ErrorObject::invalid_request(format!(
+            return Err(ExecError::already_exists(format!(
                 "file handle `{id}` already exists"
             )));
         }
         if files.len() >= MAX_OPEN_FILES_PER_SESSION {
-            return Err(ErrorObject::invalid_request(format!(
+            return Err(ExecError::limit_reached(format!(
                 "too many open file handles (limit {MAX_OPEN_FILES_PER_SESSION}); close some with fs/close"
             )));
         }
@@ -66,18 +67,18 @@ impl HandleTable {
     }
 
     /// Adds `file` under `id` (rechecked, so two racing opens cannot share an id).
-    pub fn insert(&self, id: &str, handle: Handle) -> Result<(), ErrorObject> {
+    pub fn insert(&self, id: &str, handle: Handle) -> ExecResult<()> {
         self.check_free(id)?;
         self.lock().insert(id.to_string(), handle);
         Ok(())
     }
 
     /// The file under `id`, or -32004 ``unknown file handle `id` ``.
-    pub fn get(&self, id: &str) -> Result<Arc<File>, ErrorObject> {
+    pub fn get(&self, id: &str) -> ExecResult<Arc<File>> {
         self.lock()
             .get(id)
             .map(|h| h.file.clone())
-            .ok_or_else(|| ErrorObject::not_found(format!("unknown file handle `{id}`")))
+            .ok_or_else(|| ExecError::not_found(format!("unknown file handle `{id}`")))
     }
 
     /// Closes `id` (unknown ids are fine); a replace is renamed over its
@@ -109,6 +110,7 @@ impl HandleTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
 
     fn null() -> Handle {
         Handle::read(File::open("/dev/null").unwrap())
@@ -121,13 +123,15 @@ mod tests {
             t.insert(&format!("h{i}"), null()).unwrap();
         }
         let e = t.insert("one-more", null()).unwrap_err();
-        assert_eq!(e.code, -32600);
-        assert!(e.message.contains("too many open file handles"));
-        assert_eq!(t.insert("h0", null()).unwrap_err().code, -32600);
+        assert_eq!(e.kind(), ErrorKind::LimitReached);
+        assert_eq!(
+            t.insert("h0", null()).unwrap_err().kind(),
+            ErrorKind::AlreadyExists
+        );
         t.remove("h0").unwrap();
         assert!(t.insert("again", null()).is_ok());
         t.clear();
         assert!(t.is_empty());
-        assert_eq!(t.get("again").unwrap_err().code, -32004);
+        assert_eq!(t.get("again").unwrap_err().kind(), ErrorKind::NotFound);
     }
 }

@@ -1,6 +1,9 @@
 //! File system methods (`fs/*`). Each operation is blocking and runs on Tokio's
-//! blocking pool; errors follow SPEC §7: not-found is -32004, other OS errors
-//! -32603 with the OS text, wrong kinds -32600.
+//! blocking pool. Errors are [`ExecError`]s: an OS error keeps the OS text
+//! ([`ExecError::io`]: not-found apart from the rest); a request that does not
+//! apply to what the path names (not a file, a directory without `recursive`,
+//! a copy into itself, a block out of range) is
+//! [`InvalidInput`](crate::error::ErrorKind::InvalidInput).
 
 pub mod handles;
 pub mod resolve;
@@ -9,8 +12,9 @@ pub mod walk;
 pub mod watch;
 pub mod write;
 
+use crate::error::{ExecError, ExecResult};
 use exec_server_protocol::types::*;
-use exec_server_protocol::{ByteChunk, ErrorObject, PathUri};
+use exec_server_protocol::{ByteChunk, PathUri};
 use handles::HandleTable;
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstatat, mkdirat, Mode, SFlag};
@@ -29,28 +33,25 @@ pub const MAX_READ_FILE_BYTES: u64 = 256 * 1024 * 1024;
 pub const MAX_BLOCK_BYTES: u64 = 1024 * 1024;
 
 /// The native path of a URI, normalised (no `.` components, no trailing slash):
-/// -32602 for a NUL byte, -32600 for a URI that names no path on this host
-/// (e.g. another host), as the reference answers.
-pub fn native(p: &PathUri) -> Result<PathBuf, ErrorObject> {
-    let path = p.to_path().map_err(ErrorObject::invalid_request)?;
+/// [`InvalidParams`](crate::error::ErrorKind::InvalidParams) for a NUL byte,
+/// [`InvalidInput`](crate::error::ErrorKind::InvalidInput) for a URI that names
+/// no path on this host (e.g. another host), as the reference answers.
+pub fn native(p: &PathUri) -> ExecResult<PathBuf> {
+    let path = p.to_path().map_err(ExecError::invalid_input)?;
     if path.as_os_str().as_encoded_bytes().contains(&0) {
-        return Err(ErrorObject::invalid_params(format!(
+        return Err(ExecError::invalid_params(format!(
             "path `{p}` contains a NUL byte"
         )));
     }
     Ok(resolve::normalize(&path))
 }
 
-fn io(e: std::io::Error) -> ErrorObject {
-    ErrorObject::from_io(&e)
+fn nix_io(e: nix::errno::Errno) -> ExecError {
+    ExecError::io(e.into())
 }
 
-fn nix_io(e: nix::errno::Errno) -> ErrorObject {
-    io(e.into())
-}
-
-fn not_a_file(p: &Path) -> ErrorObject {
-    ErrorObject::invalid_request(format!("path `{}` is not a file", p.display()))
+fn not_a_file(p: &Path) -> ExecError {
+    ExecError::invalid_input(format!("path `{}` is not a file", p.display()))
 }
 
 /// The directory holding `path`'s final name; `/` (no final name) is
@@ -58,43 +59,45 @@ fn not_a_file(p: &Path) -> ErrorObject {
 fn located(
     path: &Path,
     follow: Follow,
-    on_root: impl FnOnce() -> ErrorObject,
-) -> Result<Located, ErrorObject> {
-    locate(path, follow).map_err(io)?.ok_or_else(on_root)
+    on_root: impl FnOnce() -> ExecError,
+) -> ExecResult<Located> {
+    locate(path, follow)
+        .map_err(ExecError::io)?
+        .ok_or_else(on_root)
 }
 
-fn operation_not_permitted() -> ErrorObject {
+fn operation_not_permitted() -> ExecError {
     // What the reference answers for `/`.
-    ErrorObject::invalid_request(std::io::Error::from_raw_os_error(libc::EPERM).to_string())
+    ExecError::invalid_input(std::io::Error::from_raw_os_error(libc::EPERM).to_string())
 }
 
 /// Opens `path` for reading, resolved once; FIFOs open without blocking (and
 /// are then refused as not a file).
-fn open_for_read(path: &Path, follow: Option<bool>) -> Result<File, ErrorObject> {
+fn open_for_read(path: &Path, follow: Option<bool>) -> ExecResult<File> {
     let follow = Follow::from_wire(follow);
     let mut flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
     if follow == Follow::Never {
         flags |= OFlag::O_NOFOLLOW;
     }
-    let fd = match locate(path, follow).map_err(io)? {
+    let fd = match locate(path, follow).map_err(ExecError::io)? {
         Some(at) => openat(&at.dir, at.name.as_os_str(), flags, Mode::empty()),
         None => return Err(not_a_file(path)),
     }
     .map_err(nix_io)?;
     let file = File::from(fd);
-    if !file.metadata().map_err(io)?.is_file() {
+    if !file.metadata().map_err(ExecError::io)?.is_file() {
         return Err(not_a_file(path));
     }
     Ok(file)
 }
 
 /// `fs/readFile`.
-pub fn read_file(p: &ReadFileParams) -> Result<ReadFileResponse, ErrorObject> {
+pub fn read_file(p: &ReadFileParams) -> ExecResult<ReadFileResponse> {
     let path = native(&p.path)?;
     let mut file = open_for_read(&path, p.follow_symlinks)?;
-    let len = file.metadata().map_err(io)?.len();
+    let len = file.metadata().map_err(ExecError::io)?.len();
     if len > MAX_READ_FILE_BYTES {
-        return Err(ErrorObject::invalid_request(format!(
+        return Err(ExecError::invalid_input(format!(
             "file `{}` is {} bytes, above the fs/readFile limit of {} bytes; read it in blocks with fs/open and fs/readBlock",
             path.display(),
             len,
@@ -106,31 +109,31 @@ pub fn read_file(p: &ReadFileParams) -> Result<ReadFileResponse, ErrorObject> {
     (&mut file)
         .take(MAX_READ_FILE_BYTES)
         .read_to_end(&mut data)
-        .map_err(io)?;
+        .map_err(ExecError::io)?;
     Ok(ReadFileResponse {
         data_base64: ByteChunk(data),
     })
 }
 
 /// `fs/writeFile`: creates or replaces the whole file (see [`write`]).
-pub fn write_file(p: WriteFileParams) -> Result<Empty, ErrorObject> {
+pub fn write_file(p: WriteFileParams) -> ExecResult<Empty> {
     let path = native(&p.path)?;
     let follow = Follow::from_wire(p.follow_symlinks);
     let at = located(&path, follow, || {
-        io(std::io::Error::from_raw_os_error(libc::EISDIR))
+        ExecError::io(std::io::Error::from_raw_os_error(libc::EISDIR))
     })?;
-    write::write_whole(at, follow == Follow::Ancestors, &p.data_base64.0).map_err(io)?;
+    write::write_whole(at, follow == Follow::Ancestors, &p.data_base64.0).map_err(ExecError::io)?;
     Ok(Empty {})
 }
 
 /// `fs/createDirectory`: with `recursive`, every missing directory on the way
 /// is created one component at a time (so any depth works).
-pub fn create_directory(p: &CreateDirectoryParams) -> Result<Empty, ErrorObject> {
+pub fn create_directory(p: &CreateDirectoryParams) -> ExecResult<Empty> {
     let path = native(&p.path)?;
     let follow = Follow::from_wire(p.follow_symlinks);
     if !p.recursive {
         let at = located(&path, follow, || {
-            io(std::io::Error::from_raw_os_error(libc::EEXIST))
+            ExecError::io(std::io::Error::from_raw_os_error(libc::EEXIST))
         })?;
         mkdirat(
             &at.dir,
@@ -144,7 +147,7 @@ pub fn create_directory(p: &CreateDirectoryParams) -> Result<Empty, ErrorObject>
     if follow == Follow::Never {
         step |= OFlag::O_NOFOLLOW;
     }
-    let mut dir = resolve::open_dir(Path::new("/"), follow).map_err(io)?;
+    let mut dir = resolve::open_dir(Path::new("/"), follow).map_err(ExecError::io)?;
     for c in path.components() {
         let std::path::Component::Normal(name) = c else {
             continue;
@@ -173,17 +176,17 @@ fn ms(t: std::io::Result<std::time::SystemTime>) -> i64 {
 
 /// `fs/getMetadata`: type and size of the target, `isSymlink` of the path
 /// itself. With `followSymlinks: false` no symlink is followed at all.
-pub fn get_metadata(p: &PathParams) -> Result<MetadataResponse, ErrorObject> {
+pub fn get_metadata(p: &PathParams) -> ExecResult<MetadataResponse> {
     let path = native(&p.path)?;
     let follow = Follow::from_wire(p.follow_symlinks);
-    let is_symlink = match locate(&path, follow).map_err(io)? {
-        Some(at) => kind(&at.lstat().map_err(io)?) == SFlag::S_IFLNK,
+    let is_symlink = match locate(&path, follow).map_err(ExecError::io)? {
+        Some(at) => kind(&at.lstat().map_err(ExecError::io)?) == SFlag::S_IFLNK,
         None => false,
     };
     let meta = if is_symlink && follow == Follow::Never {
-        std::fs::symlink_metadata(&path).map_err(io)?
+        std::fs::symlink_metadata(&path).map_err(ExecError::io)?
     } else {
-        std::fs::metadata(&path).map_err(io)?
+        std::fs::metadata(&path).map_err(ExecError::io)?
     };
     Ok(MetadataResponse {
         is_directory: meta.is_dir(),
@@ -196,21 +199,21 @@ pub fn get_metadata(p: &PathParams) -> Result<MetadataResponse, ErrorObject> {
 }
 
 /// `fs/canonicalize`.
-pub fn canonicalize(p: &PathParams) -> Result<CanonicalizeResponse, ErrorObject> {
+pub fn canonicalize(p: &PathParams) -> ExecResult<CanonicalizeResponse> {
     let path = native(&p.path)?;
-    let real = std::fs::canonicalize(&path).map_err(io)?;
+    let real = std::fs::canonicalize(&path).map_err(ExecError::io)?;
     let path = PathUri::from_path(&real)
-        .ok_or_else(|| ErrorObject::internal(format!("`{}` has no file URI", real.display())))?;
+        .ok_or_else(|| ExecError::failed(format!("`{}` has no file URI", real.display())))?;
     Ok(CanonicalizeResponse { path })
 }
 
 /// `fs/readDirectory`: directory order; symlinks show their target's type; dangling
 /// links are left out.
-pub fn read_directory(p: &PathParams) -> Result<ReadDirectoryResponse, ErrorObject> {
+pub fn read_directory(p: &PathParams) -> ExecResult<ReadDirectoryResponse> {
     let path = native(&p.path)?;
     let mut entries = Vec::new();
-    for e in std::fs::read_dir(&path).map_err(io)? {
-        let e = e.map_err(io)?;
+    for e in std::fs::read_dir(&path).map_err(ExecError::io)? {
+        let e = e.map_err(ExecError::io)?;
         let Ok(meta) = std::fs::metadata(e.path()) else {
             continue;
         };
@@ -226,18 +229,18 @@ pub fn read_directory(p: &PathParams) -> Result<ReadDirectoryResponse, ErrorObje
 /// `fs/remove`: the final name is never followed (a symlink is removed, its
 /// target untouched, with or without a trailing slash); a directory's content
 /// is removed without following links or crossing mount points.
-pub fn remove(p: &RemoveParams) -> Result<Empty, ErrorObject> {
+pub fn remove(p: &RemoveParams) -> ExecResult<Empty> {
     let path = native(&p.path)?;
     let at = match locate(&path, Follow::from_wire(p.follow_symlinks)) {
         Ok(Some(at)) => at,
         Ok(None) => return Err(operation_not_permitted()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && p.force => return Ok(Empty {}),
-        Err(e) => return Err(io(e)),
+        Err(e) => return Err(ExecError::io(e)),
     };
     let st = match at.lstat() {
         Ok(st) => st,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && p.force => return Ok(Empty {}),
-        Err(e) => return Err(io(e)),
+        Err(e) => return Err(ExecError::io(e)),
     };
     let name = at.name.as_os_str();
     let r = if kind(&st) != SFlag::S_IFDIR {
@@ -247,24 +250,22 @@ pub fn remove(p: &RemoveParams) -> Result<Empty, ErrorObject> {
     } else {
         unlinkat(&at.dir, name, UnlinkatFlags::RemoveDir).map_err(Into::into)
     };
-    r.map_err(io)?;
+    r.map_err(ExecError::io)?;
     Ok(Empty {})
 }
 
-fn copy_into_itself() -> ErrorObject {
-    ErrorObject::invalid_request(
-        "fs/copy cannot copy a directory to itself or one of its descendants",
-    )
+fn copy_into_itself() -> ExecError {
+    ExecError::invalid_input("fs/copy cannot copy a directory to itself or one of its descendants")
 }
 
 /// `fs/copy`: files, directories with `recursive`, symlinks copied as
 /// symlinks. A directory is never copied into itself (checked on device and
 /// inode, so symlinks cannot hide it); a file never onto itself (hard links
 /// included).
-pub fn copy(p: &CopyParams) -> Result<Empty, ErrorObject> {
+pub fn copy(p: &CopyParams) -> ExecResult<Empty> {
     let src = native(&p.source_path)?;
     let dst = native(&p.destination_path)?;
-    let Some(from) = locate(&src, Follow::Ancestors).map_err(io)? else {
+    let Some(from) = locate(&src, Follow::Ancestors).map_err(ExecError::io)? else {
         // `/` itself: a directory that holds every destination.
         return Err(if p.recursive {
             copy_into_itself()
@@ -272,7 +273,7 @@ pub fn copy(p: &CopyParams) -> Result<Empty, ErrorObject> {
             requires_recursive()
         });
     };
-    let st = from.lstat().map_err(io)?;
+    let st = from.lstat().map_err(ExecError::io)?;
     let to = located(&dst, Follow::Ancestors, copy_into_itself)?;
     let (src_name, dst_name) = (from.name.as_os_str(), to.name.as_os_str());
     match kind(&st) {
@@ -290,25 +291,25 @@ pub fn copy(p: &CopyParams) -> Result<Empty, ErrorObject> {
             .map_err(nix_io)?;
             let onto_itself = fstatat(&to.dir, dst_name, nix::fcntl::AtFlags::empty())
                 .is_ok_and(|d| resolve::id_of(&d) == source_id);
-            if onto_itself || tree::is_within(&target_dir, source_id).map_err(io)? {
+            if onto_itself || tree::is_within(&target_dir, source_id).map_err(ExecError::io)? {
                 return Err(copy_into_itself());
             }
-            tree::copy_tree(&from.dir, src_name, &to.dir, dst_name).map_err(io)?;
+            tree::copy_tree(&from.dir, src_name, &to.dir, dst_name).map_err(ExecError::io)?;
         }
         SFlag::S_IFLNK => {
-            tree::copy_link(&from.dir, src_name, &to.dir, dst_name).map_err(io)?;
+            tree::copy_link(&from.dir, src_name, &to.dir, dst_name).map_err(ExecError::io)?;
         }
         SFlag::S_IFREG => {
             tree::copy_file(&from.dir, src_name, &to.dir, dst_name, true).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::InvalidInput {
-                    ErrorObject::invalid_request(e.to_string())
+                    ExecError::invalid_input(e.to_string())
                 } else {
-                    io(e)
+                    ExecError::io(e)
                 }
             })?;
         }
         _ => {
-            return Err(ErrorObject::invalid_request(format!(
+            return Err(ExecError::invalid_input(format!(
                 "fs/copy only copies regular files, directories and symlinks; `{}` is neither",
                 src.display()
             )))
@@ -317,13 +318,13 @@ pub fn copy(p: &CopyParams) -> Result<Empty, ErrorObject> {
     Ok(Empty {})
 }
 
-fn requires_recursive() -> ErrorObject {
-    ErrorObject::invalid_request("fs/copy requires recursive: true when sourcePath is a directory")
+fn requires_recursive() -> ExecError {
+    ExecError::invalid_input("fs/copy requires recursive: true when sourcePath is a directory")
 }
 
 /// `fs/open`: `mode` `read` (default) or `replace`. A replace writes a
 /// temporary file that `fs/close` renames over the target (see [`write`]).
-pub fn open(p: &OpenParams, table: &HandleTable) -> Result<OpenResponse, ErrorObject> {
+pub fn open(p: &OpenParams, table: &HandleTable) -> ExecResult<OpenResponse> {
     table.check_free(&p.handle_id)?;
     let path = native(&p.path)?;
     let handle = match p.mode {
@@ -333,7 +334,7 @@ pub fn open(p: &OpenParams, table: &HandleTable) -> Result<OpenResponse, ErrorOb
             if at.lstat().is_ok_and(|st| kind(&st) == SFlag::S_IFDIR) {
                 return Err(not_a_file(&path));
             }
-            handles::Handle::write(write::open_writer(at, true).map_err(io)?)
+            handles::Handle::write(write::open_writer(at, true).map_err(ExecError::io)?)
         }
     };
     table.insert(&p.handle_id, handle)?;
@@ -343,12 +344,9 @@ pub fn open(p: &OpenParams, table: &HandleTable) -> Result<OpenResponse, ErrorOb
 }
 
 /// `fs/readBlock`: up to `len` bytes at `offset`; `eof` once the end is reached.
-pub fn read_block(
-    p: &ReadBlockParams,
-    table: &HandleTable,
-) -> Result<ReadBlockResponse, ErrorObject> {
+pub fn read_block(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<ReadBlockResponse> {
     if p.len == 0 || p.len > MAX_BLOCK_BYTES {
-        return Err(ErrorObject::invalid_request(format!(
+        return Err(ExecError::invalid_input(format!(
             "file read block length must be between 1 and {MAX_BLOCK_BYTES}"
         )));
     }
@@ -361,23 +359,23 @@ pub fn read_block(
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io(e)),
+            Err(e) => return Err(ExecError::io(e)),
         }
     }
     buf.truncate(n);
-    let size = file.metadata().map_err(io)?.len();
+    let size = file.metadata().map_err(ExecError::io)?.len();
     Ok(ReadBlockResponse {
         eof: p.offset + n as u64 >= size,
         chunk: ByteChunk(buf),
     })
 }
 
-fn check_offset(offset: u64, len: u64) -> Result<(), ErrorObject> {
+fn check_offset(offset: u64, len: u64) -> ExecResult<()> {
     if offset
         .checked_add(len)
         .is_none_or(|end| end > i64::MAX as u64)
     {
-        return Err(ErrorObject::invalid_request(format!(
+        return Err(ExecError::invalid_input(format!(
             "file offset {offset} is out of range"
         )));
     }
@@ -385,22 +383,28 @@ fn check_offset(offset: u64, len: u64) -> Result<(), ErrorObject> {
 }
 
 /// `fs/writeBlock`: positional write; a gap is zero-filled by the OS.
-pub fn write_block(p: &WriteBlockParams, table: &HandleTable) -> Result<Empty, ErrorObject> {
+pub fn write_block(p: &WriteBlockParams, table: &HandleTable) -> ExecResult<Empty> {
     let len = p.chunk.0.len() as u64;
     if len == 0 || len > MAX_BLOCK_BYTES {
-        return Err(ErrorObject::invalid_request(format!(
+        return Err(ExecError::invalid_input(format!(
             "file write block length must be between 1 and {MAX_BLOCK_BYTES}"
         )));
     }
     check_offset(p.offset, len)?;
     let file = table.get(&p.handle_id)?;
-    file.write_all_at(&p.chunk.0, p.offset).map_err(io)?;
+    file.write_all_at(&p.chunk.0, p.offset)
+        .map_err(ExecError::io)?;
     Ok(Empty {})
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The wire code the handlers give this error (the mapping under test too).
+    fn code(e: ExecError) -> i64 {
+        crate::handlers::wire_error(&e).code
+    }
 
     fn uri(p: &Path) -> PathUri {
         PathUri::from_path(p).unwrap()
@@ -421,7 +425,7 @@ mod tests {
         };
         open(&open_w, &table).unwrap();
         assert_eq!(
-            open(&open_w, &table).unwrap_err().code,
+            code(open(&open_w, &table).unwrap_err()),
             -32600,
             "duplicate handle"
         );
@@ -452,7 +456,7 @@ mod tests {
             &table,
         )
         .unwrap_err();
-        assert_eq!(e.code, -32600);
+        assert_eq!(code(e), -32600);
         table.remove("w").unwrap();
         assert_eq!(std::fs::read(&f).unwrap(), b"hello\0\0\0x");
         let open_r = OpenParams {
@@ -501,33 +505,27 @@ mod tests {
             &table,
         )
         .unwrap_err();
-        assert_eq!(e.code, -32603, "read handle is not writable");
-        assert_eq!(
-            read_block(
-                &ReadBlockParams {
-                    handle_id: "zz".into(),
-                    offset: 0,
-                    len: 1
-                },
-                &table
-            )
-            .unwrap_err()
-            .code,
-            -32004
-        );
-        assert_eq!(
-            read_block(
-                &ReadBlockParams {
-                    handle_id: "r".into(),
-                    offset: 0,
-                    len: 0
-                },
-                &table
-            )
-            .unwrap_err()
-            .code,
-            -32600
-        );
+        assert_eq!(code(e), -32603, "read handle is not writable");
+        let e = read_block(
+            &ReadBlockParams {
+                handle_id: "zz".into(),
+                offset: 0,
+                len: 1,
+            },
+            &table,
+        )
+        .unwrap_err();
+        assert_eq!(code(e), -32004);
+        let e = read_block(
+            &ReadBlockParams {
+                handle_id: "r".into(),
+                offset: 0,
+                len: 0,
+            },
+            &table,
+        )
+        .unwrap_err();
+        assert_eq!(code(e), -32600);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,7 +1,8 @@
 //! `fs/walk`: breadth-first, names sorted, root not listed, bounded by WalkOptions.
 
+use crate::error::{ExecError, ExecResult};
 use exec_server_protocol::types::{WalkEntry, WalkEntryKind, WalkError, WalkOptions, WalkResponse};
-use exec_server_protocol::{ErrorObject, PathUri};
+use exec_server_protocol::PathUri;
 use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 
@@ -15,9 +16,9 @@ pub const MAX_WALK_ENTRIES: u64 = 50_000;
 /// Walks `root`. Errors: -32600 for limits of zero or above the maximums; -32004 or
 /// -32603 when the root itself cannot be read. Entries that cannot be read below
 /// the root become `errors`.
-pub fn walk(root: &Path, o: &WalkOptions) -> Result<WalkResponse, ErrorObject> {
+pub fn walk(root: &Path, o: &WalkOptions) -> ExecResult<WalkResponse> {
     if o.max_depth == 0 || o.max_directories == 0 || o.max_entries == 0 {
-        return Err(ErrorObject::invalid_request(
+        return Err(ExecError::invalid_input(
             "filesystem walk limits must be greater than zero",
         ));
     }
@@ -25,11 +26,11 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<WalkResponse, ErrorObject> {
         || o.max_directories > MAX_WALK_DIRECTORIES
         || o.max_entries > MAX_WALK_ENTRIES
     {
-        return Err(ErrorObject::invalid_request(format!(
+        return Err(ExecError::invalid_input(format!(
             "filesystem walk limits exceed maximums: depth={MAX_WALK_DEPTH}, directories={MAX_WALK_DIRECTORIES}, entries={MAX_WALK_ENTRIES}"
         )));
     }
-    let meta = std::fs::metadata(root).map_err(|e| ErrorObject::from_io(&e))?;
+    let meta = std::fs::metadata(root).map_err(|e| ExecError::io(e))?;
     if !meta.is_dir() {
         // A file has nothing below it: an empty walk, as the reference answers.
         return Ok(WalkResponse {
@@ -151,11 +152,20 @@ mod tests {
         let r = walk(&tmp, &opts(1, 10, 10)).unwrap();
         assert_eq!(r.entries.len(), 2);
         assert!(r.truncated, "depth cut the walk");
-        assert_eq!(walk(&tmp, &opts(0, 1, 1)).unwrap_err().code, -32600);
-        assert_eq!(walk(&tmp, &opts(65, 1, 1)).unwrap_err().code, -32600);
+        use crate::error::ErrorKind;
         assert_eq!(
-            walk(&tmp.join("missing"), &opts(1, 1, 1)).unwrap_err().code,
-            -32004
+            walk(&tmp, &opts(0, 1, 1)).unwrap_err().kind(),
+            ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            walk(&tmp, &opts(65, 1, 1)).unwrap_err().kind(),
+            ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            walk(&tmp.join("missing"), &opts(1, 1, 1))
+                .unwrap_err()
+                .kind(),
+            ErrorKind::NotFound
         );
         std::fs::remove_dir_all(&tmp).unwrap();
     }

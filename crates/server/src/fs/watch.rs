@@ -12,9 +12,10 @@
 
 mod hub;
 
-use crate::session::Link;
+use crate::error::{ExecError, ExecResult};
+use crate::link::Link;
 use exec_server_protocol::types::FsWatchEndedNotification;
-use exec_server_protocol::{methods, ErrorObject, PathUri};
+use exec_server_protocol::{methods, PathUri};
 use hub::{HubError, SubId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -47,20 +48,20 @@ impl WatchTable {
         path: &PathUri,
         recursive: bool,
         link: Arc<Link>,
-    ) -> Result<(), ErrorObject> {
-        let native = path.to_path().map_err(ErrorObject::invalid_params)?;
+    ) -> ExecResult<()> {
+        let native = path.to_path().map_err(ExecError::invalid_params)?;
         let mut table = lock(&self.watches);
         if table.contains_key(id) {
-            return Err(ErrorObject::invalid_request(format!(
+            return Err(ExecError::already_exists(format!(
                 "watch `{id}` already exists"
             )));
         }
         if table.len() >= MAX_WATCHES_PER_SESSION {
-            return Err(ErrorObject::invalid_request(format!(
+            return Err(ExecError::limit_reached(format!(
                 "too many watches in this session (limit {MAX_WATCHES_PER_SESSION})"
             )));
         }
-        std::fs::metadata(&native).map_err(|e| ErrorObject::from_io(&e))?;
+        std::fs::metadata(&native).map_err(ExecError::io)?;
         let hub = hub::hub().map_err(hub_error)?;
         let (sub, mut rx, ended) = hub
             .subscribe(id, native, recursive, WATCH_QUEUE_EVENTS)
@@ -121,10 +122,10 @@ impl WatchTable {
     }
 }
 
-fn hub_error(e: HubError) -> ErrorObject {
+fn hub_error(e: HubError) -> ExecError {
     match e {
-        HubError::Exhausted(why) => ErrorObject::internal(why),
-        HubError::Io(e) => ErrorObject::internal(format!("cannot watch: {e}")),
+        HubError::Exhausted(why) => ExecError::failed(why),
+        HubError::Io(e) => ExecError::failed(format!("cannot watch: {e}")).with_source(e),
     }
 }
 
