@@ -6,17 +6,16 @@
 
 pub mod cgroup;
 pub mod kill;
+mod notify;
 pub mod output_log;
 pub mod reaper;
 pub mod spawn;
 
 use crate::error::{ExecError, ExecResult};
 use crate::link::Link;
-use exec_server_protocol::methods;
-use exec_server_protocol::types::{
-    OutputStream, ProcessClosedNotification, ProcessExitedNotification, ProcessSignal,
-    ReadResponse, WriteStatus,
-};
+use exec_server_protocol::types::{OutputStream, ProcessSignal, ReadResponse, WriteStatus};
+pub use notify::encode_output_notification;
+use notify::{closed_json, exited_json};
 use output_log::OutputLog;
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::OwnedFd;
@@ -149,28 +148,6 @@ async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()
         }
     }
     Ok(())
-}
-
-/// Encodes a `process/output` notification straight into one string (hot path:
-/// no intermediate JSON value, base64 written in place).
-pub fn encode_output_notification(
-    process_id: &str,
-    seq: u64,
-    stream: OutputStream,
-    data: &[u8],
-) -> String {
-    use base64::Engine;
-    let mut s = String::with_capacity(96 + process_id.len() + data.len().div_ceil(3) * 4);
-    s.push_str("{\"method\":\"process/output\",\"params\":{\"processId\":");
-    s.push_str(&serde_json::to_string(process_id).unwrap_or_else(|_| "\"\"".into()));
-    s.push_str(",\"seq\":");
-    s.push_str(&seq.to_string());
-    s.push_str(",\"stream\":\"");
-    s.push_str(stream.as_str());
-    s.push_str("\",\"chunk\":\"");
-    exec_server_protocol::bytes::BASE64.encode_string(data, &mut s);
-    s.push_str("\"}}");
-    s
 }
 
 impl Process {
@@ -585,26 +562,4 @@ async fn send_event(proc: &Process, link: &Link, seq: u64, msg: String) {
 
 fn stdin_failed() -> ExecError {
     ExecError::failed("failed to write to process stdin")
-}
-
-fn exited_json(id: &str, seq: u64, code: i32) -> String {
-    exec_server_protocol::encode_notification(
-        methods::PROCESS_EXITED,
-        &ProcessExitedNotification {
-            process_id: id.to_string(),
-            seq,
-            exit_code: code,
-            sandbox_denied: false,
-        },
-    )
-}
-
-fn closed_json(id: &str, seq: u64) -> String {
-    exec_server_protocol::encode_notification(
-        methods::PROCESS_CLOSED,
-        &ProcessClosedNotification {
-            process_id: id.to_string(),
-            seq,
-        },
-    )
 }

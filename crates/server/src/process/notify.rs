@@ -1,0 +1,52 @@
+//! The notifications a process sends: `process/output` (hot: encoded by hand,
+//! benchmarked in `benches/output_chunk.rs`), `process/exited` and
+//! `process/closed` (cold: built from the protocol types).
+
+use exec_server_protocol::methods;
+use exec_server_protocol::types::{
+    OutputStream, ProcessClosedNotification, ProcessExitedNotification,
+};
+
+/// Encodes a `process/output` notification straight into one string (hot path:
+/// no intermediate JSON value, base64 written in place).
+pub fn encode_output_notification(
+    process_id: &str,
+    seq: u64,
+    stream: OutputStream,
+    data: &[u8],
+) -> String {
+    use base64::Engine;
+    let mut s = String::with_capacity(96 + process_id.len() + data.len().div_ceil(3) * 4);
+    s.push_str("{\"method\":\"process/output\",\"params\":{\"processId\":");
+    s.push_str(&serde_json::to_string(process_id).unwrap_or_else(|_| "\"\"".into()));
+    s.push_str(",\"seq\":");
+    s.push_str(&seq.to_string());
+    s.push_str(",\"stream\":\"");
+    s.push_str(stream.as_str());
+    s.push_str("\",\"chunk\":\"");
+    exec_server_protocol::bytes::BASE64.encode_string(data, &mut s);
+    s.push_str("\"}}");
+    s
+}
+
+pub(super) fn exited_json(id: &str, seq: u64, code: i32) -> String {
+    exec_server_protocol::encode_notification(
+        methods::PROCESS_EXITED,
+        &ProcessExitedNotification {
+            process_id: id.to_string(),
+            seq,
+            exit_code: code,
+            sandbox_denied: false,
+        },
+    )
+}
+
+pub(super) fn closed_json(id: &str, seq: u64) -> String {
+    exec_server_protocol::encode_notification(
+        methods::PROCESS_CLOSED,
+        &ProcessClosedNotification {
+            process_id: id.to_string(),
+            seq,
+        },
+    )
+}
