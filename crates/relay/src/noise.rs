@@ -463,7 +463,43 @@ pub struct Transport {
     recv: CipherState,
 }
 
+/// The sending half of a [`Transport`] (see [`Transport::split`]).
+pub struct Sealer(CipherState);
+/// The receiving half of a [`Transport`].
+pub struct Opener(CipherState);
+
+impl Sealer {
+    /// As [`Transport::encrypt`].
+    pub fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
+        if plaintext.len() + TAG_LEN > MAX_MESSAGE_LEN {
+            return Err(NoiseError::Length);
+        }
+        if self.0.n >= MAX_RECORDS_PER_DIRECTION {
+            return Err(NoiseError::Exhausted);
+        }
+        Ok(self.0.encrypt(&[], plaintext))
+    }
+}
+
+impl Opener {
+    /// As [`Transport::decrypt`].
+    pub fn decrypt(&mut self, ciphertext: &[u8]) -> Result<Vec<u8>, NoiseError> {
+        if ciphertext.len() > MAX_MESSAGE_LEN {
+            return Err(NoiseError::Length);
+        }
+        if self.0.n >= MAX_RECORDS_PER_DIRECTION {
+            return Err(NoiseError::Exhausted);
+        }
+        self.0.decrypt(&[], ciphertext)
+    }
+}
+
 impl Transport {
+    /// Separates the directions so a writer task and a reader task can each own one.
+    pub fn split(self) -> (Sealer, Opener) {
+        (Sealer(self.send), Opener(self.recv))
+    }
+
     /// Encrypts one record (plaintext ≤ 65 519 bytes). Errors:
     /// [`NoiseError::Length`], [`NoiseError::Exhausted`].
     pub fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
