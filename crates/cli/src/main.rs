@@ -1,5 +1,7 @@
 //! The `exec-server` binary: the server (default), and client commands.
 
+mod executor;
+mod registry;
 mod remote;
 mod serve;
 
@@ -40,6 +42,8 @@ enum Command {
     Fs(remote::FsArgs),
     /// Print the server's environment info as JSON.
     Info(remote::ConnectArgs),
+    /// Run an environment registry and rendezvous relay (remote mode).
+    Registry(registry::RegistryArgs),
 }
 
 fn main() {
@@ -71,6 +75,7 @@ fn main() {
             Some(Command::Shell(args)) => remote::shell(args).await,
             Some(Command::Fs(args)) => remote::fs(args).await,
             Some(Command::Info(args)) => remote::info(args).await,
+            Some(Command::Registry(args)) => registry::run(args).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));

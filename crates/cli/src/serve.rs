@@ -93,6 +93,9 @@ pub struct ServeArgs {
     /// Clock difference tolerated for `exp` and `nbf`, in seconds.
     #[arg(long, value_name = "SECONDS", requires = "ws_shared_secret_file")]
     pub ws_max_clock_skew_seconds: Option<u64>,
+
+    #[command(flatten)]
+    pub remote: crate::executor::RemoteArgs,
 }
 
 fn auth_from(args: &ServeArgs) -> Result<Option<WsAuth>, String> {
@@ -207,6 +210,9 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
+    if args.remote.remote.is_some() {
+        return crate::executor::run(args.remote.clone(), state).await;
+    }
     let listener = match listen::bind(&addr, &config).await {
         Ok(l) => l,
         Err(e) => {
