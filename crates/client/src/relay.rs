@@ -105,7 +105,7 @@ pub fn connection_from_channel(ch: Channel) -> Connection {
     } = ch;
     let closer = end.closer.clone();
     let in_tx = end.inbound;
-    tokio::spawn(async move {
+    let inbound_pump = tokio::spawn(async move {
         loop {
             let m = tokio::select! {
                 m = inbound.recv() => m,
@@ -132,7 +132,8 @@ pub fn connection_from_channel(ch: Channel) -> Connection {
                 break;
             }
         }
-        // Dropping `outbound` (and the inbound pump ending) ends the stream.
+        // Closing ends both directions, so the stream (and its socket) goes away.
+        inbound_pump.abort();
     });
     conn
 }
