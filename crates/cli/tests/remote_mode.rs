@@ -261,3 +261,88 @@ async fn seq_2000000_survives_harness_and_executor_drops() {
     // Drops that land while a resume is under way merge into it.
     assert!(c.recoveries() >= 3, "recoveries: {}", c.recoveries());
 }
+
+fn codex_ref() -> Option<String> {
+    let out = Command::new("sh")
+        .args(["-c", "command -v codex-ref"])
+        .output()
+        .ok()?;
+    let p = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (!p.is_empty()).then_some(p)
+}
+
+/// The real Codex harness (`codex exec` with the three `CODEX_EXEC_SERVER_NOISE_*`
+/// variables, driven by `../shared/realclient`'s mock model) runs a command on
+/// our executor through our registry and relay. Skipped without `codex-ref` or
+/// the shared directory.
+#[test]
+fn real_codex_harness_through_our_registry_to_our_executor() {
+    let shared = std::env::var("SHARED_DIR")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared").to_string());
+    let mock = std::path::Path::new(&shared).join("realclient/mock_model.py");
+    let (Some(codex), true) = (codex_ref(), mock.exists()) else {
+        eprintln!("codex-ref or {} missing; skipping", mock.display());
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("remote-realclient-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("home")).unwrap();
+    std::fs::create_dir_all(dir.join("work")).unwrap();
+    let script = r#"{"remote1": {"steps": [{"kind": "function", "name": "exec_command", "arguments": {"cmd": "echo REMOTE-MARKER-$((6*7))", "yield_time_ms": 3000}}], "final": "done"}}"#;
+    std::fs::write(dir.join("script.json"), script).unwrap();
+    let mut model = Command::new("python3")
+        .arg(&mock)
+        .args([
+            "--script",
+            dir.join("script.json").to_str().unwrap(),
+            "--port",
+            "0",
+        ])
+        .args(["--record", dir.join("rec.jsonl").to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    BufReader::new(model.stdout.take().unwrap())
+        .read_line(&mut port)
+        .unwrap();
+    let _model = Proc(model);
+    let config = format!(
+        "model = \"gpt-5.5\"\nmodel_provider = \"realclient_mock\"\napproval_policy = \"never\"\nsandbox_mode = \"danger-full-access\"\n\n\
+         [model_providers.realclient_mock]\nname = \"realclient mock\"\nbase_url = \"http://127.0.0.1:{}/v1\"\nwire_api = \"responses\"\n\
+         request_max_retries = 0\nstream_max_retries = 0\nstream_idle_timeout_ms = 60000\n\n\
+         [features]\nplugins = false\nremote_plugin = false\napps = false\n\n[analytics]\nenabled = false\n",
+        port.trim()
+    );
+    std::fs::write(dir.join("home/config.toml"), config).unwrap();
+    let (_reg, url) = start_registry(&[]);
+    let _exec = start_executor(&url, "devbox", "t");
+    wait_ready(&url, "devbox", "h");
+    let out = Command::new(codex)
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            "--json",
+            "--strict-config",
+            "-C",
+        ])
+        .arg(dir.join("work"))
+        .arg("[rc-scenario:remote1] follow the script")
+        .env_remove("CODEX_EXEC_SERVER_URL")
+        .env("CODEX_HOME", dir.join("home"))
+        .env("NO_COLOR", "1")
+        .env("CODEX_EXEC_SERVER_NOISE_REGISTRY_URL", &url)
+        .env("CODEX_EXEC_SERVER_NOISE_ENVIRONMENT_ID", "devbox")
+        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "h")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let recorded = std::fs::read_to_string(dir.join("rec.jsonl")).unwrap_or_default();
+    assert!(
+        recorded.contains("REMOTE-MARKER-42"),
+        "the command's output did not reach the model; codex stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
