@@ -44,7 +44,9 @@ fn host_allows_api_key(url: &str) -> bool {
     loopback || (u.scheme() == "https" && openai)
 }
 
-fn bearer(args: &RemoteArgs, url: &str) -> Result<(String, bool), String> {
+/// The registry bearer and whether error bodies may be shown (not for a bearer
+/// from stdin).
+pub(crate) fn bearer(args: &RemoteArgs, url: &str) -> Result<(String, bool), String> {
     if args.registration_bearer_stdin {
         let mut line = String::new();
         std::io::stdin()

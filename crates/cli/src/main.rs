@@ -1,6 +1,7 @@
 //! The `exec-server` binary: the server (default), and client commands.
 
 mod executor;
+mod forward;
 mod registry;
 mod remote;
 mod serve;
@@ -44,6 +45,8 @@ enum Command {
     Info(remote::ConnectArgs),
     /// Run an environment registry and rendezvous relay (remote mode).
     Registry(registry::RegistryArgs),
+    /// Bridge a listening exec-server into a registry, stream by stream.
+    Forward(forward::ForwardArgs),
 }
 
 fn main() {
@@ -76,6 +79,7 @@ fn main() {
             Some(Command::Fs(args)) => remote::fs(args).await,
             Some(Command::Info(args)) => remote::info(args).await,
             Some(Command::Registry(args)) => registry::run(args).await,
+            Some(Command::Forward(args)) => forward::run(args).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));

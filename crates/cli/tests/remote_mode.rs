@@ -346,3 +346,58 @@ fn real_codex_harness_through_our_registry_to_our_executor() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `forward` bridges a listening exec-server (ours, then the reference when
+/// installed) into the registry: `run --registry` reaches it stream by stream.
+#[test]
+fn forward_bridges_a_listening_server() {
+    let mut targets = vec![Server::start(&[])];
+    if let Some(codex) = codex_ref() {
+        let mut child = Command::new(codex)
+            .args(["exec-server", "--listen", "ws://127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        targets.push(Server {
+            child,
+            url: line.trim().to_string(),
+        });
+    }
+    for (i, target) in targets.iter().enumerate() {
+        let (_reg, url) = start_registry(&[]);
+        let env = format!("fwd{i}");
+        let mut child = Command::new(BIN)
+            .args([
+                "forward",
+                "--connect",
+                &target.url,
+                "--remote",
+                &url,
+                "--environment-id",
+                &env,
+            ])
+            .arg("--registration-bearer-stdin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        writeln!(child.stdin.take().unwrap(), "t").unwrap();
+        let _fwd = Proc(child);
+        wait_ready(&url, &env, "h");
+        let out = run_cli(&url, &env, "h", &["sh", "-c", "echo forwarded; exit 3"]);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"forwarded\n");
+    }
+}
