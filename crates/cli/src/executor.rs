@@ -134,22 +134,6 @@ pub async fn run(args: RemoteArgs, state: Arc<ServerState>) -> i32 {
     code
 }
 
-#[cfg(test)]
-mod tests {
-    use super::host_allows_api_key;
-
-    #[test]
-    fn api_key_host_rule() {
-        assert!(host_allows_api_key("https://api.openai.com/x"));
-        assert!(host_allows_api_key("https://openai.org"));
-        assert!(host_allows_api_key("http://127.0.0.1:5"));
-        assert!(host_allows_api_key("http://localhost:5"));
-        assert!(!host_allows_api_key("http://api.openai.com"));
-        assert!(!host_allows_api_key("https://evilopenai.com"));
-        assert!(!host_allows_api_key("https://example.com"));
-    }
-}
-
 /// The client's source for `--registry URL --environment ID`: the token comes
 /// from `--token-file` or `CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN`, never argv.
 pub fn relay_source(
@@ -170,4 +154,20 @@ pub fn relay_source(
     let account = std::env::var(ENV_ACCOUNT_ID).ok();
     let source = RelaySource::new(registry, env, &token, account)?;
     Ok(exec_server_client::Source::Relay(Arc::new(source)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allows_api_key;
+
+    #[test]
+    fn api_key_host_rule() {
+        assert!(host_allows_api_key("https://api.openai.com/x"));
+        assert!(host_allows_api_key("https://openai.org"));
+        assert!(host_allows_api_key("http://127.0.0.1:5"));
+        assert!(host_allows_api_key("http://localhost:5"));
+        assert!(!host_allows_api_key("http://api.openai.com"));
+        assert!(!host_allows_api_key("https://evilopenai.com"));
+        assert!(!host_allows_api_key("https://example.com"));
+    }
 }

@@ -58,7 +58,7 @@ pub struct SendSeq(u32);
 
 impl SendSeq {
     /// The next seq, or [`OutOfWindow`] once 2^32 frames were sent.
-    pub fn next(&mut self) -> Result<u32, OutOfWindow> {
+    pub fn take(&mut self) -> Result<u32, OutOfWindow> {
         let s = self.0;
         self.0 = s.checked_add(1).ok_or(OutOfWindow)?;
         Ok(s)

@@ -89,7 +89,7 @@ mod tests {
             vec![b"one".to_vec(), b"two".to_vec()]
         );
         assert_eq!(r.push(&[0, 3, b'a', b'b']).unwrap(), Vec::<Vec<u8>>::new());
-        assert_eq!(r.push(&[b'c']).unwrap(), vec![b"abc".to_vec()]);
+        assert_eq!(r.push(b"c").unwrap(), vec![b"abc".to_vec()]);
         assert_eq!(Reassembler::default().push(&[0, 0, 0, 0]), Err(BadLength));
         assert_eq!(
             Reassembler::default().push(&[0xff, 0, 0, 0]),

@@ -58,7 +58,7 @@ impl SendHalf {
         let mut out = Vec::new();
         for record in records::split(message)? {
             let c = self.sealer.encrypt(&record)?;
-            out.push(Frame::data(&self.stream_id, self.seq.next()?, c).encode());
+            out.push(Frame::data(&self.stream_id, self.seq.take()?, c).encode());
         }
         Ok(out)
     }

@@ -45,7 +45,7 @@ enum Event {
     Validated {
         stream_id: String,
         vid: u64,
-        result: Option<(Transport, Vec<u8>)>,
+        result: Option<Box<(Transport, Vec<u8>)>>,
     },
     Ended {
         stream_id: String,
@@ -130,7 +130,7 @@ impl Mux<'_> {
             )
             .await;
             let result = match valid {
-                Ok(Ok(true)) => pending.complete(&mut OsRandom).ok(),
+                Ok(Ok(true)) => pending.complete(&mut OsRandom).ok().map(Box::new),
                 Ok(Ok(false)) => {
                     tracing::info!("environment registry rejected Noise relay harness key");
                     None
@@ -158,13 +158,13 @@ impl Mux<'_> {
         &mut self,
         stream_id: String,
         vid: u64,
-        result: Option<(Transport, Vec<u8>)>,
+        result: Option<Box<(Transport, Vec<u8>)>>,
     ) {
         if self.pending.get(&stream_id) != Some(&vid) {
             return; // superseded or reset meanwhile
         }
         self.pending.remove(&stream_id);
-        let Some((transport, msg2)) = result else {
+        let Some((transport, msg2)) = result.map(|b| *b) else {
             self.reset(&stream_id);
             return self.charge();
         };

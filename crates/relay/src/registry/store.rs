@@ -72,7 +72,7 @@ struct Data {
 
 impl Data {
     fn signing_key(&mut self) -> ([u8; 32], bool) {
-        if let Some(k) = self.signing_key.as_deref().and_then(|h| hex_decode(h)) {
+        if let Some(k) = self.signing_key.as_deref().and_then(hex_decode) {
             return (k, false);
         }
         let mut k = [0u8; 32];
