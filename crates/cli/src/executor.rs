@@ -103,10 +103,12 @@ pub async fn run(args: RemoteArgs, state: Arc<ServerState>) -> i32 {
         let state = serving.clone();
         let peer = ch.peer.clone();
         let conn = exec_server_client::relay::connection_from_channel(ch);
+        // A relay stream is a network peer: the same handshake deadline applies.
         tokio::spawn(exec_server::connection::serve(
             state,
             conn,
             format!("JSON-RPC message from {peer}"),
+            Some(exec_server::listen::HANDSHAKE_TIMEOUT),
         ));
     });
     let config = Config {

@@ -325,8 +325,15 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
         m::FS_CLOSE,
         fs_mode,
         |ctx: Ctx, p: HandleParams| async move {
-            ctx.session()?.files.remove(&p.handle_id);
-            Ok(Empty {})
+            let session = ctx.session()?;
+            blocking(move || {
+                session
+                    .files
+                    .remove(&p.handle_id)
+                    .map_err(|e| ErrorObject::from_io(&e))?;
+                Ok(Empty {})
+            })
+            .await
         },
     );
 

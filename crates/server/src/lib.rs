@@ -58,6 +58,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Largest WebSocket message in bytes.
     pub max_message_bytes: usize,
+    /// Largest buffered `http/request` response body in bytes
+    /// ([`http::DEFAULT_MAX_BUFFERED_HTTP_BODY_BYTES`]); streamed bodies are not capped.
+    pub max_http_body_bytes: usize,
     /// Run requests whose `sandbox` restricts the file system or network without
     /// restriction (this server does not enforce sandboxes); off: refuse them.
     pub allow_unsandboxed: bool,
@@ -71,6 +74,7 @@ impl Default for ServerConfig {
             auth: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_message_bytes: MAX_MESSAGE_BYTES,
+            max_http_body_bytes: http::DEFAULT_MAX_BUFFERED_HTTP_BODY_BYTES,
             allow_unsandboxed: false,
         }
     }
@@ -108,7 +112,8 @@ impl ServerState {
             env_info_json: serde_json::to_string(&env_info).map_err(std::io::Error::other)?,
             env_info,
             router: handlers::router(fs_mode),
-            http: http::HttpClients::new().map_err(std::io::Error::other)?,
+            http: http::HttpClients::new(config.max_http_body_bytes)
+                .map_err(std::io::Error::other)?,
             next_connection: AtomicU64::new(1),
             config,
         }))
@@ -124,5 +129,6 @@ impl ServerState {
     pub fn shutdown(&self) {
         self.sessions.shutdown_all();
         process::kill::kill_all_descendants();
+        process::cgroup::kill_all_and_remove();
     }
 }
