@@ -1,6 +1,9 @@
 //! The `exec-server` binary: the server (default), and client commands.
 
 mod commands;
+mod executor;
+mod forward;
+mod registry;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +43,10 @@ enum Command {
     Fs(commands::fs::FsArgs),
     /// Print the server's environment info as JSON.
     Info(commands::ConnectArgs),
+    /// Run an environment registry and rendezvous relay (remote mode).
+    Registry(registry::RegistryArgs),
+    /// Bridge a listening exec-server into a registry, stream by stream.
+    Forward(forward::ForwardArgs),
 }
 
 fn main() {
@@ -71,6 +78,8 @@ fn main() {
             Some(Command::Shell(args)) => commands::shell::shell(args).await,
             Some(Command::Fs(args)) => commands::fs::fs(args).await,
             Some(Command::Info(args)) => commands::info::info(args).await,
+            Some(Command::Registry(args)) => registry::run(args).await,
+            Some(Command::Forward(args)) => forward::run(args).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));

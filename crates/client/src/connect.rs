@@ -34,6 +34,8 @@ pub enum Source {
     /// protocol, no socket. Needs the `embedded` feature.
     #[cfg(feature = "embedded")]
     Embedded(std::sync::Arc<exec_server::ServerState>),
+    /// An environment reached by id through a registry and relay (remote mode).
+    Relay(std::sync::Arc<crate::relay::RelaySource>),
 }
 
 impl std::fmt::Debug for Source {
@@ -44,6 +46,7 @@ impl std::fmt::Debug for Source {
             Source::Program { program, .. } => write!(f, "program {program}"),
             #[cfg(feature = "embedded")]
             Source::Embedded(_) => f.write_str("embedded server"),
+            Source::Relay(r) => write!(f, "{r:?}"),
         }
     }
 }
@@ -98,6 +101,7 @@ impl Source {
     async fn connect_inner(&self) -> Result<Connection, ConnectionError> {
         let other = |m: String| ConnectionError::new(ConnectionErrorKind::Other, m);
         match self {
+            Source::Relay(r) => r.connect().await.map_err(other),
             Source::WebSocket { url, token } => {
                 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
                 let mut req = url
