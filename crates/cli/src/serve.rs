@@ -48,11 +48,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = exec_server::MAX_MESSAGE_BYTES, value_name = "BYTES")]
     pub max_message_bytes: usize,
 
-    /// Run requests whose `sandbox` restricts the file system or network without
-    /// any restriction. This server does not enforce sandboxes; without this flag
-    /// such requests are refused with a clear error instead of running unsandboxed.
-    /// The Codex CLI in a sandboxed mode needs it (or run Codex with
-    /// --sandbox danger-full-access).
+    /// Where a request's `sandbox` cannot be enforced on this host (bubblewrap
+    /// not installed), run it unconfined and report `sandboxType: "none"`
+    /// instead of refusing it. Without effect where enforcement is possible:
+    /// sandboxes are then always enforced.
     #[arg(long)]
     pub allow_unsandboxed: bool,
 
@@ -199,6 +198,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         max_connections: args.max_connections.max(1),
         max_message_bytes: args.max_message_bytes.max(1024),
         allow_unsandboxed: args.allow_unsandboxed,
+        sandbox_helper: std::env::current_exe().ok(),
     };
     let state = match ServerState::new(config.clone()) {
         Ok(s) => s,

@@ -3,6 +3,7 @@
 
 use crate::connection::{gate, Ctx, Phase};
 use crate::process::Process;
+use crate::sandbox::fs_helper::{Need, Route};
 use crate::session::InsertError;
 use crate::{discovery, fs, http};
 use exec_server_protocol::types::*;
@@ -94,8 +95,14 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
             if p.argv.is_empty() {
                 return Err(ErrorObject::invalid_params("argv must not be empty"));
             }
-            crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
             let cwd = fs::native(&p.cwd)?;
+            let confine = crate::sandbox::for_start(
+                p.sandbox.as_ref(),
+                p.enforce_managed_network,
+                &cwd,
+                &ctx.server.sandbox,
+            )?;
+            let sandbox_type = crate::sandbox::sandbox_type(confine.as_ref());
             let session = ctx.session()?;
             let (gate_tx, gate_rx) = oneshot::channel();
             let weak = Arc::downgrade(&session);
@@ -111,6 +118,7 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
                             s.retire(proc);
                         }
                     }),
+                    confine.as_ref(),
                 )
             });
             match inserted {
@@ -126,7 +134,7 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
                 Ok(Ok(_proc)) => {
                     let mut reply = Reply::of(&ExecResponse {
                         process_id: p.process_id,
-                        sandbox_type: "none".into(),
+                        sandbox_type: sandbox_type.into(),
                     });
                     reply.after_send = Some(Box::new(move || {
                         let _ = gate_tx.send(());
@@ -221,8 +229,14 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
         m::FS_READ_FILE,
         fs_mode,
         |ctx: Ctx, p: ReadFileParams| async move {
-            crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
-            let data = blocking(move || fs::read_file(&p)).await?;
+            let data = match crate::sandbox::fs_helper::route(
+                p.sandbox.as_ref(),
+                Need::Read,
+                &ctx.server.sandbox,
+            )? {
+                Route::Helper(h) => h.call(m::FS_READ_FILE, &p).await?,
+                Route::InProcess => blocking(move || fs::read_file(&p)).await?,
+            };
             Ok(raw_bytes_reply(
                 "{\"dataBase64\":\"",
                 &data.data_base64.0,
@@ -234,67 +248,124 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
         m::FS_WRITE_FILE,
         fs_mode,
         |ctx: Ctx, p: WriteFileParams| async move {
-            crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
-            blocking(move || fs::write_file(p)).await
+            match crate::sandbox::fs_helper::route(
+                p.sandbox.as_ref(),
+                Need::Write,
+                &ctx.server.sandbox,
+            )? {
+                Route::Helper(h) => h.call(m::FS_WRITE_FILE, &p).await,
+                Route::InProcess => blocking(move || fs::write_file(p)).await,
+            }
         },
     );
     r.request(
         m::FS_CREATE_DIRECTORY,
         fs_mode,
         |ctx: Ctx, p: CreateDirectoryParams| async move {
-            crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
-            blocking(move || fs::create_directory(&p)).await
+            match crate::sandbox::fs_helper::route(
+                p.sandbox.as_ref(),
+                Need::Write,
+                &ctx.server.sandbox,
+            )? {
+                Route::Helper(h) => h.call(m::FS_CREATE_DIRECTORY, &p).await,
+                Route::InProcess => blocking(move || fs::create_directory(&p)).await,
+            }
         },
     );
     r.request(
         m::FS_GET_METADATA,
         fs_mode,
         |ctx: Ctx, p: PathParams| async move {
-            crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
-            blocking(move || fs::get_metadata(&p)).await
+            match crate::sandbox::fs_helper::route(
+                p.sandbox.as_ref(),
+                Need::Read,
+                &ctx.server.sandbox,
+            )? {
+                Route::Helper(h) => h.call(m::FS_GET_METADATA, &p).await,
+                Route::InProcess => blocking(move || fs::get_metadata(&p)).await,
+            }
         },
     );
     r.request(
         m::FS_CANONICALIZE,
         fs_mode,
         |ctx: Ctx, p: PathParams| async move {
-            crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
-            blocking(move || fs::canonicalize(&p)).await
+            match crate::sandbox::fs_helper::route(
+                p.sandbox.as_ref(),
+                Need::Read,
+                &ctx.server.sandbox,
+            )? {
+                Route::Helper(h) => h.call(m::FS_CANONICALIZE, &p).await,
+                Route::InProcess => blocking(move || fs::canonicalize(&p)).await,
+            }
         },
     );
     r.request(
         m::FS_READ_DIRECTORY,
         fs_mode,
         |ctx: Ctx, p: PathParams| async move {
-            crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
-            blocking(move || fs::read_directory(&p)).await
+            match crate::sandbox::fs_helper::route(
+                p.sandbox.as_ref(),
+                Need::Read,
+                &ctx.server.sandbox,
+            )? {
+                Route::Helper(h) => h.call(m::FS_READ_DIRECTORY, &p).await,
+                Route::InProcess => blocking(move || fs::read_directory(&p)).await,
+            }
         },
     );
     r.request(m::FS_WALK, fs_mode, |ctx: Ctx, p: WalkParams| async move {
-        crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
-        blocking(move || {
-            let root = fs::native(&p.path)?;
-            fs::walk::walk(&root, &p.options)
-        })
-        .await
+        match crate::sandbox::fs_helper::route(p.sandbox.as_ref(), Need::Read, &ctx.server.sandbox)?
+        {
+            Route::Helper(h) => h.call(m::FS_WALK, &p).await,
+            Route::InProcess => {
+                blocking(move || {
+                    let root = fs::native(&p.path)?;
+                    fs::walk::walk(&root, &p.options)
+                })
+                .await
+            }
+        }
     });
     r.request(
         m::FS_REMOVE,
         fs_mode,
         |ctx: Ctx, p: RemoveParams| async move {
-            crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
-            blocking(move || fs::remove(&p)).await
+            match crate::sandbox::fs_helper::route(
+                p.sandbox.as_ref(),
+                Need::Write,
+                &ctx.server.sandbox,
+            )? {
+                Route::Helper(h) => h.call(m::FS_REMOVE, &p).await,
+                Route::InProcess => blocking(move || fs::remove(&p)).await,
+            }
         },
     );
     r.request(m::FS_COPY, fs_mode, |ctx: Ctx, p: CopyParams| async move {
-        crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
-        blocking(move || fs::copy(&p)).await
+        match crate::sandbox::fs_helper::route(
+            p.sandbox.as_ref(),
+            Need::Write,
+            &ctx.server.sandbox,
+        )? {
+            Route::Helper(h) => h.call(m::FS_COPY, &p).await,
+            Route::InProcess => blocking(move || fs::copy(&p)).await,
+        }
     });
     r.request(m::FS_OPEN, fs_mode, |ctx: Ctx, p: OpenParams| async move {
-        if p.mode == OpenMode::Replace {
-            crate::sandbox::check(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
+        let need = if p.mode == OpenMode::Replace {
+            Need::Write
         } else {
-            crate::sandbox::check_read(p.sandbox.as_ref(), ctx.server.config.allow_unsandboxed)?;
+            Need::Read
+        };
+        if let Route::Helper(_) =
+            crate::sandbox::fs_helper::route(p.sandbox.as_ref(), need, &ctx.server.sandbox)?
+        {
+            // A handle outlives one helper run; streaming under a sandbox that
+            // restricts this operation is not supported (sandboxedFileStreaming: false).
+            return Err(ErrorObject::internal(
+                "fs/open under a sandbox that restricts this access is not supported by this \
+                 exec-server (sandboxedFileStreaming is false); use fs/readFile or fs/writeFile",
+            ));
         }
         let session = ctx.session()?;
         blocking(move || fs::open(&p, &session.files)).await

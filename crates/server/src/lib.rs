@@ -58,9 +58,14 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Largest WebSocket message in bytes.
     pub max_message_bytes: usize,
-    /// Run requests whose `sandbox` restricts the file system or network without
-    /// restriction (this server does not enforce sandboxes); off: refuse them.
+    /// Where a `sandbox` cannot be enforced on this host (no `bwrap`, no
+    /// helper), run the request unconfined with `sandboxType: "none"` instead
+    /// of refusing it. No effect where enforcement is possible.
     pub allow_unsandboxed: bool,
+    /// This server's executable, re-executed as the sandbox's inner stage and
+    /// file-system helper; `None` (the default, e.g. an embedded server):
+    /// sandboxed requests are refused unless `allow_unsandboxed`.
+    pub sandbox_helper: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -72,6 +77,7 @@ impl Default for ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_message_bytes: MAX_MESSAGE_BYTES,
             allow_unsandboxed: false,
+            sandbox_helper: None,
         }
     }
 }
@@ -90,6 +96,8 @@ pub struct ServerState {
     pub router: Router<connection::Ctx>,
     /// HTTP clients for `http/request`.
     pub http: http::HttpClients,
+    /// What sandboxes this server can enforce.
+    pub sandbox: sandbox::Support,
     next_connection: AtomicU64,
 }
 
@@ -97,7 +105,9 @@ impl ServerState {
     /// Builds the state and starts the child reaper. Must run inside a Tokio runtime.
     pub fn new(config: ServerConfig) -> std::io::Result<Arc<Self>> {
         process::reaper::install()?;
-        let env_info = env_info::environment_info();
+        let sandbox =
+            sandbox::Support::new(config.sandbox_helper.clone(), config.allow_unsandboxed);
+        let env_info = env_info::environment_info(sandbox.enforced());
         let fs_mode = if config.concurrent_requests > 1 {
             Mode::Detached
         } else {
@@ -110,6 +120,7 @@ impl ServerState {
             router: handlers::router(fs_mode),
             http: http::HttpClients::new().map_err(std::io::Error::other)?,
             next_connection: AtomicU64::new(1),
+            sandbox,
             config,
         }))
     }

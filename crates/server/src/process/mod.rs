@@ -73,6 +73,8 @@ struct State {
     /// stdin existed but failed (EPIPE) or the process exited.
     stdin_broken: bool,
     has_stdin: bool,
+    /// `sandboxDenied`, computed at exit (SANDBOX.md §2.8).
+    sandbox_denied: bool,
 }
 
 /// A managed process.
@@ -89,6 +91,8 @@ pub struct Process {
     resume: Notify,
     /// Byte budget of stdin data queued for the child.
     stdin_budget: Arc<tokio::sync::Semaphore>,
+    /// Started confined: `sandboxDenied` is computed at exit.
+    sandboxed: bool,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -176,8 +180,10 @@ impl Process {
         link: Arc<Link>,
         start_gate: oneshot::Receiver<()>,
         on_retire: RetireHook,
+        sandbox: Option<&crate::sandbox::StartSandbox>,
     ) -> std::io::Result<Arc<Process>> {
-        let started = spawn::start(params, cwd)?;
+        let started = spawn::start(params, cwd, sandbox)?;
+        let confinement = started.confinement;
         let pid = started.pid;
         let (sources, stdin_fd, tty) = match started.io {
             spawn::ChildIo::Pipes {
@@ -210,10 +216,12 @@ impl Process {
                 stdin: stdin_tx.as_ref().map(|(tx, _, _)| tx.clone()),
                 stdin_broken: false,
                 has_stdin,
+                sandbox_denied: false,
             }),
             changed,
             resume: Notify::new(),
             stdin_budget: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_STDIN_BYTES)),
+            sandboxed: confinement.is_some(),
         });
         if let Some((_, rx, fd)) = stdin_tx {
             tokio::spawn(stdin_writer(proc.clone(), rx, fd));
@@ -225,6 +233,7 @@ impl Process {
             link,
             start_gate,
             on_retire,
+            confinement,
         ));
         Ok(proc)
     }
@@ -261,6 +270,7 @@ impl Process {
                     }
                     let exit = st.log.exit_code();
                     let closed = st.log.is_closed();
+                    let sandbox_denied = st.sandbox_denied;
                     drop(st);
                     self.resume.notify_one();
                     return ReadResponse {
@@ -270,7 +280,7 @@ impl Process {
                         exit_code: exit,
                         closed,
                         failure: None,
-                        sandbox_denied: false,
+                        sandbox_denied,
                     };
                 }
                 rx.borrow_and_update();
@@ -442,6 +452,7 @@ async fn pump(
     link: Arc<Link>,
     start_gate: oneshot::Receiver<()>,
     on_retire: RetireHook,
+    mut confinement: Option<crate::sandbox::Confinement>,
 ) {
     let _ = start_gate.await;
     let mut buf_a = vec![0u8; READ_CHUNK_BYTES];
@@ -492,14 +503,19 @@ async fn pump(
                 }
                 let code = code.unwrap_or(-1);
                 exit_code = Some(code);
-                                let seq = {
+                // The sandbox is gone with its last process: release what it held
+                // on the host (placeholders).
+                drop(confinement.take());
+                let (seq, denied) = {
                     let mut st = lock(&proc.state);
                     st.stdin = None;
-                    st.log.push_exited(code)
+                    st.sandbox_denied = proc.sandboxed
+                        && exec_server_sandbox::is_likely_denied(code, &st.log.retained_output());
+                    (st.log.push_exited(code), st.sandbox_denied)
                 };
                 proc.stdin_budget.close();
                 proc.bump();
-                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code)).await;
+                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied)).await;
             }
             _ = proc.resume.notified(), if paused => {}
         }
@@ -553,10 +569,10 @@ async fn send_event(proc: &Process, link: &Link, seq: u64, msg: String) {
     }
 }
 
-fn exited_json(id: &str, seq: u64, code: i32) -> String {
+fn exited_json(id: &str, seq: u64, code: i32, sandbox_denied: bool) -> String {
     exec_server_protocol::encode_notification(
         methods::PROCESS_EXITED,
-        &serde_json::json!({"processId": id, "seq": seq, "exitCode": code, "sandboxDenied": false}),
+        &serde_json::json!({"processId": id, "seq": seq, "exitCode": code, "sandboxDenied": sandbox_denied}),
     )
 }
 

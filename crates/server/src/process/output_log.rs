@@ -119,6 +119,15 @@ impl OutputLog {
         seq
     }
 
+    /// The retained output of every stream, concatenated in seq order.
+    pub fn retained_output(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.retained_bytes);
+        for c in &self.chunks {
+            out.extend_from_slice(&c.data);
+        }
+        out
+    }
+
     /// Records the exit; returns its seq.
     pub fn push_exited(&mut self, code: i32) -> u64 {
         let seq = self.take_seq();

@@ -147,25 +147,40 @@ pub struct Started {
     pub io: ChildIo,
     /// Yields the exit code once the child is reaped.
     pub exit: oneshot::Receiver<i32>,
+    /// What a sandboxed child needs until it exits; `None` when unsandboxed.
+    pub confinement: Option<crate::sandbox::Confinement>,
 }
 
 /// Default PTY size when `process/start` gives none.
 pub const DEFAULT_PTY_SIZE: PtySize = PtySize { cols: 80, rows: 24 };
 
-/// Starts the child described by `params`. Errors are OS errors (cwd or program
-/// missing, exec failure) for a -32603 reply.
-pub fn start(params: &ExecParams, cwd: &Path) -> std::io::Result<Started> {
+/// Starts the child described by `params`, confined by `sandbox` when given.
+/// Errors are OS errors (cwd or program missing, exec failure) and sandbox
+/// refusals, for a -32603 reply.
+pub fn start(
+    params: &ExecParams,
+    cwd: &Path,
+    sandbox: Option<&crate::sandbox::StartSandbox>,
+) -> std::io::Result<Started> {
     let env = build_env(&params.env, params.env_policy.as_ref(), std::env::vars());
     let meta = std::fs::metadata(cwd)?;
     if !meta.is_dir() {
         return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR));
     }
     let program = resolve_program(&params.argv[0], &env, cwd)?;
-    let mut cmd = Command::new(&program);
-    cmd.args(&params.argv[1..]);
-    cmd.arg0(OsString::from(
-        params.arg0.as_deref().unwrap_or(&params.argv[0]),
-    ));
+    let arg0 = params.arg0.as_deref().unwrap_or(&params.argv[0]);
+    let (mut cmd, confinement, _fds) = match sandbox {
+        None => {
+            let mut cmd = Command::new(&program);
+            cmd.args(&params.argv[1..]);
+            cmd.arg0(OsString::from(arg0));
+            (cmd, None, Vec::new())
+        }
+        Some(sb) => {
+            let p = sb.prepare(&env, &program, arg0, &params.argv[1..], cwd)?;
+            (p.command, Some(p.guard), p.fds)
+        }
+    };
     cmd.env_clear();
     cmd.envs(&env);
     cmd.current_dir(cwd);
@@ -213,6 +228,7 @@ pub fn start(params: &ExecParams, cwd: &Path) -> std::io::Result<Started> {
             pid,
             io: ChildIo::Pty { master: pty.master },
             exit,
+            confinement,
         });
     }
 
@@ -252,6 +268,7 @@ pub fn start(params: &ExecParams, cwd: &Path) -> std::io::Result<Started> {
             stderr,
         },
         exit,
+        confinement,
     })
 }
 

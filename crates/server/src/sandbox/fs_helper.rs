@@ -1,0 +1,261 @@
+//! `fs/*` with a `sandbox` (SANDBOX.md §2.7).
+//!
+//! Operations the policy allows anyway (reads under a full-read policy,
+//! everything under a full-write one) run in-process. The others run in a
+//! **confined helper**: this binary re-executed inside the same bubblewrap view
+//! a process would get ([`FLAG`]), with an empty environment and `/` as cwd;
+//! one JSON request on stdin, one JSON response on stdout.
+//!
+//! Why a helper rather than path checks in the server: the kernel then makes
+//! every decision on the real, fully resolved path at the moment of the
+//! operation (bind mounts pin the view), so a symlink swapped in by a
+//! concurrently running sandboxed command cannot redirect a write, and the
+//! file-system code and its error texts are exactly those of the unsandboxed
+//! path. Cost: one confined start per operation (a few milliseconds).
+//!
+//! Errors inside the helper are mapped as the reference's: not found → -32004,
+//! permission denied / invalid input → -32600, other OS errors → -32603
+//! (`Read-only file system (os error 30)` for a write outside the writable
+//! roots); a helper that fails → -32603 `fs sandbox helper failed with status …`.
+
+use super::{to_policy, Support};
+use crate::fs;
+use crate::process::reaper;
+use exec_server_protocol::types::*;
+use exec_server_protocol::{methods as m, ErrorObject};
+use exec_server_sandbox::Policy;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+/// The hidden command-line flag that makes the binary serve one request.
+pub const FLAG: &str = "--sandbox-fs-helper";
+
+/// Largest helper response read: 512 MiB (a 256 MiB file in base64, and more).
+pub const MAX_RESPONSE_BYTES: u64 = 512 * 1024 * 1024;
+
+/// What an operation needs from the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Only reading.
+    Read,
+    /// Changing something.
+    Write,
+}
+
+/// Where an `fs/*` request runs.
+pub enum Route {
+    /// In the server, unconfined (no sandbox, or the policy allows it anyway,
+    /// or the operator's opt-out where enforcement is impossible).
+    InProcess,
+    /// In the confined helper.
+    Helper(Helper),
+}
+
+/// A confined helper run for one request.
+pub struct Helper {
+    policy: Policy,
+    runtime: exec_server_sandbox::Runtime,
+}
+
+/// Decides where a request runs. -32602 `file system sandbox context with
+/// dynamic permissions requires cwd` when the policy needs a cwd it lacks.
+pub fn route(
+    sandbox: Option<&FileSystemSandboxContext>,
+    need: Need,
+    support: &Support,
+) -> Result<Route, ErrorObject> {
+    let Some(ctx) = sandbox else {
+        return Ok(Route::InProcess);
+    };
+    if ctx.is_dynamic() && ctx.policy_cwd().is_none() {
+        return Err(ErrorObject::invalid_params(
+            "file system sandbox context with dynamic permissions requires cwd",
+        ));
+    }
+    let server_cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let policy = to_policy(ctx, &server_cwd)?;
+    let allowed = match need {
+        Need::Read => policy.reads_everything(),
+        Need::Write => policy.writes_everything(),
+    };
+    if allowed {
+        return Ok(Route::InProcess);
+    }
+    Ok(match support.runtime_for(&policy)? {
+        Some(r) => Route::Helper(Helper {
+            policy,
+            runtime: r.clone(),
+        }),
+        None => Route::InProcess,
+    })
+}
+
+fn helper_failed(msg: impl std::fmt::Display) -> ErrorObject {
+    ErrorObject::internal(format!("fs sandbox helper failed with status {msg}"))
+}
+
+impl Helper {
+    /// Runs `operation` with `params` (their `sandbox` is dropped) in the
+    /// helper, on the blocking pool; decodes the result as `T`.
+    pub async fn call<P: Serialize, T: DeserializeOwned + Send + 'static>(
+        self,
+        operation: &'static str,
+        params: &P,
+    ) -> Result<T, ErrorObject> {
+        let mut params =
+            serde_json::to_value(params).map_err(|e| ErrorObject::internal(e.to_string()))?;
+        if let Some(o) = params.as_object_mut() {
+            o.remove("sandbox");
+        }
+        let request = json!({"operation": operation, "params": params}).to_string();
+        let value = tokio::task::spawn_blocking(move || self.run(request))
+            .await
+            .unwrap_or_else(|e| {
+                Err(ErrorObject::internal(format!(
+                    "fs sandbox task failed: {e}"
+                )))
+            })?;
+        serde_json::from_value(value).map_err(|e| helper_failed(format!("0: bad response: {e}")))
+    }
+
+    fn run(&self, request: String) -> Result<Value, ErrorObject> {
+        let mut extra: Vec<PathBuf> = vec![self.runtime.helper.clone()];
+        extra.extend(exec_server_sandbox::MINIMAL_ROOTS.iter().map(PathBuf::from));
+        let plan = exec_server_sandbox::resolve(&self.policy, &extra)
+            .map_err(|e| ErrorObject::internal(e.to_string()))?;
+        let helper = self.runtime.helper.clone();
+        let prepared = exec_server_sandbox::prepare(
+            &self.runtime,
+            plan,
+            &exec_server_sandbox::Command {
+                program: &helper,
+                arg0: "exec-server",
+                args: &[FLAG.to_string()],
+                cwd: Path::new("/"),
+            },
+        )
+        .map_err(|e| ErrorObject::internal(e.to_string()))?;
+        let exec_server_sandbox::Prepared {
+            mut command,
+            guard,
+            fds,
+        } = prepared;
+        command
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let (mut child, exit) = reaper::spawn_and_watch(|| {
+            let child = command.spawn()?;
+            let pid = child.id();
+            Ok((child, pid))
+        })
+        .map_err(|e| ErrorObject::internal(format!("cannot start the fs sandbox helper: {e}")))?;
+        drop(fds);
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        if let Some(mut stdin) = child.stdin.take() {
+            // A helper that died early closes its end: its status tells why.
+            let _ = stdin.write_all(request.as_bytes());
+        }
+        if let Some(stdout) = child.stdout.take() {
+            let _ = stdout.take(MAX_RESPONSE_BYTES).read_to_end(&mut out);
+        }
+        if let Some(stderr) = child.stderr.take() {
+            let _ = stderr.take(64 * 1024).read_to_end(&mut err);
+        }
+        let code = exit.blocking_recv().unwrap_or(-1);
+        drop(guard);
+        let response: Option<Value> = serde_json::from_slice(&out).ok();
+        match response {
+            Some(r) if code == 0 => match r["status"].as_str() {
+                Some("ok") => Ok(r["payload"].clone()),
+                Some("error") => Err(serde_json::from_value(r["payload"].clone())
+                    .unwrap_or_else(|_| helper_failed("0: bad error payload"))),
+                _ => Err(helper_failed("0: bad response")),
+            },
+            _ => Err(helper_failed(format!(
+                "exit status: {code}: {}",
+                String::from_utf8_lossy(&err).trim_end()
+            ))),
+        }
+    }
+}
+
+/// Re-maps an error made inside the helper as the reference's helper does.
+fn helper_error(mut e: ErrorObject) -> ErrorObject {
+    match e.os_error {
+        Some(libc::ENOENT) => e.code = exec_server_protocol::error::NOT_FOUND,
+        Some(libc::EACCES | libc::EPERM | libc::EINVAL) => {
+            e.code = exec_server_protocol::error::INVALID_REQUEST
+        }
+        Some(_) => e.code = exec_server_protocol::error::INTERNAL_ERROR,
+        None => {}
+    }
+    e
+}
+
+fn op<P: DeserializeOwned, T: Serialize>(
+    params: Value,
+    f: impl FnOnce(P) -> Result<T, ErrorObject>,
+) -> Result<Value, ErrorObject> {
+    let p: P =
+        serde_json::from_value(params).map_err(|e| ErrorObject::invalid_params(e.to_string()))?;
+    let r = f(p)?;
+    serde_json::to_value(r).map_err(|e| ErrorObject::internal(e.to_string()))
+}
+
+fn dispatch(operation: &str, params: Value) -> Result<Value, ErrorObject> {
+    match operation {
+        m::FS_READ_FILE => op(params, |p: ReadFileParams| fs::read_file(&p)),
+        m::FS_WRITE_FILE => op(params, fs::write_file),
+        m::FS_CREATE_DIRECTORY => op(params, |p: CreateDirectoryParams| fs::create_directory(&p)),
+        m::FS_GET_METADATA => op(params, |p: PathParams| fs::get_metadata(&p)),
+        m::FS_CANONICALIZE => op(params, |p: PathParams| fs::canonicalize(&p)),
+        m::FS_READ_DIRECTORY => op(params, |p: PathParams| fs::read_directory(&p)),
+        m::FS_REMOVE => op(params, |p: RemoveParams| fs::remove(&p)),
+        m::FS_COPY => op(params, |p: CopyParams| fs::copy(&p)),
+        m::FS_WALK => op(params, |p: WalkParams| {
+            let root = fs::native(&p.path)?;
+            fs::walk::walk(&root, &p.options)
+        }),
+        other => Err(ErrorObject::invalid_request(format!(
+            "fs sandbox helper: unsupported operation {other}"
+        ))),
+    }
+}
+
+/// The helper's `main`: one request from stdin, one response on stdout.
+/// Returns the process exit status (0 whenever a response was written).
+pub fn serve() -> i32 {
+    let mut input = Vec::new();
+    if std::io::stdin().read_to_end(&mut input).is_err() {
+        return 1;
+    }
+    let result = match serde_json::from_slice::<Value>(&input) {
+        Ok(req) => {
+            let operation = req["operation"].as_str().unwrap_or("").to_string();
+            dispatch(&operation, req["params"].clone()).map_err(helper_error)
+        }
+        Err(e) => Err(ErrorObject::invalid_request(format!(
+            "bad helper request: {e}"
+        ))),
+    };
+    let response = match result {
+        Ok(payload) => json!({"status": "ok", "payload": payload}),
+        Err(e) => json!({"status": "error", "payload": e}),
+    };
+    let mut stdout = std::io::stdout().lock();
+    if stdout
+        .write_all(response.to_string().as_bytes())
+        .and_then(|_| stdout.flush())
+        .is_err()
+    {
+        return 1;
+    }
+    0
+}
