@@ -67,6 +67,9 @@ pub struct Target<'a> {
     pub args: &'a [String],
     /// Working directory (must be visible inside).
     pub cwd: &'a Path,
+    /// The child's `PWD` as requested (`None`: absent); bubblewrap sets its
+    /// own, the inner stage restores this one.
+    pub pwd: Option<&'a std::ffi::OsStr>,
 }
 
 /// Signals a client or a terminal sends to the whole process group: the
@@ -97,10 +100,11 @@ pub const PROC_READ_ONLY: [&str; 5] = [
 /// Errors: [`Error::BwrapMissing`] for a confined plan without bubblewrap;
 /// [`Error::Io`] when a descriptor cannot be made.
 pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Prepared, Error> {
-    let inner = |mode: &str| -> Vec<OsString> {
+    let inner = |mode: &str, pwd: OsString| -> Vec<OsString> {
         let mut v: Vec<OsString> = vec![
             INNER_FLAG.into(),
             mode.into(),
+            pwd,
             target.program.into(),
             target.arg0.into(),
         ];
@@ -122,7 +126,9 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
         }
         Plan::Seccomp(mode) => {
             let mut command = Command::new(&runtime.helper);
-            command.args(inner(mode.as_str())).current_dir(target.cwd);
+            command
+                .args(inner(mode.as_str(), "keep".into()))
+                .current_dir(target.cwd);
             Ok(Prepared {
                 command,
                 guard: Guard::default(),
@@ -168,6 +174,9 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                         "--remount-ro".as_ref(),
                         p.as_ref(),
                     ]),
+                    Mount::Symlink(link, target) => {
+                        push(&["--symlink".as_ref(), target.as_ref(), link.as_ref()])
+                    }
                     Mount::DenyFile(p) => {
                         let fd = empty_fd()?;
                         let n = OsString::from(fd.as_raw_fd().to_string());
@@ -199,7 +208,15 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                 "--".as_ref(),
                 runtime.helper.as_ref(),
             ]);
-            args.extend(inner(seccomp.as_str()));
+            let pwd = match target.pwd {
+                Some(v) => {
+                    let mut s = OsString::from("set:");
+                    s.push(v);
+                    s
+                }
+                None => "unset".into(),
+            };
+            args.extend(inner(seccomp.as_str(), pwd));
             let mut command = Command::new(bwrap);
             command.args(args).current_dir(target.cwd);
             let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();

@@ -16,7 +16,9 @@ use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
 
 /// The hidden command-line flag selecting the inner stage:
-/// `<exe> --sandbox-inner-exec <restricted|vmsocket|none> <program> <argv0> [args…]`.
+/// `<exe> --sandbox-inner-exec <restricted|vmsocket|none> <pwd> <program> <argv0> [args…]`,
+/// where `<pwd>` is `keep`, `unset`, or `set:VALUE` (bubblewrap sets `PWD`
+/// itself; the child's environment must be exactly the one requested).
 pub const INNER_FLAG: &str = "--sandbox-inner-exec";
 
 /// Exit status when the command cannot be executed inside the sandbox (as a
@@ -38,7 +40,7 @@ fn cstring(s: &OsString) -> CString {
 
 /// Runs the inner stage with the arguments after [`INNER_FLAG`]; never returns.
 pub fn run(args: &[OsString]) -> ! {
-    let [mode, program, rest @ ..] = args else {
+    let [mode, pwd, program, rest @ ..] = args else {
         fail("inner stage: missing arguments", EXIT_CANNOT_EXEC);
     };
     // SAFETY: resetting dispositions and the mask of this single-threaded
@@ -52,6 +54,14 @@ pub fn run(args: &[OsString]) -> ! {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+    let pwd = pwd.as_bytes();
+    if pwd == b"unset" {
+        // SAFETY: single-threaded; nothing reads the environment concurrently.
+        unsafe { std::env::remove_var("PWD") };
+    } else if let Some(v) = pwd.strip_prefix(b"set:") {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("PWD", std::ffi::OsStr::from_bytes(v)) };
     }
     match mode.to_str() {
         Some("none") => {}

@@ -25,6 +25,10 @@ pub enum Mount {
     DenyDir(PathBuf),
     /// A file to hide: an empty mode-000 read-only file.
     DenyFile(PathBuf),
+    /// In a view without the host root: a symlink recreated at `.0` pointing
+    /// to `.1` (e.g. `/bin` → `usr/bin` on a merged-/usr system), so paths
+    /// through it (the ELF interpreter's `/lib64/…`) keep working.
+    Symlink(PathBuf, PathBuf),
 }
 
 /// The file-system view of a confined child.
@@ -163,11 +167,25 @@ fn depth(p: &Path) -> usize {
 
 fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Result<View, Error> {
     let (root, entries) = expand(policy, rules);
+    let full_read = matches!(root, Some(Access::Read | Access::Write));
+    let mut symlinks: Vec<Mount> = Vec::new();
+    let mut canonical = |p: &Path| -> Option<PathBuf> {
+        let c = std::fs::canonicalize(p).ok()?;
+        if !full_read && c != p {
+            if let Ok(target) = std::fs::read_link(p) {
+                let m = Mount::Symlink(p.to_path_buf(), target);
+                if !symlinks.contains(&m) {
+                    symlinks.push(m);
+                }
+            }
+        }
+        Some(c)
+    };
     let mut entries: Vec<(PathBuf, Access)> = entries
         .into_iter()
-        .filter_map(|(p, a)| std::fs::canonicalize(&p).ok().map(|c| (c, a)))
+        .filter_map(|(p, a)| canonical(&p).map(|c| (c, a)))
         .collect();
-    let full_read = matches!(root, Some(Access::Read | Access::Write));
+    let extra: Vec<PathBuf> = extra_readable.iter().filter_map(|p| canonical(p)).collect();
     let mut view = View {
         full_read,
         ..View::default()
@@ -178,11 +196,7 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
         view.mounts.push(Mount::Writable(PathBuf::from("/")));
     }
     if !full_read {
-        for p in extra_readable {
-            if let Ok(c) = std::fs::canonicalize(p) {
-                view.mounts.push(Mount::ReadOnly(c));
-            }
-        }
+        view.mounts.extend(extra.into_iter().map(Mount::ReadOnly));
     }
     // Shallow first, so a deeper entry refines a shallower one; at equal depth
     // deny comes last and wins.
@@ -231,5 +245,6 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
         }
     }
     view.mounts.extend(denies);
+    view.mounts.extend(symlinks);
     Ok(view)
 }

@@ -136,6 +136,7 @@ impl Helper {
                 arg0: "exec-server",
                 args: &[FLAG.to_string()],
                 cwd: Path::new("/"),
+                pwd: None,
             },
         )
         .map_err(|e| ErrorObject::internal(e.to_string()))?;

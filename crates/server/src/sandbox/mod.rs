@@ -223,6 +223,7 @@ impl StartSandbox {
                 arg0,
                 args,
                 cwd,
+                pwd: env.get("PWD").map(std::ffi::OsStr::new),
             },
         )
         .map_err(std::io::Error::other)
