@@ -9,6 +9,7 @@
 //!   --runs 3 --scenarios all --plot BENCHMARKS-scaling.svg
 //! ```
 
+mod sandboxed;
 mod scenarios;
 mod server;
 mod svg;

@@ -24,10 +24,11 @@ pub enum Scenario {
     FsWriteBlocks,
     ManyProcs,
     IdleConns,
+    SpawnSandboxed,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::Connect,
         Scenario::Spawn,
         Scenario::SpawnConcurrent,
@@ -39,6 +40,7 @@ impl Scenario {
         Scenario::FsWriteBlocks,
         Scenario::ManyProcs,
         Scenario::IdleConns,
+        Scenario::SpawnSandboxed,
     ];
 
     pub fn parse(s: &str) -> Result<Scenario, String> {
@@ -62,12 +64,13 @@ impl Scenario {
             Scenario::FsWriteBlocks => "fswrite-blocks",
             Scenario::ManyProcs => "many-procs",
             Scenario::IdleConns => "idle-conns",
+            Scenario::SpawnSandboxed => "spawn-sandboxed",
         }
     }
 
     pub fn metrics(self) -> &'static [&'static str] {
         match self {
-            Scenario::Connect | Scenario::Spawn => &["p50 ms", "p99 ms"],
+            Scenario::Connect | Scenario::Spawn | Scenario::SpawnSandboxed => &["p50 ms", "p99 ms"],
             Scenario::SpawnConcurrent | Scenario::SpawnPipelined => &["ops/s"],
             Scenario::Stream
             | Scenario::FsRead
@@ -161,6 +164,11 @@ fn pattern(n: usize) -> Vec<u8> {
 pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
     let url = srv.url.clone();
     match sc {
+        Scenario::SpawnSandboxed => {
+            let c = Conn::open(&url).await?;
+            let lat = crate::sandboxed::spawn_latencies(&c, 300).await?;
+            Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
+        }
         Scenario::Connect => {
             let mut lat = Vec::new();
             for _ in 0..200 {
@@ -492,6 +500,10 @@ fn local_blocking(sc: Scenario) -> Result<Outcome, String> {
     use std::io::Read;
     match sc {
         Scenario::Connect | Scenario::IdleConns => Err("no local equivalent".into()),
+        Scenario::SpawnSandboxed => {
+            let lat = crate::sandboxed::bwrap_latencies_local(300)?;
+            Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
+        }
         Scenario::Spawn => {
             let lat: Vec<f64> = (0..300)
                 .map(|_| spawn_true_local())

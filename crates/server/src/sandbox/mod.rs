@@ -213,8 +213,9 @@ impl StartSandbox {
     ) -> std::io::Result<Prepared> {
         let mut policy = self.policy.clone();
         policy.tmpdir = env.get("TMPDIR").map(PathBuf::from);
-        let plan = exec_server_sandbox::resolve(&policy, std::slice::from_ref(&self.runtime.helper))
-            .map_err(std::io::Error::other)?;
+        let plan =
+            exec_server_sandbox::resolve(&policy, std::slice::from_ref(&self.runtime.helper))
+                .map_err(std::io::Error::other)?;
         exec_server_sandbox::prepare(
             &self.runtime,
             plan,
