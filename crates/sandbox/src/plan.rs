@@ -248,3 +248,118 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
     view.mounts.extend(symlinks);
     Ok(view)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(profile: Profile, ws: &Path) -> Policy {
+        Policy {
+            profile,
+            legacy_landlock: false,
+            cwd: ws.to_path_buf(),
+            workspace_roots: vec![ws.to_path_buf()],
+            tmpdir: None,
+        }
+    }
+
+    fn managed(rules: Vec<Rule>, network_restricted: bool) -> Profile {
+        Profile::Managed {
+            fs: FileSystem::Restricted(rules),
+            network_restricted,
+        }
+    }
+
+    fn rule(target: Target, access: Access) -> Rule {
+        Rule { target, access }
+    }
+
+    #[test]
+    fn decision_table() {
+        let ws = Path::new("/");
+        let kind = |p: Profile| match resolve(&policy(p, ws), &[]) {
+            Ok(Plan::Direct) => "direct",
+            Ok(Plan::Seccomp(SeccompMode::Restricted)) => "seccomp",
+            Ok(Plan::Confined { .. }) => "confined",
+            _ => "other",
+        };
+        assert_eq!(kind(Profile::Disabled), "direct");
+        assert_eq!(
+            kind(Profile::External {
+                network_restricted: true
+            }),
+            "seccomp"
+        );
+        assert_eq!(
+            kind(Profile::External {
+                network_restricted: false
+            }),
+            "direct"
+        );
+        let unrestricted = |n| Profile::Managed {
+            fs: FileSystem::Unrestricted,
+            network_restricted: n,
+        };
+        assert_eq!(kind(unrestricted(true)), "seccomp");
+        assert_eq!(kind(unrestricted(false)), "direct");
+        assert_eq!(
+            kind(managed(vec![rule(Target::Root, Access::Write)], false)),
+            "direct"
+        );
+        assert_eq!(
+            kind(managed(vec![rule(Target::Root, Access::Read)], false)),
+            "confined"
+        );
+        let mut legacy = policy(managed(vec![rule(Target::Root, Access::Read)], true), ws);
+        legacy.legacy_landlock = true;
+        assert!(matches!(resolve(&legacy, &[]), Err(Error::LegacyLandlock)));
+    }
+
+    #[test]
+    fn workspace_write_view() {
+        let ws = std::env::temp_dir().join(format!("sbx-plan-{}", std::process::id()));
+        std::fs::create_dir_all(ws.join(".git")).unwrap();
+        std::fs::create_dir_all(ws.join("sub/.git")).unwrap();
+        std::fs::write(ws.join("secret"), "s").unwrap();
+        let ws = std::fs::canonicalize(&ws).unwrap();
+        let p = policy(
+            managed(
+                vec![
+                    rule(Target::Root, Access::Read),
+                    rule(Target::Path(ws.join("secret")), Access::Deny),
+                    rule(Target::WorkspaceRoots { subpath: None }, Access::Write),
+                ],
+                true,
+            ),
+            &ws,
+        );
+        let Ok(Plan::Confined {
+            view,
+            seccomp,
+            unshare_net,
+        }) = resolve(&p, &[])
+        else {
+            panic!("confined");
+        };
+        assert_eq!((seccomp, unshare_net), (SeccompMode::Restricted, true));
+        assert!(view.full_read);
+        let pos = |m: &Mount| view.mounts.iter().position(|x| x == m).unwrap();
+        let w = pos(&Mount::Writable(ws.clone()));
+        assert!(w < pos(&Mount::Protect(ws.join(".git"))));
+        assert!(
+            w < pos(&Mount::Protect(ws.join("sub/.git"))),
+            "nested repository"
+        );
+        assert_eq!(
+            view.mounts.last(),
+            Some(&Mount::DenyFile(ws.join("secret"))),
+            "deny last"
+        );
+        // Absent names get placeholders that exist only while the view lives.
+        assert_eq!(view.placeholders.len(), 3);
+        assert!(ws.join(".codex").is_dir());
+        drop(view);
+        assert!(!ws.join(".codex").exists() && !ws.join(".aws").exists());
+        std::fs::remove_dir_all(&ws).unwrap();
+    }
+}

@@ -84,6 +84,16 @@ impl Drop for Placeholder {
     }
 }
 
+/// Removes every placeholder still registered (the server calls it at
+/// shutdown, after killing every sandbox, when no guard will be dropped any
+/// more). Only empty directories go.
+pub fn release_all() {
+    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    for (path, _) in reg.drain() {
+        let _ = std::fs::remove_dir(&path);
+    }
+}
+
 /// What [`scan`] found under one writable root.
 #[derive(Debug, Default)]
 pub struct Found {

@@ -135,5 +135,6 @@ impl ServerState {
     pub fn shutdown(&self) {
         self.sessions.shutdown_all();
         process::kill::kill_all_descendants();
+        exec_server_sandbox::protect::release_all();
     }
 }
