@@ -206,8 +206,7 @@ async fn bad_path_uris() {
     }
 }
 
-/// A sandbox that denies reading a path is enforced on reads; streaming under
-/// it is refused (sandboxedFileStreaming is false), never run unrestricted.
+/// A sandbox that denies reading a path is enforced on reads and on streams.
 #[tokio::test]
 async fn read_denying_sandbox_is_enforced() {
     let s = Server::start(&[]);
@@ -228,5 +227,5 @@ async fn read_denying_sandbox_is_enforced() {
             json!({"handleId": "h", "path": uri(&d.join("secret")), "sandbox": deny}),
         )
         .await;
-    assert_eq!(r["error"]["code"], -32603, "{r}");
+    assert_eq!(r["error"]["code"], -32600, "{r}");
 }

@@ -763,3 +763,63 @@ async fn capabilities_tell_the_truth() {
     let info = c.ok("environment/info", Value::Null).await;
     assert_eq!(info["capabilities"]["sandboxEnforced"], true, "{info}");
 }
+
+/// `fs/open` under a sandbox: the helper opens the file inside the view and
+/// passes the descriptor back (`sandboxedFileStreaming`).
+#[tokio::test]
+async fn sandboxed_file_streaming() {
+    let s = Server::start(&[]);
+    let f = fixture("stream");
+    let mut c = Conn::open(&s.url, None).await;
+    let w = ww(&f.ws);
+    c.ok(
+        "fs/open",
+        json!({"handleId": "h", "path": uri(&f.ws.join("big")), "mode": "replace", "sandbox": w}),
+    )
+    .await;
+    c.ok(
+        "fs/writeBlock",
+        json!({"handleId": "h", "offset": 0, "chunk": b64(b"streamed")}),
+    )
+    .await;
+    c.ok("fs/close", json!({"handleId": "h"})).await;
+    assert_eq!(
+        std::fs::read_to_string(f.ws.join("big")).unwrap(),
+        "streamed"
+    );
+    let e = fs_err(
+        &mut c,
+        "fs/open",
+        json!({"handleId": "o", "path": uri(&f.out.join("big")), "mode": "replace", "sandbox": w}),
+    )
+    .await;
+    assert_eq!(
+        e,
+        (-32603, "Read-only file system (os error 30)".to_string())
+    );
+    assert!(!f.out.join("big").exists());
+    let deny = sandbox(
+        &f.ws,
+        vec![special("root", "read"), path_entry(&f.out, "deny")],
+        "restricted",
+    );
+    let e = fs_err(
+        &mut c,
+        "fs/open",
+        json!({"handleId": "d", "path": uri(&f.out.join("secret.txt")), "sandbox": deny}),
+    )
+    .await;
+    assert_eq!(e, (-32600, "Permission denied (os error 13)".to_string()));
+    c.ok(
+        "fs/open",
+        json!({"handleId": "r", "path": uri(&f.ws.join("in.txt")), "sandbox": deny}),
+    )
+    .await;
+    let r = c
+        .ok(
+            "fs/readBlock",
+            json!({"handleId": "r", "offset": 0, "len": 100}),
+        )
+        .await;
+    assert_eq!(unb64(&r["chunk"]), b"in");
+}

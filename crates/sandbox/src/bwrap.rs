@@ -166,6 +166,9 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                         push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()])
                     }
                     Mount::Writable(p) => push(&["--bind".as_ref(), p.as_ref(), p.as_ref()]),
+                    Mount::ProtectNested(p) => {
+                        push(&["--ro-bind-try".as_ref(), p.as_ref(), p.as_ref()])
+                    }
                     Mount::DenyDir(p) => push(&[
                         "--perms".as_ref(),
                         "0000".as_ref(),

@@ -21,6 +21,10 @@ pub enum Mount {
     Writable(PathBuf),
     /// A protected name that exists: re-bound read-only over its writable parent.
     Protect(PathBuf),
+    /// A protected name in a nested directory: the same, skipped if it
+    /// vanished since the scan (best effort, like the scan itself; a strict
+    /// bind would let anyone who deletes a nested `.git` fail the start).
+    ProtectNested(PathBuf),
     /// A directory to hide: an empty mode-000 read-only tmpfs.
     DenyDir(PathBuf),
     /// A file to hide: an empty mode-000 read-only file.
@@ -239,6 +243,8 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
         let found = protect::scan(w)?;
         view.mounts
             .extend(found.existing.into_iter().map(Mount::Protect));
+        view.mounts
+            .extend(found.nested.into_iter().map(Mount::ProtectNested));
         for ph in found.placeholders {
             view.mounts.push(Mount::Protect(ph.path().to_path_buf()));
             view.placeholders.push(ph);
@@ -347,7 +353,7 @@ mod tests {
         let w = pos(&Mount::Writable(ws.clone()));
         assert!(w < pos(&Mount::Protect(ws.join(".git"))));
         assert!(
-            w < pos(&Mount::Protect(ws.join("sub/.git"))),
+            w < pos(&Mount::ProtectNested(ws.join("sub/.git"))),
             "nested repository"
         );
         assert_eq!(

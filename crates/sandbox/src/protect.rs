@@ -97,8 +97,10 @@ pub fn release_all() {
 /// What [`scan`] found under one writable root.
 #[derive(Debug, Default)]
 pub struct Found {
-    /// Existing protected names (canonical), top level and nested.
+    /// Existing protected names directly under the root (canonical).
     pub existing: Vec<PathBuf>,
+    /// Protected names in nested directories (nested repositories).
+    pub nested: Vec<PathBuf>,
     /// Placeholders standing for absent top-level names.
     pub placeholders: Vec<Placeholder>,
 }
@@ -144,7 +146,7 @@ pub fn scan(root: &Path) -> Result<Found, Error> {
                 };
                 if PROTECTED_NAMES.iter().any(|n| name == *n) {
                     if depth > 0 {
-                        found.existing.push(entry.path());
+                        found.nested.push(entry.path());
                     }
                     continue;
                 }

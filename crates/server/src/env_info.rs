@@ -25,7 +25,7 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("capabilityDiscoveryV2", true),
         ("environmentConfigRead", true),
         ("httpHeaderEnvVars", true),
-        ("sandboxedFileStreaming", false),
+        ("sandboxedFileStreaming", sandbox_enforced),
         ("fileWriteStreaming", true),
         ("shellSnapshotV2", false),
         ("windowsMxc", false),

@@ -357,17 +357,17 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
         } else {
             Need::Read
         };
-        if let Route::Helper(_) =
-            crate::sandbox::fs_helper::route(p.sandbox.as_ref(), need, &ctx.server.sandbox)?
-        {
-            // A handle outlives one helper run; streaming under a sandbox that
-            // restricts this operation is not supported (sandboxedFileStreaming: false).
-            return Err(ErrorObject::internal(
-                "fs/open under a sandbox that restricts this access is not supported by this \
-                 exec-server (sandboxedFileStreaming is false); use fs/readFile or fs/writeFile",
-            ));
-        }
+        let route =
+            crate::sandbox::fs_helper::route(p.sandbox.as_ref(), need, &ctx.server.sandbox)?;
         let session = ctx.session()?;
+        if let Route::Helper(h) = route {
+            session.files.check_free(&p.handle_id)?;
+            let file = h.open(&p).await?;
+            session.files.insert(&p.handle_id, file)?;
+            return Ok(OpenResponse {
+                handle_id: p.handle_id,
+            });
+        }
         blocking(move || fs::open(&p, &session.files)).await
     });
     r.request_reply(

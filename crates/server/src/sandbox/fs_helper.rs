@@ -28,6 +28,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -106,23 +107,43 @@ impl Helper {
         operation: &'static str,
         params: &P,
     ) -> Result<T, ErrorObject> {
+        let (value, _) = self.exchange(operation, params).await?;
+        serde_json::from_value(value).map_err(|e| helper_failed(format!("0: bad response: {e}")))
+    }
+
+    /// `fs/open` in the helper: the file is opened inside the sandbox's view
+    /// and its descriptor passed back; reads and writes on the handle then use
+    /// it directly (`sandboxedFileStreaming`).
+    pub async fn open(self, params: &OpenParams) -> Result<std::fs::File, ErrorObject> {
+        let (_, mut fds) = self.exchange(m::FS_OPEN, params).await?;
+        fds.pop()
+            .map(std::fs::File::from)
+            .ok_or_else(|| helper_failed("0: no descriptor"))
+    }
+
+    /// One request (params without their `sandbox`) and its response, with
+    /// any descriptors passed back.
+    async fn exchange<P: Serialize>(
+        self,
+        operation: &'static str,
+        params: &P,
+    ) -> Result<(Value, Vec<OwnedFd>), ErrorObject> {
         let mut params =
             serde_json::to_value(params).map_err(|e| ErrorObject::internal(e.to_string()))?;
         if let Some(o) = params.as_object_mut() {
             o.remove("sandbox");
         }
         let request = json!({"operation": operation, "params": params}).to_string();
-        let value = tokio::task::spawn_blocking(move || self.run(request))
+        tokio::task::spawn_blocking(move || self.run(request))
             .await
             .unwrap_or_else(|e| {
                 Err(ErrorObject::internal(format!(
                     "fs sandbox task failed: {e}"
                 )))
-            })?;
-        serde_json::from_value(value).map_err(|e| helper_failed(format!("0: bad response: {e}")))
+            })
     }
 
-    fn run(&self, request: String) -> Result<Value, ErrorObject> {
+    fn run(&self, request: String) -> Result<(Value, Vec<OwnedFd>), ErrorObject> {
         let mut extra: Vec<PathBuf> = vec![self.runtime.helper.clone()];
         extra.extend(exec_server_sandbox::MINIMAL_ROOTS.iter().map(PathBuf::from));
         let plan = exec_server_sandbox::resolve(&self.policy, &extra)
@@ -145,10 +166,14 @@ impl Helper {
             guard,
             fds,
         } = prepared;
+        // stdout is a socket, so the helper can pass a descriptor back.
+        let (ours, theirs) = super::fd_pass::socket_pair().map_err(|e| {
+            ErrorObject::internal(format!("cannot start the fs sandbox helper: {e}"))
+        })?;
         command
             .env_clear()
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+            .stdout(Stdio::from(theirs))
             .stderr(Stdio::piped());
         let (mut child, exit) = reaper::spawn_and_watch(|| {
             let child = command.spawn()?;
@@ -156,16 +181,15 @@ impl Helper {
             Ok((child, pid))
         })
         .map_err(|e| ErrorObject::internal(format!("cannot start the fs sandbox helper: {e}")))?;
+        // Our copies of the child's ends, so its exit is seen as end of file.
+        drop(command);
         drop(fds);
-        let mut out = Vec::new();
         let mut err = Vec::new();
         if let Some(mut stdin) = child.stdin.take() {
             // A helper that died early closes its end: its status tells why.
             let _ = stdin.write_all(request.as_bytes());
         }
-        if let Some(stdout) = child.stdout.take() {
-            let _ = stdout.take(MAX_RESPONSE_BYTES).read_to_end(&mut out);
-        }
+        let (out, passed) = super::fd_pass::recv_all(&ours, MAX_RESPONSE_BYTES).unwrap_or_default();
         if let Some(stderr) = child.stderr.take() {
             let _ = stderr.take(64 * 1024).read_to_end(&mut err);
         }
@@ -174,7 +198,7 @@ impl Helper {
         let response: Option<Value> = serde_json::from_slice(&out).ok();
         match response {
             Some(r) if code == 0 => match r["status"].as_str() {
-                Some("ok") => Ok(r["payload"].clone()),
+                Some("ok") => Ok((r["payload"].clone(), passed)),
                 Some("error") => Err(serde_json::from_value(r["payload"].clone())
                     .unwrap_or_else(|_| helper_failed("0: bad error payload"))),
                 _ => Err(helper_failed("0: bad response")),
@@ -210,6 +234,20 @@ fn op<P: DeserializeOwned, T: Serialize>(
     serde_json::to_value(r).map_err(|e| ErrorObject::internal(e.to_string()))
 }
 
+/// `fs/open` inside the helper: the response and the open file.
+fn open_here(params: Value) -> Result<(Value, std::fs::File), ErrorObject> {
+    let p: OpenParams =
+        serde_json::from_value(params).map_err(|e| ErrorObject::invalid_params(e.to_string()))?;
+    let table = fs::handles::HandleTable::default();
+    let r = fs::open(&p, &table)?;
+    let file = table
+        .get(&p.handle_id)?
+        .try_clone()
+        .map_err(|e| ErrorObject::from_io(&e))?;
+    let v = serde_json::to_value(r).map_err(|e| ErrorObject::internal(e.to_string()))?;
+    Ok((v, file))
+}
+
 fn dispatch(operation: &str, params: Value) -> Result<Value, ErrorObject> {
     match operation {
         m::FS_READ_FILE => op(params, |p: ReadFileParams| fs::read_file(&p)),
@@ -237,10 +275,20 @@ pub fn serve() -> i32 {
     if std::io::stdin().read_to_end(&mut input).is_err() {
         return 1;
     }
+    let mut file = None;
     let result = match serde_json::from_slice::<Value>(&input) {
         Ok(req) => {
             let operation = req["operation"].as_str().unwrap_or("").to_string();
-            dispatch(&operation, req["params"].clone()).map_err(helper_error)
+            let params = req["params"].clone();
+            if operation == m::FS_OPEN {
+                open_here(params).map(|(v, f)| {
+                    file = Some(f);
+                    v
+                })
+            } else {
+                dispatch(&operation, params)
+            }
+            .map_err(helper_error)
         }
         Err(e) => Err(ErrorObject::invalid_request(format!(
             "bad helper request: {e}"
@@ -250,9 +298,19 @@ pub fn serve() -> i32 {
         Ok(payload) => json!({"status": "ok", "payload": payload}),
         Err(e) => json!({"status": "error", "payload": e}),
     };
+    let bytes = response.to_string().into_bytes();
+    let mut sent = 0;
+    if let Some(f) = &file {
+        use std::os::fd::AsRawFd;
+        // stdout is the server's socket: the descriptor rides on the first bytes.
+        match super::fd_pass::send_with_fd(1, &bytes, f.as_raw_fd()) {
+            Ok(n) => sent = n,
+            Err(_) => return 1,
+        }
+    }
     let mut stdout = std::io::stdout().lock();
     if stdout
-        .write_all(response.to_string().as_bytes())
+        .write_all(&bytes[sent..])
         .and_then(|_| stdout.flush())
         .is_err()
     {

@@ -10,6 +10,7 @@
 //! possible it has no effect: a sandbox is always enforced, and a sandbox that
 //! fails at run time (e.g. user namespaces disabled) never falls back.
 
+mod fd_pass;
 pub mod fs_helper;
 
 use exec_server_protocol::types::{
