@@ -70,6 +70,11 @@
 //!   first [`MAX_SCAN_ENTRIES`] entries of a writable root, is not protected.
 //! - Globs are expanded once, when the view is built: a file matching a deny
 //!   glob created afterwards is not hidden.
+//! - Placeholders are counted per server process: two servers confining
+//!   commands in the same workspace at once may remove each other's
+//!   placeholder early (the other sandbox could then create that name). A
+//!   server killed with SIGKILL leaves its empty placeholders behind (a clean
+//!   shutdown removes them).
 
 pub mod bwrap;
 pub mod denied;
