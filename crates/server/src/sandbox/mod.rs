@@ -234,3 +234,94 @@ impl StartSandbox {
 
 /// Kept by a running confined process; dropped at its exit.
 pub type Confinement = Guard;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ctx(v: serde_json::Value) -> FileSystemSandboxContext {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn ro() -> FileSystemSandboxContext {
+        ctx(
+            json!({"windowsSandboxLevel": "disabled", "permissions": {"type": "managed", "network": "restricted",
+            "file_system": {"type": "restricted", "entries": [{"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"}]}}}),
+        )
+    }
+
+    #[test]
+    fn conversion_keeps_the_wire_quirks() {
+        let c = ctx(
+            json!({"windowsSandboxLevel": "disabled", "workspaceRoots": ["file:///w"],
+            "permissions": {"type": "managed", "network": "enabled", "file_system": {"type": "restricted", "entries": [
+                {"path": {"type": "special", "value": {"kind": "current_working_directory"}}, "access": "write"},
+                {"path": {"type": "path", "path": "file:///w/s"}, "access": "none"}]}}}),
+        );
+        let p = to_policy(&c, Path::new("/c")).unwrap();
+        assert_eq!(p.cwd, Path::new("/c"));
+        assert_eq!(p.workspace_roots, [PathBuf::from("/w")]);
+        let Profile::Managed {
+            fs: FileSystem::Restricted(rules),
+            network_restricted: false,
+        } = p.profile
+        else {
+            panic!("managed");
+        };
+        assert_eq!(rules[0].target, Target::WorkspaceRoots { subpath: None });
+        assert_eq!(rules[1].access, Access::Deny);
+        let bad = ctx(
+            json!({"windowsSandboxLevel": "disabled", "permissions": {"type": "managed", "network": "enabled",
+            "file_system": {"type": "restricted", "entries": [{"path": {"type": "path", "path": "file://host/tmp"}, "access": "read"}]}}}),
+        );
+        let e = to_policy(&bad, Path::new("/")).unwrap_err();
+        assert_eq!(e.code, -32600);
+        assert_eq!(
+            e.message,
+            "invalid sandbox permission path URI: 'file://host/tmp' is invalid on 'linux'"
+        );
+    }
+
+    #[test]
+    fn fails_closed_without_bubblewrap_unless_the_operator_opts_out() {
+        let no_bwrap = |allow| Support {
+            runtime: Some(Runtime {
+                bwrap: None,
+                helper: PathBuf::from("/x"),
+            }),
+            allow_unsandboxed: allow,
+        };
+        let e = for_start(Some(&ro()), false, Path::new("/"), &no_bwrap(false)).unwrap_err();
+        assert_eq!(e.code, -32603);
+        assert!(e.message.contains("bubblewrap"), "{}", e.message);
+        assert!(
+            for_start(Some(&ro()), false, Path::new("/"), &no_bwrap(true))
+                .unwrap()
+                .is_none()
+        );
+        // A profile needing no namespaces still runs confined by seccomp alone.
+        let full = ctx(
+            json!({"windowsSandboxLevel": "disabled", "permissions": {"type": "external", "network": "restricted"}}),
+        );
+        assert!(
+            for_start(Some(&full), false, Path::new("/"), &no_bwrap(false))
+                .unwrap()
+                .is_some()
+        );
+        let none = Support {
+            runtime: None,
+            allow_unsandboxed: false,
+        };
+        assert_eq!(
+            for_start(Some(&ro()), false, Path::new("/"), &none)
+                .unwrap_err()
+                .code,
+            -32603
+        );
+        assert!(for_start(None, false, Path::new("/"), &none)
+            .unwrap()
+            .is_none());
+        assert!(!no_bwrap(false).enforced());
+    }
+}
