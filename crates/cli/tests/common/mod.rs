@@ -1,6 +1,8 @@
 //! Test support: start the real binary on loopback and speak JSON-RPC to it.
 #![allow(dead_code)]
 
+pub mod sandbox;
+
 use base64::Engine;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
