@@ -48,6 +48,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = exec_server::MAX_MESSAGE_BYTES, value_name = "BYTES")]
     pub max_message_bytes: usize,
 
+    /// Largest response body of a buffered http/request (one without
+    /// streamResponse), in bytes; a larger body is refused with an error naming
+    /// streamResponse and is never held in memory past this size.
+    #[arg(long, default_value_t = exec_server::http::DEFAULT_MAX_BUFFERED_HTTP_BODY_BYTES, value_name = "BYTES")]
+    pub max_http_body_bytes: usize,
+
     /// Where a request's `sandbox` cannot be enforced on this host (bubblewrap
     /// not installed), run it unconfined and report `sandboxType: "none"`
     /// instead of refusing it. Without effect where enforcement is possible:
@@ -197,6 +203,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         auth,
         max_connections: args.max_connections.max(1),
         max_message_bytes: args.max_message_bytes.max(1024),
+        max_http_body_bytes: args.max_http_body_bytes,
         allow_unsandboxed: args.allow_unsandboxed,
         sandbox_helper: std::env::current_exe().ok(),
     };

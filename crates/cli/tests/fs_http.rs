@@ -1,10 +1,10 @@
 //! File system, HTTP and discovery methods over WebSocket against the real binary.
 
 mod common;
+use common::loopback_http::http_server;
 use common::*;
 use serde_json::{json, Value};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn err_code(c: &mut Conn, method: &str, params: Value) -> i64 {
     let r = c.call(method, params).await;
@@ -331,93 +331,6 @@ async fn discovery_methods() {
         let r = c.call(m, json!({})).await;
         assert_eq!(r["error"]["code"], -32601, "{m}");
     }
-}
-
-/// A minimal HTTP/1.1 server on loopback for `http/request` tests.
-async fn http_server() -> (String, tokio::task::JoinHandle<()>) {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut tmp = [0u8; 4096];
-                let head_end = loop {
-                    let n = sock.read(&mut tmp).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&tmp[..n]);
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break i + 4;
-                    }
-                };
-                let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length:")
-                            .map(|v| v.trim().parse().unwrap_or(0))
-                    })
-                    .unwrap_or(0);
-                while buf.len() < head_end + len {
-                    let n = sock.read(&mut tmp).await.unwrap_or(0);
-                    if n == 0 {
-                        break;
-                    }
-                    buf.extend_from_slice(&tmp[..n]);
-                }
-                let body = buf[head_end..].to_vec();
-                let mut lines = head.lines();
-                let request_line = lines.next().unwrap_or("").to_string();
-                let path = request_line.split(' ').nth(1).unwrap_or("/").to_string();
-                let headers: Vec<String> = lines
-                    .filter(|l| !l.is_empty())
-                    .map(|l| l.to_string())
-                    .collect();
-                let resp: Vec<u8> = match path.as_str() {
-                    "/echo" => {
-                        let j = json!({"request": request_line, "headers": headers, "body": String::from_utf8_lossy(&body)}).to_string();
-                        format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Multi: a\r\nX-Multi: b\r\nContent-Length: {}\r\n\r\n{j}", j.len()).into_bytes()
-                    }
-                    "/gone" => b"HTTP/1.1 410 Gone\r\nContent-Length: 4\r\n\r\ngone".to_vec(),
-                    "/redirect" => {
-                        b"HTTP/1.1 302 Found\r\nLocation: /echo\r\nContent-Length: 0\r\n\r\n"
-                            .to_vec()
-                    }
-                    "/stream" => {
-                        let _ = sock.write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n").await;
-                        for part in ["one", "two", "three"] {
-                            let _ = sock
-                                .write_all(format!("{:x}\r\n{part}\r\n", part.len()).as_bytes())
-                                .await;
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                        b"0\r\n\r\n".to_vec()
-                    }
-                    "/slow" => {
-                        tokio::time::sleep(Duration::from_secs(3)).await;
-                        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".to_vec()
-                    }
-                    _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
-                };
-                // One request per connection: say so, so clients never reuse it.
-                let resp = match resp.windows(2).position(|w| w == b"\r\n") {
-                    Some(i) if !resp.starts_with(b"0\r\n") => {
-                        [&resp[..i + 2], b"Connection: close\r\n", &resp[i + 2..]].concat()
-                    }
-                    _ => resp,
-                };
-                let _ = sock.write_all(&resp).await;
-                let _ = sock.shutdown().await;
-            });
-        }
-    });
-    (format!("http://{addr}"), task)
 }
 
 #[tokio::test]

@@ -144,6 +144,8 @@ async fn sandboxed_file_streaming() {
         json!({"handleId": "h", "offset": 0, "chunk": b64(b"streamed")}),
     )
     .await;
+    // As unsandboxed: the upload replaces the target only when closed.
+    assert!(!f.ws.join("big").exists());
     c.ok("fs/close", json!({"handleId": "h"})).await;
     assert_eq!(
         std::fs::read_to_string(f.ws.join("big")).unwrap(),

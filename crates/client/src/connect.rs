@@ -155,6 +155,7 @@ impl Source {
                     state.clone(),
                     server_conn,
                     "JSON-RPC message from embedded client".into(),
+                    None,
                 ));
                 let (cr, cw) = tokio::io::split(client_side);
                 Ok(transport::lines(cr, cw, "embedded server".into()))

@@ -64,6 +64,9 @@ pub const FS_CLOSE: &str = "fs/close";
 pub const FS_WATCH: &str = "fs/watch";
 /// Notification (ours), server→client: a watched path changed.
 pub const FS_CHANGED: &str = "fs/changed";
+/// Notification (ours), server→client: a watch ended on its own (the directory
+/// holding its path went away); its id is free again. Not sent after `fs/unwatch`.
+pub const FS_WATCH_ENDED: &str = "fs/watchEnded";
 /// Request (ours): stop a watch.
 pub const FS_UNWATCH: &str = "fs/unwatch";
 /// Not implemented by the reference nor by us (-32601).

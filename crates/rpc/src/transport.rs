@@ -9,9 +9,7 @@
 use futures_util::{SinkExt, StreamExt};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{
-    AsyncBufReadExt, AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
-};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, Notify};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
@@ -32,7 +30,8 @@ pub const STALLED_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// most this size (one message, fragmented as RFC 6455 allows): 1 MiB.
 pub const WS_FRAGMENT_BYTES: usize = 1024 * 1024;
 
-/// Largest line accepted on a line-framed transport: 512 MiB.
+/// Largest line accepted by [`lines`]: 512 MiB. Servers pass their own limit to
+/// [`lines_with_limit`].
 pub const MAX_LINE_BYTES: usize = 512 * 1024 * 1024;
 
 /// What a transport's reader yields.
@@ -227,9 +226,77 @@ where
     }
 }
 
-/// Serves a line-framed byte stream (stdio, a Unix socket): one message per line.
-/// Empty lines are skipped.
+/// Serves a line-framed byte stream (stdio, a Unix socket): one message per line,
+/// at most [`MAX_LINE_BYTES`]. Empty lines are skipped.
 pub fn lines<R, W>(reader: R, writer: W, peer: String) -> Connection
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    lines_with_limit(reader, writer, peer, MAX_LINE_BYTES)
+}
+
+/// What [`read_line_capped`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum LineRead {
+    /// A line (without its `\n`), or the unterminated rest before end of input.
+    Line,
+    /// End of input, nothing pending.
+    End,
+    /// The line passed the limit; what was read of it is discarded.
+    TooLong,
+}
+
+/// Reads one line into `buf` (cleared first), holding at most `limit` bytes of
+/// it: a longer line is refused as soon as it passes the limit, not buffered.
+async fn read_line_capped<R: AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> std::io::Result<LineRead> {
+    buf.clear();
+    loop {
+        let available = r.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(if buf.is_empty() {
+                LineRead::End
+            } else {
+                LineRead::Line
+            });
+        }
+        let (piece, found) = match memchr::memchr(b'\n', available) {
+            Some(i) => (&available[..i], true),
+            None => (available, false),
+        };
+        if piece.len() > limit - buf.len() {
+            buf.clear();
+            buf.shrink_to(64 * 1024);
+            return Ok(LineRead::TooLong);
+        }
+        // Grow by doubling but never past the limit, so a line of `limit`
+        // bytes costs `limit`, not the next power of two.
+        if buf.capacity() - buf.len() < piece.len() {
+            let want = (buf.capacity() * 2).max(buf.len() + piece.len()).min(limit);
+            buf.reserve_exact(want - buf.len());
+        }
+        buf.extend_from_slice(piece);
+        let used = piece.len() + usize::from(found);
+        r.consume(used);
+        if found {
+            return Ok(LineRead::Line);
+        }
+    }
+}
+
+/// [`lines`] with a limit on the line length (bytes, without the `\n`): a longer
+/// line closes the connection (logged as a warning) once it passes the limit,
+/// without being held in memory; lines read before it are still delivered.
+pub fn lines_with_limit<R, W>(
+    reader: R,
+    writer: W,
+    peer: String,
+    max_line_bytes: usize,
+) -> Connection
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -262,25 +329,23 @@ where
         let _ = w.shutdown().await;
     });
     let reader_out = out_tx.clone();
+    let reader_peer = peer.clone();
     tokio::spawn(async move {
+        let peer = reader_peer;
         let mut r = BufReader::with_capacity(64 * 1024, reader);
         let mut buf = Vec::new();
         loop {
-            buf.clear();
-            match (&mut r)
-                .take(MAX_LINE_BYTES as u64 + 1)
-                .read_until(b'\n', &mut buf)
-                .await
-            {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(_) => break,
+            match read_line_capped(&mut r, &mut buf, max_line_bytes).await {
+                Ok(LineRead::Line) => {}
+                Ok(LineRead::End) | Err(_) => break,
+                Ok(LineRead::TooLong) => {
+                    tracing::warn!(
+                        "{peer}: message longer than {max_line_bytes} bytes (--max-message-bytes); closing the connection"
+                    );
+                    break;
+                }
             }
-            if buf.len() > MAX_LINE_BYTES {
-                tracing::warn!("line longer than {MAX_LINE_BYTES} bytes; closing");
-                break;
-            }
-            while matches!(buf.last(), Some(b'\n' | b'\r')) {
+            while matches!(buf.last(), Some(b'\r')) {
                 buf.pop();
             }
             if buf.iter().all(|b| b.is_ascii_whitespace()) {
@@ -310,5 +375,59 @@ where
         inbound: in_rx,
         outbound: Outbound { tx: out_tx, closer },
         peer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn read_all(input: &[u8], limit: usize, chunk: usize) -> Vec<(LineRead, Vec<u8>)> {
+        let mut r = BufReader::with_capacity(chunk, input);
+        let mut buf = Vec::new();
+        let mut out = Vec::new();
+        loop {
+            let got = read_line_capped(&mut r, &mut buf, limit).await.unwrap();
+            let done = got != LineRead::Line;
+            out.push((got, buf.clone()));
+            if done {
+                return out;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_up_to_the_limit_pass_and_longer_ones_are_refused_unbuffered() {
+        for chunk in [1, 3, 64] {
+            let got = read_all(b"abcd\n\nxyz\nlast", 4, chunk).await;
+            assert_eq!(
+                got,
+                [
+                    (LineRead::Line, b"abcd".to_vec()),
+                    (LineRead::Line, b"".to_vec()),
+                    (LineRead::Line, b"xyz".to_vec()),
+                    (LineRead::Line, b"last".to_vec()),
+                    (LineRead::End, b"".to_vec()),
+                ],
+                "chunk {chunk}"
+            );
+            let got = read_all(b"ok\nabcde\nnever", 4, chunk).await;
+            assert_eq!(
+                got,
+                [
+                    (LineRead::Line, b"ok".to_vec()),
+                    (LineRead::TooLong, b"".to_vec()),
+                ],
+                "chunk {chunk}"
+            );
+        }
+        // A line of exactly the limit never allocates past it.
+        let mut r = BufReader::with_capacity(3, &b"0123456789\n"[..]);
+        let mut buf = Vec::new();
+        assert_eq!(
+            read_line_capped(&mut r, &mut buf, 10).await.unwrap(),
+            LineRead::Line
+        );
+        assert_eq!(buf.capacity(), 10);
     }
 }

@@ -221,6 +221,7 @@ fn open(state: &std::sync::Arc<ServerState>) -> Connection {
         state.clone(),
         transport::lines(sr, sw, "fuzz".into()),
         "fuzz".into(),
+        None,
     ));
     let (cr, cw) = tokio::io::split(a);
     transport::lines(cr, cw, "fuzz client".into())

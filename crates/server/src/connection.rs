@@ -10,6 +10,7 @@ use exec_server_protocol::{encode_error, methods, ErrorObject, Message, RequestI
 use exec_server_rpc::router::{Mode, Reply};
 use exec_server_rpc::{Connection, Inbound, Outbound};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 use tokio::sync::Semaphore;
 
 /// Spawned (detached) requests one connection may have running at once (long-polls,
@@ -94,7 +95,15 @@ pub fn gate(ctx: &Ctx, method: &str) -> Result<(), ErrorObject> {
 }
 
 /// Serves `conn` until it closes or sends something connection-fatal (SPEC §1.5).
-pub async fn serve(server: Arc<ServerState>, mut conn: Connection, parse_context: String) {
+/// With a `handshake_timeout`, a connection that has not completed the handshake
+/// (`initialize` answered and `initialized` received) within it is closed, so a
+/// socket that never speaks cannot keep a connection slot.
+pub async fn serve(
+    server: Arc<ServerState>,
+    mut conn: Connection,
+    parse_context: String,
+    handshake_timeout: Option<Duration>,
+) {
     let ctx: Ctx = Arc::new(ConnCtx {
         id: server.next_connection_id(),
         server: server.clone(),
@@ -102,7 +111,23 @@ pub async fn serve(server: Arc<ServerState>, mut conn: Connection, parse_context
         phase: Mutex::new(Phase::Fresh),
     });
     let detached = Arc::new(Semaphore::new(MAX_DETACHED_REQUESTS_PER_CONNECTION));
-    while let Some(item) = conn.inbound.recv().await {
+    let handshake_deadline = tokio::time::sleep(handshake_timeout.unwrap_or(Duration::MAX));
+    tokio::pin!(handshake_deadline);
+    loop {
+        let pending = handshake_timeout.is_some() && !matches!(*ctx.phase(), Phase::Ready(_));
+        let item = tokio::select! {
+            item = conn.inbound.recv() => item,
+            _ = &mut handshake_deadline, if pending => {
+                tracing::warn!(
+                    conn = ctx.id,
+                    peer = %conn.peer,
+                    "no JSON-RPC handshake (initialize, initialized) within {:?}; closing",
+                    handshake_timeout.unwrap_or_default()
+                );
+                break;
+            }
+        };
+        let Some(item) = item else { break };
         let decoded = match item {
             Inbound::Message(text) => Message::decode(text.as_bytes()).map_err(|e| e.to_string()),
             Inbound::Invalid(why) => Err(why),

@@ -362,8 +362,8 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
         let session = ctx.session()?;
         if let Route::Helper(h) = route {
             session.files.check_free(&p.handle_id)?;
-            let file = h.open(&p).await?;
-            session.files.insert(&p.handle_id, file)?;
+            let handle = h.open(&p).await?;
+            session.files.insert(&p.handle_id, handle)?;
             return Ok(OpenResponse {
                 handle_id: p.handle_id,
             });
@@ -396,8 +396,15 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
         m::FS_CLOSE,
         fs_mode,
         |ctx: Ctx, p: HandleParams| async move {
-            ctx.session()?.files.remove(&p.handle_id);
-            Ok(Empty {})
+            let session = ctx.session()?;
+            blocking(move || {
+                session
+                    .files
+                    .remove(&p.handle_id)
+                    .map_err(|e| ErrorObject::from_io(&e))?;
+                Ok(Empty {})
+            })
+            .await
         },
     );
 

@@ -58,6 +58,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Largest WebSocket message in bytes.
     pub max_message_bytes: usize,
+    /// Largest buffered `http/request` response body in bytes
+    /// ([`http::DEFAULT_MAX_BUFFERED_HTTP_BODY_BYTES`]); streamed bodies are not capped.
+    pub max_http_body_bytes: usize,
     /// Where a `sandbox` cannot be enforced on this host (no `bwrap`, no
     /// helper), run the request unconfined with `sandboxType: "none"` instead
     /// of refusing it. No effect where enforcement is possible.
@@ -76,6 +79,7 @@ impl Default for ServerConfig {
             auth: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_message_bytes: MAX_MESSAGE_BYTES,
+            max_http_body_bytes: http::DEFAULT_MAX_BUFFERED_HTTP_BODY_BYTES,
             allow_unsandboxed: false,
             sandbox_helper: None,
         }
@@ -118,7 +122,8 @@ impl ServerState {
             env_info_json: serde_json::to_string(&env_info).map_err(std::io::Error::other)?,
             env_info,
             router: handlers::router(fs_mode),
-            http: http::HttpClients::new().map_err(std::io::Error::other)?,
+            http: http::HttpClients::new(config.max_http_body_bytes)
+                .map_err(std::io::Error::other)?,
             next_connection: AtomicU64::new(1),
             sandbox,
             config,
@@ -135,6 +140,7 @@ impl ServerState {
     pub fn shutdown(&self) {
         self.sessions.shutdown_all();
         process::kill::kill_all_descendants();
+        process::cgroup::kill_all_and_remove();
         exec_server_sandbox::protect::release_all();
     }
 }

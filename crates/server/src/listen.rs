@@ -17,7 +17,10 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 /// default, 128 KiB, dominated the memory of an idle connection).
 pub const WS_BUFFER_BYTES: usize = 16 * 1024;
 
-/// Time a new socket has to complete the WebSocket upgrade: 10 s.
+/// Time a new socket has to complete the WebSocket upgrade, and then again to
+/// complete the JSON-RPC handshake (`initialize` answered, `initialized` received)
+/// on a WebSocket or Unix socket connection: 10 s. A connection that misses either
+/// is closed, so idle sockets cannot hold `--max-connections` slots.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Sockets allowed in the middle of the upgrade at once: 1024; more are dropped.
 pub const MAX_PENDING_HANDSHAKES: usize = 1024;
@@ -135,15 +138,18 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
     let slots = Arc::new(Semaphore::new(state.config.max_connections));
     match listener {
         Listener::Stdio => {
-            let conn = transport::lines(
+            let conn = transport::lines_with_limit(
                 tokio::io::stdin(),
                 tokio::io::stdout(),
                 "exec-server stdio".into(),
+                state.config.max_message_bytes,
             );
+            // The one stdio client holds no slot another could want: no deadline.
             connection::serve(
                 state,
                 conn,
                 "JSON-RPC message from exec-server stdio".into(),
+                None,
             )
             .await;
         }
@@ -159,8 +165,10 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
             let peer = format!("exec-server unix socket {}", path.display());
             tokio::spawn(async move {
                 let (r, w) = stream.into_split();
-                let conn = transport::lines(r, w, peer.clone());
-                connection::serve(state, conn, format!("JSON-RPC message from {peer}")).await;
+                let limit = state.config.max_message_bytes;
+                let conn = transport::lines_with_limit(r, w, peer.clone(), limit);
+                let context = format!("JSON-RPC message from {peer}");
+                connection::serve(state, conn, context, Some(HANDSHAKE_TIMEOUT)).await;
                 drop(permit);
             });
         },
@@ -237,6 +245,7 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
                         state,
                         conn,
                         format!("websocket JSON-RPC message from {name}"),
+                        Some(HANDSHAKE_TIMEOUT),
                     )
                     .await;
                     drop(permit);

@@ -1,6 +1,7 @@
 //! Test support: start the real binary on loopback and speak JSON-RPC to it.
 #![allow(dead_code)]
 
+pub mod loopback_http;
 pub mod sandbox;
 
 use base64::Engine;
@@ -383,4 +384,99 @@ pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bo
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     cond()
+}
+
+/// Every entry below `dir` with its kind, bytes or link target and mode,
+/// sorted: compare two to prove a tree unchanged.
+pub fn snapshot(dir: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            let what = if m.file_type().is_symlink() {
+                format!("link {}", std::fs::read_link(&p).unwrap().display())
+            } else if m.is_dir() {
+                stack.push(p);
+                "dir".to_string()
+            } else {
+                format!("file {:?}", std::fs::read(&p).unwrap())
+            };
+            out.push(format!("{rel} {what} {:o}", m.mode()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`…), in KiB.
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Open file descriptors of `pid` (entries of `/proc/PID/fd`).
+pub fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Threads of `pid` (entries of `/proc/PID/task`).
+pub fn thread_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// inotify instances `pid` holds (its fds that link to `anon_inode:inotify`).
+pub fn inotify_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy() == "anon_inode:inotify")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Kernel watches held by `pid`'s inotify instances (`inotify wd:` lines of
+/// their `/proc/PID/fdinfo`).
+pub fn inotify_watch_count(pid: u32) -> usize {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy() == "anon_inode:inotify")
+        })
+        .map(|e| {
+            std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("inotify wd:"))
+            .count()
+        })
+        .sum()
+}
+
+/// True while `pid` runs (not exited, not a zombie).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| Some(s[s.rfind(')')? + 1..].trim_start().starts_with('Z')))
+        .is_some_and(|zombie| !zombie)
 }

@@ -332,8 +332,22 @@ pub struct UnwatchParams {
 pub struct FsChangedNotification {
     /// The watch.
     pub watch_id: String,
-    /// `create`, `modify`, `remove`, `rename` or `other`.
+    /// `create`, `modify`, `remove`, `rename` or `other` (`other` with the
+    /// watched path itself: changes may have been lost, look again).
     pub kind: String,
     /// Paths affected.
     pub paths: Vec<PathUri>,
+}
+
+/// `fs/watchEnded` notification (ours): the watch stopped on its own, because
+/// the directory holding the watched path was removed or moved, or its file
+/// system unmounted (replacing the path itself does not end a watch). Sent once,
+/// after the watch's last `fs/changed`; the id is free again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsWatchEndedNotification {
+    /// The watch.
+    pub watch_id: String,
+    /// Why it ended, in words.
+    pub reason: String,
 }

@@ -1,21 +1,66 @@
 //! Open file handles of a session (`fs/open`), by client-chosen id.
 
+use super::write::{PendingReplace, Writer};
 use exec_server_protocol::ErrorObject;
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// One open handle: the file, and for a replace the rename still to do.
+pub struct Handle {
+    file: Arc<File>,
+    replace: Option<PendingReplace>,
+}
+
+impl Handle {
+    /// A handle reading `file`.
+    pub fn read(file: File) -> Handle {
+        Handle {
+            file: Arc::new(file),
+            replace: None,
+        }
+    }
+
+    /// A handle writing through `writer`; closing it commits the write.
+    pub fn write(writer: Writer) -> Handle {
+        match writer {
+            Writer::Replace(file, pending) => Handle {
+                file: Arc::new(file),
+                replace: Some(pending),
+            },
+            Writer::InPlace(file) => Handle::read(file),
+        }
+    }
+}
+
+impl Handle {
+    /// The open file and, for a replace, the rename still to do.
+    pub fn into_parts(self) -> (Arc<File>, Option<PendingReplace>) {
+        (self.file, self.replace)
+    }
+
+    /// A handle from [`Handle::into_parts`].
+    pub fn from_parts(file: File, replace: Option<PendingReplace>) -> Handle {
+        Handle {
+            file: Arc::new(file),
+            replace,
+        }
+    }
+}
+
 /// Most handles one session may hold open: 256.
 pub const MAX_OPEN_FILES_PER_SESSION: usize = 256;
 
-/// The table. Handles close when removed, or when the session ends.
+/// The table. Handles close when removed, or when the session ends; a replace
+/// that was never closed (`fs/close`) is discarded and leaves the target as it
+/// was.
 #[derive(Default)]
 pub struct HandleTable {
-    files: Mutex<HashMap<String, Arc<File>>>,
+    files: Mutex<HashMap<String, Handle>>,
 }
 
 impl HandleTable {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<File>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Handle>> {
         self.files.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -36,9 +81,9 @@ impl HandleTable {
     }
 
     /// Adds `file` under `id` (rechecked, so two racing opens cannot share an id).
-    pub fn insert(&self, id: &str, file: File) -> Result<(), ErrorObject> {
+    pub fn insert(&self, id: &str, handle: Handle) -> Result<(), ErrorObject> {
         self.check_free(id)?;
-        self.lock().insert(id.to_string(), Arc::new(file));
+        self.lock().insert(id.to_string(), handle);
         Ok(())
     }
 
@@ -46,13 +91,24 @@ impl HandleTable {
     pub fn get(&self, id: &str) -> Result<Arc<File>, ErrorObject> {
         self.lock()
             .get(id)
-            .cloned()
+            .map(|h| h.file.clone())
             .ok_or_else(|| ErrorObject::not_found(format!("unknown file handle `{id}`")))
     }
 
-    /// Closes `id` (unknown ids are fine).
-    pub fn remove(&self, id: &str) {
-        self.lock().remove(id);
+    /// Closes `id` (unknown ids are fine); a replace is renamed over its
+    /// target now, and its failure is returned.
+    pub fn remove(&self, id: &str) -> std::io::Result<()> {
+        let handle = self.lock().remove(id);
+        match handle.and_then(|h| h.replace) {
+            Some(pending) => pending.commit(),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the handle under `id` out of the table, open (the sandboxed
+    /// file-system helper hands its parts to the server).
+    pub fn take(&self, id: &str) -> Option<Handle> {
+        self.lock().remove(id)
     }
 
     /// Closes every handle.
@@ -75,26 +131,22 @@ impl HandleTable {
 mod tests {
     use super::*;
 
+    fn null() -> Handle {
+        Handle::read(File::open("/dev/null").unwrap())
+    }
+
     #[test]
     fn handle_limit_and_duplicates() {
         let t = HandleTable::default();
         for i in 0..MAX_OPEN_FILES_PER_SESSION {
-            t.insert(&format!("h{i}"), File::open("/dev/null").unwrap())
-                .unwrap();
+            t.insert(&format!("h{i}"), null()).unwrap();
         }
-        let e = t
-            .insert("one-more", File::open("/dev/null").unwrap())
-            .unwrap_err();
+        let e = t.insert("one-more", null()).unwrap_err();
         assert_eq!(e.code, -32600);
         assert!(e.message.contains("too many open file handles"));
-        assert_eq!(
-            t.insert("h0", File::open("/dev/null").unwrap())
-                .unwrap_err()
-                .code,
-            -32600
-        );
-        t.remove("h0");
-        assert!(t.insert("again", File::open("/dev/null").unwrap()).is_ok());
+        assert_eq!(t.insert("h0", null()).unwrap_err().code, -32600);
+        t.remove("h0").unwrap();
+        assert!(t.insert("again", null()).is_ok());
         t.clear();
         assert!(t.is_empty());
         assert_eq!(t.get("again").unwrap_err().code, -32004);

@@ -3,13 +3,21 @@
 //! -32603 with the OS text, wrong kinds -32600.
 
 pub mod handles;
+pub mod resolve;
+pub mod tree;
 pub mod walk;
 pub mod watch;
+pub mod write;
 
 use exec_server_protocol::types::*;
 use exec_server_protocol::{ByteChunk, ErrorObject, PathUri};
 use handles::HandleTable;
-use std::fs::{File, OpenOptions};
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fstatat, mkdirat, Mode, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+use resolve::{kind, locate, Follow, Located};
+use std::fs::File;
+use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
@@ -20,8 +28,9 @@ pub const MAX_READ_FILE_BYTES: u64 = 256 * 1024 * 1024;
 /// Largest block of `fs/readBlock` and `fs/writeBlock`: 1 MiB.
 pub const MAX_BLOCK_BYTES: u64 = 1024 * 1024;
 
-/// The native path of a URI: -32602 for a NUL byte, -32600 for a URI that names
-/// no path on this host (e.g. another host), as the reference answers.
+/// The native path of a URI, normalised (no `.` components, no trailing slash):
+/// -32602 for a NUL byte, -32600 for a URI that names no path on this host
+/// (e.g. another host), as the reference answers.
 pub fn native(p: &PathUri) -> Result<PathBuf, ErrorObject> {
     let path = p.to_path().map_err(ErrorObject::invalid_request)?;
     if path.as_os_str().as_encoded_bytes().contains(&0) {
@@ -29,52 +38,128 @@ pub fn native(p: &PathUri) -> Result<PathBuf, ErrorObject> {
             "path `{p}` contains a NUL byte"
         )));
     }
-    Ok(path)
+    Ok(resolve::normalize(&path))
 }
 
 fn io(e: std::io::Error) -> ErrorObject {
     ErrorObject::from_io(&e)
 }
 
+fn nix_io(e: nix::errno::Errno) -> ErrorObject {
+    io(e.into())
+}
+
 fn not_a_file(p: &Path) -> ErrorObject {
     ErrorObject::invalid_request(format!("path `{}` is not a file", p.display()))
+}
+
+/// The directory holding `path`'s final name; `/` (no final name) is
+/// `on_root`'s error.
+fn located(
+    path: &Path,
+    follow: Follow,
+    on_root: impl FnOnce() -> ErrorObject,
+) -> Result<Located, ErrorObject> {
+    locate(path, follow).map_err(io)?.ok_or_else(on_root)
+}
+
+fn operation_not_permitted() -> ErrorObject {
+    // What the reference answers for `/`.
+    ErrorObject::invalid_request(std::io::Error::from_raw_os_error(libc::EPERM).to_string())
+}
+
+/// Opens `path` for reading, resolved once; FIFOs open without blocking (and
+/// are then refused as not a file).
+fn open_for_read(path: &Path, follow: Option<bool>) -> Result<File, ErrorObject> {
+    let follow = Follow::from_wire(follow);
+    let mut flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    if follow == Follow::Never {
+        flags |= OFlag::O_NOFOLLOW;
+    }
+    let fd = match locate(path, follow).map_err(io)? {
+        Some(at) => openat(&at.dir, at.name.as_os_str(), flags, Mode::empty()),
+        None => return Err(not_a_file(path)),
+    }
+    .map_err(nix_io)?;
+    let file = File::from(fd);
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(not_a_file(path));
+    }
+    Ok(file)
 }
 
 /// `fs/readFile`.
 pub fn read_file(p: &ReadFileParams) -> Result<ReadFileResponse, ErrorObject> {
     let path = native(&p.path)?;
-    let meta = std::fs::metadata(&path).map_err(io)?;
-    if !meta.is_file() {
-        return Err(not_a_file(&path));
-    }
-    if meta.len() > MAX_READ_FILE_BYTES {
+    let mut file = open_for_read(&path, p.follow_symlinks)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len > MAX_READ_FILE_BYTES {
         return Err(ErrorObject::invalid_request(format!(
             "file `{}` is {} bytes, above the fs/readFile limit of {} bytes; read it in blocks with fs/open and fs/readBlock",
             path.display(),
-            meta.len(),
+            len,
             MAX_READ_FILE_BYTES
         )));
     }
-    let data = std::fs::read(&path).map_err(io)?;
+    // The file may grow meanwhile: never read past the cap.
+    let mut data = Vec::with_capacity(len as usize);
+    (&mut file)
+        .take(MAX_READ_FILE_BYTES)
+        .read_to_end(&mut data)
+        .map_err(io)?;
     Ok(ReadFileResponse {
         data_base64: ByteChunk(data),
     })
 }
 
-/// `fs/writeFile`: creates or truncates.
+/// `fs/writeFile`: creates or replaces the whole file (see [`write`]).
 pub fn write_file(p: WriteFileParams) -> Result<Empty, ErrorObject> {
     let path = native(&p.path)?;
-    std::fs::write(&path, &p.data_base64.0).map_err(io)?;
+    let follow = Follow::from_wire(p.follow_symlinks);
+    let at = located(&path, follow, || {
+        io(std::io::Error::from_raw_os_error(libc::EISDIR))
+    })?;
+    write::write_whole(at, follow == Follow::Ancestors, &p.data_base64.0).map_err(io)?;
     Ok(Empty {})
 }
 
-/// `fs/createDirectory`.
+/// `fs/createDirectory`: with `recursive`, every missing directory on the way
+/// is created one component at a time (so any depth works).
 pub fn create_directory(p: &CreateDirectoryParams) -> Result<Empty, ErrorObject> {
     let path = native(&p.path)?;
-    if p.recursive {
-        std::fs::create_dir_all(&path).map_err(io)?;
-    } else {
-        std::fs::create_dir(&path).map_err(io)?;
+    let follow = Follow::from_wire(p.follow_symlinks);
+    if !p.recursive {
+        let at = located(&path, follow, || {
+            io(std::io::Error::from_raw_os_error(libc::EEXIST))
+        })?;
+        mkdirat(
+            &at.dir,
+            at.name.as_os_str(),
+            Mode::from_bits_truncate(0o777),
+        )
+        .map_err(nix_io)?;
+        return Ok(Empty {});
+    }
+    let mut step = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    if follow == Follow::Never {
+        step |= OFlag::O_NOFOLLOW;
+    }
+    let mut dir = resolve::open_dir(Path::new("/"), follow).map_err(io)?;
+    for c in path.components() {
+        let std::path::Component::Normal(name) = c else {
+            continue;
+        };
+        dir = match openat(&dir, name, step, Mode::empty()) {
+            Ok(d) => d,
+            Err(nix::errno::Errno::ENOENT) => {
+                match mkdirat(&dir, name, Mode::from_bits_truncate(0o777)) {
+                    Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                    Err(e) => return Err(nix_io(e)),
+                }
+                openat(&dir, name, step, Mode::empty()).map_err(nix_io)?
+            }
+            Err(e) => return Err(nix_io(e)),
+        };
     }
     Ok(Empty {})
 }
@@ -86,15 +171,19 @@ fn ms(t: std::io::Result<std::time::SystemTime>) -> i64 {
         .unwrap_or(0)
 }
 
-/// `fs/getMetadata`: type and size of the target, `isSymlink` of the path itself.
+/// `fs/getMetadata`: type and size of the target, `isSymlink` of the path
+/// itself. With `followSymlinks: false` no symlink is followed at all.
 pub fn get_metadata(p: &PathParams) -> Result<MetadataResponse, ErrorObject> {
     let path = native(&p.path)?;
-    let lmeta = std::fs::symlink_metadata(&path).map_err(io)?;
-    let is_symlink = lmeta.file_type().is_symlink();
-    let meta = if is_symlink {
-        std::fs::metadata(&path).map_err(io)?
+    let follow = Follow::from_wire(p.follow_symlinks);
+    let is_symlink = match locate(&path, follow).map_err(io)? {
+        Some(at) => kind(&at.lstat().map_err(io)?) == SFlag::S_IFLNK,
+        None => false,
+    };
+    let meta = if is_symlink && follow == Follow::Never {
+        std::fs::symlink_metadata(&path).map_err(io)?
     } else {
-        lmeta
+        std::fs::metadata(&path).map_err(io)?
     };
     Ok(MetadataResponse {
         is_directory: meta.is_dir(),
@@ -134,122 +223,120 @@ pub fn read_directory(p: &PathParams) -> Result<ReadDirectoryResponse, ErrorObje
     Ok(ReadDirectoryResponse { entries })
 }
 
-/// `fs/remove`.
+/// `fs/remove`: the final name is never followed (a symlink is removed, its
+/// target untouched, with or without a trailing slash); a directory's content
+/// is removed without following links or crossing mount points.
 pub fn remove(p: &RemoveParams) -> Result<Empty, ErrorObject> {
     let path = native(&p.path)?;
-    let meta = match std::fs::symlink_metadata(&path) {
-        Ok(m) => m,
+    let at = match locate(&path, Follow::from_wire(p.follow_symlinks)) {
+        Ok(Some(at)) => at,
+        Ok(None) => return Err(operation_not_permitted()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && p.force => return Ok(Empty {}),
         Err(e) => return Err(io(e)),
     };
-    let r = if meta.is_dir() {
-        if p.recursive {
-            std::fs::remove_dir_all(&path)
-        } else {
-            std::fs::remove_dir(&path)
-        }
+    let st = match at.lstat() {
+        Ok(st) => st,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && p.force => return Ok(Empty {}),
+        Err(e) => return Err(io(e)),
+    };
+    let name = at.name.as_os_str();
+    let r = if kind(&st) != SFlag::S_IFDIR {
+        unlinkat(&at.dir, name, UnlinkatFlags::NoRemoveDir).map_err(Into::into)
+    } else if p.recursive {
+        tree::remove_tree(&at.dir, name)
     } else {
-        std::fs::remove_file(&path)
+        unlinkat(&at.dir, name, UnlinkatFlags::RemoveDir).map_err(Into::into)
     };
     r.map_err(io)?;
     Ok(Empty {})
 }
 
-/// `fs/copy`: files, directories with `recursive`, symlinks copied as symlinks.
+fn copy_into_itself() -> ErrorObject {
+    ErrorObject::invalid_request(
+        "fs/copy cannot copy a directory to itself or one of its descendants",
+    )
+}
+
+/// `fs/copy`: files, directories with `recursive`, symlinks copied as
+/// symlinks. A directory is never copied into itself (checked on device and
+/// inode, so symlinks cannot hide it); a file never onto itself (hard links
+/// included).
 pub fn copy(p: &CopyParams) -> Result<Empty, ErrorObject> {
     let src = native(&p.source_path)?;
     let dst = native(&p.destination_path)?;
-    let meta = std::fs::symlink_metadata(&src).map_err(io)?;
-    if meta.is_dir() {
-        if !p.recursive {
-            return Err(ErrorObject::invalid_request(
-                "fs/copy requires recursive: true when sourcePath is a directory",
-            ));
+    let Some(from) = locate(&src, Follow::Ancestors).map_err(io)? else {
+        // `/` itself: a directory that holds every destination.
+        return Err(if p.recursive {
+            copy_into_itself()
+        } else {
+            requires_recursive()
+        });
+    };
+    let st = from.lstat().map_err(io)?;
+    let to = located(&dst, Follow::Ancestors, copy_into_itself)?;
+    let (src_name, dst_name) = (from.name.as_os_str(), to.name.as_os_str());
+    match kind(&st) {
+        SFlag::S_IFDIR => {
+            if !p.recursive {
+                return Err(requires_recursive());
+            }
+            let source_id = resolve::id_of(&st);
+            let target_dir = openat(
+                &to.dir,
+                ".",
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(nix_io)?;
+            let onto_itself = fstatat(&to.dir, dst_name, nix::fcntl::AtFlags::empty())
+                .is_ok_and(|d| resolve::id_of(&d) == source_id);
+            if onto_itself || tree::is_within(&target_dir, source_id).map_err(io)? {
+                return Err(copy_into_itself());
+            }
+            tree::copy_tree(&from.dir, src_name, &to.dir, dst_name).map_err(io)?;
         }
-        if dst.starts_with(&src) {
-            return Err(ErrorObject::invalid_request(
-                "fs/copy cannot copy a directory into itself",
-            ));
+        SFlag::S_IFLNK => {
+            tree::copy_link(&from.dir, src_name, &to.dir, dst_name).map_err(io)?;
         }
-        copy_tree(&src, &dst).map_err(io)?;
-    } else {
-        if !meta.is_file() && !meta.file_type().is_symlink() {
+        SFlag::S_IFREG => {
+            tree::copy_file(&from.dir, src_name, &to.dir, dst_name, true).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::InvalidInput {
+                    ErrorObject::invalid_request(e.to_string())
+                } else {
+                    io(e)
+                }
+            })?;
+        }
+        _ => {
             return Err(ErrorObject::invalid_request(format!(
                 "fs/copy only copies regular files, directories and symlinks; `{}` is neither",
                 src.display()
-            )));
+            )))
         }
-        if let (Ok(a), Ok(b)) = (std::fs::canonicalize(&src), std::fs::canonicalize(&dst)) {
-            if a == b {
-                return Err(ErrorObject::invalid_request(
-                    "fs/copy source and destination are the same file",
-                ));
-            }
-        }
-        copy_one(&src, &dst, &meta).map_err(io)?;
     }
     Ok(Empty {})
 }
 
-fn copy_one(src: &Path, dst: &Path, meta: &std::fs::Metadata) -> std::io::Result<()> {
-    if meta.file_type().is_symlink() {
-        // Never replace an existing destination with a link: EEXIST, as the reference.
-        let target = std::fs::read_link(src)?;
-        std::os::unix::fs::symlink(target, dst)
-    } else if meta.is_file() {
-        std::fs::copy(src, dst).map(|_| ())
-    } else {
-        // FIFOs, sockets and devices: opening one could block forever.
-        Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!(
-                "{} is not a regular file, directory or symlink",
-                src.display()
-            ),
-        ))
-    }
+fn requires_recursive() -> ErrorObject {
+    ErrorObject::invalid_request("fs/copy requires recursive: true when sourcePath is a directory")
 }
 
-fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dst)?;
-    for e in std::fs::read_dir(src)? {
-        let e = e?;
-        let meta = std::fs::symlink_metadata(e.path())?;
-        let to = dst.join(e.file_name());
-        if meta.is_dir() {
-            copy_tree(&e.path(), &to)?;
-        } else if meta.is_file() || meta.file_type().is_symlink() {
-            copy_one(&e.path(), &to, &meta)?;
-        } // special files inside a tree are skipped
-    }
-    Ok(())
-}
-
-/// `fs/open`: `mode` `read` (default) or `replace` (create or truncate, then write).
+/// `fs/open`: `mode` `read` (default) or `replace`. A replace writes a
+/// temporary file that `fs/close` renames over the target (see [`write`]).
 pub fn open(p: &OpenParams, table: &HandleTable) -> Result<OpenResponse, ErrorObject> {
     table.check_free(&p.handle_id)?;
     let path = native(&p.path)?;
-    let file = match p.mode {
-        OpenMode::Read => {
-            let meta = std::fs::metadata(&path).map_err(io)?;
-            if !meta.is_file() {
-                return Err(not_a_file(&path));
-            }
-            File::open(&path).map_err(io)?
-        }
+    let handle = match p.mode {
+        OpenMode::Read => handles::Handle::read(open_for_read(&path, None)?),
         OpenMode::Replace => {
-            if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            let at = located(&path, Follow::Ancestors, || not_a_file(&path))?;
+            if at.lstat().is_ok_and(|st| kind(&st) == SFlag::S_IFDIR) {
                 return Err(not_a_file(&path));
             }
-            OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)
-                .map_err(io)?
+            handles::Handle::write(write::open_writer(at, true).map_err(io)?)
         }
     };
-    table.insert(&p.handle_id, file)?;
+    table.insert(&p.handle_id, handle)?;
     Ok(OpenResponse {
         handle_id: p.handle_id.clone(),
     })
@@ -366,7 +453,7 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.code, -32600);
-        table.remove("w");
+        table.remove("w").unwrap();
         assert_eq!(std::fs::read(&f).unwrap(), b"hello\0\0\0x");
         let open_r = OpenParams {
             handle_id: "r".into(),

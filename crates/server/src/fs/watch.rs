@@ -1,15 +1,23 @@
-//! `fs/watch` / `fs/unwatch` (ours): change notifications for a path, built on the
-//! `notify` crate (inotify on Linux). Watches belong to the session, are bounded
-//! by [`MAX_WATCHES_PER_SESSION`], and end with it. Changes are sent as `fs/changed`
-//! to the connection attached at the time; while detached they are dropped (a
-//! watcher that must not miss anything re-reads the tree after resuming).
+//! `fs/watch` / `fs/unwatch` (ours; the reference answers -32601): change
+//! notifications for a path. Watches belong to the session, are bounded by
+//! [`MAX_WATCHES_PER_SESSION`], and end with it. All watches of the server share
+//! one inotify instance and one reader thread ([`hub`]).
+//!
+//! Changes are sent as `fs/changed` to the connection attached at the time;
+//! while detached they are dropped (a watcher that must not miss anything
+//! re-reads the tree after resuming). A watch survives its path being replaced
+//! (atomic save, directory removed and made again). When it ends on its own (the
+//! directory holding the path went away) the client gets `fs/watchEnded` with a
+//! reason, after the last `fs/changed`, and the id is free again.
+
+mod hub;
 
 use crate::session::Link;
-use exec_server_protocol::types::FsChangedNotification;
+use exec_server_protocol::types::FsWatchEndedNotification;
 use exec_server_protocol::{methods, ErrorObject, PathUri};
-use notify::{EventKind, RecursiveMode, Watcher};
+use hub::{HubError, SubId};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// Most watches one session may hold: 64.
 pub const MAX_WATCHES_PER_SESSION: usize = 64;
@@ -17,19 +25,22 @@ pub const MAX_WATCHES_PER_SESSION: usize = 64;
 /// Notifications queued per watch before further changes are dropped: 1024.
 pub const WATCH_QUEUE_EVENTS: usize = 1024;
 
-/// The session's watches.
+type Entries = Mutex<HashMap<String, SubId>>;
+
+/// The session's watches: watch id → subscription in the shared hub.
 #[derive(Default)]
 pub struct WatchTable {
-    watches: Mutex<HashMap<String, notify::RecommendedWatcher>>,
+    watches: Arc<Entries>,
+}
+
+fn lock(m: &Entries) -> MutexGuard<'_, HashMap<String, SubId>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl WatchTable {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, notify::RecommendedWatcher>> {
-        self.watches.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Starts watching. Errors: -32600 for a taken id or a full table, -32004 when
-    /// the path does not exist, -32603 for other watcher failures.
+    /// the path does not exist, -32603 when the user's inotify limits are used up
+    /// (the message names the sysctl) or for other watcher failures.
     pub fn watch(
         &self,
         id: &str,
@@ -38,76 +49,89 @@ impl WatchTable {
         link: Arc<Link>,
     ) -> Result<(), ErrorObject> {
         let native = path.to_path().map_err(ErrorObject::invalid_params)?;
-        {
-            let w = self.lock();
-            if w.contains_key(id) {
-                return Err(ErrorObject::invalid_request(format!(
-                    "watch `{id}` already exists"
-                )));
-            }
-            if w.len() >= MAX_WATCHES_PER_SESSION {
-                return Err(ErrorObject::invalid_request(format!(
-                    "too many watches in this session (limit {MAX_WATCHES_PER_SESSION})"
-                )));
-            }
+        let mut table = lock(&self.watches);
+        if table.contains_key(id) {
+            return Err(ErrorObject::invalid_request(format!(
+                "watch `{id}` already exists"
+            )));
+        }
+        if table.len() >= MAX_WATCHES_PER_SESSION {
+            return Err(ErrorObject::invalid_request(format!(
+                "too many watches in this session (limit {MAX_WATCHES_PER_SESSION})"
+            )));
         }
         std::fs::metadata(&native).map_err(|e| ErrorObject::from_io(&e))?;
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<FsChangedNotification>(WATCH_QUEUE_EVENTS);
+        let hub = hub::hub().map_err(hub_error)?;
+        let (sub, mut rx, ended) = hub
+            .subscribe(id, native, recursive, WATCH_QUEUE_EVENTS)
+            .map_err(hub_error)?;
+        table.insert(id.to_string(), sub);
+        drop(table);
+        let table: Weak<Entries> = Arc::downgrade(&self.watches);
         let watch_id = id.to_string();
-        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            let Ok(ev) = res else { return };
-            let kind = match ev.kind {
-                EventKind::Create(_) => "create",
-                EventKind::Modify(notify::event::ModifyKind::Name(_)) => "rename",
-                EventKind::Modify(_) => "modify",
-                EventKind::Remove(_) => "remove",
-                EventKind::Access(_) => return,
-                _ => "other",
-            };
-            let paths = ev
-                .paths
-                .iter()
-                .filter_map(|p| PathUri::from_path(p))
-                .collect();
-            // Full queue: drop rather than block the watcher thread.
-            let _ = tx.try_send(FsChangedNotification {
-                watch_id: watch_id.clone(),
-                kind: kind.into(),
-                paths,
-            });
-        })
-        .map_err(|e| ErrorObject::internal(format!("cannot watch: {e}")))?;
-        let mode = if recursive {
-            RecursiveMode::Recursive
-        } else {
-            RecursiveMode::NonRecursive
-        };
-        watcher.watch(&native, mode).map_err(|e| {
-            ErrorObject::internal(format!("cannot watch {}: {e}", native.display()))
-        })?;
         tokio::spawn(async move {
+            // Ends once the hub drops the subscription: unwatch, or the end.
             while let Some(n) = rx.recv().await {
-                let Some(out) = link.outbound() else { continue };
-                let params = serde_json::to_value(&n).unwrap_or_default();
-                let _ = out
-                    .send(exec_server_protocol::encode_notification(
-                        methods::FS_CHANGED,
-                        &params,
-                    ))
-                    .await;
+                notify(&link, methods::FS_CHANGED, &n).await;
             }
+            let Ok(reason) = ended.await else {
+                return; // unwatched: nothing to say
+            };
+            if let Some(table) = table.upgrade() {
+                let mut t = lock(&table);
+                if t.get(&watch_id) == Some(&sub) {
+                    t.remove(&watch_id);
+                }
+            }
+            let n = FsWatchEndedNotification { watch_id, reason };
+            notify(&link, methods::FS_WATCH_ENDED, &n).await;
         });
-        self.lock().insert(id.to_string(), watcher);
         Ok(())
     }
 
     /// Stops a watch (unknown ids are fine).
     pub fn unwatch(&self, id: &str) {
-        self.lock().remove(id);
+        let sub = lock(&self.watches).remove(id);
+        if let (Some(sub), Ok(hub)) = (sub, hub::hub()) {
+            hub.unsubscribe(sub);
+        }
     }
 
     /// Stops every watch.
     pub fn clear(&self) {
-        self.lock().clear();
+        let subs: Vec<SubId> = lock(&self.watches).drain().map(|(_, s)| s).collect();
+        if subs.is_empty() {
+            return;
+        }
+        if let Ok(hub) = hub::hub() {
+            for sub in subs {
+                hub.unsubscribe(sub);
+            }
+        }
     }
+
+    /// Number of live watches.
+    pub fn len(&self) -> usize {
+        lock(&self.watches).len()
+    }
+
+    /// True when the session watches nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn hub_error(e: HubError) -> ErrorObject {
+    match e {
+        HubError::Exhausted(why) => ErrorObject::internal(why),
+        HubError::Io(e) => ErrorObject::internal(format!("cannot watch: {e}")),
+    }
+}
+
+async fn notify<T: serde::Serialize>(link: &Link, method: &str, params: &T) {
+    let Some(out) = link.outbound() else { return };
+    let params = serde_json::to_value(params).unwrap_or_default();
+    let _ = out
+        .send(exec_server_protocol::encode_notification(method, &params))
+        .await;
 }

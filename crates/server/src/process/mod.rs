@@ -4,6 +4,7 @@
 //! Ownership: the session's process table owns the [`Process`]; the pump task holds
 //! a clone until the process is closed. Killing is by process tree (see [`kill`]).
 
+pub mod cgroup;
 pub mod kill;
 pub mod output_log;
 pub mod reaper;
@@ -83,6 +84,8 @@ pub struct Process {
     pub id: String,
     /// OS pid (also its process group and session id).
     pub pid: u32,
+    /// Its cgroup, where available: kills descendants that left its group.
+    cgroup: Mutex<Option<cgroup::ProcessCgroup>>,
     tty: Option<Arc<AsyncFd<OwnedFd>>>,
     state: Mutex<State>,
     /// Bumped on every new event; long-polls wait on it.
@@ -182,7 +185,10 @@ impl Process {
         on_retire: RetireHook,
         sandbox: Option<&crate::sandbox::StartSandbox>,
     ) -> std::io::Result<Arc<Process>> {
-        let started = spawn::start(params, cwd, sandbox)?;
+        let cgroup = cgroup::ProcessCgroup::create();
+        let join = cgroup.as_ref().and_then(|g| g.join_handle().ok());
+        let started = spawn::start(params, cwd, join.as_ref(), sandbox)?;
+        drop(join);
         let confinement = started.confinement;
         let pid = started.pid;
         let (sources, stdin_fd, tty) = match started.io {
@@ -209,6 +215,7 @@ impl Process {
         let proc = Arc::new(Process {
             id: params.process_id.clone(),
             pid,
+            cgroup: Mutex::new(cgroup),
             tty,
             state: Mutex::new(State {
                 log: OutputLog::new(params.ack_output),
@@ -390,18 +397,34 @@ impl Process {
         kill::signal_group(self.pid, sig);
     }
 
-    /// `process/terminate`: kills the tree; true if the process was running.
+    /// `process/terminate`: kills the tree, and whatever is left in the
+    /// process's cgroup even after it exited (double-forked daemons); true if
+    /// the process was running.
     pub fn terminate(&self) -> bool {
         let (running, closed) = {
             let st = lock(&self.state);
             (st.log.exit_code().is_none(), st.log.is_closed())
         };
+        if let Some(group) = &*self.cgroup.lock().unwrap_or_else(|p| p.into_inner()) {
+            group.kill();
+        }
         if !closed {
             kill::kill_tree(self.pid);
         }
         // A paused pump must run to observe the exit and drain.
         self.resume.notify_one();
         running
+    }
+
+    /// The process's cgroup when something still lives in it (a daemon it
+    /// left behind), for the session to kill at its end.
+    pub fn take_leftovers(&self) -> Option<cgroup::ProcessCgroup> {
+        let mut slot = self.cgroup.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|g| g.is_populated()) {
+            slot.take()
+        } else {
+            None
+        }
     }
 
     /// `process/resize` (PTY only).

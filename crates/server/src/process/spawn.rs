@@ -154,14 +154,28 @@ pub struct Started {
 /// Default PTY size when `process/start` gives none.
 pub const DEFAULT_PTY_SIZE: PtySize = PtySize { cols: 80, rows: 24 };
 
-/// Starts the child described by `params`, confined by `sandbox` when given.
-/// Errors are OS errors (cwd or program missing, exec failure) and sandbox
-/// refusals, for a -32603 reply.
+/// Moves the calling (child) process into the cgroup whose `cgroup.procs` is
+/// open as `fd`. Only async-signal-safe calls: it runs between fork and exec.
+/// A failure leaves the child where it is (the process-group kill remains).
+fn join_cgroup(fd: std::os::fd::RawFd) {
+    // SAFETY: write(2) of a static buffer to an fd the parent keeps open.
+    unsafe {
+        libc::write(fd, b"0".as_ptr().cast(), 1);
+    }
+}
+
+/// Starts the child described by `params`, confined by `sandbox` when given;
+/// with `cgroup`, the child (bubblewrap and everything in the sandbox, when
+/// confined) joins that cgroup (its open `cgroup.procs`) before it runs. Errors
+/// are OS errors (cwd or program missing, exec failure) and sandbox refusals,
+/// for a -32603 reply.
 pub fn start(
     params: &ExecParams,
     cwd: &Path,
+    cgroup: Option<&std::fs::File>,
     sandbox: Option<&crate::sandbox::StartSandbox>,
 ) -> std::io::Result<Started> {
+    let cgroup_fd = cgroup.map(|f| f.as_raw_fd());
     let env = build_env(&params.env, params.env_policy.as_ref(), std::env::vars());
     let meta = std::fs::metadata(cwd)?;
     if !meta.is_dir() {
@@ -202,9 +216,12 @@ pub fn start(
         cmd.stdin(Stdio::from(slave.try_clone()?));
         cmd.stdout(Stdio::from(slave.try_clone()?));
         cmd.stderr(Stdio::from(slave));
-        // SAFETY: only async-signal-safe calls (setsid, ioctl) between fork and exec.
+        // SAFETY: only async-signal-safe calls (write, setsid, ioctl) between fork and exec.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
+                if let Some(fd) = cgroup_fd {
+                    join_cgroup(fd);
+                }
                 if libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -241,8 +258,18 @@ pub fn start(
     cmd.stderr(Stdio::piped());
     // Its own process group, not a new session: with no `pre_exec` hook the
     // standard library starts the child with posix_spawn (vfork-like), which is
-    // several times faster than fork for a large, multi-threaded server.
+    // several times faster than fork for a large, multi-threaded server. Joining
+    // a cgroup needs the hook (and so fork) where cgroups are available.
     cmd.process_group(0);
+    if let Some(fd) = cgroup_fd {
+        // SAFETY: only an async-signal-safe write between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                join_cgroup(fd);
+                Ok(())
+            });
+        }
+    }
     let (mut child, exit) = reaper::spawn_and_watch(|| {
         let child = cmd.spawn()?;
         let pid = child.id();

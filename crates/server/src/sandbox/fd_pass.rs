@@ -16,14 +16,17 @@ fn cmsg_space(fds: usize) -> usize {
     unsafe { libc::CMSG_SPACE((fds * size_of::<RawFd>()) as u32) as usize }
 }
 
-/// Sends `data` on the socket `sock` with `fd` attached to its first byte.
-/// Returns the bytes sent (the caller writes the rest plainly).
-pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> io::Result<usize> {
+/// Sends `data` on the socket `sock` with `fds` (at most 4) attached to its
+/// first byte. Returns the bytes sent (the caller writes the rest plainly).
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    if fds.is_empty() || fds.len() > MAX_FDS {
+        return Err(io::Error::other("between 1 and 4 descriptors"));
+    }
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
-    let mut cbuf = vec![0u8; cmsg_space(1)];
+    let mut cbuf = vec![0u8; cmsg_space(fds.len())];
     // SAFETY: a zeroed msghdr is valid; every pointer set below points into
     // locals that outlive the sendmsg call, with their true lengths.
     unsafe {
@@ -38,8 +41,11 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> io::Result<usize> {
         }
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
+        let data = libc::CMSG_DATA(cmsg) as *mut RawFd;
+        for (i, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(data.add(i), *fd);
+        }
         let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
         if n < 0 {
             return Err(io::Error::last_os_error());

@@ -114,11 +114,23 @@ impl Helper {
     /// `fs/open` in the helper: the file is opened inside the sandbox's view
     /// and its descriptor passed back; reads and writes on the handle then use
     /// it directly (`sandboxedFileStreaming`).
-    pub async fn open(self, params: &OpenParams) -> Result<std::fs::File, ErrorObject> {
-        let (_, mut fds) = self.exchange(m::FS_OPEN, params).await?;
-        fds.pop()
+    pub async fn open(self, params: &OpenParams) -> Result<fs::handles::Handle, ErrorObject> {
+        let (value, fds) = self.exchange(m::FS_OPEN, params).await?;
+        let mut fds = fds.into_iter();
+        let file = fds
+            .next()
             .map(std::fs::File::from)
-            .ok_or_else(|| helper_failed("0: no descriptor"))
+            .ok_or_else(|| helper_failed("0: no descriptor"))?;
+        // A replace comes with its directory and names: the rename over the
+        // target happens here at fs/close, as for an unsandboxed upload.
+        let replace =
+            match (fds.next(), value["temp"].as_str(), value["target"].as_str()) {
+                (Some(dir), Some(temp), Some(target)) => Some(
+                    fs::write::PendingReplace::from_parts(dir, temp.into(), target.into()),
+                ),
+                _ => None,
+            };
+        Ok(fs::handles::Handle::from_parts(file, replace))
     }
 
     /// One request (params without their `sandbox`) and its response, with
@@ -234,18 +246,27 @@ fn op<P: DeserializeOwned, T: Serialize>(
     serde_json::to_value(r).map_err(|e| ErrorObject::internal(e.to_string()))
 }
 
-/// `fs/open` inside the helper: the response and the open file.
-fn open_here(params: Value) -> Result<(Value, std::fs::File), ErrorObject> {
+/// `fs/open` inside the helper: the response and the descriptors to pass
+/// (the file; for a replace also its directory, the names in the response).
+fn open_here(params: Value) -> Result<(Value, Vec<OwnedFd>), ErrorObject> {
     let p: OpenParams =
         serde_json::from_value(params).map_err(|e| ErrorObject::invalid_params(e.to_string()))?;
     let table = fs::handles::HandleTable::default();
-    let r = fs::open(&p, &table)?;
-    let file = table
-        .get(&p.handle_id)?
-        .try_clone()
-        .map_err(|e| ErrorObject::from_io(&e))?;
-    let v = serde_json::to_value(r).map_err(|e| ErrorObject::internal(e.to_string()))?;
-    Ok((v, file))
+    fs::open(&p, &table)?;
+    let handle = table
+        .take(&p.handle_id)
+        .ok_or_else(|| ErrorObject::internal("fs/open left no handle"))?;
+    let (file, replace) = handle.into_parts();
+    let file = file.try_clone().map_err(|e| ErrorObject::from_io(&e))?;
+    let mut fds = vec![OwnedFd::from(file)];
+    let mut v = json!({"handleId": p.handle_id});
+    if let Some(pending) = replace {
+        let (dir, temp, target) = pending.into_parts();
+        fds.push(dir);
+        v["temp"] = json!(temp.to_string_lossy());
+        v["target"] = json!(target.to_string_lossy());
+    }
+    Ok((v, fds))
 }
 
 fn dispatch(operation: &str, params: Value) -> Result<Value, ErrorObject> {
@@ -275,14 +296,14 @@ pub fn serve() -> i32 {
     if std::io::stdin().read_to_end(&mut input).is_err() {
         return 1;
     }
-    let mut file = None;
+    let mut passed: Vec<OwnedFd> = Vec::new();
     let result = match serde_json::from_slice::<Value>(&input) {
         Ok(req) => {
             let operation = req["operation"].as_str().unwrap_or("").to_string();
             let params = req["params"].clone();
             if operation == m::FS_OPEN {
-                open_here(params).map(|(v, f)| {
-                    file = Some(f);
+                open_here(params).map(|(v, fds)| {
+                    passed = fds;
                     v
                 })
             } else {
@@ -300,10 +321,11 @@ pub fn serve() -> i32 {
     };
     let bytes = response.to_string().into_bytes();
     let mut sent = 0;
-    if let Some(f) = &file {
+    if !passed.is_empty() {
         use std::os::fd::AsRawFd;
-        // stdout is the server's socket: the descriptor rides on the first bytes.
-        match super::fd_pass::send_with_fd(1, &bytes, f.as_raw_fd()) {
+        let raw: Vec<i32> = passed.iter().map(|f| f.as_raw_fd()).collect();
+        // stdout is the server's socket: the descriptors ride on the first bytes.
+        match super::fd_pass::send_with_fds(1, &bytes, &raw) {
             Ok(n) => sent = n,
             Err(_) => return 1,
         }

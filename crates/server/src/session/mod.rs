@@ -77,6 +77,9 @@ pub struct Session {
     pub files: HandleTable,
     /// `fs/watch` watches.
     pub watches: crate::fs::watch::WatchTable,
+    /// Cgroups of retired processes that still hold live descendants
+    /// (double-forked daemons): killed when the session ends.
+    leftovers: Mutex<Vec<crate::process::cgroup::ProcessCgroup>>,
     /// Bumped on every attach, so a stale expiry timer does nothing.
     pub(crate) generation: AtomicU64,
 }
@@ -89,6 +92,7 @@ impl Session {
             processes: Mutex::new(HashMap::new()),
             files: HandleTable::default(),
             watches: Default::default(),
+            leftovers: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
         }
     }
@@ -134,6 +138,13 @@ impl Session {
         if procs.get(&proc.id).is_some_and(|p| Arc::ptr_eq(p, proc)) {
             procs.remove(&proc.id);
         }
+        drop(procs);
+        if let Some(group) = proc.take_leftovers() {
+            self.leftovers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(group);
+        }
     }
 
     /// Kills every process tree and closes every handle (session end).
@@ -141,6 +152,11 @@ impl Session {
         let procs: Vec<_> = self.procs().drain().map(|(_, p)| p).collect();
         for p in procs {
             p.terminate();
+        }
+        let leftovers =
+            std::mem::take(&mut *self.leftovers.lock().unwrap_or_else(|p| p.into_inner()));
+        for group in leftovers {
+            group.kill();
         }
         self.files.clear();
         self.watches.clear();

@@ -1,0 +1,102 @@
+//! Double-forked daemons (`(setsid cmd &)`) leave their process group and
+//! session and are re-parented to the server; they must still die with the
+//! process that started them: on `process/terminate` and at session expiry
+//! (issue 19, item 9). Needs a writable cgroup2 hierarchy (root here); where
+//! there is none the server falls back to the process-group kill and these
+//! tests say so and stop.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+/// A sleep duration unique to this test run, to find its daemons in /proc.
+fn marker(salt: u32) -> String {
+    format!("{}.{salt}", 700_000 + std::process::id() % 100_000)
+}
+
+fn cgroups_writable() -> bool {
+    let cg2 = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| m.lines().any(|l| l.contains(" - cgroup2 ")))
+        .unwrap_or(false);
+    cg2 && nix::unistd::geteuid().is_root()
+}
+
+#[tokio::test]
+async fn terminate_kills_double_forked_daemons() {
+    if !cgroups_writable() {
+        eprintln!("no writable cgroup2 here: daemons are only killed at shutdown");
+        return;
+    }
+    let s = Server::start(&[]);
+    let d = tmpdir("daemons");
+    let m = marker(1);
+    let mut c = Conn::open(&s.url, None).await;
+    // 20 daemons, then the shell waits (still running when terminated).
+    let script = format!("for i in $(seq 20); do (setsid sleep {m} >/dev/null 2>&1 &); done; echo started; exec sleep 3600");
+    c.ok(
+        "process/start",
+        start_params("p", &["sh", "-c", &script], &d, false, false),
+    )
+    .await;
+    c.expect(|v| v["method"] == "process/output", WAIT).await;
+    assert!(eventually(WAIT, || pids_matching(&format!("sleep {m}")).len() == 20).await);
+    let r = c.ok("process/terminate", json!({"processId": "p"})).await;
+    assert_eq!(r["running"], true);
+    assert!(
+        eventually(WAIT, || pids_matching(&format!("sleep {m}")).is_empty()).await,
+        "daemons left: {:?}",
+        pids_matching(&format!("sleep {m}"))
+    );
+
+    // A command that exited at once and left a daemon: terminate still
+    // clears what it left.
+    let m2 = marker(2);
+    let script = format!("(setsid sleep {m2} >/dev/null 2>&1 &)");
+    c.ok(
+        "process/start",
+        start_params("q", &["sh", "-c", &script], &d, false, false),
+    )
+    .await;
+    c.collect("q", WAIT).await;
+    assert!(eventually(WAIT, || pids_matching(&format!("sleep {m2}")).len() == 1).await);
+    let r = c.ok("process/terminate", json!({"processId": "q"})).await;
+    assert_eq!(r["running"], false, "it had exited");
+    assert!(eventually(WAIT, || pids_matching(&format!("sleep {m2}")).is_empty()).await);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[tokio::test]
+async fn session_expiry_kills_daemons_of_exited_processes() {
+    if !cgroups_writable() {
+        eprintln!("no writable cgroup2 here: daemons are only killed at shutdown");
+        return;
+    }
+    let s = Server::start(&["--detached-session-ttl", "1"]);
+    let d = tmpdir("daemons-ttl");
+    let m = marker(3);
+    let mut c = Conn::open(&s.url, None).await;
+    let script =
+        format!("(setsid sleep {m} >/dev/null 2>&1 &); (setsid sleep {m} >/dev/null 2>&1 &)");
+    c.ok(
+        "process/start",
+        start_params("p", &["sh", "-c", &script], &d, false, false),
+    )
+    .await;
+    c.collect("p", WAIT).await;
+    assert!(eventually(WAIT, || pids_matching(&format!("sleep {m}")).len() == 2).await);
+    c.close().await;
+    // Detached for 1 s, then torn down: the daemons go with the session.
+    assert!(
+        eventually(Duration::from_secs(20), || pids_matching(&format!(
+            "sleep {m}"
+        ))
+        .is_empty())
+        .await,
+        "daemons survived session expiry"
+    );
+    // And the server is still serving.
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok("environment/info", json!({})).await;
+    std::fs::remove_dir_all(&d).unwrap();
+}

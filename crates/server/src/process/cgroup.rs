@@ -1,0 +1,142 @@
+//! One control group (cgroup v2) per started process, where the OS offers one.
+//!
+//! A daemon that double-forks (`(setsid cmd &)`) leaves its process group and
+//! session, and once its parent exits it is re-parented to the server: nothing
+//! in `/proc` ties it to the process that started it any more. Membership of a
+//! cgroup is inherited by every descendant and cannot be left without write
+//! access to the hierarchy, so killing a process's cgroup (`cgroup.kill`) takes
+//! such daemons with it — on `process/terminate`, session expiry and shutdown.
+//!
+//! The server makes `exec-server-<pid>/` below its own cgroup in the first
+//! writable cgroup2 mount, and `p<n>/` below that per process; the child joins
+//! it between fork and exec (see [`ProcessCgroup::join_handle`]). That needs a
+//! `pre_exec` hook, so such children are started with fork rather than
+//! posix_spawn. Where there is no writable cgroup2 (no mount, no permission,
+//! an unprivileged container), everything here is a no-op and the
+//! process-group kill of [`super::kill`] alone applies; [`available`] says
+//! which.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+static BASE: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+/// The server's own cgroup directory, created on first use; `None` when the
+/// OS does not let us create one.
+fn base() -> Option<&'static Path> {
+    BASE.get_or_init(|| {
+        let dir = own_cgroup_dir()?.join(format!("exec-server-{}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => Some(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Some(dir),
+            Err(e) => {
+                tracing::debug!("no per-process cgroups ({e}); process-group kill only");
+                None
+            }
+        }
+    })
+    .as_deref()
+}
+
+/// True when processes get a cgroup of their own.
+pub fn available() -> bool {
+    base().is_some()
+}
+
+/// The directory of this process's cgroup in the first cgroup2 mount.
+fn own_cgroup_dir() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // Fields: id parent major:minor root mount-point options... - fstype source super-options
+    let mount = mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+    })?;
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(mount.join(rel.trim_start_matches('/')))
+}
+
+/// The cgroup of one process. Dropping it removes the directory when it is
+/// empty (a live daemon keeps it until it is killed or the server exits).
+pub struct ProcessCgroup {
+    dir: PathBuf,
+}
+
+impl ProcessCgroup {
+    /// Creates an empty cgroup for a process about to start; `None` where
+    /// cgroups are unavailable (the process-group kill still applies).
+    pub fn create() -> Option<ProcessCgroup> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let dir = base()?.join(format!("p{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir(&dir).ok()?;
+        Some(ProcessCgroup { dir })
+    }
+
+    /// `cgroup.procs` opened for writing (close-on-exec). The child writes
+    /// `0` to it between fork and exec, so it is a member before it runs a
+    /// single instruction of the command: nothing can fork out early.
+    pub fn join_handle(&self) -> io::Result<std::fs::File> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.procs"))
+    }
+
+    /// True while some process is still in the cgroup.
+    pub fn is_populated(&self) -> bool {
+        std::fs::read_to_string(self.dir.join("cgroup.events"))
+            .map(|events| events.lines().any(|l| l.trim() == "populated 1"))
+            .unwrap_or(false)
+    }
+
+    /// SIGKILLs every process in the cgroup, daemons included.
+    pub fn kill(&self) {
+        if std::fs::write(self.dir.join("cgroup.kill"), "1").is_ok() {
+            return;
+        }
+        // Kernels before 5.14 have no cgroup.kill: signal each member.
+        if let Ok(procs) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+impl Drop for ProcessCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Kills every process in every per-process cgroup and removes the server's
+/// cgroup directories (shutdown). Bounded: gives up on a directory that stays
+/// busy after a few rounds.
+pub fn kill_all_and_remove() {
+    let Some(base) = base() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let group = ProcessCgroup { dir };
+        for _ in 0..50 {
+            group.kill();
+            if std::fs::remove_dir(&group.dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    let _ = std::fs::remove_dir(base);
+}
