@@ -12,10 +12,11 @@ fi
 cargo build --release --workspace --all-targets
 cargo test --release --workspace
 
-# Both fuzzers, briefly (run them for longer by hand: --seconds 600).
+# The fuzzers, briefly (run them for longer by hand: --seconds 600).
 FUZZ_SECONDS=${FUZZ_SECONDS:-15}
 cargo run --release -q -p exec-server-protocol --example fuzz_decode -- --seconds "$FUZZ_SECONDS"
 cargo run --release -q -p exec-server --example fuzz_router -- --seconds "$FUZZ_SECONDS"
+cargo run --release -q -p exec-server-relay --example fuzz_relay -- --seconds "$FUZZ_SECONDS"
 
 shared=${SHARED_DIR:-../shared}
 if [ -f "$shared/conformance/run.py" ]; then

@@ -1,5 +1,8 @@
 //! The `exec-server` binary: the server (default), and client commands.
 
+mod executor;
+mod forward;
+mod registry;
 mod remote;
 mod serve;
 
@@ -40,6 +43,10 @@ enum Command {
     Fs(remote::FsArgs),
     /// Print the server's environment info as JSON.
     Info(remote::ConnectArgs),
+    /// Run an environment registry and rendezvous relay (remote mode).
+    Registry(registry::RegistryArgs),
+    /// Bridge a listening exec-server into a registry, stream by stream.
+    Forward(forward::ForwardArgs),
 }
 
 fn main() {
@@ -87,6 +94,8 @@ fn main() {
             Some(Command::Shell(args)) => remote::shell(args).await,
             Some(Command::Fs(args)) => remote::fs(args).await,
             Some(Command::Info(args)) => remote::info(args).await,
+            Some(Command::Registry(args)) => registry::run(args).await,
+            Some(Command::Forward(args)) => forward::run(args).await,
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));

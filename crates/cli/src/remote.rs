@@ -18,9 +18,22 @@ pub struct ConnectArgs {
     /// embedded server runs in this process (this machine, full protocol, no socket).
     #[arg(long, env = "EXEC_SERVER_URL", value_name = "URL", global = true)]
     pub connect: Option<String>,
-    /// File holding a bearer token for --ws-auth servers (or set EXEC_SERVER_TOKEN).
+    /// File holding a bearer token for --ws-auth servers (or set EXEC_SERVER_TOKEN);
+    /// with --registry, the registry token (or set CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN).
     #[arg(long, value_name = "PATH", global = true)]
     pub token_file: Option<PathBuf>,
+    /// Reach an environment through this registry and relay (remote mode).
+    #[arg(
+        long,
+        value_name = "URL",
+        global = true,
+        requires = "environment",
+        conflicts_with = "connect"
+    )]
+    pub registry: Option<String>,
+    /// The environment id to reach with --registry.
+    #[arg(long, value_name = "ID", global = true, requires = "registry")]
+    pub environment: Option<String>,
 }
 
 impl ConnectArgs {
@@ -34,9 +47,14 @@ impl ConnectArgs {
             ),
             None => std::env::var("EXEC_SERVER_TOKEN").ok(),
         };
-        let source = match &self.connect {
-            Some(url) => Source::from_url(url, token)?,
-            None => {
+        let source = match (&self.registry, &self.connect) {
+            (Some(registry), _) => crate::executor::relay_source(
+                registry,
+                self.environment.as_deref(),
+                &self.token_file,
+            )?,
+            (None, Some(url)) => Source::from_url(url, token)?,
+            (None, None) => {
                 Source::embedded().map_err(|e| format!("cannot start the embedded server: {e}"))?
             }
         };

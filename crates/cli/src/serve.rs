@@ -18,6 +18,15 @@ pub enum AuthMode {
     SignedBearerToken,
 }
 
+/// `--process-cgroups`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ProcessCgroups {
+    /// Use a cgroup per process where the OS allows it.
+    Auto,
+    /// Never: process-group kill only.
+    Off,
+}
+
 /// Flags of `serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -61,6 +70,14 @@ pub struct ServeArgs {
     #[arg(long)]
     pub allow_unsandboxed: bool,
 
+    /// Put each started process in a cgroup of its own (where a writable cgroup2
+    /// exists, e.g. as root), so process/terminate and session expiry also kill
+    /// daemons it double-forked. Joining costs the kernel's global cgroup
+    /// migration lock: `off` trades that for ~4x more concurrent starts (see
+    /// BENCHMARKS.md); daemons are then killed only at server exit.
+    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+    pub process_cgroups: ProcessCgroups,
+
     /// Most concurrent connections; more are refused with HTTP 503.
     #[arg(long, default_value_t = exec_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
@@ -98,6 +115,9 @@ pub struct ServeArgs {
     /// Clock difference tolerated for `exp` and `nbf`, in seconds.
     #[arg(long, value_name = "SECONDS", requires = "ws_shared_secret_file")]
     pub ws_max_clock_skew_seconds: Option<u64>,
+
+    #[command(flatten)]
+    pub remote: crate::executor::RemoteArgs,
 }
 
 fn auth_from(args: &ServeArgs) -> Result<Option<WsAuth>, String> {
@@ -197,6 +217,9 @@ pub async fn run(args: ServeArgs) -> i32 {
         }
     };
 
+    if args.process_cgroups == ProcessCgroups::Off {
+        exec_server::process::cgroup::disable();
+    }
     let config = ServerConfig {
         concurrent_requests: args.concurrent_requests.max(1),
         detached_session_ttl: Duration::from_secs(args.detached_session_ttl),
@@ -214,6 +237,9 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
+    if args.remote.remote.is_some() {
+        return crate::executor::run(args.remote.clone(), state).await;
+    }
     let listener = match listen::bind(&addr, &config).await {
         Ok(l) => l,
         Err(e) => {

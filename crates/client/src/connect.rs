@@ -33,6 +33,8 @@ pub enum Source {
     /// A server running in this process, reached over an in-memory pipe: the full
     /// protocol, no socket.
     Embedded(Arc<exec_server::ServerState>),
+    /// An environment reached by id through a registry and relay (remote mode).
+    Relay(Arc<crate::relay::RelaySource>),
 }
 
 impl std::fmt::Debug for Source {
@@ -42,6 +44,7 @@ impl std::fmt::Debug for Source {
             Source::Unix(p) => write!(f, "unix://{}", p.display()),
             Source::Program { program, .. } => write!(f, "program {program}"),
             Source::Embedded(_) => f.write_str("embedded server"),
+            Source::Relay(r) => write!(f, "{r:?}"),
         }
     }
 }
@@ -88,6 +91,7 @@ impl Source {
 
     async fn connect_inner(&self) -> Result<Connection, String> {
         match self {
+            Source::Relay(r) => r.connect().await,
             Source::WebSocket { url, token } => {
                 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
                 let mut req = url

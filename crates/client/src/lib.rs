@@ -40,6 +40,7 @@ pub mod client;
 pub mod connect;
 pub mod environment;
 pub mod events;
+pub mod relay;
 
 pub use client::{ClientError, ClientOptions, ExecServerClient, ProcessHandle};
 pub use connect::Source;

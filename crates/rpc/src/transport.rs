@@ -378,6 +378,39 @@ where
     }
 }
 
+/// The program's side of a [`channel`] connection.
+pub struct ChannelEnd {
+    /// Feed the connection's inbound messages here; dropping it is end of input.
+    pub inbound: mpsc::Sender<Inbound>,
+    /// What the connection sends; `None` once every [`Outbound`] clone is gone.
+    pub outbound: mpsc::Receiver<String>,
+    /// Notified when [`Outbound::close`] is called: stop and drop both ends.
+    pub closer: Arc<Notify>,
+}
+
+/// A connection whose far end is in this program (e.g. one relay stream): the
+/// caller moves messages between the [`ChannelEnd`] and wherever they travel.
+pub fn channel(peer: String) -> (Connection, ChannelEnd) {
+    let (in_tx, in_rx) = mpsc::channel(64);
+    let (out_tx, out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE_MESSAGES);
+    let closer = Arc::new(Notify::new());
+    (
+        Connection {
+            inbound: in_rx,
+            outbound: Outbound {
+                tx: out_tx,
+                closer: closer.clone(),
+            },
+            peer,
+        },
+        ChannelEnd {
+            inbound: in_tx,
+            outbound: out_rx,
+            closer,
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

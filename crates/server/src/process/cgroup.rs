@@ -19,9 +19,27 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 static BASE: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+/// Empty per-process cgroups kept for reuse: creating and removing a cgroup
+/// takes the kernel's global cgroup lock, which made concurrent starts several
+/// times slower. At most [`POOLED_CGROUPS`].
+static POOL: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Most empty cgroups kept for reuse: 256.
+const POOLED_CGROUPS: usize = 256;
+
+fn pool() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    POOL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Turns per-process cgroups off for this server (`--process-cgroups off`);
+/// call before the first process starts.
+pub fn disable() {
+    let _ = BASE.set(None);
+}
 
 /// The server's own cgroup directory, created on first use; `None` when the
 /// OS does not let us create one.
@@ -70,7 +88,11 @@ impl ProcessCgroup {
     /// cgroups are unavailable (the process-group kill still applies).
     pub fn create() -> Option<ProcessCgroup> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let dir = base()?.join(format!("p{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+        let base = base()?;
+        if let Some(dir) = pool().pop() {
+            return Some(ProcessCgroup { dir });
+        }
+        let dir = base.join(format!("p{}", NEXT.fetch_add(1, Ordering::Relaxed)));
         std::fs::create_dir(&dir).ok()?;
         Some(ProcessCgroup { dir })
     }
@@ -93,23 +115,34 @@ impl ProcessCgroup {
 
     /// SIGKILLs every process in the cgroup, daemons included.
     pub fn kill(&self) {
-        if std::fs::write(self.dir.join("cgroup.kill"), "1").is_ok() {
-            return;
-        }
-        // Kernels before 5.14 have no cgroup.kill: signal each member.
-        if let Ok(procs) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
-            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
+        kill_members(&self.dir);
+    }
+}
+
+fn kill_members(dir: &Path) {
+    if std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    // Kernels before 5.14 have no cgroup.kill: signal each member.
+    if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
     }
 }
 
 impl Drop for ProcessCgroup {
     fn drop(&mut self) {
+        if !self.is_populated() {
+            let mut pool = pool();
+            if pool.len() < POOLED_CGROUPS {
+                pool.push(std::mem::take(&mut self.dir));
+                return;
+            }
+        }
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
@@ -121,6 +154,7 @@ pub fn kill_all_and_remove() {
     let Some(base) = base() else {
         return;
     };
+    pool().clear();
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
@@ -129,10 +163,9 @@ pub fn kill_all_and_remove() {
         if !dir.is_dir() {
             continue;
         }
-        let group = ProcessCgroup { dir };
         for _ in 0..50 {
-            group.kill();
-            if std::fs::remove_dir(&group.dir).is_ok() {
+            kill_members(&dir);
+            if std::fs::remove_dir(&dir).is_ok() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));

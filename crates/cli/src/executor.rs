@@ -1,0 +1,175 @@
+//! `exec-server --remote URL --environment-id ID --registration-bearer-stdin`:
+//! serve this machine through a registry and relay (no open port needed). Each
+//! relay stream is a full connection of this server (sessions, resume).
+
+use clap::Args;
+use exec_server::ServerState;
+use exec_server_relay::executor::{self, Config, StreamHandler};
+use exec_server_relay::registry_client::RegistryClient;
+use std::io::BufRead;
+use std::io::Read as _;
+use std::sync::Arc;
+
+/// Longest bearer read from stdin: 16 KiB.
+const MAX_BEARER_BYTES: usize = 16 * 1024;
+
+/// Remote-mode flags (on the serve command).
+#[derive(Args, Debug, Clone, Default)]
+pub struct RemoteArgs {
+    /// Register with the environment registry at URL and serve through its relay
+    /// instead of listening (https, or http on loopback).
+    #[arg(long, value_name = "URL", requires = "environment_id")]
+    pub remote: Option<String>,
+    /// The environment id to register as.
+    #[arg(long, value_name = "ID", requires = "remote")]
+    pub environment_id: Option<String>,
+    /// Read the registry bearer token as one line from stdin (else CODEX_API_KEY).
+    #[arg(long, requires = "remote")]
+    pub registration_bearer_stdin: bool,
+}
+
+fn host_allows_api_key(url: &str) -> bool {
+    let Ok(u) = url::Url::parse(url.trim()) else {
+        return false;
+    };
+    let host = u.host_str().unwrap_or("").to_ascii_lowercase();
+    let loopback = host == "localhost"
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback());
+    let openai = ["openai.com", "openai.org"]
+        .iter()
+        .any(|d| host == *d || host.ends_with(&format!(".{d}")));
+    loopback || (u.scheme() == "https" && openai)
+}
+
+/// The registry bearer and whether error bodies may be shown (not for a bearer
+/// from stdin).
+pub(crate) fn bearer(args: &RemoteArgs, url: &str) -> Result<(String, bool), String> {
+    if args.registration_bearer_stdin {
+        let mut line = String::new();
+        std::io::stdin()
+            .lock()
+            .take(MAX_BEARER_BYTES as u64 + 1)
+            .read_line(&mut line)
+            .map_err(|e| format!("cannot read the bearer from stdin: {e}"))?;
+        if line.len() > MAX_BEARER_BYTES {
+            return Err("the bearer on stdin is longer than 16 KiB".into());
+        }
+        return Ok((line.trim().to_string(), false));
+    }
+    match std::env::var("CODEX_API_KEY") {
+        Ok(k) if !k.trim().is_empty() => {
+            if !host_allows_api_key(url) {
+                return Err("CODEX_API_KEY is only sent to https openai.com/openai.org or loopback registries".into());
+            }
+            Ok((k.trim().to_string(), true))
+        }
+        _ => Err(
+            "no registry credential: pass --registration-bearer-stdin or set CODEX_API_KEY".into(),
+        ),
+    }
+}
+
+/// Runs the executor until SIGTERM/SIGINT or a fatal registration error.
+pub async fn run(args: RemoteArgs, state: Arc<ServerState>) -> i32 {
+    let (Some(url), Some(env)) = (&args.remote, &args.environment_id) else {
+        eprintln!("exec-server: --remote needs --environment-id");
+        return 2;
+    };
+    let (token, show_bodies) = match bearer(&args, url) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("exec-server: {e}");
+            return 2;
+        }
+    };
+    // With a bearer from stdin, registry error bodies are never shown.
+    let registry = match RegistryClient::new(url, &token, None, show_bodies) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("exec-server: {e}");
+            return 2;
+        }
+    };
+    let env = env.trim().to_string();
+    if env.is_empty() {
+        eprintln!("exec-server: the environment id is empty");
+        return 2;
+    }
+    let serving = state.clone();
+    let handler: StreamHandler = Arc::new(move |ch| {
+        let state = serving.clone();
+        let peer = ch.peer.clone();
+        let conn = exec_server_client::relay::connection_from_channel(ch);
+        // A relay stream is a network peer: the same handshake deadline applies.
+        tokio::spawn(exec_server::connection::serve(
+            state,
+            conn,
+            format!("JSON-RPC message from {peer}"),
+            Some(exec_server::listen::HANDSHAKE_TIMEOUT),
+        ));
+    });
+    let config = Config {
+        registry,
+        environment_id: env,
+        keepalive: executor::KEEPALIVE,
+        pong_timeout: executor::PONG_TIMEOUT,
+    };
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("exec-server: cannot handle SIGTERM: {e}");
+            return 1;
+        }
+    };
+    let code = tokio::select! {
+        r = executor::run(config, handler) => match r {
+            Ok(()) => 0,
+            Err(e) => { eprintln!("exec-server: {e}"); 1 }
+        },
+        _ = term.recv() => 0,
+        _ = tokio::signal::ctrl_c() => 0,
+    };
+    state.shutdown();
+    code
+}
+
+/// The client's source for `--registry URL --environment ID`: the token comes
+/// from `--token-file` or `CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN`, never argv.
+pub fn relay_source(
+    registry: &str,
+    environment: Option<&str>,
+    token_file: &Option<std::path::PathBuf>,
+) -> Result<exec_server_client::Source, String> {
+    use exec_server_client::relay::{RelaySource, ENV_ACCOUNT_ID, ENV_AUTH_TOKEN};
+    let env = environment.ok_or("--registry needs --environment ID")?;
+    let token = match token_file {
+        Some(p) => {
+            std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?
+        }
+        None => std::env::var(ENV_AUTH_TOKEN).map_err(|_| {
+            format!("--registry needs a token: --token-file PATH or {ENV_AUTH_TOKEN}")
+        })?,
+    };
+    let account = std::env::var(ENV_ACCOUNT_ID).ok();
+    let source = RelaySource::new(registry, env, &token, account)?;
+    Ok(exec_server_client::Source::Relay(Arc::new(source)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allows_api_key;
+
+    #[test]
+    fn api_key_host_rule() {
+        assert!(host_allows_api_key("https://api.openai.com/x"));
+        assert!(host_allows_api_key("https://openai.org"));
+        assert!(host_allows_api_key("http://127.0.0.1:5"));
+        assert!(host_allows_api_key("http://localhost:5"));
+        assert!(!host_allows_api_key("http://api.openai.com"));
+        assert!(!host_allows_api_key("https://evilopenai.com"));
+        assert!(!host_allows_api_key("https://example.com"));
+    }
+}

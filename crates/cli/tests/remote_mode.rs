@@ -1,0 +1,403 @@
+//! Remote mode end to end on loopback: our registry and relay, our executor
+//! (the real binary with `--remote`), our client — and what hostile or broken
+//! peers get.
+
+mod common;
+use common::*;
+use exec_server_client::relay::RelaySource;
+use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A child process killed (by PID) when dropped.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `exec-server registry` with `extra` flags; returns it and its URL.
+fn start_registry(extra: &[&str]) -> (Proc, String) {
+    let mut child = Command::new(BIN)
+        .arg("registry")
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start registry");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("http://127.0.0.1:"), "{line:?}");
+    (Proc(child), line.trim().to_string())
+}
+
+/// Starts our executor registered as `env` at `url` with bearer `token`.
+fn start_executor(url: &str, env: &str, token: &str) -> Proc {
+    let mut child = Command::new(BIN)
+        .args([
+            "--remote",
+            url,
+            "--environment-id",
+            env,
+            "--registration-bearer-stdin",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start executor");
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{token}").unwrap();
+    Proc(child)
+}
+
+/// `exec-server run --registry … -- argv` with the harness token in the environment.
+fn run_cli(url: &str, env: &str, token: &str, argv: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(["run", "--registry", url, "--environment", env, "--"])
+        .args(argv)
+        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", token)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("remote-mode-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("tokens");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Waits (bounded) until `run` through the relay succeeds: the executor registers
+/// and attaches in the background.
+fn wait_ready(url: &str, env: &str, token: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = run_cli(url, env, token, &["true"]);
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "executor not reachable: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn uname_through_registry_and_relay_with_tokens() {
+    let exec_tokens = temp_file("exec", "devbox executor-secret\n");
+    let harness_tokens = temp_file("harness", "harness-secret\n");
+    let (_reg, url) = start_registry(&[
+        "--executor-tokens",
+        exec_tokens.to_str().unwrap(),
+        "--harness-tokens",
+        harness_tokens.to_str().unwrap(),
+    ]);
+    let _exec = start_executor(&url, "devbox", "executor-secret");
+    wait_ready(&url, "devbox", "harness-secret");
+    let out = run_cli(&url, "devbox", "harness-secret", &["uname", "-a"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("Linux "),
+        "{:?}",
+        out.stdout
+    );
+    let out = run_cli(&url, "devbox", "harness-secret", &["sh", "-c", "exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+
+    // A wrong harness token is refused by the registry, with a clear message.
+    let out = run_cli(&url, "devbox", "wrong", &["true"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("401"), "{err}");
+    assert!(!err.contains("harness-secret"));
+    // An executor token scoped to devbox cannot register another environment.
+    let mut other = start_executor(&url, "other", "executor-secret");
+    let status = wait_exit(&mut other.0, Duration::from_secs(10));
+    assert_eq!(status, Some(1), "registration refused is fatal");
+    for p in [exec_tokens, harness_tokens] {
+        let _ = std::fs::remove_dir_all(p.parent().unwrap());
+    }
+}
+
+fn wait_exit(c: &mut Child, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(s)) = c.try_wait() {
+            return s.code();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// A TCP proxy in front of the relay: `cut()` drops every socket through it.
+struct Proxy {
+    port: u16,
+    conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Proxy {
+    async fn start(target: u16) -> Proxy {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let list = conns.clone();
+        tokio::spawn(async move {
+            while let Ok((mut a, _)) = l.accept().await {
+                let h = tokio::spawn(async move {
+                    if let Ok(mut b) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+                    }
+                });
+                list.lock().unwrap().push(h.abort_handle());
+            }
+        });
+        Proxy { port, conns }
+    }
+
+    fn cut(&self) {
+        for h in self.conns.lock().unwrap().drain(..) {
+            h.abort();
+        }
+    }
+}
+
+/// `seq 1 2000000` through the relay is byte-identical across 5 drops of the
+/// harness's socket and 2 of every relay socket (the executor's included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seq_2000000_survives_harness_and_executor_drops() {
+    use exec_server_relay::registry::{store::MemoryStore, Config, Registry};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let reg_port = l.local_addr().unwrap().port();
+    let proxy = Proxy::start(reg_port).await;
+    // Relay URLs point at the proxy; registry calls go straight to the registry.
+    let registry = Registry::new(
+        Config::default(),
+        Arc::new(MemoryStore::default()),
+        format!("ws://127.0.0.1:{}", proxy.port),
+    )
+    .unwrap();
+    tokio::spawn(registry.serve(l));
+    let url = format!("http://127.0.0.1:{reg_port}");
+    let _exec = start_executor(&url, "seq-env", "t");
+    let source = RelaySource::new(&url, "seq-env", "h", None).unwrap();
+    let mut opts = ClientOptions::new(Source::Relay(Arc::new(source)));
+    opts.connect_timeout = Duration::from_secs(10);
+    let c = ExecServerClient::new(opts);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.connect().await.is_err() {
+        assert!(Instant::now() < deadline, "executor never reachable");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let total = {
+        let mut n = 0usize;
+        for i in 1..=2_000_000u64 {
+            n += i.to_string().len() + 1;
+        }
+        n
+    };
+    let mut p = c
+        .start_process(exec_params("big", &["seq", "1", "2000000"]))
+        .await
+        .unwrap();
+    let mut bytes = Vec::with_capacity(total);
+    let mut exit = None;
+    // Drop points as fractions of the output: harness drops at 1..5/8, relay cuts at 3/16 and 11/16.
+    let mut harness_drops = 0;
+    let mut cuts = 0;
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(60), p.next_event())
+            .await
+            .expect("event within 60 s");
+        match ev {
+            Some(ProcessEvent::Output { data, .. }) => {
+                bytes.extend_from_slice(&data);
+                let progress = bytes.len() * 16 / total;
+                if harness_drops < 5 && progress >= 2 * (harness_drops + 1) {
+                    harness_drops += 1;
+                    c.drop_connection().await;
+                }
+                if cuts < 2 && progress >= [3, 11][cuts] {
+                    cuts += 1;
+                    proxy.cut();
+                }
+            }
+            Some(ProcessEvent::Exited { code, .. }) => exit = Some(code),
+            Some(ProcessEvent::Closed { .. }) | None => break,
+            Some(ProcessEvent::Failed(why)) => panic!("stream failed: {why}"),
+        }
+    }
+    assert_eq!(exit, Some(0));
+    assert_eq!((harness_drops, cuts), (5, 2));
+    let mut want = Vec::with_capacity(total);
+    for i in 1..=2_000_000u64 {
+        want.extend_from_slice(format!("{i}\n").as_bytes());
+    }
+    assert!(
+        bytes == want,
+        "output differs from seq 1 2000000 ({} bytes)",
+        bytes.len()
+    );
+    // Drops that land while a resume is under way merge into it.
+    assert!(c.recoveries() >= 3, "recoveries: {}", c.recoveries());
+}
+
+fn codex_ref() -> Option<String> {
+    let out = Command::new("sh")
+        .args(["-c", "command -v codex-ref"])
+        .output()
+        .ok()?;
+    let p = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (!p.is_empty()).then_some(p)
+}
+
+/// The real Codex harness (`codex exec` with the three `CODEX_EXEC_SERVER_NOISE_*`
+/// variables, driven by `../shared/realclient`'s mock model) runs a command on
+/// our executor through our registry and relay. Skipped without `codex-ref` or
+/// the shared directory.
+#[test]
+fn real_codex_harness_through_our_registry_to_our_executor() {
+    let shared = std::env::var("SHARED_DIR")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared").to_string());
+    let mock = std::path::Path::new(&shared).join("realclient/mock_model.py");
+    let (Some(codex), true) = (codex_ref(), mock.exists()) else {
+        eprintln!("codex-ref or {} missing; skipping", mock.display());
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("remote-realclient-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("home")).unwrap();
+    std::fs::create_dir_all(dir.join("work")).unwrap();
+    let script = r#"{"remote1": {"steps": [{"kind": "function", "name": "exec_command", "arguments": {"cmd": "echo REMOTE-MARKER-$((6*7))", "yield_time_ms": 3000}}], "final": "done"}}"#;
+    std::fs::write(dir.join("script.json"), script).unwrap();
+    let mut model = Command::new("python3")
+        .arg(&mock)
+        .args([
+            "--script",
+            dir.join("script.json").to_str().unwrap(),
+            "--port",
+            "0",
+        ])
+        .args(["--record", dir.join("rec.jsonl").to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    BufReader::new(model.stdout.take().unwrap())
+        .read_line(&mut port)
+        .unwrap();
+    let _model = Proc(model);
+    let config = format!(
+        "model = \"gpt-5.5\"\nmodel_provider = \"realclient_mock\"\napproval_policy = \"never\"\nsandbox_mode = \"danger-full-access\"\n\n\
+         [model_providers.realclient_mock]\nname = \"realclient mock\"\nbase_url = \"http://127.0.0.1:{}/v1\"\nwire_api = \"responses\"\n\
+         request_max_retries = 0\nstream_max_retries = 0\nstream_idle_timeout_ms = 60000\n\n\
+         [features]\nplugins = false\nremote_plugin = false\napps = false\n\n[analytics]\nenabled = false\n",
+        port.trim()
+    );
+    std::fs::write(dir.join("home/config.toml"), config).unwrap();
+    let (_reg, url) = start_registry(&[]);
+    let _exec = start_executor(&url, "devbox", "t");
+    wait_ready(&url, "devbox", "h");
+    let out = Command::new(codex)
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            "--json",
+            "--strict-config",
+            "-C",
+        ])
+        .arg(dir.join("work"))
+        .arg("[rc-scenario:remote1] follow the script")
+        .env_remove("CODEX_EXEC_SERVER_URL")
+        .env("CODEX_HOME", dir.join("home"))
+        .env("NO_COLOR", "1")
+        .env("CODEX_EXEC_SERVER_NOISE_REGISTRY_URL", &url)
+        .env("CODEX_EXEC_SERVER_NOISE_ENVIRONMENT_ID", "devbox")
+        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "h")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let recorded = std::fs::read_to_string(dir.join("rec.jsonl")).unwrap_or_default();
+    assert!(
+        recorded.contains("REMOTE-MARKER-42"),
+        "the command's output did not reach the model; codex stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `forward` bridges a listening exec-server (ours, then the reference when
+/// installed) into the registry: `run --registry` reaches it stream by stream.
+#[test]
+fn forward_bridges_a_listening_server() {
+    let mut targets = vec![Server::start(&[])];
+    if let Some(codex) = codex_ref() {
+        let mut child = Command::new(codex)
+            .args(["exec-server", "--listen", "ws://127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        targets.push(Server {
+            child,
+            url: line.trim().to_string(),
+        });
+    }
+    for (i, target) in targets.iter().enumerate() {
+        let (_reg, url) = start_registry(&[]);
+        let env = format!("fwd{i}");
+        let mut child = Command::new(BIN)
+            .args([
+                "forward",
+                "--connect",
+                &target.url,
+                "--remote",
+                &url,
+                "--environment-id",
+                &env,
+            ])
+            .arg("--registration-bearer-stdin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        writeln!(child.stdin.take().unwrap(), "t").unwrap();
+        let _fwd = Proc(child);
+        wait_ready(&url, &env, "h");
+        let out = run_cli(&url, &env, "h", &["sh", "-c", "echo forwarded; exit 3"]);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"forwarded\n");
+    }
+}

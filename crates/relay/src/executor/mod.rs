@@ -1,0 +1,177 @@
+//! The executor side: register a Noise key with the registry, hold a WebSocket
+//! to the relay URL it returns, and serve every admitted stream (see [`mux`]).
+//!
+//! Lifecycle (as the reference 0.169.0): one identity per process; register
+//! (retrying only `503 registration_conflict`, with jitter); connect; when the
+//! socket dies, sleep a jittered backoff (1, 2, 4… capped at 30 s, not reset by
+//! a good connection) and reconnect with the same registration; an HTTP 4xx on
+//! the upgrade means the registration is gone: register again at once.
+
+pub mod mux;
+
+use crate::api::REJECTION_HEADER;
+use crate::frame::MAX_FRAME_BYTES;
+use crate::keys::Identity;
+use crate::noise::{OsRandom, Randomness};
+use crate::registry_client::{RegistryClient, RegistryError};
+use crate::stream::Channel;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Called with every admitted stream; must not block (spawn the work).
+pub type StreamHandler = Arc<dyn Fn(Channel) + Send + Sync>;
+
+/// Keepalive ping interval: 30 s (as the reference).
+pub const KEEPALIVE: Duration = Duration::from_secs(30);
+/// Time without any frame from the relay after a ping before the socket is dropped.
+pub const PONG_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest reconnect backoff: 30 s.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Registration attempts while the registry answers `registration_conflict`.
+pub const MAX_CONFLICT_RETRIES: u32 = 10;
+
+/// Executor settings.
+pub struct Config {
+    /// The registry, with the executor's bearer.
+    pub registry: RegistryClient,
+    /// Environment id (trimmed, non-empty).
+    pub environment_id: String,
+    /// Ping interval.
+    pub keepalive: Duration,
+    /// Silence tolerated after a ping.
+    pub pong_timeout: Duration,
+}
+
+/// Why a relay socket ended (logged, never fatal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disconnect {
+    /// The relay closed it.
+    PeerClose,
+    /// Reading failed.
+    ReadError,
+    /// Writing failed or stalled.
+    WriteError,
+    /// Nothing heard for too long.
+    PongTimeout,
+    /// We stopped.
+    LocalShutdown,
+}
+
+pub(crate) struct Ctx {
+    pub identity: Identity,
+    pub registry: RegistryClient,
+    pub environment_id: String,
+    pub registration_id: String,
+    pub handler: StreamHandler,
+    pub keepalive: Duration,
+    pub pong_timeout: Duration,
+}
+
+/// A fatal executor error (registration refused or malformed).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot register with the environment registry: {0}")]
+pub struct ExecutorError(#[from] pub RegistryError);
+
+fn jitter(d: Duration) -> Duration {
+    let mut b = [0u8; 2];
+    OsRandom.fill(&mut b);
+    let f = 0.5 + (u16::from_le_bytes(b) as f64 / u16::MAX as f64) * 0.5;
+    d.mul_f64(f)
+}
+
+async fn register(
+    config: &Config,
+    identity: &Identity,
+) -> Result<crate::api::RegisterResponse, RegistryError> {
+    let mut delay = Duration::from_millis(500);
+    let mut attempt = 0;
+    loop {
+        match config
+            .registry
+            .register(&config.environment_id, &identity.public_key())
+            .await
+        {
+            Err(RegistryError::Http {
+                status: 503, code, ..
+            }) if code == "registration_conflict" && attempt < MAX_CONFLICT_RETRIES => {
+                attempt += 1;
+                tokio::time::sleep(jitter(delay)).await;
+                delay = (delay * 2).min(MAX_BACKOFF);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Runs the executor until a fatal registration error. `on_registered` is
+/// called with the registration id after each successful registration.
+pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorError> {
+    let identity = Identity::generate(&mut OsRandom);
+    let mut reg = register(&config, &identity).await?;
+    tracing::info!(environment = %config.environment_id, "registered with the environment registry");
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let mut req =
+            match tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+                reg.url.as_str(),
+            ) {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(ExecutorError(RegistryError::Protocol(
+                        "invalid relay URL".into(),
+                    )))
+                }
+            };
+        let mut rid = [0u8; 16];
+        OsRandom.fill(&mut rid);
+        let rid: String = rid.iter().map(|b| format!("{b:02x}")).collect();
+        if let Ok(v) = format!("req_{rid}").parse() {
+            req.headers_mut().insert("x-request-id", v);
+        }
+        let mut cfg = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
+        cfg.max_message_size = Some(MAX_FRAME_BYTES);
+        cfg.max_frame_size = Some(MAX_FRAME_BYTES);
+        let mut reregister = false;
+        match tokio_tungstenite::connect_async_with_config(req, Some(cfg), true).await {
+            Ok((ws, _)) => {
+                tracing::info!("connected to the relay");
+                let ctx = Arc::new(Ctx {
+                    identity: identity.clone(),
+                    registry: config.registry.clone(),
+                    environment_id: config.environment_id.clone(),
+                    registration_id: reg.executor_registration_id.clone(),
+                    handler: handler.clone(),
+                    keepalive: config.keepalive,
+                    pong_timeout: config.pong_timeout,
+                });
+                let why = mux::serve(ws, &ctx).await;
+                tracing::warn!(reason = ?why, "relay connection lost");
+            }
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp))
+                if resp.status().is_client_error() =>
+            {
+                let reason = resp
+                    .headers()
+                    .get(REJECTION_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("unknown");
+                tracing::warn!(
+                    status = resp.status().as_u16(),
+                    reason,
+                    "relay refused the registration; registering again"
+                );
+                reregister = true;
+            }
+            Err(e) => tracing::warn!("cannot connect to the relay: {e}"),
+        }
+        if reregister {
+            match register(&config, &identity).await {
+                Ok(r) => reg = r,
+                Err(e) if e.is_retryable() => tracing::warn!("registering again failed: {e}"),
+                Err(e) => return Err(ExecutorError(e)),
+            }
+        }
+        tokio::time::sleep(jitter(backoff)).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}

@@ -1,0 +1,333 @@
+//! One physical relay socket of an executor: up to [`MAX_ACTIVE_STREAMS`]
+//! streams, each admitted by a Noise handshake plus a registry `/validate`, and
+//! each handed to the program as a [`Channel`]. Every frame rule of the
+//! reference (REMOTE.md (g)) is applied here.
+
+use super::{Ctx, Disconnect};
+use crate::api::ValidateRequest;
+use crate::frame::{Body, Frame, RESET_PROTOCOL_ERROR};
+use crate::keys::prologue;
+use crate::noise::{OsRandom, PendingResponder, Transport};
+use crate::stream::{halves, Channel, RecvHalf};
+use futures_util::{SinkExt, StreamExt};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+/// Streams served at once on one socket: 128.
+pub const MAX_ACTIVE_STREAMS: usize = 128;
+/// Registry validations in flight at once: 32.
+pub const MAX_PENDING_VALIDATIONS: usize = 32;
+/// Failed handshakes before new ones are paused: 8.
+pub const MAX_FAILED_HANDSHAKES: u32 = 8;
+/// How long new handshakes are refused after too many failures: 10 s.
+pub const HANDSHAKE_COOLDOWN: Duration = Duration::from_secs(10);
+/// Largest harness authorization: 4096 bytes.
+pub const MAX_AUTHORIZATION_BYTES: usize = 4096;
+/// Time the registry has to answer `/validate`: 10 s.
+pub const VALIDATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Frames queued for the socket before stream writers wait.
+const WRITE_QUEUE: usize = 256;
+/// Messages queued towards one stream's program.
+const STREAM_QUEUE: usize = 64;
+
+struct Active {
+    id: u64,
+    recv: RecvHalf,
+    inbound: mpsc::Sender<Vec<u8>>,
+}
+
+enum Event {
+    Validated {
+        stream_id: String,
+        vid: u64,
+        result: Option<Box<(Transport, Vec<u8>)>>,
+    },
+    Ended {
+        stream_id: String,
+        id: u64,
+    },
+}
+
+struct Mux<'a> {
+    ctx: &'a Arc<Ctx>,
+    out: mpsc::Sender<Message>,
+    events: mpsc::Sender<Event>,
+    active: HashMap<String, Active>,
+    pending: HashMap<String, u64>,
+    next_id: u64,
+    failures: u32,
+    paused_until: Option<Instant>,
+}
+
+impl Mux<'_> {
+    fn reset(&self, stream_id: &str) {
+        let f = Frame::reset(stream_id, RESET_PROTOCOL_ERROR).encode();
+        // A full queue means the socket is stuck; the watchdog will end it.
+        let _ = self.out.try_send(Message::Binary(f.into()));
+    }
+
+    fn charge(&mut self) {
+        self.failures += 1;
+        if self.failures >= MAX_FAILED_HANDSHAKES {
+            self.failures = 0;
+            self.paused_until = Some(Instant::now() + HANDSHAKE_COOLDOWN);
+            tracing::warn!("pausing Noise relay handshakes after repeated failures");
+        }
+    }
+
+    fn handshake(&mut self, stream_id: String, msg1: Vec<u8>) {
+        if self.active.contains_key(&stream_id) {
+            return self.reset(&stream_id);
+        }
+        if self.pending.remove(&stream_id).is_some() {
+            self.reset(&stream_id);
+            return self.charge();
+        }
+        if self.paused_until.is_some_and(|t| Instant::now() < t)
+            || self.active.len() >= MAX_ACTIVE_STREAMS
+            || self.pending.len() >= MAX_PENDING_VALIDATIONS
+        {
+            return self.reset(&stream_id);
+        }
+        let p = prologue(
+            &self.ctx.environment_id,
+            &self.ctx.registration_id,
+            &stream_id,
+        );
+        let pending = match PendingResponder::read_request(&self.ctx.identity, &p, &msg1) {
+            Ok(p) => p,
+            Err(_) => {
+                self.reset(&stream_id);
+                return self.charge();
+            }
+        };
+        let authorization = match std::str::from_utf8(pending.payload()) {
+            Ok(a) if a.len() <= MAX_AUTHORIZATION_BYTES => a.to_string(),
+            _ => {
+                self.reset(&stream_id);
+                return self.charge();
+            }
+        };
+        self.next_id += 1;
+        let vid = self.next_id;
+        self.pending.insert(stream_id.clone(), vid);
+        let ctx = self.ctx.clone();
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            let req = ValidateRequest {
+                executor_registration_id: ctx.registration_id.clone(),
+                harness_public_key: pending.initiator_key().to_wire(),
+                harness_key_authorization: authorization,
+            };
+            let valid = tokio::time::timeout(
+                VALIDATION_TIMEOUT,
+                ctx.registry.validate(&ctx.environment_id, &stream_id, &req),
+            )
+            .await;
+            let result = match valid {
+                Ok(Ok(true)) => pending.complete(&mut OsRandom).ok().map(Box::new),
+                Ok(Ok(false)) => {
+                    tracing::info!("environment registry rejected Noise relay harness key");
+                    None
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!("harness key validation failed: {e}");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!("harness key validation timed out");
+                    None
+                }
+            };
+            let _ = events
+                .send(Event::Validated {
+                    stream_id,
+                    vid,
+                    result,
+                })
+                .await;
+        });
+    }
+
+    async fn validated(
+        &mut self,
+        stream_id: String,
+        vid: u64,
+        result: Option<Box<(Transport, Vec<u8>)>>,
+    ) {
+        if self.pending.get(&stream_id) != Some(&vid) {
+            return; // superseded or reset meanwhile
+        }
+        self.pending.remove(&stream_id);
+        let Some((transport, msg2)) = result.map(|b| *b) else {
+            self.reset(&stream_id);
+            return self.charge();
+        };
+        if self.active.len() >= MAX_ACTIVE_STREAMS {
+            return self.reset(&stream_id);
+        }
+        let f = Frame::handshake(&stream_id, msg2).encode();
+        if self.out.send(Message::Binary(f.into())).await.is_err() {
+            return;
+        }
+        let (mut send, recv) = halves(&stream_id, transport);
+        let (in_tx, in_rx) = mpsc::channel(STREAM_QUEUE);
+        let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
+        self.next_id += 1;
+        let id = self.next_id;
+        let out = self.out.clone();
+        let events = self.events.clone();
+        let sid = stream_id.clone();
+        tokio::spawn(async move {
+            'msgs: while let Some(msg) = out_rx.recv().await {
+                let Ok(frames) = send.seal(&msg) else { break };
+                for f in frames {
+                    if out.send(Message::Binary(f.into())).await.is_err() {
+                        break 'msgs;
+                    }
+                }
+            }
+            let _ = events.send(Event::Ended { stream_id: sid, id }).await;
+        });
+        self.active.insert(
+            stream_id.clone(),
+            Active {
+                id,
+                recv,
+                inbound: in_tx,
+            },
+        );
+        (self.ctx.handler)(Channel {
+            inbound: in_rx,
+            outbound: out_tx,
+            peer: format!("relay stream {stream_id}"),
+        });
+    }
+
+    async fn data(&mut self, stream_id: String, seq: u32, payload: Vec<u8>) {
+        let Some(a) = self.active.get_mut(&stream_id) else {
+            if self.pending.remove(&stream_id).is_some() {
+                self.charge();
+            }
+            return self.reset(&stream_id);
+        };
+        match a.recv.open(seq, payload) {
+            Ok(msgs) => {
+                for m in msgs {
+                    if a.inbound.send(m).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!("relay stream error: {e}");
+                self.active.remove(&stream_id);
+                self.reset(&stream_id);
+            }
+        }
+    }
+
+    fn frame(&mut self, bytes: &[u8]) -> Option<(String, Body)> {
+        let f = match Frame::decode(bytes) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!("dropping an undecodable relay frame: {e}");
+                return None;
+            }
+        };
+        if let Err(e) = f.validate() {
+            tracing::warn!("dropping an invalid relay frame: {e}");
+            return None;
+        }
+        Some((f.stream_id, f.body?))
+    }
+}
+
+/// Serves one socket until it fails; returns why it ended.
+pub(super) async fn serve<S>(ws: WebSocketStream<S>, ctx: &Arc<Ctx>) -> Disconnect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sink, mut source) = ws.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Message>(WRITE_QUEUE);
+    let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(64);
+    let keepalive = ctx.keepalive;
+    let writer = tokio::spawn(async move {
+        let mut ping = tokio::time::interval(keepalive);
+        ping.tick().await;
+        loop {
+            let m = tokio::select! {
+                m = out_rx.recv() => match m { Some(m) => m, None => return Disconnect::LocalShutdown },
+                _ = ping.tick() => Message::Ping(Vec::new().into()),
+            };
+            match tokio::time::timeout(Duration::from_secs(30), sink.send(m)).await {
+                Ok(Ok(())) => {}
+                _ => return Disconnect::WriteError,
+            }
+        }
+    });
+    let mut mux = Mux {
+        ctx,
+        out: out_tx,
+        events: ev_tx,
+        active: HashMap::new(),
+        pending: HashMap::new(),
+        next_id: 0,
+        failures: 0,
+        paused_until: None,
+    };
+    let mut last_seen = Instant::now();
+    let mut watchdog = tokio::time::interval(Duration::from_millis(500).min(keepalive));
+    let reason = loop {
+        tokio::select! {
+            m = source.next() => {
+                last_seen = Instant::now();
+                let bytes = match m {
+                    Some(Ok(Message::Binary(b))) => b,
+                    Some(Ok(Message::Close(_))) | None => break Disconnect::PeerClose,
+                    Some(Err(_)) => break Disconnect::ReadError,
+                    Some(Ok(Message::Text(_))) => {
+                        tracing::warn!("dropping a text message on the relay socket");
+                        continue;
+                    }
+                    Some(Ok(_)) => continue,
+                };
+                let Some((stream_id, body)) = mux.frame(&bytes) else { continue };
+                match body {
+                    Body::Handshake { payload } => mux.handshake(stream_id, payload),
+                    Body::Data { seq, payload, .. } => mux.data(stream_id, seq, payload).await,
+                    Body::Reset { .. } => {
+                        // The reason is unauthenticated: never logged.
+                        mux.active.remove(&stream_id);
+                        mux.pending.remove(&stream_id);
+                    }
+                    Body::Resume { .. } | Body::Ack | Body::Heartbeat => {}
+                }
+            }
+            Some(ev) = ev_rx.recv() => match ev {
+                Event::Validated { stream_id, vid, result } => mux.validated(stream_id, vid, result).await,
+                Event::Ended { stream_id, id } => {
+                    if mux.active.get(&stream_id).is_some_and(|a| a.id == id) {
+                        mux.active.remove(&stream_id);
+                        mux.reset(&stream_id);
+                    }
+                }
+            },
+            _ = watchdog.tick() => {
+                if last_seen.elapsed() > keepalive + ctx.pong_timeout {
+                    break Disconnect::PongTimeout;
+                }
+                if writer.is_finished() {
+                    break Disconnect::WriteError;
+                }
+            }
+        }
+    };
+    writer.abort();
+    reason
+}

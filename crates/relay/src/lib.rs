@@ -1,0 +1,21 @@
+//! Remote mode's transport, with no knowledge of JSON-RPC: the rendezvous
+//! relay's frames ([`frame`]), the Noise `hybridIK` channel ([`noise`], [`keys`]),
+//! and how one stream's byte messages become ordered encrypted records
+//! ([`records`], [`ordered`]).
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod crypto;
+pub mod executor;
+pub mod frame;
+pub mod harness;
+pub mod keys;
+pub mod noise;
+pub mod ordered;
+pub mod records;
+pub mod registry;
+pub mod registry_client;
+pub mod stream;
+
+pub use keys::{Identity, PublicKey, WirePublicKey};
+pub use noise::{Initiator, NoiseError, OsRandom, PendingResponder, Randomness, Transport};

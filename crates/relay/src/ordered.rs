@@ -1,0 +1,89 @@
+//! Receive-side ordering of a stream's data frames by `seq` before decryption
+//! (Noise nonces are implicit, so records must be opened in order).
+
+use std::collections::BTreeMap;
+
+/// Furthest ahead of the expected seq a frame may be buffered: 64.
+pub const MAX_REORDER_DISTANCE: u32 = 64;
+/// Most frames buffered: 64.
+pub const MAX_PENDING_FRAMES: usize = 64;
+/// Most payload bytes buffered: 1 MiB.
+pub const MAX_PENDING_BYTES: usize = 1024 * 1024;
+
+/// A frame too far ahead, too many buffered, or the seq space exhausted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("relay stream frames out of order beyond the reorder window")]
+pub struct OutOfWindow;
+
+/// Orders one direction of one stream.
+#[derive(Default)]
+pub struct Ordered {
+    expected: u32,
+    pending: BTreeMap<u32, Vec<u8>>,
+    pending_bytes: usize,
+}
+
+impl Ordered {
+    /// Accepts the frame at `seq` and returns the payloads now in order (empty
+    /// for a duplicate or a buffered frame). Errors: [`OutOfWindow`].
+    pub fn push(&mut self, seq: u32, payload: Vec<u8>) -> Result<Vec<Vec<u8>>, OutOfWindow> {
+        if seq < self.expected || self.pending.contains_key(&seq) {
+            return Ok(Vec::new()); // duplicate
+        }
+        if seq > self.expected {
+            if seq - self.expected > MAX_REORDER_DISTANCE
+                || self.pending.len() >= MAX_PENDING_FRAMES
+                || self.pending_bytes + payload.len() > MAX_PENDING_BYTES
+            {
+                return Err(OutOfWindow);
+            }
+            self.pending_bytes += payload.len();
+            self.pending.insert(seq, payload);
+            return Ok(Vec::new());
+        }
+        let mut out = vec![payload];
+        self.expected = self.expected.checked_add(1).ok_or(OutOfWindow)?;
+        while let Some(p) = self.pending.remove(&self.expected) {
+            self.pending_bytes -= p.len();
+            out.push(p);
+            self.expected = self.expected.checked_add(1).ok_or(OutOfWindow)?;
+        }
+        Ok(out)
+    }
+}
+
+/// Numbers the frames one direction of a stream sends: 0, 1, 2…, never wrapping.
+#[derive(Default)]
+pub struct SendSeq(u32);
+
+impl SendSeq {
+    /// The next seq, or [`OutOfWindow`] once 2^32 frames were sent.
+    pub fn take(&mut self) -> Result<u32, OutOfWindow> {
+        let s = self.0;
+        self.0 = s.checked_add(1).ok_or(OutOfWindow)?;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reorders_drops_duplicates_and_bounds_the_window() {
+        let mut o = Ordered::default();
+        assert!(o.push(1, vec![1]).unwrap().is_empty());
+        assert!(o.push(1, vec![1]).unwrap().is_empty());
+        assert_eq!(o.push(0, vec![0]).unwrap(), vec![vec![0], vec![1]]);
+        assert!(o.push(0, vec![0]).unwrap().is_empty());
+        assert_eq!(
+            o.push(2 + MAX_REORDER_DISTANCE + 1, vec![9]),
+            Err(OutOfWindow)
+        );
+        assert!(o
+            .push(2 + MAX_REORDER_DISTANCE, vec![9])
+            .unwrap()
+            .is_empty());
+        assert_eq!(o.push(3, vec![0; MAX_PENDING_BYTES]), Err(OutOfWindow));
+    }
+}

@@ -1,0 +1,309 @@
+//! Our environment registry and rendezvous relay in one process: the three
+//! registry endpoints (`POST /cloud/environment/{id}/register`, `/connect`,
+//! `/validate`) and the relay WebSocket (`GET /relay?…`, signed URL) on one
+//! port, plain HTTP/1.1 with one request per connection.
+//!
+//! What it guarantees: relay URLs are signed and expire; an authorization names
+//! one harness key, one registration and one environment, is single use and
+//! lives [`AUTHORIZATION_TTL`]; `/validate` says yes only for that exact key;
+//! frames are routed by stream id and never opened (it has no key to open them).
+
+pub mod hub;
+pub mod signing;
+pub mod store;
+pub mod tokens;
+
+mod http;
+
+use crate::api::*;
+use crate::keys::{PublicKey, SECURITY_PROFILE};
+use signing::{Grant, Role};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use store::{Authorization, Registration, Store};
+use tokens::Tokens;
+
+/// How long an executor's relay URL stays valid: 10 minutes (then the executor
+/// is refused with `expired` and registers again).
+pub const EXECUTOR_URL_TTL: Duration = Duration::from_secs(600);
+/// How long a harness's relay URL stays valid: 60 s (it is used at once).
+pub const HARNESS_URL_TTL: Duration = Duration::from_secs(60);
+/// How long a `harness_key_authorization` stays valid: 60 s.
+pub const AUTHORIZATION_TTL: Duration = Duration::from_secs(60);
+
+/// Registry settings.
+pub struct Config {
+    /// Executors' bearer tokens; `None` accepts any (loopback testing only).
+    pub executor_tokens: Option<Tokens>,
+    /// Harnesses' bearer tokens; `None` accepts any.
+    pub harness_tokens: Option<Tokens>,
+    /// Executor relay URL lifetime.
+    pub executor_url_ttl: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            executor_tokens: None,
+            harness_tokens: None,
+            executor_url_ttl: EXECUTOR_URL_TTL,
+        }
+    }
+}
+
+/// A running registry's shared state.
+pub struct Registry {
+    config: Config,
+    store: Arc<dyn Store>,
+    hub: hub::Hub,
+    signing_key: [u8; 32],
+    ws_base: String,
+}
+
+/// An HTTP answer: status, JSON body, extra headers.
+pub(crate) struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Reply {
+    fn json<T: serde::Serialize>(v: &T) -> Reply {
+        Reply {
+            status: 200,
+            body: serde_json::to_string(v).unwrap_or_default(),
+            headers: Vec::new(),
+        }
+    }
+
+    fn error(status: u16, code: &str, message: &str) -> Reply {
+        Reply::json(&ErrorBody {
+            error: ErrorDetail {
+                code: code.into(),
+                message: message.into(),
+            },
+        })
+        .with_status(status)
+    }
+
+    fn with_status(mut self, status: u16) -> Reply {
+        self.status = status;
+        self
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Registry {
+    /// Builds the registry; `ws_base` is the relay's base URL (`ws://HOST:PORT`).
+    pub fn new(
+        config: Config,
+        store: Arc<dyn Store>,
+        ws_base: String,
+    ) -> Result<Arc<Registry>, store::StoreError> {
+        Ok(Arc::new(Registry {
+            signing_key: store.signing_key()?,
+            config,
+            store,
+            hub: hub::Hub::default(),
+            ws_base,
+        }))
+    }
+
+    /// Serves connections on `listener` until it fails.
+    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
+        http::serve(self, listener).await
+    }
+
+    fn relay_url(&self, grant: &Grant, ttl: Duration) -> String {
+        format!(
+            "{}/relay?{}",
+            self.ws_base,
+            signing::sign(&self.signing_key, grant, now_unix() + ttl.as_secs())
+        )
+    }
+
+    fn authorized(tokens: &Option<Tokens>, bearer: Option<&str>, env: &str) -> bool {
+        match tokens {
+            None => true,
+            Some(t) => bearer.is_some_and(|b| t.allows(b, env)),
+        }
+    }
+
+    pub(crate) fn handle_post(
+        &self,
+        env: &str,
+        action: &str,
+        bearer: Option<&str>,
+        body: &[u8],
+    ) -> Reply {
+        if env.is_empty() {
+            return Reply::error(404, "not_found", "no such environment");
+        }
+        let result = match action {
+            "register" => self.register(env, bearer, body),
+            "connect" => self.connect(env, bearer, body),
+            "validate" => self.validate(env, bearer, body),
+            _ => return Reply::error(404, "not_found", "no such endpoint"),
+        };
+        result.unwrap_or_else(|e| {
+            tracing::warn!("registry store failed: {e}");
+            Reply::error(500, "store_failed", "registry store failed")
+        })
+    }
+
+    fn register(
+        &self,
+        env: &str,
+        bearer: Option<&str>,
+        body: &[u8],
+    ) -> Result<Reply, store::StoreError> {
+        if !Self::authorized(&self.config.executor_tokens, bearer, env) {
+            return Ok(Reply::error(401, "unauthorized", "invalid executor token"));
+        }
+        let Ok(req) = serde_json::from_slice::<RegisterRequest>(body) else {
+            return Ok(Reply::error(400, "bad_request", "invalid register request"));
+        };
+        if req.security_profile != SECURITY_PROFILE
+            || PublicKey::from_wire(&req.executor_public_key).is_err()
+        {
+            return Ok(Reply::error(
+                400,
+                "bad_request",
+                "unsupported security profile or key",
+            ));
+        }
+        let registration_id = format!("reg_{}", uuid::Uuid::new_v4().simple());
+        self.store.put_registration(Registration {
+            environment_id: env.into(),
+            registration_id: registration_id.clone(),
+            executor_key: req.executor_public_key,
+        })?;
+        let grant = Grant {
+            role: Role::Executor,
+            environment_id: env.into(),
+            registration_id: registration_id.clone(),
+        };
+        Ok(Reply::json(&RegisterResponse {
+            environment_id: env.into(),
+            url: self.relay_url(&grant, self.config.executor_url_ttl),
+            security_profile: SECURITY_PROFILE.into(),
+            executor_registration_id: registration_id,
+        }))
+    }
+
+    fn connect(
+        &self,
+        env: &str,
+        bearer: Option<&str>,
+        body: &[u8],
+    ) -> Result<Reply, store::StoreError> {
+        if !Self::authorized(&self.config.harness_tokens, bearer, env) {
+            return Ok(Reply::error(401, "unauthorized", "invalid harness token"));
+        }
+        let Ok(req) = serde_json::from_slice::<ConnectRequest>(body) else {
+            return Ok(Reply::error(400, "bad_request", "invalid connect request"));
+        };
+        if PublicKey::from_wire(&req.harness_public_key).is_err() {
+            return Ok(Reply::error(400, "bad_request", "invalid harness key"));
+        }
+        let Some(reg) = self.store.registration(env)? else {
+            return Ok(Reply::error(
+                404,
+                "environment_not_found",
+                "no executor registered",
+            ));
+        };
+        let token = format!("hka_{}", uuid::Uuid::new_v4().simple());
+        self.store.put_authorization(
+            &token,
+            Authorization {
+                environment_id: env.into(),
+                registration_id: reg.registration_id.clone(),
+                harness_key: req.harness_public_key,
+                expires_unix: now_unix() + AUTHORIZATION_TTL.as_secs(),
+            },
+        )?;
+        let grant = Grant {
+            role: Role::Harness,
+            environment_id: env.into(),
+            registration_id: reg.registration_id.clone(),
+        };
+        Ok(Reply::json(&ConnectResponse {
+            environment_id: env.into(),
+            url: self.relay_url(&grant, HARNESS_URL_TTL),
+            security_profile: SECURITY_PROFILE.into(),
+            executor_registration_id: reg.registration_id,
+            executor_public_key: reg.executor_key,
+            harness_key_authorization: token,
+        }))
+    }
+
+    fn validate(
+        &self,
+        env: &str,
+        bearer: Option<&str>,
+        body: &[u8],
+    ) -> Result<Reply, store::StoreError> {
+        if !Self::authorized(&self.config.executor_tokens, bearer, env) {
+            return Ok(Reply::error(401, "unauthorized", "invalid executor token"));
+        }
+        let Ok(req) = serde_json::from_slice::<ValidateRequest>(body) else {
+            return Ok(Reply::error(400, "bad_request", "invalid validate request"));
+        };
+        let valid = match self
+            .store
+            .take_authorization(&req.harness_key_authorization, now_unix())?
+        {
+            Some(a) => {
+                let current = self.store.registration(env)?;
+                a.environment_id == env
+                    && a.registration_id == req.executor_registration_id
+                    && current.is_some_and(|r| r.registration_id == a.registration_id)
+                    && a.harness_key == req.harness_public_key
+            }
+            None => false,
+        };
+        Ok(Reply::json(&ValidateResponse { valid }))
+    }
+
+    /// Checks a relay upgrade's query; the error is the rejection reason.
+    pub(crate) fn check_upgrade(&self, query: &str) -> Result<Grant, &'static str> {
+        let grant = signing::verify(&self.signing_key, query, now_unix())?;
+        let current = self
+            .store
+            .registration(&grant.environment_id)
+            .map_err(|_| "route_unavailable")?;
+        match current {
+            Some(r) if r.registration_id == grant.registration_id => Ok(grant),
+            Some(_) => Err("unexpected_executor_registration_id"),
+            None => Err("unknown_route"),
+        }
+    }
+
+    pub(crate) async fn serve_socket<S>(
+        &self,
+        ws: tokio_tungstenite::WebSocketStream<S>,
+        grant: Grant,
+    ) where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        match grant.role {
+            Role::Executor => {
+                self.hub
+                    .serve_executor(ws, grant.environment_id, grant.registration_id)
+                    .await
+            }
+            Role::Harness => {
+                self.hub
+                    .serve_harness(ws, grant.environment_id, grant.registration_id)
+                    .await
+            }
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Where the registry keeps registrations and harness authorizations, behind
+//! [`Store`] so that several registry nodes can later share a database.
+//!
+//! [`FileStore`] persists to one JSON file (written to a temporary file and
+//! renamed, so a crash never leaves half a file): SQLite (`rusqlite`) cannot be
+//! fetched on this build machine. [`MemoryStore`] keeps nothing across restarts.
+
+use crate::keys::WirePublicKey;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// The executor currently registered for an environment.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Registration {
+    /// Environment id.
+    pub environment_id: String,
+    /// `executor_registration_id` handed out.
+    pub registration_id: String,
+    /// The executor's static key.
+    pub executor_key: WirePublicKey,
+}
+
+/// One `harness_key_authorization`: bound to a harness key, a registration and
+/// an environment; single use; expires.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Authorization {
+    /// Environment id.
+    pub environment_id: String,
+    /// Registration it was issued for.
+    pub registration_id: String,
+    /// The harness key it names.
+    pub harness_key: WirePublicKey,
+    /// Expiry, seconds since the Unix epoch.
+    pub expires_unix: u64,
+}
+
+/// A store failure (I/O or a corrupt file).
+#[derive(Debug, thiserror::Error)]
+#[error("registry store: {0}")]
+pub struct StoreError(pub String);
+
+/// Registrations and authorizations. Implementations must be safe to call from
+/// many tasks; each call is atomic.
+pub trait Store: Send + Sync {
+    /// Sets the environment's registration (replacing any earlier one).
+    fn put_registration(&self, r: Registration) -> Result<(), StoreError>;
+    /// The environment's registration.
+    fn registration(&self, environment_id: &str) -> Result<Option<Registration>, StoreError>;
+    /// Records an authorization under its opaque token.
+    fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError>;
+    /// Removes and returns the authorization (single use); also drops expired ones.
+    fn take_authorization(
+        &self,
+        token: &str,
+        now_unix: u64,
+    ) -> Result<Option<Authorization>, StoreError>;
+    /// The key that signs relay URLs; created on first use and kept.
+    fn signing_key(&self) -> Result<[u8; 32], StoreError>;
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct Data {
+    #[serde(default)]
+    signing_key: Option<String>,
+    #[serde(default)]
+    registrations: HashMap<String, Registration>,
+    #[serde(default)]
+    authorizations: HashMap<String, Authorization>,
+}
+
+impl Data {
+    fn signing_key(&mut self) -> ([u8; 32], bool) {
+        if let Some(k) = self.signing_key.as_deref().and_then(hex_decode) {
+            return (k, false);
+        }
+        let mut k = [0u8; 32];
+        crate::noise::Randomness::fill(&mut crate::noise::OsRandom, &mut k);
+        self.signing_key = Some(k.iter().map(|b| format!("{b:02x}")).collect());
+        (k, true)
+    }
+
+    fn take(&mut self, token: &str, now: u64) -> Option<Authorization> {
+        self.authorizations.retain(|_, a| a.expires_unix >= now);
+        self.authorizations.remove(token)
+    }
+}
+
+fn hex_decode(h: &str) -> Option<[u8; 32]> {
+    if h.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Keeps everything in memory.
+#[derive(Default)]
+pub struct MemoryStore(Mutex<Data>);
+
+impl Store for MemoryStore {
+    fn put_registration(&self, r: Registration) -> Result<(), StoreError> {
+        let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        d.registrations.insert(r.environment_id.clone(), r);
+        Ok(())
+    }
+    fn registration(&self, env: &str) -> Result<Option<Registration>, StoreError> {
+        let d = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(d.registrations.get(env).cloned())
+    }
+    fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
+        let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        d.authorizations.insert(token.to_string(), a);
+        Ok(())
+    }
+    fn take_authorization(
+        &self,
+        token: &str,
+        now: u64,
+    ) -> Result<Option<Authorization>, StoreError> {
+        let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(d.take(token, now))
+    }
+    fn signing_key(&self) -> Result<[u8; 32], StoreError> {
+        let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(d.signing_key().0)
+    }
+}
+
+/// Persists to one JSON file (mode 0600), rewritten atomically on each change.
+pub struct FileStore {
+    path: PathBuf,
+    data: Mutex<Data>,
+}
+
+impl FileStore {
+    /// Opens (or creates) the file at `path`. Errors: unreadable or corrupt file.
+    pub fn open(path: PathBuf) -> Result<FileStore, StoreError> {
+        let data = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| StoreError(format!("{} is corrupt: {e}", path.display())))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Data::default(),
+            Err(e) => return Err(StoreError(format!("cannot read {}: {e}", path.display()))),
+        };
+        Ok(FileStore {
+            path,
+            data: Mutex::new(data),
+        })
+    }
+
+    fn save(&self, d: &Data) -> Result<(), StoreError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let tmp = self.path.with_extension("tmp");
+        let bytes = serde_json::to_vec(d).map_err(|e| StoreError(e.to_string()))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| StoreError(format!("cannot write {}: {e}", tmp.display())))?;
+        f.write_all(&bytes)
+            .and_then(|_| f.sync_all())
+            .map_err(|e| StoreError(format!("cannot write {}: {e}", tmp.display())))?;
+        std::fs::rename(&tmp, &self.path)
+            .map_err(|e| StoreError(format!("cannot replace {}: {e}", self.path.display())))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Data) -> (T, bool)) -> Result<T, StoreError> {
+        let mut d = self.data.lock().unwrap_or_else(|p| p.into_inner());
+        let (out, dirty) = f(&mut d);
+        if dirty {
+            self.save(&d)?;
+        }
+        Ok(out)
+    }
+}
+
+impl Store for FileStore {
+    fn put_registration(&self, r: Registration) -> Result<(), StoreError> {
+        self.with(|d| {
+            d.registrations.insert(r.environment_id.clone(), r);
+            ((), true)
+        })
+    }
+    fn registration(&self, env: &str) -> Result<Option<Registration>, StoreError> {
+        self.with(|d| (d.registrations.get(env).cloned(), false))
+    }
+    fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
+        self.with(|d| {
+            d.authorizations.insert(token.to_string(), a);
+            ((), true)
+        })
+    }
+    fn take_authorization(
+        &self,
+        token: &str,
+        now: u64,
+    ) -> Result<Option<Authorization>, StoreError> {
+        self.with(|d| {
+            let before = d.authorizations.len();
+            let a = d.take(token, now);
+            let dirty = d.authorizations.len() != before;
+            (a, dirty)
+        })
+    }
+    fn signing_key(&self) -> Result<[u8; 32], StoreError> {
+        self.with(|d| d.signing_key())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> WirePublicKey {
+        WirePublicKey {
+            suite: crate::keys::SUITE.into(),
+            x25519_public_key: "a".into(),
+            mlkem768_public_key: "b".into(),
+        }
+    }
+
+    #[test]
+    fn file_store_survives_a_restart_and_authorizations_are_single_use() {
+        let dir = std::env::temp_dir().join(format!("relay-store-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("registry.json");
+        let s = FileStore::open(path.clone()).unwrap();
+        let k = s.signing_key().unwrap();
+        let r = Registration {
+            environment_id: "e".into(),
+            registration_id: "r".into(),
+            executor_key: key(),
+        };
+        s.put_registration(r.clone()).unwrap();
+        let a = Authorization {
+            environment_id: "e".into(),
+            registration_id: "r".into(),
+            harness_key: key(),
+            expires_unix: 100,
+        };
+        s.put_authorization("t1", a.clone()).unwrap();
+        s.put_authorization("t2", a.clone()).unwrap();
+        drop(s);
+        let s = FileStore::open(path.clone()).unwrap();
+        assert_eq!(s.signing_key().unwrap(), k);
+        assert_eq!(s.registration("e").unwrap(), Some(r));
+        assert_eq!(s.take_authorization("t1", 50).unwrap(), Some(a));
+        assert_eq!(s.take_authorization("t1", 50).unwrap(), None);
+        assert_eq!(s.take_authorization("t2", 101).unwrap(), None, "expired");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

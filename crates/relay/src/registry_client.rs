@@ -1,0 +1,267 @@
+//! Calls to an environment registry (ours or any compatible one), as the
+//! reference makes them: `POST {base}/cloud/environment/{id}/{action}`, JSON,
+//! `Authorization: Bearer …`, redirects not followed.
+
+use crate::api::*;
+use crate::keys::{PublicKey, SECURITY_PROFILE};
+use std::time::Duration;
+
+/// Per-request timeout: 10 s.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most of an error body quoted in an error: 4096 characters.
+pub const ERROR_BODY_PREVIEW: usize = 4096;
+
+/// A registry call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// 401 or 403.
+    #[error("authentication failed ({status}): {message}")]
+    Auth {
+        /// HTTP status.
+        status: u16,
+        /// Server's message (omitted when secrets are involved).
+        message: String,
+    },
+    /// Any other non-2xx.
+    #[error("environment registry error {status} {code}: {message}")]
+    Http {
+        /// HTTP status.
+        status: u16,
+        /// `error.code`, or empty.
+        code: String,
+        /// `error.message`, or the start of the body.
+        message: String,
+    },
+    /// Not reachable, timed out, or the body was cut.
+    #[error("environment registry unreachable: {0}")]
+    Transport(String),
+    /// The answer breaks the protocol (wrong environment, profile, missing fields).
+    #[error("environment registry protocol error: {0}")]
+    Protocol(String),
+}
+
+impl RegistryError {
+    /// Whether retrying later may help (transport errors, 5xx, 429).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RegistryError::Transport(_) => true,
+            RegistryError::Http { status, .. } => *status >= 500 || *status == 429,
+            _ => false,
+        }
+    }
+}
+
+/// A registry at one base URL with one credential.
+#[derive(Clone)]
+pub struct RegistryClient {
+    base: String,
+    bearer: String,
+    account_id: Option<String>,
+    http: reqwest::Client,
+    show_bodies: bool,
+}
+
+impl std::fmt::Debug for RegistryClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryClient")
+            .field("base", &self.base)
+            .field("bearer", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// The base URL is not usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl RegistryClient {
+    /// A client for `base` (trimmed, trailing `/` removed; must be https, or
+    /// http on a loopback host). `bearer` is trimmed and must not be empty.
+    /// `show_bodies`: quote error bodies in errors (off when they might echo secrets).
+    pub fn new(
+        base: &str,
+        bearer: &str,
+        account_id: Option<String>,
+        show_bodies: bool,
+    ) -> Result<RegistryClient, ConfigError> {
+        let base = base.trim().trim_end_matches('/').to_string();
+        if base.is_empty() {
+            return Err(ConfigError("the registry URL is empty".into()));
+        }
+        let url = url::Url::parse(&base)
+            .map_err(|e| ConfigError(format!("invalid registry URL: {e}")))?;
+        let loopback = match url.host() {
+            Some(url::Host::Ipv4(a)) => a.is_loopback(),
+            Some(url::Host::Ipv6(a)) => a.is_loopback(),
+            Some(url::Host::Domain(d)) => d == "localhost",
+            None => false,
+        };
+        match url.scheme() {
+            "https" => {}
+            "http" if loopback => {}
+            _ => {
+                return Err(ConfigError(
+                    "the registry URL must be https (http only on loopback)".into(),
+                ))
+            }
+        }
+        let bearer = bearer.trim().to_string();
+        if bearer.is_empty() {
+            return Err(ConfigError("the registry token is empty".into()));
+        }
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .map_err(|e| ConfigError(format!("cannot build the HTTP client: {e}")))?;
+        Ok(RegistryClient {
+            base,
+            bearer,
+            account_id: account_id.filter(|a| !a.trim().is_empty()),
+            http,
+            show_bodies,
+        })
+    }
+
+    fn endpoint(&self, env: &str, action: &str) -> String {
+        format!("{}/cloud/environment/{env}/{action}", self.base)
+    }
+
+    async fn post<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        env: &str,
+        action: &str,
+        body: &Req,
+        extra: Option<(&str, &str)>,
+    ) -> Result<Resp, RegistryError> {
+        let body = serde_json::to_vec(body).map_err(|e| RegistryError::Protocol(e.to_string()))?;
+        let mut req = self
+            .http
+            .post(self.endpoint(env, action))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {}", self.bearer))
+            .body(body);
+        if let Some((k, v)) = extra {
+            req = req.header(k, v);
+        }
+        if let (Some(a), "connect") = (&self.account_id, action) {
+            req = req.header("chatgpt-account-id", a);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| RegistryError::Transport(e.without_url().to_string()))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| RegistryError::Transport(e.without_url().to_string()))?;
+        if (200..300).contains(&status) {
+            return serde_json::from_slice(&bytes)
+                .map_err(|_| RegistryError::Protocol(format!("invalid {action} response")));
+        }
+        let (code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(e) => (e.error.code, e.error.message),
+            Err(_) => (
+                String::new(),
+                String::from_utf8_lossy(&bytes)
+                    .trim()
+                    .chars()
+                    .take(ERROR_BODY_PREVIEW)
+                    .collect(),
+            ),
+        };
+        let message = if self.show_bodies {
+            message
+        } else {
+            "response body omitted".into()
+        };
+        if status == 401 || status == 403 {
+            return Err(RegistryError::Auth { status, message });
+        }
+        Err(RegistryError::Http {
+            status,
+            code,
+            message,
+        })
+    }
+
+    /// Registers an executor key. Checks the answer names this environment and profile.
+    pub async fn register(
+        &self,
+        env: &str,
+        key: &PublicKey,
+    ) -> Result<RegisterResponse, RegistryError> {
+        let r: RegisterResponse = self
+            .post(
+                env,
+                "register",
+                &RegisterRequest {
+                    security_profile: SECURITY_PROFILE.into(),
+                    executor_public_key: key.to_wire(),
+                },
+                None,
+            )
+            .await?;
+        if r.environment_id != env || r.security_profile != SECURITY_PROFILE {
+            return Err(RegistryError::Protocol(
+                "registration for another environment or profile".into(),
+            ));
+        }
+        if r.executor_registration_id.trim().is_empty() || r.url.trim().is_empty() {
+            return Err(RegistryError::Protocol("incomplete registration".into()));
+        }
+        Ok(r)
+    }
+
+    /// Asks to connect a harness key. Checks the answer is complete.
+    pub async fn connect(
+        &self,
+        env: &str,
+        key: &PublicKey,
+    ) -> Result<ConnectResponse, RegistryError> {
+        let r: ConnectResponse = self
+            .post(
+                env,
+                "connect",
+                &ConnectRequest {
+                    harness_public_key: key.to_wire(),
+                },
+                None,
+            )
+            .await?;
+        if r.environment_id != env || r.security_profile != SECURITY_PROFILE {
+            return Err(RegistryError::Protocol(
+                "connection data for another environment or profile".into(),
+            ));
+        }
+        if r.url.trim().is_empty()
+            || r.executor_registration_id.trim().is_empty()
+            || r.harness_key_authorization.trim().is_empty()
+        {
+            return Err(RegistryError::Protocol(
+                "incomplete Noise connection data".into(),
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Asks whether a harness key may use this registration (one stream).
+    pub async fn validate(
+        &self,
+        env: &str,
+        stream_id: &str,
+        req: &ValidateRequest,
+    ) -> Result<bool, RegistryError> {
+        // The body may be echoed with the authorization in it: never quote it.
+        let quiet = RegistryClient {
+            show_bodies: false,
+            ..self.clone()
+        };
+        let r: ValidateResponse = quiet
+            .post(env, "validate", req, Some((STREAM_ID_HEADER, stream_id)))
+            .await?;
+        Ok(r.valid)
+    }
+}
