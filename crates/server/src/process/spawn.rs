@@ -30,29 +30,7 @@ pub const NON_INHERITABLE_ENV_VARS: &[&str] =
 
 /// Case-insensitive glob match with `*` and `?`.
 pub fn wildcard_match(pattern: &str, name: &str) -> bool {
-    let p: Vec<char> = pattern.to_ascii_uppercase().chars().collect();
-    let n: Vec<char> = name.to_ascii_uppercase().chars().collect();
-    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
-    while ni < n.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
-            pi += 1;
-            ni += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ni;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ni = mark;
-        } else {
-            return false;
-        }
-    }
-    while pi < p.len() && p[pi] == '*' {
-        pi += 1;
-    }
-    pi == p.len()
+    exec_server_sandbox::glob::matches(&pattern.to_ascii_uppercase(), &name.to_ascii_uppercase())
 }
 
 /// The child's environment: `env` exactly, or the policy applied to the server's
