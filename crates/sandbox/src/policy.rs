@@ -97,27 +97,18 @@ impl Policy {
     /// True when the whole file system is readable and nothing is denied, so a
     /// read needs no confinement.
     pub fn reads_everything(&self) -> bool {
-        match &self.profile {
-            Profile::Disabled | Profile::External { .. } => true,
-            Profile::Managed {
-                fs: FileSystem::Unrestricted,
-                ..
-            } => true,
-            Profile::Managed {
-                fs: FileSystem::Restricted(rules),
-                ..
-            } => {
-                rules
-                    .iter()
-                    .any(|r| r.target == Target::Root && r.access != Access::Deny)
-                    && !rules.iter().any(|r| r.access == Access::Deny)
-            }
-        }
+        self.root_grants(|a| a != Access::Deny)
     }
 
     /// True when every path is writable and nothing is denied, so no operation
     /// needs file-system confinement.
     pub fn writes_everything(&self) -> bool {
+        self.root_grants(|a| a == Access::Write)
+    }
+
+    /// True when the profile confines nothing, or when a root entry's access
+    /// satisfies `enough` and no entry denies anything.
+    fn root_grants(&self, enough: impl Fn(Access) -> bool) -> bool {
         match &self.profile {
             Profile::Disabled | Profile::External { .. } => true,
             Profile::Managed {
@@ -130,7 +121,7 @@ impl Policy {
             } => {
                 rules
                     .iter()
-                    .any(|r| r.target == Target::Root && r.access == Access::Write)
+                    .any(|r| r.target == Target::Root && enough(r.access))
                     && !rules.iter().any(|r| r.access == Access::Deny)
             }
         }
