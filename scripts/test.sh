@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 # One profile for everything: the tests reuse the release build of the binary.
 cargo build --release --workspace --all-targets
-cargo test --release --workspace
+cargo test --release --workspace --no-fail-fast
 
 # The fuzzers, briefly (run them for longer by hand: --seconds 600).
 FUZZ_SECONDS=${FUZZ_SECONDS:-15}

@@ -26,6 +26,10 @@ fn local_blocking(sc: Scenario) -> Result<Outcome, String> {
     use std::io::Read;
     match sc {
         Scenario::Connect | Scenario::IdleConns => Err("no local equivalent".into()),
+        Scenario::SpawnSandboxed => {
+            let lat = crate::sandboxed::bwrap_latencies_local(300)?;
+            Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
+        }
         Scenario::Spawn => {
             let lat: Vec<f64> = (0..300)
                 .map(|_| spawn_true_local())

@@ -10,6 +10,7 @@
 //! ```
 
 mod local;
+mod sandboxed;
 mod scenarios;
 mod server;
 mod svg;

@@ -25,10 +25,11 @@ pub enum Scenario {
     FsWriteBlocks,
     ManyProcs,
     IdleConns,
+    SpawnSandboxed,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::Connect,
         Scenario::Spawn,
         Scenario::SpawnConcurrent,
@@ -40,6 +41,7 @@ impl Scenario {
         Scenario::FsWriteBlocks,
         Scenario::ManyProcs,
         Scenario::IdleConns,
+        Scenario::SpawnSandboxed,
     ];
 
     pub fn parse(s: &str) -> Result<Scenario, String> {
@@ -63,12 +65,13 @@ impl Scenario {
             Scenario::FsWriteBlocks => "fswrite-blocks",
             Scenario::ManyProcs => "many-procs",
             Scenario::IdleConns => "idle-conns",
+            Scenario::SpawnSandboxed => "spawn-sandboxed",
         }
     }
 
     pub fn metrics(self) -> &'static [&'static str] {
         match self {
-            Scenario::Connect | Scenario::Spawn => &["p50 ms", "p99 ms"],
+            Scenario::Connect | Scenario::Spawn | Scenario::SpawnSandboxed => &["p50 ms", "p99 ms"],
             Scenario::SpawnConcurrent | Scenario::SpawnPipelined => &["ops/s"],
             Scenario::Stream
             | Scenario::FsRead
@@ -162,6 +165,11 @@ pub(crate) fn pattern(n: usize) -> Vec<u8> {
 pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
     let url = srv.url.clone();
     match sc {
+        Scenario::SpawnSandboxed => {
+            let c = Conn::open(&url).await?;
+            let lat = crate::sandboxed::spawn_latencies(&c, 300).await?;
+            Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
+        }
         Scenario::Connect => {
             let mut lat = Vec::new();
             for _ in 0..200 {

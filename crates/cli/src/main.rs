@@ -50,6 +50,22 @@ enum Command {
 }
 
 fn main() {
+    // Hidden stages of the sandbox, before anything else starts (no threads,
+    // no logging): the inner stage that execs a confined command, and the
+    // confined file-system helper.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args
+        .get(1)
+        .is_some_and(|a| a == exec_server::sandbox::INNER_FLAG)
+    {
+        exec_server::sandbox::run_inner_stage(&args[2..]);
+    }
+    if args
+        .get(1)
+        .is_some_and(|a| a == exec_server::sandbox::fs_helper::FLAG)
+    {
+        std::process::exit(exec_server::sandbox::fs_helper::serve());
+    }
     let cli = Cli::parse();
     use std::io::IsTerminal;
     tracing_subscriber::fmt()

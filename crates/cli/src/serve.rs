@@ -63,11 +63,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = exec_server::http::DEFAULT_MAX_BUFFERED_HTTP_BODY_BYTES, value_name = "BYTES")]
     pub max_http_body_bytes: usize,
 
-    /// Run requests whose `sandbox` restricts the file system or network without
-    /// any restriction. This server does not enforce sandboxes; without this flag
-    /// such requests are refused with a clear error instead of running unsandboxed.
-    /// The Codex CLI in a sandboxed mode needs it (or run Codex with
-    /// --sandbox danger-full-access).
+    /// Where a request's `sandbox` cannot be enforced on this host (bubblewrap
+    /// not installed), run it unconfined and report `sandboxType: "none"`
+    /// instead of refusing it. Without effect where enforcement is possible:
+    /// sandboxes are then always enforced.
     #[arg(long)]
     pub allow_unsandboxed: bool,
 
@@ -82,6 +81,25 @@ pub struct ServeArgs {
     /// Most concurrent connections; more are refused with HTTP 503.
     #[arg(long, default_value_t = exec_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
+
+    /// Directory for the output spool: each process's output beyond the 1 MiB
+    /// memory window goes to unnamed files here, so a client that resumes or
+    /// pages with process/read late still gets every byte (up to
+    /// --output-spool-bytes). Created with mode 0700; an existing one must be
+    /// yours and closed to others. Default: exec-server-spool-<uid> in $TMPDIR
+    /// (or /tmp); if that cannot be used the spool is off, with a warning.
+    #[arg(long, value_name = "DIR")]
+    pub output_spool_dir: Option<PathBuf>,
+
+    /// Most output bytes spooled per process (oldest dropped first, seen by a
+    /// reader as a seq jump); 0 turns the spool off.
+    #[arg(long, default_value_t = exec_server::process::spool::DEFAULT_SPOOL_BYTES_PER_PROCESS, value_name = "BYTES")]
+    pub output_spool_bytes: u64,
+
+    /// Most output bytes spooled across all processes; a process over the
+    /// budget drops its own oldest spooled output first.
+    #[arg(long, default_value_t = exec_server::process::spool::DEFAULT_SPOOL_TOTAL_BYTES, value_name = "BYTES")]
+    pub output_spool_total_bytes: u64,
 
     /// Require a bearer token on WebSocket upgrades.
     #[arg(long, value_enum, value_name = "MODE")]
@@ -229,6 +247,12 @@ pub async fn run(args: ServeArgs) -> i32 {
         max_message_bytes: args.max_message_bytes.max(1024),
         max_http_body_bytes: args.max_http_body_bytes,
         allow_unsandboxed: args.allow_unsandboxed,
+        sandbox_helper: std::env::current_exe().ok(),
+        output_spool: Some(exec_server::OutputSpoolConfig {
+            dir: args.output_spool_dir.clone(),
+            per_process_bytes: args.output_spool_bytes,
+            total_bytes: args.output_spool_total_bytes,
+        }),
     };
     let state = match ServerState::new(config.clone()) {
         Ok(s) => s,

@@ -381,6 +381,20 @@ async fn write_file_is_atomic_and_keeps_permissions() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// Opens `f` for a replace upload (handle `u`) and writes `data` at offset 0.
+async fn start_upload(c: &mut Conn, f: &Path, data: &[u8]) {
+    c.ok(
+        "fs/open",
+        json!({"handleId": "u", "path": uri(f), "mode": "replace"}),
+    )
+    .await;
+    c.ok(
+        "fs/writeBlock",
+        json!({"handleId": "u", "offset": 0, "chunk": b64(data)}),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn an_interrupted_replace_upload_leaves_the_old_file() {
     let s = Server::start(&[]);
@@ -388,16 +402,7 @@ async fn an_interrupted_replace_upload_leaves_the_old_file() {
     let f = d.join("target.bin");
     std::fs::write(&f, b"old content").unwrap();
     let mut c = Conn::open(&s.url, None).await;
-    c.ok(
-        "fs/open",
-        json!({"handleId": "u", "path": uri(&f), "mode": "replace"}),
-    )
-    .await;
-    c.ok(
-        "fs/writeBlock",
-        json!({"handleId": "u", "offset": 0, "chunk": b64(b"new par")}),
-    )
-    .await;
+    start_upload(&mut c, &f, b"new par").await;
     assert_eq!(
         std::fs::read(&f).unwrap(),
         b"old content",
@@ -410,16 +415,7 @@ async fn an_interrupted_replace_upload_leaves_the_old_file() {
     assert_eq!(std::fs::read(&f).unwrap(), b"old content");
     // A completed upload replaces it on fs/close.
     let mut c = Conn::open(&s.url, None).await;
-    c.ok(
-        "fs/open",
-        json!({"handleId": "u", "path": uri(&f), "mode": "replace"}),
-    )
-    .await;
-    c.ok(
-        "fs/writeBlock",
-        json!({"handleId": "u", "offset": 0, "chunk": b64(b"new content")}),
-    )
-    .await;
+    start_upload(&mut c, &f, b"new content").await;
     c.ok("fs/close", json!({"handleId": "u"})).await;
     assert_eq!(std::fs::read(&f).unwrap(), b"new content");
     assert!(only_target());

@@ -90,9 +90,10 @@ async fn too_many_long_polls_are_refused_not_stalled() {
     c.ok("process/terminate", json!({"processId": "p"})).await;
 }
 
-/// A sandbox the server cannot enforce is refused, never silently ignored.
+/// A sandbox is enforced, never silently ignored (the sandbox's own cases are
+/// in `sandbox.rs`).
 #[tokio::test]
-async fn unenforceable_sandbox_is_refused() {
+async fn sandbox_is_enforced_never_ignored() {
     let s = Server::start(&[]);
     let d = tmpdir("sandbox");
     let mut c = Conn::open(&s.url, None).await;
@@ -105,24 +106,25 @@ async fn unenforceable_sandbox_is_refused() {
         .await;
     assert_eq!(r["error"]["code"], -32603);
     assert!(!d.join("x").exists());
-    let mut p = start_params("p", &["touch", "made"], &d, false, false);
-    p["sandbox"] = ro.clone();
-    let r = c.call("process/start", p).await;
-    assert_eq!(r["error"]["code"], -32603);
-    assert!(!d.join("made").exists());
-    // Reads are not refused.
+    // Reads are allowed.
     std::fs::write(d.join("r"), "ok").unwrap();
     c.ok(
         "fs/readFile",
         json!({"path": uri(&d.join("r")), "sandbox": ro}),
     )
     .await;
-    // With the operator's consent it runs (unsandboxed, as sandboxType says).
+    // The operator's opt-out changes nothing where the sandbox can be enforced.
     let s2 = Server::start(&["--allow-unsandboxed"]);
     let mut c2 = Conn::open(&s2.url, None).await;
-    let mut p = start_params("p", &["true"], &d, false, false);
+    let mut p = start_params("p", &["touch", "made"], &d, false, false);
     p["sandbox"] = ro;
-    assert_eq!(c2.ok("process/start", p).await["sandboxType"], "none");
+    assert_eq!(
+        c2.ok("process/start", p).await["sandboxType"],
+        "linuxSeccomp"
+    );
+    let got = c2.collect("p", WAIT).await;
+    assert_ne!(got.exit, Some(0));
+    assert!(!d.join("made").exists());
 }
 
 /// fs/copy never destroys a destination with a symlink, never blocks on a FIFO,
@@ -204,33 +206,26 @@ async fn bad_path_uris() {
     }
 }
 
-/// A sandbox that denies reading a path refuses reads instead of ignoring it.
+/// A sandbox that denies reading a path is enforced on reads and on streams.
 #[tokio::test]
-async fn read_denying_sandbox_is_refused() {
+async fn read_denying_sandbox_is_enforced() {
     let s = Server::start(&[]);
     let d = tmpdir("deny");
     std::fs::write(d.join("secret"), "s").unwrap();
     let mut c = Conn::open(&s.url, None).await;
-    let deny = json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [{"path": {"type": "path", "path": uri(&d.join("secret"))}, "access": "deny"}]}, "network": "enabled"}, "windowsSandboxLevel": "disabled"});
-    for (m, p) in [
-        (
+    let deny = json!({"permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [{"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"}, {"path": {"type": "path", "path": uri(&d.join("secret"))}, "access": "deny"}]}, "network": "enabled"}, "windowsSandboxLevel": "disabled"});
+    let r = c
+        .call(
             "fs/readFile",
             json!({"path": uri(&d.join("secret")), "sandbox": deny}),
-        ),
-        (
-            "fs/getMetadata",
-            json!({"path": uri(&d.join("secret")), "sandbox": deny}),
-        ),
-        (
-            "fs/readDirectory",
-            json!({"path": uri(&d), "sandbox": deny}),
-        ),
-        (
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32600, "{r}");
+    let r = c
+        .call(
             "fs/open",
             json!({"handleId": "h", "path": uri(&d.join("secret")), "sandbox": deny}),
-        ),
-    ] {
-        let r = c.call(m, p).await;
-        assert_eq!(r["error"]["code"], -32603, "{m}: {r}");
-    }
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32600, "{r}");
 }

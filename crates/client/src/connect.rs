@@ -35,6 +35,8 @@ pub enum Source {
     #[cfg(feature = "embedded")]
     Embedded(std::sync::Arc<exec_server::ServerState>),
     /// An environment reached by id through a registry and relay (remote mode).
+    /// Needs the `relay` feature.
+    #[cfg(feature = "relay")]
     Relay(std::sync::Arc<crate::relay::RelaySource>),
 }
 
@@ -46,6 +48,7 @@ impl std::fmt::Debug for Source {
             Source::Program { program, .. } => write!(f, "program {program}"),
             #[cfg(feature = "embedded")]
             Source::Embedded(_) => f.write_str("embedded server"),
+            #[cfg(feature = "relay")]
             Source::Relay(r) => write!(f, "{r:?}"),
         }
     }
@@ -101,6 +104,7 @@ impl Source {
     async fn connect_inner(&self) -> Result<Connection, ConnectionError> {
         let other = |m: String| ConnectionError::new(ConnectionErrorKind::Other, m);
         match self {
+            #[cfg(feature = "relay")]
             Source::Relay(r) => r.connect().await.map_err(other),
             Source::WebSocket { url, token } => {
                 use tokio_tungstenite::tungstenite::client::IntoClientRequest;

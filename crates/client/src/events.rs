@@ -1,9 +1,139 @@
 //! Per-process events released strictly in seq order, without gaps or duplicates,
-//! whether they arrive as pushed notifications or in `process/read` replies.
+//! whether they arrive as pushed notifications or in `process/read` replies, into
+//! a queue bounded by bytes ([`MAX_QUEUED_OUTPUT_BYTES`]) that the process's
+//! consumer drains.
 
 use exec_server_protocol::types::{OutputStream, ReadResponse};
-use std::collections::BTreeMap;
-use tokio::sync::mpsc;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::Notify;
+
+/// Output bytes a process's queue holds before the connection's reader waits
+/// for the consumer: 16 MiB. With a server that supports `process/ack` the
+/// queue never gets there (the server stops at 8 MiB unacknowledged, and the
+/// consumer acknowledges as it takes events); with one that does not, a slow
+/// consumer slows the connection instead of growing memory.
+pub const MAX_QUEUED_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
+
+#[derive(Default)]
+struct QueueState {
+    events: VecDeque<ProcessEvent>,
+    output_bytes: usize,
+    sender_gone: bool,
+    receiver_gone: bool,
+}
+
+#[derive(Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    readable: Notify,
+    writable: Notify,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn output_len(ev: &ProcessEvent) -> usize {
+    match ev {
+        ProcessEvent::Output { data, .. } => data.len(),
+        _ => 0,
+    }
+}
+
+/// The producing end of a process's event queue.
+pub struct EventSender(Arc<Queue>);
+
+/// The consuming end of a process's event queue.
+pub struct EventReceiver(Arc<Queue>);
+
+/// Waits for room in a queue without holding the process table.
+#[derive(Clone)]
+pub struct RoomWaiter(Arc<Queue>);
+
+/// A new, empty queue.
+pub fn event_queue() -> (EventSender, EventReceiver) {
+    let q = Arc::new(Queue::default());
+    (EventSender(q.clone()), EventReceiver(q))
+}
+
+impl EventSender {
+    fn send(&self, ev: ProcessEvent) {
+        let mut st = self.0.lock();
+        if st.receiver_gone {
+            return;
+        }
+        st.output_bytes += output_len(&ev);
+        st.events.push_back(ev);
+        drop(st);
+        self.0.readable.notify_one();
+    }
+}
+
+impl Drop for EventSender {
+    fn drop(&mut self) {
+        self.0.lock().sender_gone = true;
+        self.0.readable.notify_one();
+    }
+}
+
+impl RoomWaiter {
+    /// Returns once the queue holds less than [`MAX_QUEUED_OUTPUT_BYTES`] of
+    /// output, or its consumer is gone.
+    pub async fn wait(&self) {
+        loop {
+            let notified = self.0.writable.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.0.lock();
+                if st.receiver_gone || st.output_bytes < MAX_QUEUED_OUTPUT_BYTES {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+impl EventReceiver {
+    /// The next event; `None` once the producer is gone and the queue empty.
+    pub async fn recv(&mut self) -> Option<ProcessEvent> {
+        loop {
+            {
+                let mut st = self.0.lock();
+                if let Some(ev) = st.events.pop_front() {
+                    st.output_bytes -= output_len(&ev);
+                    drop(st);
+                    self.0.writable.notify_waiters();
+                    return Some(ev);
+                }
+                if st.sender_gone {
+                    return None;
+                }
+            }
+            self.0.readable.notified().await;
+        }
+    }
+
+    /// Output bytes waiting in the queue.
+    pub fn queued_output_bytes(&self) -> usize {
+        self.0.lock().output_bytes
+    }
+}
+
+impl Drop for EventReceiver {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.receiver_gone = true;
+        st.events.clear();
+        st.output_bytes = 0;
+        drop(st);
+        self.0.writable.notify_waiters();
+    }
+}
 
 /// One event of a process, in seq order.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,12 +171,12 @@ pub struct OrderedEvents {
     exit_published: bool,
     closed: bool,
     failed: bool,
-    tx: mpsc::UnboundedSender<ProcessEvent>,
+    tx: EventSender,
 }
 
 impl OrderedEvents {
     /// A buffer publishing into `tx`.
-    pub fn new(tx: mpsc::UnboundedSender<ProcessEvent>) -> Self {
+    pub fn new(tx: EventSender) -> Self {
         OrderedEvents {
             last_published: 0,
             pending: BTreeMap::new(),
@@ -60,6 +190,17 @@ impl OrderedEvents {
     /// Seq of the last event released.
     pub fn last_published(&self) -> u64 {
         self.last_published
+    }
+
+    /// Waits for room in the consumer's queue (see [`RoomWaiter::wait`]).
+    pub fn room(&self) -> RoomWaiter {
+        RoomWaiter(self.tx.0.clone())
+    }
+
+    /// True if events after the last released one are buffered, waiting for a
+    /// missing seq: the gap between what was read and what was pushed.
+    pub fn has_gap(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     /// True once `Closed` or `Failed` was released.
@@ -96,7 +237,7 @@ impl OrderedEvents {
                 ProcessEvent::Closed { .. } => self.closed = true,
                 ProcessEvent::Failed(_) => {}
             }
-            let _ = self.tx.send(ev);
+            self.tx.send(ev);
             if self.closed {
                 self.pending.clear();
                 break;
@@ -111,7 +252,7 @@ impl OrderedEvents {
         }
         self.failed = true;
         self.pending.clear();
-        let _ = self.tx.send(event);
+        self.tx.send(event);
     }
 
     /// Fails the stream with `why` (terminal).
@@ -183,6 +324,12 @@ mod tests {
     use exec_server_protocol::types::ProcessOutputChunk;
     use exec_server_protocol::ByteChunk;
 
+    fn drain(rx: &mut EventReceiver) -> impl Iterator<Item = ProcessEvent> {
+        let mut st = rx.0.lock();
+        st.output_bytes = 0;
+        std::mem::take(&mut st.events).into_iter()
+    }
+
     fn out(seq: u64, s: &str) -> ProcessEvent {
         ProcessEvent::Output {
             seq,
@@ -191,17 +338,62 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn the_queue_is_bounded_by_bytes_and_frees_room_as_it_is_read() {
+        let (tx, mut rx) = event_queue();
+        let mut o = OrderedEvents::new(tx);
+        let room = o.room();
+        let big = vec![1u8; MAX_QUEUED_OUTPUT_BYTES / 2];
+        for seq in 1..=2 {
+            o.add(ProcessEvent::Output {
+                seq,
+                stream: OutputStream::Stdout,
+                data: big.clone(),
+            });
+        }
+        assert_eq!(rx.queued_output_bytes(), MAX_QUEUED_OUTPUT_BYTES);
+        let mut wait = Box::pin(room.wait());
+        assert!(
+            futures_poll_once(wait.as_mut()).is_pending(),
+            "a full queue has no room"
+        );
+        assert!(matches!(
+            rx.recv().await,
+            Some(ProcessEvent::Output { seq: 1, .. })
+        ));
+        tokio::time::timeout(std::time::Duration::from_secs(5), wait)
+            .await
+            .expect("room after a read");
+        // A consumer that went away never blocks the producer.
+        drop(rx);
+        o.add(ProcessEvent::Output {
+            seq: 3,
+            stream: OutputStream::Stdout,
+            data: big.clone(),
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(5), o.room().wait())
+            .await
+            .expect("no consumer, no wait");
+    }
+
+    fn futures_poll_once<F: std::future::Future>(
+        f: std::pin::Pin<&mut F>,
+    ) -> std::task::Poll<F::Output> {
+        let waker = std::task::Waker::noop();
+        f.poll(&mut std::task::Context::from_waker(waker))
+    }
+
     #[test]
     fn releases_in_order_without_duplicates() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = event_queue();
         let mut o = OrderedEvents::new(tx);
         o.add(out(2, "b"));
-        assert!(rx.try_recv().is_err(), "held until seq 1 arrives");
+        assert_eq!(rx.queued_output_bytes(), 0, "held until seq 1 arrives");
         o.add(out(1, "a"));
         o.add(out(1, "a"));
         o.add(ProcessEvent::Exited { seq: 3, code: 0 });
         o.add(ProcessEvent::Closed { seq: 4 });
-        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        let got: Vec<_> = drain(&mut rx).collect();
         assert_eq!(
             got,
             vec![
@@ -240,11 +432,11 @@ mod tests {
 
     #[test]
     fn recovery_places_exit_and_close() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = event_queue();
         let mut o = OrderedEvents::new(tx);
         o.add(out(1, "a"));
         o.recover(page(&[(2, "b")], 5, true, Some(3), true));
-        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        let got: Vec<_> = drain(&mut rx).collect();
         assert_eq!(
             got,
             vec![
@@ -258,11 +450,11 @@ mod tests {
 
     #[test]
     fn recovery_reports_a_gap() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = event_queue();
         let mut o = OrderedEvents::new(tx);
         o.add(out(1, "a"));
         o.recover(page(&[(5, "e")], 6, false, None, false));
-        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        let got: Vec<_> = drain(&mut rx).collect();
         assert_eq!(got.len(), 2);
         assert_eq!(
             got[1],

@@ -41,6 +41,7 @@ pub mod connect;
 pub mod environment;
 pub mod error;
 pub mod events;
+#[cfg(feature = "relay")]
 pub mod relay;
 
 pub use client::{ClientOptions, ExecServerClient, ProcessHandle};

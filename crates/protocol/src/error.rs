@@ -28,6 +28,11 @@ pub struct ErrorObject {
     /// Optional structured detail; the reference never sends it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
+    /// Not on the wire: the OS error number behind an error made by
+    /// [`ErrorObject::from_io`], so a caller can re-map it by kind (the
+    /// sandboxed file-system helper answers as the reference's does).
+    #[serde(skip)]
+    pub os_error: Option<i32>,
 }
 
 impl ErrorObject {
@@ -37,6 +42,7 @@ impl ErrorObject {
             code,
             message: message.into(),
             data: None,
+            os_error: None,
         }
     }
     /// -32600 with `message`.
@@ -72,11 +78,13 @@ impl ErrorObject {
     /// Maps an I/O error as the reference does: not-found → -32004, others → -32603,
     /// both with the OS text (`No such file or directory (os error 2)`).
     pub fn from_io(err: &std::io::Error) -> Self {
-        if err.kind() == std::io::ErrorKind::NotFound {
+        let mut e = if err.kind() == std::io::ErrorKind::NotFound {
             Self::not_found(err.to_string())
         } else {
             Self::internal(err.to_string())
-        }
+        };
+        e.os_error = err.raw_os_error();
+        e
     }
 }
 

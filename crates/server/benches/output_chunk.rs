@@ -15,7 +15,7 @@ fn bench(c: &mut Criterion) {
         let data = vec![b'x'; size];
         let mut g = c.benchmark_group(format!("output_chunk_{}k", size / 1024));
         g.throughput(Throughput::Bytes(size as u64));
-        let mut log = OutputLog::new(false);
+        let mut log = OutputLog::new(false, None);
         let mut out = Vec::with_capacity(size * 2);
         g.bench_function("log+encode+frame", |b| {
             b.iter(|| {

@@ -12,7 +12,8 @@ pub const EXECUTOR_VERSION: &str = "0.169.0";
 
 /// Capability flags. The reference's keys come first with the values that are true
 /// of this server; our additions use new keys that a Codex client ignores.
-pub fn capabilities() -> BTreeMap<String, bool> {
+/// `sandbox_enforced`: this server confines sandboxed requests (`sandboxEnforced`, ours).
+pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
     [
         // Reference keys.
         ("networkProxyLaunch", false),
@@ -24,7 +25,7 @@ pub fn capabilities() -> BTreeMap<String, bool> {
         ("capabilityDiscoveryV2", true),
         ("environmentConfigRead", true),
         ("httpHeaderEnvVars", true),
-        ("sandboxedFileStreaming", false),
+        ("sandboxedFileStreaming", sandbox_enforced),
         ("fileWriteStreaming", true),
         ("shellSnapshotV2", false),
         ("windowsMxc", false),
@@ -37,6 +38,7 @@ pub fn capabilities() -> BTreeMap<String, bool> {
         ("processOutputAck", true),
         ("processTreeKill", true),
         ("fsWatch", true),
+        ("sandboxEnforced", sandbox_enforced),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -47,8 +49,8 @@ fn uri(p: &Path) -> Option<PathUri> {
     PathUri::from_path(p)
 }
 
-/// Computes the info for this host.
-pub fn environment_info() -> EnvironmentInfo {
+/// Computes the info for this host; `sandbox_enforced` as [`capabilities`].
+pub fn environment_info(sandbox_enforced: bool) -> EnvironmentInfo {
     let shell_path = std::env::var("SHELL")
         .ok()
         .filter(|s| Path::new(s).is_absolute())
@@ -89,6 +91,6 @@ pub fn environment_info() -> EnvironmentInfo {
         prepend_path_dirs: Vec::new(),
         temporary_directories: tmpdir.as_deref().and_then(uri).into_iter().collect(),
         temp_dir: uri(&std::env::temp_dir()),
-        capabilities: capabilities(),
+        capabilities: capabilities(sandbox_enforced),
     }
 }

@@ -41,6 +41,47 @@ pub enum ErrorKind {
     Failed,
 }
 
+impl ErrorKind {
+    const ALL: [ErrorKind; 12] = [
+        ErrorKind::NotFound,
+        ErrorKind::UnknownId,
+        ErrorKind::AlreadyExists,
+        ErrorKind::InvalidInput,
+        ErrorKind::InvalidParams,
+        ErrorKind::LimitReached,
+        ErrorKind::PermissionDenied,
+        ErrorKind::ReadOnly,
+        ErrorKind::Attached,
+        ErrorKind::Spawn,
+        ErrorKind::Io,
+        ErrorKind::Failed,
+    ];
+
+    /// A stable name (`"notFound"`, `"io"`, …), for carrying a kind between
+    /// processes of this server (the sandbox's file helper); never on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "notFound",
+            ErrorKind::UnknownId => "unknownId",
+            ErrorKind::AlreadyExists => "alreadyExists",
+            ErrorKind::InvalidInput => "invalidInput",
+            ErrorKind::InvalidParams => "invalidParams",
+            ErrorKind::LimitReached => "limitReached",
+            ErrorKind::PermissionDenied => "permissionDenied",
+            ErrorKind::ReadOnly => "readOnly",
+            ErrorKind::Attached => "attached",
+            ErrorKind::Spawn => "spawn",
+            ErrorKind::Io => "io",
+            ErrorKind::Failed => "failed",
+        }
+    }
+
+    /// The kind [`name`](Self::name) returned, if any.
+    pub fn from_name(name: &str) -> Option<ErrorKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
 /// A domain failure: a kind, a message for people, and the underlying error when
 /// there is one.
 #[derive(Debug)]
@@ -164,5 +205,13 @@ mod tests {
         let e = ExecError::from(std::io::Error::from_raw_os_error(13));
         assert_eq!(e.kind(), ErrorKind::Io);
         assert!(ExecError::failed("x").source().is_none());
+    }
+
+    #[test]
+    fn kind_names_round_trip() {
+        for k in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_name(k.name()), Some(k));
+        }
+        assert_eq!(ErrorKind::from_name("nope"), None);
     }
 }

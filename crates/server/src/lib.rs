@@ -60,9 +60,62 @@ pub struct ServerConfig {
     /// Largest buffered `http/request` response body in bytes
     /// ([`http::DEFAULT_MAX_BUFFERED_HTTP_BODY_BYTES`]); streamed bodies are not capped.
     pub max_http_body_bytes: usize,
-    /// Run requests whose `sandbox` restricts the file system or network without
-    /// restriction (this server does not enforce sandboxes); off: refuse them.
+    /// Where a `sandbox` cannot be enforced on this host (no `bwrap`, no
+    /// helper), run the request unconfined with `sandboxType: "none"` instead
+    /// of refusing it. No effect where enforcement is possible.
     pub allow_unsandboxed: bool,
+    /// This server's executable, re-executed as the sandbox's inner stage and
+    /// file-system helper; `None` (the default, e.g. an embedded server):
+    /// sandboxed requests are refused unless `allow_unsandboxed`.
+    pub sandbox_helper: Option<std::path::PathBuf>,
+    /// The disk spool for output beyond the memory window; `None` disables it
+    /// (output past [`process::output_log::RETAINED_OUTPUT_BYTES_PER_PROCESS`]
+    /// is then dropped once delivered, as in the reference).
+    pub output_spool: Option<OutputSpoolConfig>,
+}
+
+/// Settings of the output spool (see [`process::spool`]).
+#[derive(Clone, Debug)]
+pub struct OutputSpoolConfig {
+    /// `--output-spool-dir`; `None`: [`process::spool::SpoolConfig::default_dir`],
+    /// and a default directory that cannot be used only disables the spool
+    /// (with a warning) where an explicit one stops the server from starting.
+    pub dir: Option<std::path::PathBuf>,
+    /// `--output-spool-bytes`: most output bytes spooled per process.
+    pub per_process_bytes: u64,
+    /// `--output-spool-total-bytes`: most output bytes spooled across the server.
+    pub total_bytes: u64,
+}
+
+impl Default for OutputSpoolConfig {
+    fn default() -> Self {
+        OutputSpoolConfig {
+            dir: None,
+            per_process_bytes: process::spool::DEFAULT_SPOOL_BYTES_PER_PROCESS,
+            total_bytes: process::spool::DEFAULT_SPOOL_TOTAL_BYTES,
+        }
+    }
+}
+
+impl OutputSpoolConfig {
+    /// Opens the spool directory. Errors only for an explicit directory.
+    fn open(&self) -> std::io::Result<Option<Arc<process::spool::SpoolConfig>>> {
+        if self.per_process_bytes == 0 || self.total_bytes == 0 {
+            return Ok(None);
+        }
+        let dir = self
+            .dir
+            .clone()
+            .unwrap_or_else(process::spool::SpoolConfig::default_dir);
+        match process::spool::SpoolConfig::new(&dir, self.per_process_bytes, self.total_bytes) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if self.dir.is_none() => {
+                tracing::warn!("output spool disabled: {e}");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -75,6 +128,8 @@ impl Default for ServerConfig {
             max_message_bytes: MAX_MESSAGE_BYTES,
             max_http_body_bytes: http::DEFAULT_MAX_BUFFERED_HTTP_BODY_BYTES,
             allow_unsandboxed: false,
+            sandbox_helper: None,
+            output_spool: Some(OutputSpoolConfig::default()),
         }
     }
 }
@@ -93,6 +148,10 @@ pub struct ServerState {
     pub router: Router<connection::Ctx>,
     /// HTTP clients for `http/request`.
     pub http: http::HttpClients,
+    /// What sandboxes this server can enforce.
+    pub sandbox: sandbox::Support,
+    /// The output spool, when enabled.
+    pub spool: Option<Arc<process::spool::SpoolConfig>>,
     next_connection: AtomicU64,
 }
 
@@ -100,13 +159,20 @@ impl ServerState {
     /// Builds the state and starts the child reaper. Must run inside a Tokio runtime.
     pub fn new(config: ServerConfig) -> std::io::Result<Arc<Self>> {
         process::reaper::install()?;
-        let env_info = env_info::environment_info();
+        let sandbox =
+            sandbox::Support::new(config.sandbox_helper.clone(), config.allow_unsandboxed);
+        let env_info = env_info::environment_info(sandbox.enforced());
         let fs_mode = if config.concurrent_requests > 1 {
             Mode::Detached
         } else {
             Mode::Inline
         };
+        let spool = match &config.output_spool {
+            Some(c) => c.open()?,
+            None => None,
+        };
         Ok(Arc::new(ServerState {
+            spool,
             sessions: Arc::new(session::SessionRegistry::new(config.detached_session_ttl)),
             env_info_json: serde_json::to_string(&env_info).map_err(std::io::Error::other)?,
             env_info,
@@ -114,6 +180,7 @@ impl ServerState {
             http: http::HttpClients::new(config.max_http_body_bytes)
                 .map_err(std::io::Error::other)?,
             next_connection: AtomicU64::new(1),
+            sandbox,
             config,
         }))
     }
@@ -129,5 +196,6 @@ impl ServerState {
         self.sessions.shutdown_all();
         process::kill::kill_all_descendants();
         process::cgroup::kill_all_and_remove();
+        exec_server_sandbox::protect::release_all();
     }
 }

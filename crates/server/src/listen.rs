@@ -194,14 +194,14 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
                 let state = state.clone();
                 let slots = slots.clone();
                 tokio::spawn(async move {
-                    let full = slots.available_permits() == 0;
                     let auth = state.config.auth.clone();
+                    // The slot is taken inside the upgrade callback, before the 101
+                    // is sent: a client whose upgrade succeeded holds a slot, so the
+                    // next one over the limit is refused with 503 deterministically.
+                    let mut slot = None;
                     #[allow(clippy::result_large_err)] // the error type is tungstenite's
                     let callback =
                         |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
-                            if full {
-                                return Err(refuse(503, "too many connections"));
-                            }
                             let h = req.headers();
                             check_upgrade(
                                 auth.as_ref(),
@@ -209,6 +209,10 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
                                 h.get(http::header::AUTHORIZATION).map(|v| v.as_bytes()),
                             )
                             .map_err(|r| refuse(r.status, r.message))?;
+                            match slots.try_acquire_owned() {
+                                Ok(permit) => slot = Some(permit),
+                                Err(_) => return Err(refuse(503, "too many connections")),
+                            }
                             Ok(resp)
                         };
                     let mut cfg = WebSocketConfig::default();
@@ -235,8 +239,8 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
                         }
                     };
                     drop(handshake_permit);
-                    let Ok(permit) = slots.try_acquire_owned() else {
-                        tracing::warn!(%peer, "connection limit reached after the upgrade; closing");
+                    let Some(permit) = slot else {
+                        // Unreachable: a completed upgrade ran the callback.
                         return;
                     };
                     let name = format!("exec-server websocket {peer}");

@@ -1,7 +1,9 @@
 //! Test support: start the real binary on loopback and speak JSON-RPC to it.
 #![allow(dead_code)]
 
+pub mod cut_proxy;
 pub mod loopback_http;
+pub mod sandbox;
 
 use base64::Engine;
 use futures_util::{SinkExt, StreamExt};
@@ -214,6 +216,27 @@ impl Conn {
                 return Some(m);
             }
             self.buffered.push_back(m);
+        }
+    }
+
+    /// `result` of a call, dropping every notification that arrives before
+    /// the response (for output too large to buffer in a test).
+    pub async fn ok_dropping_notifications(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params).await;
+        self.buffered.retain(|m| m.get("method").is_none());
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline
+                .checked_duration_since(Instant::now())
+                .unwrap_or_else(|| panic!("no response to {method}"));
+            let m = self
+                .recv(left)
+                .await
+                .unwrap_or_else(|| panic!("no response to {method}"));
+            if m["id"] == json!(id) {
+                assert!(m.get("error").is_none(), "{method} failed: {m}");
+                return m["result"].clone();
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! What the server sends unasked: notifications routed to process streams and
 //! HTTP body streams, and the end of a connection, which starts recovery.
 
-use super::{lock, Inner, ACK_EVERY_BYTES};
+use super::{lock, Inner};
 use crate::events::ProcessEvent;
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, ErrorObject};
@@ -13,15 +13,28 @@ use tokio::sync::mpsc;
 
 /// Routes notifications of one connection; when it ends, starts recovery.
 pub(super) async fn dispatch(
-    inner: std::sync::Weak<Inner>,
+    weak: std::sync::Weak<Inner>,
     peer: RpcPeer,
     mut incoming: mpsc::Receiver<Incoming>,
 ) {
     while let Some(item) = incoming.recv().await {
-        let Some(inner) = inner.upgrade() else { return };
+        let Some(inner) = weak.upgrade() else { return };
         match item {
             Incoming::Notification { method, params } => {
-                on_notification(&inner, &peer, &method, params)
+                if method == m::PROCESS_OUTPUT {
+                    // Backpressure: a consumer that is behind holds the reader.
+                    let room = params["processId"]
+                        .as_str()
+                        .and_then(|id| lock(&inner.procs).get(id).map(|e| e.events.room()));
+                    if let Some(room) = room {
+                        drop(inner);
+                        room.wait().await;
+                        let Some(again) = weak.upgrade() else { return };
+                        on_notification(&again, &method, params);
+                        continue;
+                    }
+                }
+                on_notification(&inner, &method, params)
             }
             Incoming::Request { id, method, .. } => {
                 // No network proxy runs on our behalf: refuse anything else asked.
@@ -31,7 +44,7 @@ pub(super) async fn dispatch(
             }
         }
     }
-    let Some(inner) = inner.upgrade() else { return };
+    let Some(inner) = weak.upgrade() else { return };
     if inner.closed.load(Ordering::SeqCst) || !inner.opts.source.is_reconnectable() {
         if !inner.opts.source.is_reconnectable() {
             let why = "connection to the stdio program ended".to_string();
@@ -47,7 +60,7 @@ pub(super) async fn dispatch(
     }
 }
 
-fn on_notification(inner: &Arc<Inner>, peer: &RpcPeer, method: &str, params: Value) {
+fn on_notification(inner: &Arc<Inner>, method: &str, params: Value) {
     match method {
         m::PROCESS_OUTPUT => {
             let Ok(n) = serde_json::from_value::<ProcessOutputNotification>(params) else {
@@ -57,21 +70,11 @@ fn on_notification(inner: &Arc<Inner>, peer: &RpcPeer, method: &str, params: Val
             let Some(e) = procs.get_mut(&n.process_id) else {
                 return;
             };
-            e.unacked_bytes += e.events.add(ProcessEvent::Output {
+            e.events.add(ProcessEvent::Output {
                 seq: n.seq,
                 stream: n.stream,
                 data: n.chunk.0,
             });
-            if e.unacked_bytes >= ACK_EVERY_BYTES {
-                e.unacked_bytes = 0;
-                let seq = e.events.last_published();
-                let peer = peer.clone();
-                let id = n.process_id.clone();
-                tokio::spawn(async move {
-                    let p = serde_json::json!({"processId": id, "seq": seq});
-                    let _ = peer.call(m::PROCESS_ACK, p, None).await;
-                });
-            }
         }
         m::PROCESS_EXITED => {
             let Ok(n) = serde_json::from_value::<ProcessExitedNotification>(params) else {

@@ -29,7 +29,8 @@ use tokio::sync::mpsc;
 pub const SESSION_RECOVERY_TIMEOUT: Duration = Duration::from_secs(25);
 /// Pause between resume attempts: 100 ms.
 pub const RECOVERY_RETRY_INTERVAL: Duration = Duration::from_millis(100);
-/// Output bytes released to the consumer between two `process/ack` calls: 1 MiB.
+/// Output bytes a [`ProcessHandle`] hands over between two `process/ack`
+/// calls: 1 MiB.
 pub const ACK_EVERY_BYTES: usize = 1024 * 1024;
 
 /// Client settings.
@@ -62,7 +63,70 @@ impl ClientOptions {
 
 struct ProcEntry {
     events: OrderedEvents,
-    unacked_bytes: usize,
+}
+
+/// Most `process/read` pages one catch-up takes: 10 000.
+const MAX_CATCH_UP_PAGES: usize = 10_000;
+/// A catch-up page with at least this much output may have been cut short
+/// (a server's disk-spool pages hold up to 4 MiB): read on. 1 MiB.
+const CATCH_UP_MORE_BYTES: usize = 1024 * 1024;
+
+/// Reads process `id` from its last released seq (`process/read`s that wait
+/// for nothing) until the server has nothing older to give: a page served from
+/// a disk spool may end early, and the server pushes only what is new. Waits
+/// for room in the consumer's queue between pages. False if the server no
+/// longer knows the process or the connection failed.
+async fn catch_up(inner: &Inner, peer: &RpcPeer, id: &str) -> bool {
+    for _ in 0..MAX_CATCH_UP_PAGES {
+        let (after, room) = match lock(&inner.procs).get(id) {
+            Some(e) if !e.events.is_finished() => (e.events.last_published(), e.events.room()),
+            _ => return true,
+        };
+        room.wait().await;
+        let params = ReadParams {
+            process_id: id.to_string(),
+            after_seq: Some(after),
+            max_bytes: None,
+            wait_ms: Some(0),
+        };
+        let r = peer
+            .call(
+                m::PROCESS_READ,
+                serde_json::to_value(&params).unwrap_or_default(),
+                None,
+            )
+            .await;
+        let mut procs = lock(&inner.procs);
+        let Some(e) = procs.get_mut(id) else {
+            return true;
+        };
+        let page = match r.map(serde_json::from_value::<ReadResponse>) {
+            Ok(Ok(page)) => page,
+            Ok(Err(err)) => {
+                e.events.fail(format!("bad process/read reply: {err}"));
+                return true;
+            }
+            Err(CallError::Server(err)) => {
+                e.events
+                    .fail(format!("process lost while recovering: {}", err.message));
+                return false;
+            }
+            // The connection dropped again: the next recovery goes on.
+            Err(_) => return false,
+        };
+        let bytes: usize = page.chunks.iter().map(|c| c.chunk.0.len()).sum();
+        let maybe_more = !page.closed
+            && bytes >= CATCH_UP_MORE_BYTES
+            && page
+                .chunks
+                .last()
+                .is_some_and(|c| c.seq + 1 == page.next_seq);
+        e.events.recover(page);
+        if !maybe_more || e.events.is_finished() {
+            return true;
+        }
+    }
+    true
 }
 
 #[derive(Default)]
@@ -292,39 +356,13 @@ impl ExecServerClient {
 
     /// After a resume, read each unfinished process from its last released seq.
     async fn replay(&self, peer: &RpcPeer) {
-        let todo: Vec<(String, u64)> = lock(&self.inner.procs)
+        let todo: Vec<String> = lock(&self.inner.procs)
             .iter()
             .filter(|(_, e)| !e.events.is_finished())
-            .map(|(id, e)| (id.clone(), e.events.last_published()))
+            .map(|(id, _)| id.clone())
             .collect();
-        for (id, after) in todo {
-            let params = ReadParams {
-                process_id: id.clone(),
-                after_seq: Some(after),
-                max_bytes: None,
-                wait_ms: Some(0),
-            };
-            let r = peer
-                .call(
-                    m::PROCESS_READ,
-                    serde_json::to_value(&params).unwrap_or_default(),
-                    None,
-                )
-                .await;
-            let mut procs = lock(&self.inner.procs);
-            let Some(e) = procs.get_mut(&id) else {
-                continue;
-            };
-            match r.map(serde_json::from_value::<ReadResponse>) {
-                Ok(Ok(page)) => {
-                    e.unacked_bytes += e.events.recover(page);
-                }
-                Ok(Err(err)) => e.events.fail(format!("bad process/read reply: {err}")),
-                Err(CallError::Server(err)) => e
-                    .events
-                    .fail(format!("process lost while recovering: {}", err.message)),
-                Err(_) => {} // connection dropped again: the next recovery retries
-            }
+        for id in todo {
+            catch_up(&self.inner, peer, &id).await;
         }
     }
 

@@ -2,19 +2,28 @@
 //! signals, and the [`ProcessHandle`] a caller reads ordered events from.
 
 use super::{lock, ClientError, ExecServerClient, ProcEntry};
-use crate::events::{OrderedEvents, ProcessEvent};
+use crate::events::{event_queue, EventReceiver, OrderedEvents, ProcessEvent};
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, ErrorObject};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
-use tokio::sync::mpsc;
 
 /// A started process: its id and its ordered events.
+///
+/// Events wait in a queue of at most
+/// [`MAX_QUEUED_OUTPUT_BYTES`](crate::events::MAX_QUEUED_OUTPUT_BYTES) of
+/// output; output is acknowledged to the server (`process/ack`, when it
+/// supports it) as [`next_event`](Self::next_event) hands it over, so a slow
+/// consumer slows the process rather than growing memory.
 pub struct ProcessHandle {
     /// The process id.
     pub id: String,
     pub(super) client: ExecServerClient,
-    pub(super) events: mpsc::UnboundedReceiver<ProcessEvent>,
+    pub(super) events: EventReceiver,
+    /// True when the server takes `process/ack`.
+    acks: bool,
+    /// Output bytes handed over since the last acknowledgement.
+    consumed: usize,
 }
 
 impl ExecServerClient {
@@ -26,7 +35,7 @@ impl ExecServerClient {
     ) -> Result<ProcessHandle, ClientError> {
         self.peer().await?;
         params.ack_output = self.supports("processOutputAck");
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = event_queue();
         let id = params.process_id.clone();
         {
             let mut procs = lock(&self.inner.procs);
@@ -39,7 +48,6 @@ impl ExecServerClient {
                 id.clone(),
                 ProcEntry {
                     events: OrderedEvents::new(tx),
-                    unacked_bytes: 0,
                 },
             );
         }
@@ -73,6 +81,8 @@ impl ExecServerClient {
                 id,
                 client: self.clone(),
                 events: rx,
+                acks: params.ack_output,
+                consumed: 0,
             }),
             Err(e) => {
                 lock(&self.inner.procs).remove(&id);
@@ -82,28 +92,13 @@ impl ExecServerClient {
     }
 
     /// True if the server holds process `id`, whose events it then feeds to the
-    /// process's stream from the last one released (a `process/read` that
-    /// waits for nothing).
+    /// process's stream from the last one released (`process/read`s that wait
+    /// for nothing).
     async fn started_before(&self, id: &str) -> bool {
-        let Some(after) = lock(&self.inner.procs)
-            .get(id)
-            .map(|e| e.events.last_published())
-        else {
-            return false;
-        };
-        let params = ReadParams {
-            process_id: id.to_string(),
-            after_seq: Some(after),
-            max_bytes: None,
-            wait_ms: Some(0),
-        };
-        let Ok(page) = self.read_process(&params).await else {
-            return false;
-        };
-        if let Some(e) = lock(&self.inner.procs).get_mut(id) {
-            e.unacked_bytes += e.events.recover(page);
+        match self.peer().await {
+            Ok(peer) => super::catch_up(&self.inner, &peer, id).await,
+            Err(_) => false,
         }
-        true
     }
 
     /// `process/read`.
@@ -191,13 +186,40 @@ impl ProcessHandle {
     /// The next event in seq order; `None` after `Closed`/`Failed` was taken.
     pub async fn next_event(&mut self) -> Option<ProcessEvent> {
         let ev = self.events.recv().await;
-        if matches!(
-            ev,
-            Some(ProcessEvent::Closed { .. } | ProcessEvent::Failed(_))
-        ) {
-            lock(&self.client.inner.procs).remove(&self.id);
+        match &ev {
+            Some(ProcessEvent::Closed { .. } | ProcessEvent::Failed(_)) => {
+                lock(&self.client.inner.procs).remove(&self.id);
+            }
+            Some(ProcessEvent::Output { seq, data, .. }) if self.acks => {
+                self.consumed += data.len();
+                if self.consumed >= super::ACK_EVERY_BYTES {
+                    self.consumed = 0;
+                    self.acknowledge(*seq);
+                }
+            }
+            _ => {}
         }
         ev
+    }
+
+    /// Output bytes released to this handle and not yet taken by
+    /// [`next_event`](Self::next_event) (at most
+    /// [`MAX_QUEUED_OUTPUT_BYTES`](crate::events::MAX_QUEUED_OUTPUT_BYTES)).
+    pub fn queued_output_bytes(&self) -> usize {
+        self.events.queued_output_bytes()
+    }
+
+    /// Tells the server that events through `seq` were consumed, without
+    /// waiting for its answer (a lost acknowledgement is repeated by the next).
+    fn acknowledge(&self, seq: u64) {
+        let client = self.client.clone();
+        let params = AckParams {
+            process_id: self.id.clone(),
+            seq,
+        };
+        tokio::spawn(async move {
+            let _: Result<Value, _> = client.call(m::PROCESS_ACK, &params, false).await;
+        });
     }
 
     /// Writes to stdin.

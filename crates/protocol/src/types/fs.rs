@@ -2,8 +2,8 @@
 
 use crate::bytes::ByteChunk;
 use crate::path::PathUri;
+use crate::types::sandbox::FileSystemSandboxContext;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 fn yes() -> bool {
     true
@@ -20,7 +20,7 @@ pub struct ReadFileParams {
     pub follow_symlinks: Option<bool>,
     /// Sandbox context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<FileSystemSandboxContext>,
 }
 
 /// Result of `fs/readFile`.
@@ -44,7 +44,7 @@ pub struct WriteFileParams {
     pub follow_symlinks: Option<bool>,
     /// Sandbox context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<FileSystemSandboxContext>,
 }
 
 /// Params of `fs/createDirectory`.
@@ -61,7 +61,7 @@ pub struct CreateDirectoryParams {
     pub follow_symlinks: Option<bool>,
     /// Sandbox context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<FileSystemSandboxContext>,
 }
 
 /// Params of `fs/getMetadata`, `fs/canonicalize`, `fs/readDirectory`.
@@ -75,7 +75,7 @@ pub struct PathParams {
     pub follow_symlinks: Option<bool>,
     /// Sandbox context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<FileSystemSandboxContext>,
 }
 
 /// Result of `fs/getMetadata`. Times in ms since the Unix epoch (0 = unknown).
@@ -146,7 +146,7 @@ pub struct WalkParams {
     pub options: WalkOptions,
     /// Sandbox context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<FileSystemSandboxContext>,
 }
 
 /// Kind of a walk entry.
@@ -211,7 +211,7 @@ pub struct RemoveParams {
     pub follow_symlinks: Option<bool>,
     /// Sandbox context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<FileSystemSandboxContext>,
 }
 
 /// Params of `fs/copy`.
@@ -226,7 +226,7 @@ pub struct CopyParams {
     pub recursive: bool,
     /// Sandbox context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<FileSystemSandboxContext>,
 }
 
 /// Params of `fs/open`.
@@ -242,7 +242,7 @@ pub struct OpenParams {
     pub mode: OpenMode,
     /// Sandbox context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<FileSystemSandboxContext>,
 }
 
 /// How `fs/open` opens a file.

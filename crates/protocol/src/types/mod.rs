@@ -4,12 +4,14 @@ pub mod discovery;
 pub mod fs;
 pub mod http;
 pub mod process;
+pub mod sandbox;
 pub mod session;
 
 pub use discovery::*;
 pub use fs::*;
 pub use http::*;
 pub use process::*;
+pub use sandbox::*;
 pub use session::*;
 
 /// An empty result or params object: `{}`.

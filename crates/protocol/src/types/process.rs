@@ -2,6 +2,7 @@
 
 use crate::bytes::ByteChunk;
 use crate::path::PathUri;
+use crate::types::sandbox::FileSystemSandboxContext;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -66,10 +67,9 @@ pub struct ExecParams {
     /// Build the environment from the server's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_policy: Option<EnvPolicy>,
-    /// Portable sandbox intent: the Codex CLI's `FileSystemSandboxContext` (this
-    /// server refuses restrictive ones; see the server's `sandbox` module).
+    /// `sandbox`: portable sandbox intent (SANDBOX.md); absent = no sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<FileSystemSandboxContext>,
     /// Managed network enforcement (accepted, not enforced).
     #[serde(default)]
     pub enforce_managed_network: bool,

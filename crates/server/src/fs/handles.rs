@@ -33,6 +33,21 @@ impl Handle {
     }
 }
 
+impl Handle {
+    /// The open file and, for a replace, the rename still to do.
+    pub fn into_parts(self) -> (Arc<File>, Option<PendingReplace>) {
+        (self.file, self.replace)
+    }
+
+    /// A handle from [`Handle::into_parts`].
+    pub fn from_parts(file: File, replace: Option<PendingReplace>) -> Handle {
+        Handle {
+            file: Arc::new(file),
+            replace,
+        }
+    }
+}
+
 /// Most handles one session may hold open: 256.
 pub const MAX_OPEN_FILES_PER_SESSION: usize = 256;
 
@@ -89,6 +104,12 @@ impl HandleTable {
             Some(pending) => pending.commit(),
             None => Ok(()),
         }
+    }
+
+    /// Takes the handle under `id` out of the table, open (the sandboxed
+    /// file-system helper hands its parts to the server).
+    pub fn take(&self, id: &str) -> Option<Handle> {
+        self.lock().remove(id)
     }
 
     /// Closes every handle.

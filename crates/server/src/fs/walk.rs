@@ -30,7 +30,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> ExecResult<WalkResponse> {
             "filesystem walk limits exceed maximums: depth={MAX_WALK_DEPTH}, directories={MAX_WALK_DIRECTORIES}, entries={MAX_WALK_ENTRIES}"
         )));
     }
-    let meta = std::fs::metadata(root).map_err(|e| ExecError::io(e))?;
+    let meta = std::fs::metadata(root).map_err(ExecError::io)?;
     if !meta.is_dir() {
         // A file has nothing below it: an empty walk, as the reference answers.
         return Ok(WalkResponse {

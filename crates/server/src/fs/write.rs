@@ -32,6 +32,31 @@ pub struct PendingReplace {
 }
 
 impl PendingReplace {
+    /// The directory, the temporary name and the target name, without
+    /// removing the temporary file (its new owner commits or drops it).
+    pub fn into_parts(self) -> (OwnedFd, OsString, OsString) {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never used or dropped again, so each field is moved
+        // out exactly once.
+        unsafe {
+            (
+                std::ptr::read(&me.dir),
+                std::ptr::read(&me.temp),
+                std::ptr::read(&me.target),
+            )
+        }
+    }
+
+    /// A pending replace from [`PendingReplace::into_parts`].
+    pub fn from_parts(dir: OwnedFd, temp: OsString, target: OsString) -> PendingReplace {
+        PendingReplace {
+            dir,
+            temp,
+            target,
+            committed: false,
+        }
+    }
+
     /// Renames the temporary file over the target.
     pub fn commit(mut self) -> io::Result<()> {
         self.committed = true;

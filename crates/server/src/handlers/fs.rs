@@ -2,10 +2,11 @@
 //! File operations run on the blocking pool; with `--concurrent-requests` > 1
 //! they are spawned (`fs_mode`), otherwise they keep arrival order.
 
-use super::{blocking, check_sandbox, raw_bytes_reply, session_of, Sandboxed};
+use super::{blocking, fs_route, raw_bytes_reply, session_of, Sandboxed};
 use crate::connection::Ctx;
 use crate::error::ExecError;
 use crate::fs;
+use crate::sandbox::fs_helper::Route;
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, ErrorObject};
 use exec_server_rpc::router::{Mode, Router};
@@ -13,7 +14,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
-    // Whole-path operations: sandbox check, then the blocking call.
+    // Whole-path operations: confined by the sandbox helper, or the blocking
+    // call in-process when the policy allows it anyway.
     path_op(r, m::FS_WRITE_FILE, fs_mode, fs::write_file);
     path_op(r, m::FS_CREATE_DIRECTORY, fs_mode, |p| {
         fs::create_directory(&p)
@@ -31,8 +33,10 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         m::FS_READ_FILE,
         fs_mode,
         |ctx: Ctx, p: ReadFileParams| async move {
-            check_sandbox(&ctx, &p)?;
-            let data = blocking(move || fs::read_file(&p)).await?;
+            let data = match fs_route(&ctx, &p)? {
+                Route::Helper(h) => h.call(m::FS_READ_FILE, &p).await?,
+                Route::InProcess => blocking(move || fs::read_file(&p)).await?,
+            };
             Ok(raw_bytes_reply(
                 "{\"dataBase64\":\"",
                 &data.data_base64.0,
@@ -43,8 +47,17 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
 
     // Handles: they belong to the session.
     r.request(m::FS_OPEN, fs_mode, |ctx: Ctx, p: OpenParams| async move {
-        check_sandbox(&ctx, &p)?;
+        let route = fs_route(&ctx, &p)?;
         let session = session_of(&ctx)?;
+        if let Route::Helper(h) = route {
+            // Opened inside the sandbox's view; the descriptor comes back.
+            session.files.check_free(&p.handle_id)?;
+            let handle = h.open(&p).await?;
+            session.files.insert(&p.handle_id, handle)?;
+            return Ok(OpenResponse {
+                handle_id: p.handle_id,
+            });
+        }
         blocking(move || fs::open(&p, &session.files)).await
     });
     r.request_reply(
@@ -105,20 +118,23 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
     );
 }
 
-/// Registers a blocking file operation whose params carry a `sandbox`: the
-/// sandbox is checked first, then `op` runs on the blocking pool.
+/// Registers a blocking file operation whose params carry a `sandbox`: run in
+/// the confined helper when the sandbox requires it, otherwise `op` runs on the
+/// blocking pool.
 fn path_op<P, R, E>(
     r: &mut Router<Ctx>,
     method: &'static str,
     mode: Mode,
     op: impl Fn(P) -> Result<R, E> + Copy + Send + Sync + 'static,
 ) where
-    P: Sandboxed + DeserializeOwned + Send + 'static,
-    R: Serialize + Send + 'static,
+    P: Sandboxed + Serialize + DeserializeOwned + Send + Sync + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
     E: Into<ErrorObject> + Send + 'static,
 {
     r.request(method, mode, move |ctx: Ctx, p: P| async move {
-        check_sandbox(&ctx, &p)?;
-        blocking(move || op(p)).await
+        match fs_route(&ctx, &p)? {
+            Route::Helper(h) => Ok(h.call(method, &p).await?),
+            Route::InProcess => blocking(move || op(p)).await,
+        }
     });
 }

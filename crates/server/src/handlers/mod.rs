@@ -13,10 +13,10 @@ mod session;
 
 use crate::connection::Ctx;
 use crate::error::{ErrorKind, ExecError};
+use crate::sandbox::fs_helper::{Need, Route};
 use crate::session::Session;
 use exec_server_protocol::ErrorObject;
 use exec_server_rpc::router::{Mode, Reply, Router};
-use serde_json::Value;
 use std::sync::Arc;
 
 /// Builds the router. `fs_mode` is `Detached` when `--concurrent-requests` > 1.
@@ -99,34 +99,32 @@ fn raw_bytes_reply(head: &str, data: &[u8], tail: &str) -> Reply {
     }
 }
 
-/// Params that carry a `sandbox`, and whether the method changes anything.
+/// Params that carry a `sandbox`, and what the method needs from it.
 trait Sandboxed {
-    fn sandbox(&self) -> Option<&Value>;
-    /// True if the request writes, starts a process or reaches the network; false
-    /// for a pure read.
-    fn writes(&self) -> bool;
+    fn sandbox(&self) -> Option<&FileSystemSandboxContext>;
+    /// [`Need::Write`] if the request changes anything; [`Need::Read`] for a
+    /// pure read.
+    fn need(&self) -> Need;
 }
 
-/// Refuses a request whose sandbox this server would have to enforce (see
-/// [`crate::sandbox`]), unless the operator allowed running it unrestricted.
-fn check_sandbox(ctx: &Ctx, p: &impl Sandboxed) -> Result<(), ErrorObject> {
-    let allow = ctx.server.config.allow_unsandboxed;
-    let r = if p.writes() {
-        crate::sandbox::check(p.sandbox(), allow)
-    } else {
-        crate::sandbox::check_read(p.sandbox(), allow)
-    };
-    Ok(r?)
+/// Where a file request runs under its `sandbox` (see
+/// [`crate::sandbox::fs_helper::route`]).
+fn fs_route(ctx: &Ctx, p: &impl Sandboxed) -> Result<Route, ErrorObject> {
+    Ok(crate::sandbox::fs_helper::route(
+        p.sandbox(),
+        p.need(),
+        &ctx.server.sandbox,
+    )?)
 }
 
 macro_rules! sandboxed {
-    ($($t:ty => $writes:expr),* $(,)?) => {$(
+    ($($t:ty => $need:expr),* $(,)?) => {$(
         impl Sandboxed for $t {
-            fn sandbox(&self) -> Option<&Value> {
+            fn sandbox(&self) -> Option<&FileSystemSandboxContext> {
                 self.sandbox.as_ref()
             }
-            fn writes(&self) -> bool {
-                let f: fn(&$t) -> bool = $writes;
+            fn need(&self) -> Need {
+                let f: fn(&$t) -> Need = $need;
                 f(self)
             }
         }
@@ -135,13 +133,12 @@ macro_rules! sandboxed {
 
 use exec_server_protocol::types::*;
 sandboxed! {
-    ExecParams => |_| true,
-    ReadFileParams => |_| false,
-    WriteFileParams => |_| true,
-    CreateDirectoryParams => |_| true,
-    PathParams => |_| false,
-    WalkParams => |_| false,
-    RemoveParams => |_| true,
-    CopyParams => |_| true,
-    OpenParams => |p| p.mode == OpenMode::Replace,
+    ReadFileParams => |_| Need::Read,
+    WriteFileParams => |_| Need::Write,
+    CreateDirectoryParams => |_| Need::Write,
+    PathParams => |_| Need::Read,
+    WalkParams => |_| Need::Read,
+    RemoveParams => |_| Need::Write,
+    CopyParams => |_| Need::Write,
+    OpenParams => |p| if p.mode == OpenMode::Replace { Need::Write } else { Need::Read },
 }

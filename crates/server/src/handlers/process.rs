@@ -1,7 +1,7 @@
 //! `process/*`: start, read, write, closeStdin, signal, terminate, resize, ack.
 //! All but the long-poll `process/read` run in arrival order.
 
-use super::{check_sandbox, session_of};
+use super::session_of;
 use crate::connection::Ctx;
 use crate::process::Process;
 use exec_server_protocol::types::*;
@@ -94,8 +94,14 @@ async fn start(ctx: Ctx, p: ExecParams) -> Result<Reply, ErrorObject> {
     if p.argv.is_empty() {
         return Err(ErrorObject::invalid_params("argv must not be empty"));
     }
-    check_sandbox(&ctx, &p)?;
     let cwd = crate::fs::native(&p.cwd)?;
+    let confine = crate::sandbox::for_start(
+        p.sandbox.as_ref(),
+        p.enforce_managed_network,
+        &cwd,
+        &ctx.server.sandbox,
+    )?;
+    let sandbox_type = crate::sandbox::sandbox_type(confine.as_ref());
     let session = session_of(&ctx)?;
     // The pump sends nothing before this fires, so the response comes first.
     let (gate_tx, gate_rx) = oneshot::channel();
@@ -112,11 +118,13 @@ async fn start(ctx: Ctx, p: ExecParams) -> Result<Reply, ErrorObject> {
                     s.retire(proc);
                 }
             }),
+            confine.as_ref(),
+            ctx.server.spool.clone(),
         )
     })?;
     let mut reply = Reply::of(&ExecResponse {
         process_id: p.process_id,
-        sandbox_type: "none".into(),
+        sandbox_type: sandbox_type.into(),
     });
     reply.after_send = Some(Box::new(move || {
         let _ = gate_tx.send(());

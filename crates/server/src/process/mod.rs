@@ -10,6 +10,7 @@ mod notify;
 pub mod output_log;
 pub mod reaper;
 pub mod spawn;
+pub mod spool;
 
 use crate::error::{ExecError, ExecResult};
 use crate::link::Link;
@@ -77,6 +78,8 @@ struct State {
     /// stdin existed but failed (EPIPE) or the process exited.
     stdin_broken: bool,
     has_stdin: bool,
+    /// `sandboxDenied`, computed at exit (SANDBOX.md §2.8).
+    sandbox_denied: bool,
 }
 
 /// A managed process.
@@ -95,6 +98,13 @@ pub struct Process {
     resume: Notify,
     /// Byte budget of stdin data queued for the child.
     stdin_budget: Arc<tokio::sync::Semaphore>,
+    /// Started confined: `sandboxDenied` is computed at exit.
+    sandboxed: bool,
+    /// When it started: older closed records are retired first.
+    pub started: std::time::Instant,
+    /// Fired when the record leaves its session early (session end, or
+    /// retired to make room): the pump stops keeping it.
+    discarded: Notify,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -160,11 +170,14 @@ impl Process {
         link: Arc<Link>,
         start_gate: oneshot::Receiver<()>,
         on_retire: RetireHook,
+        sandbox: Option<&crate::sandbox::StartSandbox>,
+        spool: Option<Arc<spool::SpoolConfig>>,
     ) -> std::io::Result<Arc<Process>> {
         let cgroup = cgroup::ProcessCgroup::create();
         let join = cgroup.as_ref().and_then(|g| g.join_handle().ok());
-        let started = spawn::start(params, cwd, join.as_ref())?;
+        let started = spawn::start(params, cwd, join.as_ref(), sandbox)?;
         drop(join);
+        let confinement = started.confinement;
         let pid = started.pid;
         let (sources, stdin_fd, tty) = match started.io {
             spawn::ChildIo::Pipes {
@@ -193,15 +206,19 @@ impl Process {
             cgroup: Mutex::new(cgroup),
             tty,
             state: Mutex::new(State {
-                log: OutputLog::new(params.ack_output),
+                log: OutputLog::new(params.ack_output, spool),
                 write_ids: WriteIds::default(),
                 stdin: stdin_tx.as_ref().map(|(tx, _, _)| tx.clone()),
                 stdin_broken: false,
                 has_stdin,
+                sandbox_denied: false,
             }),
             changed,
             resume: Notify::new(),
             stdin_budget: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_STDIN_BYTES)),
+            sandboxed: confinement.is_some(),
+            started: std::time::Instant::now(),
+            discarded: Notify::new(),
         });
         if let Some((_, rx, fd)) = stdin_tx {
             tokio::spawn(stdin_writer(proc.clone(), rx, fd));
@@ -213,6 +230,7 @@ impl Process {
             link,
             start_gate,
             on_retire,
+            confinement,
         ));
         Ok(proc)
     }
@@ -225,6 +243,19 @@ impl Process {
     /// True once all output is drained and the exit recorded.
     pub fn is_closed(&self) -> bool {
         lock(&self.state).log.is_closed()
+    }
+
+    /// True once closed and every event was delivered (read, acknowledged,
+    /// or pushed to a client that does not acknowledge).
+    pub fn is_fully_read(&self) -> bool {
+        lock(&self.state).log.fully_delivered()
+    }
+
+    /// The record left its session: release what it holds (descriptors, the
+    /// spool) as soon as the process is closed, instead of keeping it readable
+    /// for [`EXITED_PROCESS_RETENTION`].
+    pub fn discard(&self) {
+        self.discarded.notify_one();
     }
 
     /// Answers `process/read`, long-polling up to `wait` when nothing is available.
@@ -248,7 +279,10 @@ impl Process {
                         st.log.delivered_by_push(last.seq);
                     }
                     let exit = st.log.exit_code();
-                    let closed = st.log.is_closed();
+                    // A page the spool cut short is not the end, even after the
+                    // close: the reader goes on from `nextSeq`.
+                    let closed = st.log.is_closed() && !page.truncated;
+                    let sandbox_denied = st.sandbox_denied;
                     drop(st);
                     self.resume.notify_one();
                     return ReadResponse {
@@ -258,7 +292,7 @@ impl Process {
                         exit_code: exit,
                         closed,
                         failure: None,
-                        sandbox_denied: false,
+                        sandbox_denied,
                     };
                 }
                 rx.borrow_and_update();
@@ -449,6 +483,7 @@ async fn pump(
     link: Arc<Link>,
     start_gate: oneshot::Receiver<()>,
     on_retire: RetireHook,
+    mut confinement: Option<crate::sandbox::Confinement>,
 ) {
     let _ = start_gate.await;
     let mut buf_a = vec![0u8; READ_CHUNK_BYTES];
@@ -499,21 +534,28 @@ async fn pump(
                 }
                 let code = code.unwrap_or(-1);
                 exit_code = Some(code);
-                let seq = {
+                // The sandbox is gone with its last process: release what it held
+                // on the host (placeholders).
+                drop(confinement.take());
+                let (seq, denied) = {
                     let mut st = lock(&proc.state);
                     st.stdin = None;
-                    st.log.push_exited(code)
+                    st.sandbox_denied = proc.sandboxed
+                        && exec_server_sandbox::is_likely_denied(code, &st.log.retained_output());
+                    (st.log.push_exited(code), st.sandbox_denied)
                 };
                 proc.stdin_budget.close();
                 proc.bump();
-                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code)).await;
+                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied)).await;
             }
             _ = proc.resume.notified(), if paused => {}
         }
     }
     drop(sources);
-    tokio::time::sleep(EXITED_PROCESS_RETENTION).await;
-    on_retire(&proc);
+    tokio::select! {
+        _ = tokio::time::sleep(EXITED_PROCESS_RETENTION) => on_retire(&proc),
+        _ = proc.discarded.notified() => {}
+    }
 }
 
 async fn read_opt(fd: Option<&AsyncFd<OwnedFd>>, buf: &mut [u8]) -> std::io::Result<usize> {

@@ -29,14 +29,14 @@ pub fn encode_output_notification(
     s
 }
 
-pub(super) fn exited_json(id: &str, seq: u64, code: i32) -> String {
+pub(super) fn exited_json(id: &str, seq: u64, code: i32, sandbox_denied: bool) -> String {
     exec_server_protocol::encode_notification(
         methods::PROCESS_EXITED,
         &ProcessExitedNotification {
             process_id: id.to_string(),
             seq,
             exit_code: code,
-            sandbox_denied: false,
+            sandbox_denied,
         },
     )
 }

@@ -8,10 +8,16 @@
 //! output pauses (the child blocks in `write(2)`) once the undelivered output reaches
 //! the flow-control window. So output produced while no client is attached is
 //! kept, not lost, and memory stays bounded.
+//!
+//! With a [`Spool`], delivered chunks trimmed from memory go to disk instead of
+//! being dropped, up to the spool's caps; `process/read` then serves them from
+//! there, at most [`SPOOL_PAGE_BYTES`] a page unless `maxBytes` asks for less.
 
+use super::spool::{Spool, SpoolConfig, SPOOL_PAGE_BYTES};
 use exec_server_protocol::types::{OutputStream, ProcessOutputChunk};
 use exec_server_protocol::ByteChunk;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Bytes of delivered output retained per process: 1 MiB, as in the reference.
 pub const RETAINED_OUTPUT_BYTES_PER_PROCESS: usize = 1024 * 1024;
@@ -51,6 +57,7 @@ pub struct OutputLog {
     ack_mode: bool,
     exited: Option<(u64, i32)>,
     closed_seq: Option<u64>,
+    spool: Option<Spool>,
 }
 
 /// A page of `process/read`.
@@ -60,11 +67,15 @@ pub struct Page {
     pub chunks: Vec<ProcessOutputChunk>,
     /// Where to continue.
     pub next_seq: u64,
+    /// True when the page ended before the newest retained chunk because of
+    /// the spool's page limit (not `maxBytes`).
+    pub truncated: bool,
 }
 
 impl OutputLog {
-    /// A new log; `ack_mode` selects delivery by acknowledgement only.
-    pub fn new(ack_mode: bool) -> Self {
+    /// A new log; `ack_mode` selects delivery by acknowledgement only; with
+    /// `spool`, trimmed output goes to disk.
+    pub fn new(ack_mode: bool, spool: Option<Arc<SpoolConfig>>) -> Self {
         OutputLog {
             chunks: VecDeque::new(),
             retained_bytes: 0,
@@ -75,6 +86,7 @@ impl OutputLog {
             ack_mode,
             exited: None,
             closed_seq: None,
+            spool: spool.map(Spool::new),
         }
     }
 
@@ -93,9 +105,17 @@ impl OutputLog {
         self.closed_seq.is_some()
     }
 
-    /// Seq of the oldest retained chunk, if any.
+    /// True once closed and every event through the close was delivered.
+    pub fn fully_delivered(&self) -> bool {
+        self.closed_seq.is_some_and(|c| self.delivered_seq + 1 >= c)
+    }
+
+    /// Seq of the oldest retained chunk (on disk or in memory), if any.
     pub fn oldest_seq(&self) -> Option<u64> {
-        self.chunks.front().map(|c| c.seq)
+        self.spool
+            .as_ref()
+            .and_then(Spool::first_seq)
+            .or_else(|| self.chunks.front().map(|c| c.seq))
     }
 
     /// True when reading from the child should pause.
@@ -117,6 +137,15 @@ impl OutputLog {
         self.chunks.push_back(Chunk { seq, stream, data });
         self.trim();
         seq
+    }
+
+    /// The retained output of every stream, concatenated in seq order.
+    pub fn retained_output(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.retained_bytes);
+        for c in &self.chunks {
+            out.extend_from_slice(&c.data);
+        }
+        out
     }
 
     /// Records the exit; returns its seq.
@@ -174,7 +203,9 @@ impl OutputLog {
             match self.chunks.front() {
                 Some(c) if c.seq <= self.delivered_seq => {
                     self.retained_bytes -= c.data.len();
-                    self.chunks.pop_front();
+                    if let (Some(spool), Some(c)) = (&mut self.spool, self.chunks.pop_front()) {
+                        spool.append(c.seq, c.stream, &c.data);
+                    }
                 }
                 _ => break,
             }
@@ -185,12 +216,31 @@ impl OutputLog {
     /// when any exists; with `max_bytes`, stop before exceeding it and set
     /// `next_seq` one past the last chunk returned.
     pub fn read(&self, after: u64, max_bytes: Option<u64>) -> Page {
-        let start = self.chunks.partition_point(|c| c.seq <= after);
         let mut chunks = Vec::new();
         let mut total: u64 = 0;
-        for c in self.chunks.iter().skip(start) {
-            if let Some(limit) = max_bytes {
+        // From the spool first when the reader is behind the memory window; a
+        // page that starts there is bounded even without `maxBytes`.
+        let in_memory = self.chunks.front().map_or(self.next_seq, |c| c.seq);
+        let mut limit = max_bytes;
+        let mut stopped = false;
+        if let Some(spool) = self.spool.as_ref().filter(|_| after + 1 < in_memory) {
+            let page_limit = max_bytes.unwrap_or(SPOOL_PAGE_BYTES);
+            match spool.read(after, page_limit, &mut chunks) {
+                Ok((n, complete)) => {
+                    total = n;
+                    stopped = !complete;
+                }
+                Err(e) => tracing::warn!("output spool read failed: {e}"),
+            }
+            if !chunks.is_empty() {
+                limit = Some(page_limit);
+            }
+        }
+        let start = self.chunks.partition_point(|c| c.seq <= after);
+        for c in self.chunks.iter().skip(start).take_while(|_| !stopped) {
+            if let Some(limit) = limit {
                 if !chunks.is_empty() && total + c.data.len() as u64 > limit {
+                    stopped = true;
                     break;
                 }
             }
@@ -201,11 +251,15 @@ impl OutputLog {
                 chunk: ByteChunk(c.data.clone()),
             });
         }
-        let next_seq = match (max_bytes, chunks.last()) {
+        let next_seq = match (limit, chunks.last()) {
             (Some(_), Some(last)) => last.seq + 1,
             _ => self.next_seq,
         };
-        Page { chunks, next_seq }
+        Page {
+            chunks,
+            next_seq,
+            truncated: stopped && max_bytes.is_none(),
+        }
     }
 
     /// True if something happened after `after`: a chunk, the exit, or the close.
@@ -223,7 +277,7 @@ mod tests {
 
     #[test]
     fn seq_shared_by_output_exit_close() {
-        let mut log = OutputLog::new(false);
+        let mut log = OutputLog::new(false, None);
         assert_eq!(log.push_output(OutputStream::Stdout, b"a".to_vec()), 1);
         assert_eq!(log.push_exited(0), 2);
         assert_eq!(log.push_closed(), 3);
@@ -234,7 +288,7 @@ mod tests {
 
     #[test]
     fn max_bytes_quirk() {
-        let mut log = OutputLog::new(false);
+        let mut log = OutputLog::new(false, None);
         for _ in 0..3 {
             log.push_output(OutputStream::Stdout, b"abc".to_vec());
         }
@@ -253,7 +307,7 @@ mod tests {
 
     #[test]
     fn undelivered_output_is_never_dropped_and_pauses() {
-        let mut log = OutputLog::new(false);
+        let mut log = OutputLog::new(false, None);
         let chunk = vec![0u8; 64 * 1024];
         let mut pushed = 0;
         while !log.window_full() {
@@ -284,7 +338,7 @@ mod tests {
 
     #[test]
     fn ack_mode_ignores_pushes() {
-        let mut log = OutputLog::new(true);
+        let mut log = OutputLog::new(true, None);
         let chunk = vec![0u8; 1024 * 1024];
         for _ in 0..8 {
             let s = log.push_output(OutputStream::Stdout, chunk.clone());
@@ -308,7 +362,7 @@ mod window_tests {
 
     #[test]
     fn many_small_chunks_fill_the_window_by_count() {
-        let mut log = OutputLog::new(false);
+        let mut log = OutputLog::new(false, None);
         let mut pushed = 0;
         while !log.window_full() {
             log.push_output(OutputStream::Stdout, b"x".to_vec());
@@ -325,7 +379,7 @@ mod window_tests {
 
     #[test]
     fn exit_and_close_never_count_against_the_window() {
-        let mut log = OutputLog::new(false);
+        let mut log = OutputLog::new(false, None);
         let big = vec![0u8; UNACKED_WINDOW_BYTES - 1];
         log.push_output(OutputStream::Stderr, big);
         assert!(!log.window_full());

@@ -30,29 +30,7 @@ pub const NON_INHERITABLE_ENV_VARS: &[&str] =
 
 /// Case-insensitive glob match with `*` and `?`.
 pub fn wildcard_match(pattern: &str, name: &str) -> bool {
-    let p: Vec<char> = pattern.to_ascii_uppercase().chars().collect();
-    let n: Vec<char> = name.to_ascii_uppercase().chars().collect();
-    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
-    while ni < n.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
-            pi += 1;
-            ni += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ni;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ni = mark;
-        } else {
-            return false;
-        }
-    }
-    while pi < p.len() && p[pi] == '*' {
-        pi += 1;
-    }
-    pi == p.len()
+    exec_server_sandbox::glob::matches(&pattern.to_ascii_uppercase(), &name.to_ascii_uppercase())
 }
 
 /// The child's environment: `env` exactly, or the policy applied to the server's
@@ -147,6 +125,8 @@ pub struct Started {
     pub io: ChildIo,
     /// Yields the exit code once the child is reaped.
     pub exit: oneshot::Receiver<i32>,
+    /// What a sandboxed child needs until it exits; `None` when unsandboxed.
+    pub confinement: Option<crate::sandbox::Confinement>,
 }
 
 /// Default PTY size when `process/start` gives none.
@@ -162,13 +142,16 @@ fn join_cgroup(fd: std::os::fd::RawFd) {
     }
 }
 
-/// Starts the child described by `params`; with `cgroup`, the child joins that
-/// cgroup (its open `cgroup.procs`) before it runs. Errors are OS errors (cwd
-/// or program missing, exec failure) for a -32603 reply.
+/// Starts the child described by `params`, confined by `sandbox` when given;
+/// with `cgroup`, the child (bubblewrap and everything in the sandbox, when
+/// confined) joins that cgroup (its open `cgroup.procs`) before it runs. Errors
+/// are OS errors (cwd or program missing, exec failure) and sandbox refusals,
+/// for a -32603 reply.
 pub fn start(
     params: &ExecParams,
     cwd: &Path,
     cgroup: Option<&std::fs::File>,
+    sandbox: Option<&crate::sandbox::StartSandbox>,
 ) -> std::io::Result<Started> {
     let cgroup_fd = cgroup.map(|f| f.as_raw_fd());
     let env = build_env(&params.env, params.env_policy.as_ref(), std::env::vars());
@@ -177,11 +160,19 @@ pub fn start(
         return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR));
     }
     let program = resolve_program(&params.argv[0], &env, cwd)?;
-    let mut cmd = Command::new(&program);
-    cmd.args(&params.argv[1..]);
-    cmd.arg0(OsString::from(
-        params.arg0.as_deref().unwrap_or(&params.argv[0]),
-    ));
+    let arg0 = params.arg0.as_deref().unwrap_or(&params.argv[0]);
+    let (mut cmd, confinement, _fds) = match sandbox {
+        None => {
+            let mut cmd = Command::new(&program);
+            cmd.args(&params.argv[1..]);
+            cmd.arg0(OsString::from(arg0));
+            (cmd, None, Vec::new())
+        }
+        Some(sb) => {
+            let p = sb.prepare(&env, &program, arg0, &params.argv[1..], cwd)?;
+            (p.command, Some(p.guard), p.fds)
+        }
+    };
     cmd.env_clear();
     cmd.envs(&env);
     cmd.current_dir(cwd);
@@ -232,6 +223,7 @@ pub fn start(
             pid,
             io: ChildIo::Pty { master: pty.master },
             exit,
+            confinement,
         });
     }
 
@@ -281,6 +273,7 @@ pub fn start(
             stderr,
         },
         exit,
+        confinement,
     })
 }
 

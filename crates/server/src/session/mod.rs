@@ -22,7 +22,9 @@ pub use registry::SessionRegistry;
 /// How long a detached session (and its processes) is kept: 30 s, as in the reference.
 pub const DETACHED_SESSION_TTL: Duration = Duration::from_secs(30);
 
-/// Most processes one session may hold (live or retained): 1024.
+/// Most records one session's process table holds: 1024. A start that finds
+/// it full retires closed records to make room (fully read ones first, then
+/// the oldest), and is refused only when every record is a running process.
 pub const MAX_PROCESSES_PER_SESSION: usize = 1024;
 
 /// A session.
@@ -73,8 +75,9 @@ impl Session {
     /// Runs `start` while holding the table lock if `id` is free, and keeps the
     /// process it starts under `id`. Errors: `process <id> already exists`
     /// ([`AlreadyExists`](ErrorKind::AlreadyExists)); the table holds
-    /// [`MAX_PROCESSES_PER_SESSION`] ([`LimitReached`](ErrorKind::LimitReached));
-    /// `start`'s OS error ([`Spawn`](ErrorKind::Spawn)).
+    /// [`MAX_PROCESSES_PER_SESSION`] processes that are all still running or
+    /// draining ([`LimitReached`](ErrorKind::LimitReached)); `start`'s OS error
+    /// ([`Spawn`](ErrorKind::Spawn)).
     pub fn insert_process_with(
         &self,
         id: &str,
@@ -86,14 +89,24 @@ impl Session {
                 "process {id} already exists"
             )));
         }
-        if procs.len() >= MAX_PROCESSES_PER_SESSION {
-            return Err(ExecError::limit_reached(format!(
-                "too many processes in this session (limit {MAX_PROCESSES_PER_SESSION})"
-            )));
-        }
+        let retired = if procs.len() >= MAX_PROCESSES_PER_SESSION {
+            let Some(old) = make_room(&mut procs) else {
+                return Err(ExecError::limit_reached(format!(
+                    "too many running processes in this session (limit {MAX_PROCESSES_PER_SESSION})"
+                )));
+            };
+            Some(old)
+        } else {
+            None
+        };
         let p =
             start().map_err(|e| ExecError::new(ErrorKind::Spawn, e.to_string()).with_source(e))?;
         procs.insert(id.to_string(), p.clone());
+        drop(procs);
+        if let Some(old) = retired {
+            old.discard();
+            self.keep_leftovers(&old);
+        }
         Ok(p)
     }
 
@@ -104,6 +117,12 @@ impl Session {
             procs.remove(&proc.id);
         }
         drop(procs);
+        self.keep_leftovers(proc);
+    }
+
+    /// Keeps the cgroup of a retired process that still holds live
+    /// descendants, to kill them when the session ends.
+    fn keep_leftovers(&self, proc: &Process) {
         if let Some(group) = proc.take_leftovers() {
             self.leftovers
                 .lock()
@@ -117,6 +136,7 @@ impl Session {
         let procs: Vec<_> = self.procs().drain().map(|(_, p)| p).collect();
         for p in procs {
             p.terminate();
+            p.discard();
         }
         let leftovers =
             std::mem::take(&mut *self.leftovers.lock().unwrap_or_else(|p| p.into_inner()));
@@ -126,4 +146,15 @@ impl Session {
         self.files.clear();
         self.watches.clear();
     }
+}
+
+/// Takes out the closed record to retire first (fully read before not, then
+/// the oldest); `None` if every record is still running or draining.
+fn make_room(procs: &mut HashMap<String, Arc<Process>>) -> Option<Arc<Process>> {
+    let victim = procs
+        .iter()
+        .filter(|(_, p)| p.is_closed())
+        .min_by_key(|(_, p)| (!p.is_fully_read(), p.started))
+        .map(|(id, _)| id.clone())?;
+    procs.remove(&victim)
 }

@@ -1,0 +1,335 @@
+//! Nothing lost, nothing leaked, nothing stuck (issue 12): streams through
+//! connections aborted at random byte offsets, descriptors and threads after
+//! session expiry, thousands of short processes on one session, a slow
+//! consumer, and a client that never acknowledges paging through the spool.
+//! Loopback only; every loop bounded in count and time.
+
+mod common;
+use common::cut_proxy::CutProxy;
+use common::*;
+use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
+use serde_json::json;
+use std::time::Duration;
+
+const LINES: usize = 2_000_000;
+
+fn seq_output(n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * 8);
+    for i in 1..=n {
+        out.extend_from_slice(i.to_string().as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+/// The first byte where `got` and `want` differ, for a readable failure.
+fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
+    got.iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .or((got.len() != want.len()).then(|| got.len().min(want.len())))
+}
+
+/// `exec-server run` through 1 to 10 aborted connections: byte-identical
+/// output and exit code 0, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_through_random_cuts_is_exact() {
+    let s = Server::start(&[]);
+    let want = seq_output(LINES);
+    for (cuts, seed) in [(1, 11), (3, 23), (5, 37), (10, 41)] {
+        // At most 1 MiB each, so all cuts happen within the 14.9 MB stream.
+        let proxy = CutProxy::start(&s.url, cuts, 200_000, 1_000_000, seed).await;
+        let url = proxy.url.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(BIN)
+                .args([
+                    "run",
+                    "--connect",
+                    &url,
+                    "--",
+                    "seq",
+                    "1",
+                    &LINES.to_string(),
+                ])
+                .stdin(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .output()
+                .expect("run exec-server run")
+        });
+        let out = tokio::time::timeout(Duration::from_secs(120), out)
+            .await
+            .expect("run finished within 120 s")
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{cuts} cuts: exit status");
+        assert_eq!(
+            first_difference(&out.stdout, &want),
+            None,
+            "{cuts} cuts: {} bytes of {}",
+            out.stdout.len(),
+            want.len()
+        );
+        assert_eq!(proxy.cuts(), cuts, "every planned cut happened");
+    }
+}
+
+/// The library's process stream through 1 to 10 aborted connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn library_stream_through_random_cuts_is_exact() {
+    let s = Server::start(&[]);
+    let want = seq_output(LINES);
+    for (cuts, seed) in [(2, 5), (4, 9), (10, 13)] {
+        let proxy = CutProxy::start(&s.url, cuts, 200_000, 1_000_000, seed).await;
+        let c = ExecServerClient::new(ClientOptions::new(
+            Source::from_url(&proxy.url, None).unwrap(),
+        ));
+        let mut p = c
+            .start_process(exec_params(
+                &format!("cuts{cuts}"),
+                &["seq", "1", &LINES.to_string()],
+            ))
+            .await
+            .unwrap();
+        let mut got = Vec::with_capacity(want.len());
+        let mut exit = None;
+        loop {
+            let ev = tokio::time::timeout(Duration::from_secs(60), p.next_event())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{cuts} cuts: stalled at {} of {} bytes",
+                        got.len(),
+                        want.len()
+                    )
+                });
+            match ev {
+                Some(ProcessEvent::Output { data, .. }) => got.extend_from_slice(&data),
+                Some(ProcessEvent::Exited { code, .. }) => exit = Some(code),
+                Some(ProcessEvent::Closed { .. }) | None => break,
+                Some(ProcessEvent::Failed(w)) => panic!("{cuts} cuts: {w}"),
+            }
+        }
+        assert_eq!(exit, Some(0));
+        assert_eq!(first_difference(&got, &want), None, "{cuts} cuts");
+        assert_eq!(proxy.cuts(), cuts);
+        assert_eq!(c.recoveries() as usize, cuts);
+        c.close().await;
+    }
+}
+
+/// Sessions left to expire, with PTY and pipe processes still running: the
+/// processes die and the server's descriptors and threads return to what
+/// they were.
+#[tokio::test]
+async fn expired_sessions_return_fds_and_threads_to_baseline() {
+    let s = Server::start(&["--detached-session-ttl", "1"]);
+    let pid = s.pid();
+    // Warm up: one session through its whole life, so lazily created
+    // resources (the reaper, the runtime's pools) exist before the baseline.
+    {
+        let mut c = Conn::open(&s.url, None).await;
+        c.ok(
+            "process/start",
+            start_params("w", &["true"], std::path::Path::new("/"), true, false),
+        )
+        .await;
+        c.collect("w", WAIT).await;
+        c.close().await;
+    }
+    let base_fds = fd_count(pid);
+    let base_threads = thread_count(pid);
+    for i in 0..10 {
+        let mut c = Conn::open(&s.url, None).await;
+        for (id, tty) in [(format!("t{i}"), true), (format!("p{i}"), false)] {
+            c.ok(
+                "process/start",
+                start_params(
+                    &id,
+                    &["sleep", "317"],
+                    std::path::Path::new("/"),
+                    tty,
+                    false,
+                ),
+            )
+            .await;
+        }
+        c.close().await;
+    }
+    assert_eq!(pids_matching("sleep 317").len(), 20);
+    assert!(
+        eventually(Duration::from_secs(20), || pids_matching("sleep 317")
+            .is_empty())
+        .await,
+        "the processes of expired sessions are killed"
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || fd_count(pid) <= base_fds).await,
+        "fds: {} now, {base_fds} before",
+        fd_count(pid)
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || thread_count(pid)
+            <= base_threads)
+        .await,
+        "threads: {} now, {base_threads} before",
+        thread_count(pid)
+    );
+}
+
+/// 5000 short processes on one session, at most 64 at a time: every start
+/// succeeds (exited records never count against the process limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_short_processes_on_one_session_all_start() {
+    let s = Server::start(&["--process-cgroups", "off"]);
+    let c = ExecServerClient::new(ClientOptions::new(Source::from_url(&s.url, None).unwrap()));
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..5000 {
+        let permit = gate.clone().acquire_owned().await.unwrap();
+        let c = c.clone();
+        tasks.spawn(async move {
+            let _permit = permit;
+            let mut p = c
+                .start_process(exec_params(&format!("short{i}"), &["true"]))
+                .await
+                .map_err(|e| format!("start {i}: {e}"))?;
+            let mut exit = None;
+            while let Some(ev) = tokio::time::timeout(Duration::from_secs(30), p.next_event())
+                .await
+                .map_err(|_| format!("process {i} stalled"))?
+            {
+                match ev {
+                    ProcessEvent::Exited { code, .. } => exit = Some(code),
+                    ProcessEvent::Failed(w) => return Err(format!("{i}: {w}")),
+                    _ => {}
+                }
+            }
+            if exit != Some(0) {
+                return Err(format!("{i}: exit {exit:?}"));
+            }
+            Ok::<_, String>(())
+        });
+        while let Some(r) = tasks.try_join_next() {
+            r.unwrap().unwrap();
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap().unwrap();
+    }
+}
+
+/// A consumer that does not read: the client queues a bounded amount and the
+/// server stops reading the child; then every byte still arrives in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_consumer_keeps_client_memory_bounded() {
+    let s = Server::start(&[]);
+    let c = ExecServerClient::new(ClientOptions::new(Source::from_url(&s.url, None).unwrap()));
+    let total: usize = 256 * 1024 * 1024;
+    let mut p = c
+        .start_process(exec_params(
+            "slow",
+            &["head", "-c", &total.to_string(), "/dev/zero"],
+        ))
+        .await
+        .unwrap();
+    let cap = exec_server_client::events::MAX_QUEUED_OUTPUT_BYTES;
+    assert!(
+        eventually(Duration::from_secs(10), || p.queued_output_bytes() > 0).await,
+        "output arrives"
+    );
+    // Whatever the timing, the queue never passes its cap while nobody reads.
+    let mut peak = 0;
+    for _ in 0..40 {
+        peak = peak.max(p.queued_output_bytes());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(peak <= cap, "queued {peak} > {cap}");
+    assert!(
+        proc_status_kib(std::process::id(), "VmRSS") < 192 * 1024,
+        "the test process holds {} KiB",
+        proc_status_kib(std::process::id(), "VmRSS")
+    );
+    let mut got = 0usize;
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(60), p.next_event())
+            .await
+            .expect("events keep coming");
+        match ev {
+            Some(ProcessEvent::Output { data, .. }) => {
+                assert!(data.iter().all(|b| *b == 0));
+                got += data.len();
+                peak = peak.max(p.queued_output_bytes());
+            }
+            Some(ProcessEvent::Exited { code, .. }) => assert_eq!(code, 0),
+            Some(ProcessEvent::Closed { .. }) | None => break,
+            Some(ProcessEvent::Failed(w)) => panic!("{w}"),
+        }
+    }
+    assert_eq!(got, total);
+    assert!(peak <= cap, "queued {peak} > {cap}");
+}
+
+/// A client that never acknowledges and pages 256 MiB with `process/read`
+/// while the same output is pushed to it: every byte arrives, from the spool,
+/// and the server's memory stays under 64 MiB.
+#[tokio::test]
+async fn a_non_acknowledging_pager_gets_every_byte_from_the_spool() {
+    let spool = tmpdir("spool-pager");
+    let spool_dir = spool.join("s");
+    let s = Server::start(&["--output-spool-dir", spool_dir.to_str().unwrap()]);
+    let mut c = Conn::open(&s.url, None).await;
+    let total: u64 = 256 * 1024 * 1024;
+    c.ok_dropping_notifications(
+        "process/start",
+        start_params(
+            "big",
+            &[
+                "sh",
+                "-c",
+                &format!("yes 0123456789abcde | head -c {total}"),
+            ],
+            std::path::Path::new("/"),
+            false,
+            false,
+        ),
+    )
+    .await;
+    let mut after = 0u64;
+    let mut got = 0u64;
+    let mut peak_kib = 0;
+    // `yes` repeats a 16-byte record: a lost, repeated or reordered chunk
+    // breaks the pattern or the seq.
+    let record = b"0123456789abcde\n";
+    let mut offset = 0usize;
+    for _ in 0..100_000 {
+        let r = c
+            .ok_dropping_notifications(
+                "process/read",
+                json!({"processId": "big", "afterSeq": after, "waitMs": 2000}),
+            )
+            .await;
+        for chunk in r["chunks"].as_array().unwrap() {
+            let seq = chunk["seq"].as_u64().unwrap();
+            assert_eq!(seq, after + 1, "no seq jump");
+            after = seq;
+            let data = unb64(&chunk["chunk"]);
+            for b in &data {
+                assert_eq!(*b, record[offset % 16], "byte {got}");
+                offset += 1;
+            }
+            got += data.len() as u64;
+        }
+        peak_kib = peak_kib.max(proc_status_kib(s.pid(), "VmRSS"));
+        if r["closed"] == json!(true) {
+            break;
+        }
+    }
+    assert_eq!(got, total, "every byte arrived");
+    assert!(peak_kib < 64 * 1024, "server RSS peaked at {peak_kib} KiB");
+    // The spool keeps no named files, ever.
+    assert_eq!(std::fs::read_dir(&spool_dir).unwrap().count(), 0);
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&spool_dir).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700);
+    let _ = std::fs::remove_dir_all(&spool);
+}

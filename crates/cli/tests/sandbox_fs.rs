@@ -1,0 +1,189 @@
+//! The sandbox on the server's own file-system methods (SANDBOX.md §2.7,
+//! cases S16–S22, and streams): outcomes checked on the host.
+
+mod common;
+
+use common::sandbox::*;
+use common::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn s16_to_s22_file_system_methods_obey_the_policy() {
+    let s = Server::start(&[]);
+    let f = fixture("s16");
+    let mut c = Conn::open(&s.url, None).await;
+    let w = ww(&f.ws);
+    // S16
+    let e = fs_err(
+        &mut c,
+        "fs/writeFile",
+        json!({"path": uri(&f.out.join("f")), "dataBase64": b64(b"x"), "sandbox": w}),
+    )
+    .await;
+    assert_eq!(
+        e,
+        (-32603, "Read-only file system (os error 30)".to_string())
+    );
+    assert!(!f.out.join("f").exists());
+    // S17
+    let r = c
+        .ok(
+            "fs/writeFile",
+            json!({"path": uri(&f.ws.join("f")), "dataBase64": b64(b"ok"), "sandbox": w}),
+        )
+        .await;
+    assert_eq!(r, json!({}));
+    assert_eq!(std::fs::read_to_string(f.ws.join("f")).unwrap(), "ok");
+    // S18
+    for (m, p) in [
+        (
+            "fs/writeFile",
+            json!({"path": uri(&f.ws.join("escape_dir/f")), "dataBase64": "", "sandbox": w}),
+        ),
+        (
+            "fs/remove",
+            json!({"path": uri(&f.out.join("secret.txt")), "sandbox": w}),
+        ),
+        (
+            "fs/copy",
+            json!({"sourcePath": uri(&f.ws.join("in.txt")), "destinationPath": uri(&f.out.join("c")), "recursive": false, "sandbox": w}),
+        ),
+        (
+            "fs/createDirectory",
+            json!({"path": uri(&f.out.join("d")), "sandbox": w}),
+        ),
+        (
+            "fs/writeFile",
+            json!({"path": uri(&f.ws.join(".git/x")), "dataBase64": "", "sandbox": w}),
+        ),
+        (
+            "fs/createDirectory",
+            json!({"path": uri(&f.ws.join(".codex")), "recursive": false, "sandbox": w}),
+        ),
+    ] {
+        let (code, msg) = fs_err(&mut c, m, p).await;
+        assert!(code == -32603 || code == -32600, "{m}: {code} {msg}");
+    }
+    assert_eq!(entries(&f.out), ["secret.txt"]);
+    assert!(!f.ws.join(".git/x").exists() && !f.ws.join(".codex").exists());
+    // S19
+    let r = c
+        .ok(
+            "fs/readFile",
+            json!({"path": uri(&f.out.join("secret.txt")), "sandbox": w}),
+        )
+        .await;
+    assert_eq!(unb64(&r["dataBase64"]), b"secret");
+    // S20
+    let deny = sandbox(
+        &f.ws,
+        vec![special("root", "read"), path_entry(&f.out, "deny")],
+        "restricted",
+    );
+    let e = fs_err(
+        &mut c,
+        "fs/readFile",
+        json!({"path": uri(&f.out.join("secret.txt")), "sandbox": deny}),
+    )
+    .await;
+    assert_eq!(e, (-32600, "Permission denied (os error 13)".to_string()));
+    // S21: the symlink's target is not in the view.
+    let minimal = sandbox(
+        &f.ws,
+        vec![special("minimal", "read"), path_entry(&f.ws, "read")],
+        "restricted",
+    );
+    let (code, msg) = fs_err(
+        &mut c,
+        "fs/readFile",
+        json!({"path": uri(&f.ws.join("escape_file")), "sandbox": minimal}),
+    )
+    .await;
+    assert_eq!(code, -32004, "{msg}");
+    let r = c
+        .ok(
+            "fs/readFile",
+            json!({"path": uri(&f.ws.join("in.txt")), "sandbox": minimal}),
+        )
+        .await;
+    assert_eq!(unb64(&r["dataBase64"]), b"in");
+    // S22
+    let mut no_cwd = ww(&f.ws);
+    no_cwd.as_object_mut().unwrap().remove("cwd");
+    let e = fs_err(
+        &mut c,
+        "fs/writeFile",
+        json!({"path": uri(&f.ws.join("g")), "dataBase64": "", "sandbox": no_cwd}),
+    )
+    .await;
+    assert_eq!(
+        e,
+        (
+            -32602,
+            "file system sandbox context with dynamic permissions requires cwd".to_string()
+        )
+    );
+    assert!(!f.ws.join("g").exists());
+}
+
+/// `fs/open` under a sandbox: the helper opens the file inside the view and
+/// passes the descriptor back (`sandboxedFileStreaming`).
+#[tokio::test]
+async fn sandboxed_file_streaming() {
+    let s = Server::start(&[]);
+    let f = fixture("stream");
+    let mut c = Conn::open(&s.url, None).await;
+    let w = ww(&f.ws);
+    c.ok(
+        "fs/open",
+        json!({"handleId": "h", "path": uri(&f.ws.join("big")), "mode": "replace", "sandbox": w}),
+    )
+    .await;
+    c.ok(
+        "fs/writeBlock",
+        json!({"handleId": "h", "offset": 0, "chunk": b64(b"streamed")}),
+    )
+    .await;
+    // As unsandboxed: the upload replaces the target only when closed.
+    assert!(!f.ws.join("big").exists());
+    c.ok("fs/close", json!({"handleId": "h"})).await;
+    assert_eq!(
+        std::fs::read_to_string(f.ws.join("big")).unwrap(),
+        "streamed"
+    );
+    let e = fs_err(
+        &mut c,
+        "fs/open",
+        json!({"handleId": "o", "path": uri(&f.out.join("big")), "mode": "replace", "sandbox": w}),
+    )
+    .await;
+    assert_eq!(
+        e,
+        (-32603, "Read-only file system (os error 30)".to_string())
+    );
+    assert!(!f.out.join("big").exists());
+    let deny = sandbox(
+        &f.ws,
+        vec![special("root", "read"), path_entry(&f.out, "deny")],
+        "restricted",
+    );
+    let e = fs_err(
+        &mut c,
+        "fs/open",
+        json!({"handleId": "d", "path": uri(&f.out.join("secret.txt")), "sandbox": deny}),
+    )
+    .await;
+    assert_eq!(e, (-32600, "Permission denied (os error 13)".to_string()));
+    c.ok(
+        "fs/open",
+        json!({"handleId": "r", "path": uri(&f.ws.join("in.txt")), "sandbox": deny}),
+    )
+    .await;
+    let r = c
+        .ok(
+            "fs/readBlock",
+            json!({"handleId": "r", "offset": 0, "len": 100}),
+        )
+        .await;
+    assert_eq!(unb64(&r["chunk"]), b"in");
+}

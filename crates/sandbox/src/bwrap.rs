@@ -1,0 +1,267 @@
+//! Turning a [`Plan`] into the command that starts one confined child.
+
+use crate::inner::INNER_FLAG;
+use crate::plan::{Mount, Plan};
+use crate::protect::Placeholder;
+use crate::Error;
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The programs a confined start needs.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    /// bubblewrap, when found; `None` makes every plan that needs namespaces
+    /// fail with [`Error::BwrapMissing`] (never a silent downgrade).
+    pub bwrap: Option<PathBuf>,
+    /// This server's executable, re-executed as the inner stage
+    /// ([`crate::inner`]); it must handle [`INNER_FLAG`] first thing in `main`.
+    pub helper: PathBuf,
+}
+
+impl Runtime {
+    /// Finds `bwrap` on `PATH` (then `/usr/bin`), with `helper` as the inner stage.
+    pub fn locate(helper: PathBuf) -> Runtime {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let bwrap = std::env::split_paths(&path)
+            .chain([PathBuf::from("/usr/bin")])
+            .map(|d| d.join("bwrap"))
+            .find(|p| is_executable(p));
+        Runtime { bwrap, helper }
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// What must live as long as the confined child: its placeholders (removed
+/// from the host when the last user is gone). Drop it once the child exited.
+#[derive(Debug, Default)]
+pub struct Guard {
+    _placeholders: Vec<Placeholder>,
+}
+
+/// A command ready for stdio, environment and spawning. The caller sets the
+/// environment (passed through unchanged to the command), stdio and process
+/// group; it must not clear the inherited descriptors the command refers to.
+pub struct Prepared {
+    /// The command to spawn.
+    pub command: Command,
+    /// Keep until the child exited.
+    pub guard: Guard,
+    /// Descriptors the command reads at start (closed in the server once spawned).
+    pub fds: Vec<OwnedFd>,
+}
+
+/// What to run inside.
+pub struct Target<'a> {
+    /// Absolute path of the program.
+    pub program: &'a Path,
+    /// `argv[0]`.
+    pub arg0: &'a str,
+    /// The arguments after `argv[0]`.
+    pub args: &'a [String],
+    /// Working directory (must be visible inside).
+    pub cwd: &'a Path,
+    /// The child's `PWD` as requested (`None`: absent); bubblewrap sets its
+    /// own, the inner stage restores this one.
+    pub pwd: Option<&'a std::ffi::OsStr>,
+}
+
+/// Signals a client or a terminal sends to the whole process group: the
+/// bubblewrap monitor ignores them (it would die and take the sandbox with it
+/// instead of letting the command handle them); the inner stage restores them.
+const MONITOR_IGNORED: [libc::c_int; 7] = [
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGTSTP,
+];
+
+/// Parts of `/proc` re-bound read-only over the sandbox's own `/proc` (the
+/// list container runtimes keep read-only).
+pub const PROC_READ_ONLY: [&str; 5] = [
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/fs",
+    "/proc/acpi",
+    "/proc/scsi",
+];
+
+/// Builds the command for `plan`. `Plan::Direct` runs the program itself.
+///
+/// Errors: [`Error::BwrapMissing`] for a confined plan without bubblewrap;
+/// [`Error::Io`] when a descriptor cannot be made.
+pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Prepared, Error> {
+    let inner = |mode: &str, pwd: OsString| -> Vec<OsString> {
+        let mut v: Vec<OsString> = vec![
+            INNER_FLAG.into(),
+            mode.into(),
+            pwd,
+            target.program.into(),
+            target.arg0.into(),
+        ];
+        v.extend(target.args.iter().map(OsString::from));
+        v
+    };
+    match plan {
+        Plan::Direct => {
+            let mut command = Command::new(target.program);
+            command
+                .arg0(target.arg0)
+                .args(target.args)
+                .current_dir(target.cwd);
+            Ok(Prepared {
+                command,
+                guard: Guard::default(),
+                fds: Vec::new(),
+            })
+        }
+        Plan::Seccomp(mode) => {
+            let mut command = Command::new(&runtime.helper);
+            command
+                .args(inner(mode.as_str(), "keep".into()))
+                .current_dir(target.cwd);
+            Ok(Prepared {
+                command,
+                guard: Guard::default(),
+                fds: Vec::new(),
+            })
+        }
+        Plan::Confined {
+            view,
+            seccomp,
+            unshare_net,
+        } => {
+            let bwrap = runtime.bwrap.as_ref().ok_or(Error::BwrapMissing)?;
+            let mut args: Vec<OsString> = Vec::with_capacity(64);
+            let mut push = |a: &[&std::ffi::OsStr]| args.extend(a.iter().map(|s| s.to_os_string()));
+            push(&[
+                "--unshare-user".as_ref(),
+                "--unshare-pid".as_ref(),
+                "--unshare-ipc".as_ref(),
+                "--unshare-uts".as_ref(),
+            ]);
+            if unshare_net {
+                push(&["--unshare-net".as_ref()]);
+            }
+            push(&["--die-with-parent".as_ref()]);
+            if view.full_read {
+                push(&["--ro-bind".as_ref(), "/".as_ref(), "/".as_ref()]);
+            } else {
+                push(&["--tmpfs".as_ref(), "/".as_ref()]);
+            }
+            push(&["--dev".as_ref(), "/dev".as_ref()]);
+            let mut fds = Vec::new();
+            for m in &view.mounts {
+                match m {
+                    Mount::ReadOnly(p) | Mount::Protect(p) => {
+                        push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()])
+                    }
+                    Mount::Writable(p) => push(&["--bind".as_ref(), p.as_ref(), p.as_ref()]),
+                    Mount::ProtectNested(p) => {
+                        push(&["--ro-bind-try".as_ref(), p.as_ref(), p.as_ref()])
+                    }
+                    Mount::DenyDir(p) => push(&[
+                        "--perms".as_ref(),
+                        "0000".as_ref(),
+                        "--tmpfs".as_ref(),
+                        p.as_ref(),
+                        "--remount-ro".as_ref(),
+                        p.as_ref(),
+                    ]),
+                    Mount::Symlink(link, target) => {
+                        push(&["--symlink".as_ref(), target.as_ref(), link.as_ref()])
+                    }
+                    Mount::DenyFile(p) => {
+                        let fd = empty_fd()?;
+                        let n = OsString::from(fd.as_raw_fd().to_string());
+                        push(&[
+                            "--perms".as_ref(),
+                            "0000".as_ref(),
+                            "--ro-bind-data".as_ref(),
+                            n.as_ref(),
+                            p.as_ref(),
+                        ]);
+                        fds.push(fd);
+                    }
+                }
+            }
+            // bubblewrap 0.8 covers only /proc/irq and /proc/bus: uid 0 outside
+            // is uid 0 inside, and some /proc files check nothing but the file
+            // mode (`kernel/domainname`, `sysrq-trigger`), so as root a
+            // sandboxed command could change the host. Cover them read-only.
+            push(&["--proc".as_ref(), "/proc".as_ref()]);
+            for p in PROC_READ_ONLY {
+                if Path::new(p).exists() {
+                    push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()]);
+                }
+            }
+            push(&["--cap-drop".as_ref(), "ALL".as_ref()]);
+            push(&[
+                "--chdir".as_ref(),
+                target.cwd.as_ref(),
+                "--".as_ref(),
+                runtime.helper.as_ref(),
+            ]);
+            let pwd = match target.pwd {
+                Some(v) => {
+                    let mut s = OsString::from("set:");
+                    s.push(v);
+                    s
+                }
+                None => "unset".into(),
+            };
+            args.extend(inner(seccomp.as_str(), pwd));
+            let mut command = Command::new(bwrap);
+            command.args(args).current_dir(target.cwd);
+            let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            // SAFETY: between fork and exec only async-signal-safe calls
+            // (signal, fcntl) on integers captured by value.
+            unsafe {
+                command.pre_exec(move || {
+                    for sig in MONITOR_IGNORED {
+                        libc::signal(sig, libc::SIG_IGN);
+                    }
+                    for fd in &raw {
+                        if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+            Ok(Prepared {
+                command,
+                guard: Guard {
+                    _placeholders: view.placeholders,
+                },
+                fds,
+            })
+        }
+    }
+}
+
+/// A read end that is at end of file at once (a pipe whose write end is
+/// closed): the content of a masked file.
+fn empty_fd() -> Result<OwnedFd, Error> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(Error::Io(std::io::Error::last_os_error()));
+    }
+    // SAFETY: both are fresh descriptors owned by nobody else.
+    let (r, w) = unsafe {
+        use std::os::fd::FromRawFd;
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    drop(w);
+    Ok(r)
+}

@@ -1,0 +1,97 @@
+//! The inner stage: the last step before the command, run as this very binary
+//! re-executed with [`INNER_FLAG`] (inside bubblewrap's namespaces, or alone for
+//! a seccomp-only plan).
+//!
+//! Why a stage of our own rather than bubblewrap's `--seccomp FD` alone:
+//! bubblewrap's outer process does not forward signals, so the server starts
+//! it with the job-control and termination signals ignored (a client's
+//! `process/signal` or a PTY's Ctrl-C must reach the command, not end the
+//! sandbox). Ignored dispositions are inherited across `exec`, so something
+//! inside must restore them before the command runs; this stage does that,
+//! installs the seccomp filter, sets `argv[0]` (bubblewrap 0.8 cannot) and
+//! `execv`s the command. It costs one exec of a small-startup binary.
+
+use crate::seccomp::{self, SeccompMode};
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::OsStrExt;
+
+/// The hidden command-line flag selecting the inner stage:
+/// `<exe> --sandbox-inner-exec <restricted|vmsocket|none> <pwd> <program> <argv0> [args…]`,
+/// where `<pwd>` is `keep`, `unset`, or `set:VALUE` (bubblewrap sets `PWD`
+/// itself; the child's environment must be exactly the one requested).
+pub const INNER_FLAG: &str = "--sandbox-inner-exec";
+
+/// Exit status when the command cannot be executed inside the sandbox (as a
+/// shell's `command not found` / `not executable`).
+pub const EXIT_NOT_FOUND: i32 = 127;
+/// See [`EXIT_NOT_FOUND`].
+pub const EXIT_CANNOT_EXEC: i32 = 126;
+
+fn fail(msg: &str, code: i32) -> ! {
+    // "sandbox" in the text marks the failure for sandboxDenied (SANDBOX.md §2.8).
+    eprintln!("exec-server sandbox: {msg}");
+    std::process::exit(code)
+}
+
+fn cstring(s: &OsString) -> CString {
+    CString::new(s.as_bytes())
+        .unwrap_or_else(|_| fail("argument holds a NUL byte", EXIT_CANNOT_EXEC))
+}
+
+/// Runs the inner stage with the arguments after [`INNER_FLAG`]; never returns.
+pub fn run(args: &[OsString]) -> ! {
+    let [mode, pwd, program, rest @ ..] = args else {
+        fail("inner stage: missing arguments", EXIT_CANNOT_EXEC);
+    };
+    // SAFETY: resetting dispositions and the mask of this single-threaded
+    // process before exec; no handler of ours is installed.
+    unsafe {
+        for sig in 1..libc::SIGRTMAX() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+    let pwd = pwd.as_bytes();
+    if pwd == b"unset" {
+        // SAFETY: single-threaded; nothing reads the environment concurrently.
+        unsafe { std::env::remove_var("PWD") };
+    } else if let Some(v) = pwd.strip_prefix(b"set:") {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("PWD", std::ffi::OsStr::from_bytes(v)) };
+    }
+    match mode.to_str() {
+        Some("none") => {}
+        Some(m) => match SeccompMode::parse(m) {
+            Some(mode) => {
+                if let Err(e) = seccomp::install(mode) {
+                    fail(
+                        &format!("cannot install the seccomp filter: {e}"),
+                        EXIT_CANNOT_EXEC,
+                    );
+                }
+            }
+            None => fail("inner stage: unknown seccomp mode", EXIT_CANNOT_EXEC),
+        },
+        None => fail("inner stage: unknown seccomp mode", EXIT_CANNOT_EXEC),
+    }
+    let prog = cstring(program);
+    let argv: Vec<CString> = rest.iter().map(cstring).collect();
+    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    // SAFETY: NUL-terminated strings and a NULL-terminated array that outlive the call.
+    unsafe { libc::execv(prog.as_ptr(), ptrs.as_ptr()) };
+    let err = std::io::Error::last_os_error();
+    let code = if err.raw_os_error() == Some(libc::ENOENT) {
+        EXIT_NOT_FOUND
+    } else {
+        EXIT_CANNOT_EXEC
+    };
+    fail(
+        &format!("cannot execute {}: {err}", program.to_string_lossy()),
+        code,
+    )
+}

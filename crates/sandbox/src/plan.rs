@@ -1,0 +1,371 @@
+//! Resolving a [`Policy`] into a [`Plan`]: which mechanism (SANDBOX.md §2.3) and,
+//! for a confined child, the mounts of its view, all on canonical paths.
+//!
+//! Every path is canonicalised when the view is built: bind mounts then pin the
+//! real directories, so a symlink, `..` or a later rename inside the sandbox
+//! cannot reach outside what was granted. Paths that do not exist are skipped
+//! (nothing to grant or to hide).
+
+use crate::policy::{Access, FileSystem, Policy, Profile, Rule, Target};
+use crate::protect::{self, Placeholder};
+use crate::seccomp::SeccompMode;
+use crate::{Error, MINIMAL_ROOTS};
+use std::path::{Path, PathBuf};
+
+/// One mount of the view, applied in order (later mounts cover earlier ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mount {
+    /// Bound read-only.
+    ReadOnly(PathBuf),
+    /// Bound writable.
+    Writable(PathBuf),
+    /// A protected name that exists: re-bound read-only over its writable parent.
+    Protect(PathBuf),
+    /// A protected name in a nested directory: the same, skipped if it
+    /// vanished since the scan (best effort, like the scan itself; a strict
+    /// bind would let anyone who deletes a nested `.git` fail the start).
+    ProtectNested(PathBuf),
+    /// A directory to hide: an empty mode-000 read-only tmpfs.
+    DenyDir(PathBuf),
+    /// A file to hide: an empty mode-000 read-only file.
+    DenyFile(PathBuf),
+    /// In a view without the host root: a symlink recreated at `.0` pointing
+    /// to `.1` (e.g. `/bin` → `usr/bin` on a merged-/usr system), so paths
+    /// through it (the ELF interpreter's `/lib64/…`) keep working.
+    Symlink(PathBuf, PathBuf),
+}
+
+/// The file-system view of a confined child.
+#[derive(Debug, Default)]
+pub struct View {
+    /// True: the host root is bound read-only first; false: an empty tmpfs root.
+    pub full_read: bool,
+    /// The mounts, in order.
+    pub mounts: Vec<Mount>,
+    /// Empty read-only directories standing for absent protected names; they
+    /// exist on the host only while a child uses them.
+    pub placeholders: Vec<Placeholder>,
+}
+
+/// How one child is started.
+#[derive(Debug)]
+pub enum Plan {
+    /// Plain exec: nothing to restrict (`disabled`, or full write with network).
+    Direct,
+    /// No namespaces, only no_new_privs and the seccomp filter (full write,
+    /// network restricted).
+    Seccomp(SeccompMode),
+    /// bubblewrap namespaces and mounts, then the seccomp filter.
+    Confined {
+        /// The file-system view.
+        view: View,
+        /// The filter installed before the command runs.
+        seccomp: SeccompMode,
+        /// A private network namespace (network restricted).
+        unshare_net: bool,
+    },
+}
+
+/// Resolves `policy`. `extra_readable` are paths the child needs whatever the
+/// policy says (the helper executable), made readable when the root is not.
+///
+/// Errors: [`Error::LegacyLandlock`] for `useLegacyLandlock` with a restricted
+/// file system; [`Error::Io`] when a placeholder cannot be created.
+pub fn resolve(policy: &Policy, extra_readable: &[PathBuf]) -> Result<Plan, Error> {
+    let net = policy.network_restricted();
+    let rules = match &policy.profile {
+        Profile::Disabled => return Ok(Plan::Direct),
+        Profile::External { .. }
+        | Profile::Managed {
+            fs: FileSystem::Unrestricted,
+            ..
+        } => {
+            return Ok(seccomp_only(net));
+        }
+        Profile::Managed {
+            fs: FileSystem::Restricted(rules),
+            ..
+        } => rules,
+    };
+    if policy.writes_everything() {
+        return Ok(seccomp_only(net));
+    }
+    if policy.legacy_landlock {
+        return Err(Error::LegacyLandlock);
+    }
+    let view = build_view(policy, rules, extra_readable)?;
+    Ok(Plan::Confined {
+        view,
+        seccomp: if net {
+            SeccompMode::Restricted
+        } else {
+            SeccompMode::VmSocket
+        },
+        unshare_net: net,
+    })
+}
+
+fn seccomp_only(network_restricted: bool) -> Plan {
+    if network_restricted {
+        Plan::Seccomp(SeccompMode::Restricted)
+    } else {
+        Plan::Direct
+    }
+}
+
+/// The concrete (path, access) pairs the rules name, before canonicalisation.
+fn expand(policy: &Policy, rules: &[Rule]) -> (Option<Access>, Vec<(PathBuf, Access)>) {
+    let mut root = None;
+    let mut out = Vec::new();
+    for rule in rules {
+        match &rule.target {
+            Target::Root => {
+                // The most permissive root entry wins (`read` then `write`);
+                // `deny` on the root only means "not readable".
+                root = match (root, rule.access) {
+                    (Some(Access::Write), _) | (_, Access::Write) => Some(Access::Write),
+                    (Some(Access::Read), _) | (_, Access::Read) => Some(Access::Read),
+                    _ => Some(Access::Deny),
+                };
+            }
+            Target::Path(p) => out.push((p.clone(), rule.access)),
+            Target::Glob(pattern) => {
+                let full = if pattern.starts_with('/') {
+                    pattern.clone()
+                } else {
+                    format!("{}/{}", policy.cwd.display(), pattern)
+                };
+                for p in crate::glob::expand(&full) {
+                    out.push((p, rule.access));
+                }
+            }
+            Target::Minimal => {
+                for m in MINIMAL_ROOTS {
+                    out.push((PathBuf::from(m), rule.access));
+                }
+            }
+            Target::WorkspaceRoots { subpath } => {
+                for r in &policy.workspace_roots {
+                    let p = match subpath {
+                        Some(s) => r.join(s),
+                        None => r.clone(),
+                    };
+                    out.push((p, rule.access));
+                }
+            }
+            Target::Tmpdir => {
+                if let Some(t) = &policy.tmpdir {
+                    out.push((t.clone(), rule.access));
+                }
+            }
+            Target::SlashTmp => out.push((PathBuf::from("/tmp"), rule.access)),
+            Target::Ignored => {}
+        }
+    }
+    (root, out)
+}
+
+fn depth(p: &Path) -> usize {
+    p.components().count()
+}
+
+fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Result<View, Error> {
+    let (root, entries) = expand(policy, rules);
+    let full_read = matches!(root, Some(Access::Read | Access::Write));
+    let mut symlinks: Vec<Mount> = Vec::new();
+    let mut canonical = |p: &Path| -> Option<PathBuf> {
+        let c = std::fs::canonicalize(p).ok()?;
+        if !full_read && c != p {
+            if let Ok(target) = std::fs::read_link(p) {
+                let m = Mount::Symlink(p.to_path_buf(), target);
+                if !symlinks.contains(&m) {
+                    symlinks.push(m);
+                }
+            }
+        }
+        Some(c)
+    };
+    let mut entries: Vec<(PathBuf, Access)> = entries
+        .into_iter()
+        .filter_map(|(p, a)| canonical(&p).map(|c| (c, a)))
+        .collect();
+    let extra: Vec<PathBuf> = extra_readable.iter().filter_map(|p| canonical(p)).collect();
+    let mut view = View {
+        full_read,
+        ..View::default()
+    };
+    if root == Some(Access::Write) {
+        // Whole disk writable but something denied: bind the root writable
+        // and mask (resolve() only gets here when a deny entry exists).
+        view.mounts.push(Mount::Writable(PathBuf::from("/")));
+    }
+    if !full_read {
+        view.mounts.extend(extra.into_iter().map(Mount::ReadOnly));
+    }
+    // Shallow first, so a deeper entry refines a shallower one; at equal depth
+    // deny comes last and wins.
+    entries.sort_by_key(|(p, a)| (depth(p), *a == Access::Deny));
+    entries.dedup();
+    let mut writable: Vec<PathBuf> = Vec::new();
+    let mut denies: Vec<Mount> = Vec::new();
+    for (path, access) in &entries {
+        match access {
+            Access::Read => {
+                // Under a full-read view a read entry matters only inside a
+                // writable root (it makes that subtree read-only again).
+                if !full_read || writable.iter().any(|w| path.starts_with(w)) {
+                    view.mounts.push(Mount::ReadOnly(path.clone()));
+                }
+            }
+            Access::Write => {
+                view.mounts.push(Mount::Writable(path.clone()));
+                writable.push(path.clone());
+            }
+            Access::Deny => {
+                let visible = full_read
+                    || view.mounts.iter().any(|m| match m {
+                        Mount::ReadOnly(r) | Mount::Writable(r) => path.starts_with(r),
+                        _ => false,
+                    });
+                if visible {
+                    denies.push(if path.is_dir() {
+                        Mount::DenyDir(path.clone())
+                    } else {
+                        Mount::DenyFile(path.clone())
+                    });
+                }
+            }
+        }
+    }
+    // Protected names cover their writable roots; the deny masks come last of
+    // all, so nothing granted later re-exposes a denied path.
+    for w in &writable {
+        let found = protect::scan(w)?;
+        view.mounts
+            .extend(found.existing.into_iter().map(Mount::Protect));
+        view.mounts
+            .extend(found.nested.into_iter().map(Mount::ProtectNested));
+        for ph in found.placeholders {
+            view.mounts.push(Mount::Protect(ph.path().to_path_buf()));
+            view.placeholders.push(ph);
+        }
+    }
+    view.mounts.extend(denies);
+    view.mounts.extend(symlinks);
+    Ok(view)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(profile: Profile, ws: &Path) -> Policy {
+        Policy {
+            profile,
+            legacy_landlock: false,
+            cwd: ws.to_path_buf(),
+            workspace_roots: vec![ws.to_path_buf()],
+            tmpdir: None,
+        }
+    }
+
+    fn managed(rules: Vec<Rule>, network_restricted: bool) -> Profile {
+        Profile::Managed {
+            fs: FileSystem::Restricted(rules),
+            network_restricted,
+        }
+    }
+
+    fn rule(target: Target, access: Access) -> Rule {
+        Rule { target, access }
+    }
+
+    #[test]
+    fn decision_table() {
+        let ws = Path::new("/");
+        let kind = |p: Profile| match resolve(&policy(p, ws), &[]) {
+            Ok(Plan::Direct) => "direct",
+            Ok(Plan::Seccomp(SeccompMode::Restricted)) => "seccomp",
+            Ok(Plan::Confined { .. }) => "confined",
+            _ => "other",
+        };
+        assert_eq!(kind(Profile::Disabled), "direct");
+        assert_eq!(
+            kind(Profile::External {
+                network_restricted: true
+            }),
+            "seccomp"
+        );
+        assert_eq!(
+            kind(Profile::External {
+                network_restricted: false
+            }),
+            "direct"
+        );
+        let unrestricted = |n| Profile::Managed {
+            fs: FileSystem::Unrestricted,
+            network_restricted: n,
+        };
+        assert_eq!(kind(unrestricted(true)), "seccomp");
+        assert_eq!(kind(unrestricted(false)), "direct");
+        assert_eq!(
+            kind(managed(vec![rule(Target::Root, Access::Write)], false)),
+            "direct"
+        );
+        assert_eq!(
+            kind(managed(vec![rule(Target::Root, Access::Read)], false)),
+            "confined"
+        );
+        let mut legacy = policy(managed(vec![rule(Target::Root, Access::Read)], true), ws);
+        legacy.legacy_landlock = true;
+        assert!(matches!(resolve(&legacy, &[]), Err(Error::LegacyLandlock)));
+    }
+
+    #[test]
+    fn workspace_write_view() {
+        let ws = std::env::temp_dir().join(format!("sbx-plan-{}", std::process::id()));
+        std::fs::create_dir_all(ws.join(".git")).unwrap();
+        std::fs::create_dir_all(ws.join("sub/.git")).unwrap();
+        std::fs::write(ws.join("secret"), "s").unwrap();
+        let ws = std::fs::canonicalize(&ws).unwrap();
+        let p = policy(
+            managed(
+                vec![
+                    rule(Target::Root, Access::Read),
+                    rule(Target::Path(ws.join("secret")), Access::Deny),
+                    rule(Target::WorkspaceRoots { subpath: None }, Access::Write),
+                ],
+                true,
+            ),
+            &ws,
+        );
+        let Ok(Plan::Confined {
+            view,
+            seccomp,
+            unshare_net,
+        }) = resolve(&p, &[])
+        else {
+            panic!("confined");
+        };
+        assert_eq!((seccomp, unshare_net), (SeccompMode::Restricted, true));
+        assert!(view.full_read);
+        let pos = |m: &Mount| view.mounts.iter().position(|x| x == m).unwrap();
+        let w = pos(&Mount::Writable(ws.clone()));
+        assert!(w < pos(&Mount::Protect(ws.join(".git"))));
+        assert!(
+            w < pos(&Mount::ProtectNested(ws.join("sub/.git"))),
+            "nested repository"
+        );
+        assert_eq!(
+            view.mounts.last(),
+            Some(&Mount::DenyFile(ws.join("secret"))),
+            "deny last"
+        );
+        // Absent names get placeholders that exist only while the view lives.
+        assert_eq!(view.placeholders.len(), 3);
+        assert!(ws.join(".codex").is_dir());
+        drop(view);
+        assert!(!ws.join(".codex").exists() && !ws.join(".aws").exists());
+        std::fs::remove_dir_all(&ws).unwrap();
+    }
+}

@@ -1,0 +1,164 @@
+//! Protected names (`.git`, `.codex`, `.agents`, `.aws`): read-only under every
+//! writable root, and also in nested repositories found below it (the
+//! reference leaves those writable).
+//!
+//! An absent protected name directly under a writable root gets an empty
+//! directory as a placeholder, bound read-only, so the child cannot create it.
+//! A mount needs an inode, so the placeholder exists on the host while a child
+//! uses it; a process-wide count shares it between concurrent children and the
+//! last one removes it (`rmdir`, so a directory someone filled meanwhile stays).
+
+use crate::{Error, MAX_SCAN_DEPTH, MAX_SCAN_ENTRIES, PROTECTED_NAMES};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+fn registry() -> &'static Mutex<HashMap<PathBuf, usize>> {
+    static R: OnceLock<Mutex<HashMap<PathBuf, usize>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// One use of a placeholder directory; the last drop removes it from the host.
+#[derive(Debug)]
+pub struct Placeholder {
+    path: PathBuf,
+}
+
+impl Placeholder {
+    /// Creates (or shares) the placeholder at `path`. `Ok(None)` when `path`
+    /// exists already (it is then protected as an existing name) or cannot be
+    /// created by this user (then the child, with at most the same rights,
+    /// cannot create it either).
+    fn acquire(path: &Path) -> Result<Option<Placeholder>, Error> {
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = reg.get_mut(path) {
+            *n += 1;
+            return Ok(Some(Placeholder {
+                path: path.to_path_buf(),
+            }));
+        }
+        match std::fs::create_dir(path) {
+            Ok(()) => {
+                reg.insert(path.to_path_buf(), 1);
+                Ok(Some(Placeholder {
+                    path: path.to_path_buf(),
+                }))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EACCES | libc::EPERM | libc::EROFS)
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(Error::Placeholder(path.to_path_buf(), e)),
+        }
+    }
+
+    /// The placeholder's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Placeholder {
+    fn drop(&mut self) {
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        let last = match reg.get_mut(&self.path) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                reg.remove(&self.path);
+                true
+            }
+            None => false,
+        };
+        if last {
+            // Only an empty directory goes; anything put there stays.
+            let _ = std::fs::remove_dir(&self.path);
+        }
+    }
+}
+
+/// Removes every placeholder still registered (the server calls it at
+/// shutdown, after killing every sandbox, when no guard will be dropped any
+/// more). Only empty directories go.
+pub fn release_all() {
+    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    for (path, _) in reg.drain() {
+        let _ = std::fs::remove_dir(&path);
+    }
+}
+
+/// What [`scan`] found under one writable root.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// Existing protected names directly under the root (canonical).
+    pub existing: Vec<PathBuf>,
+    /// Protected names in nested directories (nested repositories).
+    pub nested: Vec<PathBuf>,
+    /// Placeholders standing for absent top-level names.
+    pub placeholders: Vec<Placeholder>,
+}
+
+/// Finds the protected names under `root` (canonical): each top-level name
+/// (existing, or a new placeholder), and nested ones up to [`MAX_SCAN_DEPTH`]
+/// levels and [`MAX_SCAN_ENTRIES`] directory entries (a nested repository
+/// deeper or later than that is not protected; symlinked directories are not
+/// followed, their targets are outside the root or scanned in place).
+pub fn scan(root: &Path) -> Result<Found, Error> {
+    let mut found = Found::default();
+    for name in PROTECTED_NAMES {
+        let p = root.join(name);
+        if p.symlink_metadata().is_ok() {
+            if let Ok(c) = std::fs::canonicalize(&p) {
+                found.existing.push(c);
+            }
+        } else if let Some(ph) = Placeholder::acquire(&p)? {
+            found.placeholders.push(ph);
+        } else if p.symlink_metadata().is_ok() {
+            // Created by someone else in between: protect it as it is.
+            if let Ok(c) = std::fs::canonicalize(&p) {
+                found.existing.push(c);
+            }
+        }
+    }
+    let mut budget = MAX_SCAN_ENTRIES;
+    let mut level: Vec<PathBuf> = vec![root.to_path_buf()];
+    for depth in 0..MAX_SCAN_DEPTH {
+        let mut next = Vec::new();
+        for dir in &level {
+            let Ok(rd) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for entry in rd.flatten() {
+                if budget == 0 {
+                    return Ok(found);
+                }
+                budget -= 1;
+                let name = entry.file_name();
+                let Ok(ft) = entry.file_type() else {
+                    continue;
+                };
+                if PROTECTED_NAMES.iter().any(|n| name == *n) {
+                    if depth > 0 {
+                        found.nested.push(entry.path());
+                    }
+                    continue;
+                }
+                if ft.is_dir() {
+                    next.push(entry.path());
+                }
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        level = next;
+    }
+    Ok(found)
+}

@@ -1,0 +1,152 @@
+//! The seccomp filter (SANDBOX.md §2.4), built with `seccompiler`: default
+//! allow, listed calls fail with `EPERM` (a clear error, not a kill); a call
+//! from another architecture's ABI (e.g. 32-bit `int 0x80` on x86_64) kills
+//! the process, so the filter cannot be sidestepped through it. Installed with
+//! `PR_SET_NO_NEW_PRIVS`, it is inherited by every descendant and cannot be
+//! removed.
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+use std::collections::BTreeMap;
+
+/// Which calls the filter denies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeccompMode {
+    /// Network restricted: inet sockets and socket calls, `ptrace`,
+    /// `process_vm_*`, `io_uring_*`; `socket`/`socketpair` only for `AF_UNIX`.
+    Restricted,
+    /// Network enabled: only `AF_VSOCK` sockets and `io_uring_*`.
+    VmSocket,
+}
+
+impl SeccompMode {
+    /// The name used on the inner stage's command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeccompMode::Restricted => "restricted",
+            SeccompMode::VmSocket => "vmsocket",
+        }
+    }
+
+    /// Parses [`SeccompMode::as_str`].
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "restricted" => Some(SeccompMode::Restricted),
+            "vmsocket" => Some(SeccompMode::VmSocket),
+            _ => None,
+        }
+    }
+}
+
+const X32_SYSCALL_BIT: i64 = 0x4000_0000;
+
+fn arch() -> Result<TargetArch, String> {
+    TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("{e:?}"))
+}
+
+fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, String> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(|e| e.to_string())
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
+    SeccompRule::new(conds).map_err(|e| e.to_string())
+}
+
+/// Compiles the filter for `mode`. Errors are seccompiler's, as text.
+pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    // Writing into the terminal's input queue would let a child type commands
+    // into whatever terminal it can open (the operator's, in pipe mode).
+    rules.insert(
+        libc::SYS_ioctl,
+        vec![
+            rule(vec![cond(1, SeccompCmpOp::Eq, libc::TIOCSTI)?])?,
+            rule(vec![cond(1, SeccompCmpOp::Eq, libc::TIOCLINUX)?])?,
+        ],
+    );
+    for call in [
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+    ] {
+        rules.insert(call, vec![]);
+    }
+    match mode {
+        SeccompMode::Restricted => {
+            for call in [
+                libc::SYS_connect,
+                libc::SYS_accept,
+                libc::SYS_accept4,
+                libc::SYS_bind,
+                libc::SYS_listen,
+                libc::SYS_getpeername,
+                libc::SYS_getsockname,
+                libc::SYS_shutdown,
+                libc::SYS_sendto,
+                libc::SYS_sendmmsg,
+                libc::SYS_recvmmsg,
+                libc::SYS_getsockopt,
+                libc::SYS_setsockopt,
+                libc::SYS_ptrace,
+                libc::SYS_process_vm_readv,
+                libc::SYS_process_vm_writev,
+            ] {
+                rules.insert(call, vec![]);
+            }
+            let not_unix = || -> Result<Vec<SeccompRule>, String> {
+                Ok(vec![rule(vec![cond(
+                    0,
+                    SeccompCmpOp::Ne,
+                    libc::AF_UNIX as u64,
+                )?])?])
+            };
+            rules.insert(libc::SYS_socket, not_unix()?);
+            rules.insert(libc::SYS_socketpair, not_unix()?);
+        }
+        SeccompMode::VmSocket => {
+            rules.insert(
+                libc::SYS_socket,
+                vec![rule(vec![cond(
+                    0,
+                    SeccompCmpOp::Eq,
+                    libc::AF_VSOCK as u64,
+                )?])?],
+            );
+        }
+    }
+    if cfg!(target_arch = "x86_64") {
+        // The x32 ABI shares the x86_64 audit arch with its own call numbers
+        // (bit 30 set): deny those too where the kernel enables x32.
+        let x32: Vec<(i64, Vec<SeccompRule>)> = rules
+            .iter()
+            .map(|(nr, r)| (nr | X32_SYSCALL_BIT, r.clone()))
+            .collect();
+        rules.extend(x32);
+    }
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch()?,
+    )
+    .map_err(|e| e.to_string())?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| e.to_string())
+}
+
+/// Sets `PR_SET_NO_NEW_PRIVS` and installs the filter for `mode` on the
+/// calling thread (the inner stage is single-threaded).
+pub fn install(mode: SeccompMode) -> Result<(), String> {
+    let prog = build(mode)?;
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(format!(
+            "PR_SET_NO_NEW_PRIVS: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    seccompiler::apply_filter(&prog).map_err(|e| e.to_string())
+}

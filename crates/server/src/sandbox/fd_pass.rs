@@ -1,0 +1,128 @@
+//! Passing a file descriptor from the confined file-system helper to the
+//! server over a Unix stream socket (`SCM_RIGHTS`), for `fs/open` under a
+//! sandbox: the helper opens the file inside the sandbox's view (so the kernel
+//! checks the policy), the server keeps the descriptor for the handle.
+//! (Raw libc: nix's socket feature needs a crate this build could not fetch.)
+
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Most descriptors accepted in one message.
+const MAX_FDS: usize = 4;
+
+fn cmsg_space(fds: usize) -> usize {
+    // SAFETY: CMSG_SPACE is arithmetic on its argument.
+    unsafe { libc::CMSG_SPACE((fds * size_of::<RawFd>()) as u32) as usize }
+}
+
+/// Sends `data` on the socket `sock` with `fds` (at most 4) attached to its
+/// first byte. Returns the bytes sent (the caller writes the rest plainly).
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    if fds.is_empty() || fds.len() > MAX_FDS {
+        return Err(io::Error::other("between 1 and 4 descriptors"));
+    }
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut cbuf = vec![0u8; cmsg_space(fds.len())];
+    // SAFETY: a zeroed msghdr is valid; every pointer set below points into
+    // locals that outlive the sendmsg call, with their true lengths.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = cbuf.len() as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null() {
+            return Err(io::Error::other("no room for the control message"));
+        }
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
+        let data = libc::CMSG_DATA(cmsg) as *mut RawFd;
+        for (i, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(data.add(i), *fd);
+        }
+        let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+}
+
+/// Reads `sock` to end of file (at most `limit` bytes), collecting every
+/// descriptor that came with the data (close-on-exec).
+pub fn recv_all(sock: &OwnedFd, limit: u64) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut data = Vec::new();
+    let mut fds = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut cbuf = vec![0u8; cmsg_space(MAX_FDS)];
+    loop {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        // SAFETY: as in send_with_fd; the kernel writes at most the lengths given.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = cbuf.len() as _;
+            let n = libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if n >= 0 {
+                let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+                while !cmsg.is_null() {
+                    if (*cmsg).cmsg_level == libc::SOL_SOCKET
+                        && (*cmsg).cmsg_type == libc::SCM_RIGHTS
+                    {
+                        let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                        let p = libc::CMSG_DATA(cmsg) as *const RawFd;
+                        for i in 0..bytes / size_of::<RawFd>() {
+                            fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
+                        }
+                    }
+                    cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+                }
+            }
+            n
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok((data, fds));
+        }
+        data.extend_from_slice(&buf[..n as usize]);
+        if data.len() as u64 > limit {
+            return Err(io::Error::other("response too large"));
+        }
+    }
+}
+
+/// A connected pair of close-on-exec Unix stream sockets.
+pub fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair fills two descriptors we then own.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}

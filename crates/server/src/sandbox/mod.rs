@@ -1,0 +1,331 @@
+//! Server side of the `sandbox` member (SANDBOX.md): converting the wire's
+//! [`FileSystemSandboxContext`] into the sandbox crate's [`Policy`], deciding
+//! per request whether and how to confine, and the file-system helper
+//! ([`fs_helper`]). The confinement itself lives in `exec-server-sandbox`.
+//!
+//! `--allow-unsandboxed` now means only this: where enforcement is impossible
+//! on this host (no `bwrap` for a policy that needs namespaces, or no helper
+//! executable configured), run the request unconfined and say so
+//! (`sandboxType: "none"`) instead of refusing it. Where enforcement is
+//! possible it has no effect: a sandbox is always enforced, and a sandbox that
+//! fails at run time (e.g. user namespaces disabled) never falls back.
+
+mod fd_pass;
+pub mod fs_helper;
+
+use crate::error::{ExecError, ExecResult};
+use exec_server_protocol::types::{
+    ExecPermissionProfile, FileSystemAccess, FileSystemPermissions, FileSystemSandboxContext,
+    NetworkAccess, PermissionPath, SpecialPath,
+};
+use exec_server_protocol::PathUri;
+pub use exec_server_sandbox::inner::{run as run_inner_stage, INNER_FLAG};
+use exec_server_sandbox::{
+    Access, FileSystem, Guard, Policy, Prepared, Profile, Rule, Runtime, Target,
+};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// `sandboxType` of a confined start (the reference's value for any sandbox object).
+pub const SANDBOX_TYPE_LINUX: &str = "linuxSeccomp";
+/// `sandboxType` of an unconfined start.
+pub const SANDBOX_TYPE_NONE: &str = "none";
+
+/// What this server can enforce, decided once at start.
+#[derive(Debug, Clone)]
+pub struct Support {
+    /// The programs confinement needs; `None` when no helper executable was
+    /// configured (the server embedded in another program).
+    runtime: Option<Runtime>,
+    /// The operator's opt-out for hosts where enforcement is impossible.
+    allow_unsandboxed: bool,
+}
+
+impl Support {
+    /// `helper` is this server's executable (it must handle [`INNER_FLAG`] and
+    /// [`fs_helper::FLAG`] first thing in `main`).
+    pub fn new(helper: Option<PathBuf>, allow_unsandboxed: bool) -> Self {
+        Support {
+            runtime: helper.map(Runtime::locate),
+            allow_unsandboxed,
+        }
+    }
+
+    /// True when every policy can be enforced here (helper and bubblewrap found).
+    pub fn enforced(&self) -> bool {
+        self.runtime.as_ref().is_some_and(|r| r.bwrap.is_some())
+    }
+
+    /// The runtime for `policy`, or the refusal (or `None` = run unconfined,
+    /// with the operator's consent) when it cannot be enforced here.
+    fn runtime_for(&self, policy: &Policy) -> ExecResult<Option<&Runtime>> {
+        let needs_bwrap = !policy.writes_everything();
+        match &self.runtime {
+            Some(r) if r.bwrap.is_some() || !needs_bwrap => Ok(Some(r)),
+            _ if self.allow_unsandboxed => Ok(None),
+            Some(_) => Err(ExecError::permission_denied(
+                exec_server_sandbox::Error::BwrapMissing.to_string(),
+            )),
+            None => Err(ExecError::permission_denied(
+                "sandbox runtime paths are not configured: this exec-server cannot confine commands \
+                 (refused rather than run unconfined)",
+            )),
+        }
+    }
+}
+
+/// A path of the policy: [`ErrorKind::InvalidInput`](crate::error::ErrorKind)
+/// for a URI naming no path here (-32600, as the reference).
+fn policy_path(uri: &PathUri) -> ExecResult<PathBuf> {
+    uri.to_path().map_err(|_| {
+        ExecError::invalid_input(format!(
+            "invalid sandbox permission path URI: '{uri}' is invalid on 'linux'"
+        ))
+    })
+}
+
+/// Converts the wire context. `cwd` is the policy cwd to use when the context
+/// gives none.
+pub fn to_policy(ctx: &FileSystemSandboxContext, cwd: &Path) -> ExecResult<Policy> {
+    let net = |n: &NetworkAccess| *n == NetworkAccess::Restricted;
+    let profile = match &ctx.permissions {
+        ExecPermissionProfile::Disabled => Profile::Disabled,
+        ExecPermissionProfile::External { network } => Profile::External {
+            network_restricted: net(network),
+        },
+        ExecPermissionProfile::Managed {
+            file_system,
+            network,
+        } => Profile::Managed {
+            fs: match file_system {
+                FileSystemPermissions::Unrestricted => FileSystem::Unrestricted,
+                FileSystemPermissions::Restricted { entries } => FileSystem::Restricted(
+                    entries
+                        .iter()
+                        .map(|e| {
+                            Ok(Rule {
+                                target: target(&e.path)?,
+                                access: match e.access {
+                                    FileSystemAccess::Read => Access::Read,
+                                    FileSystemAccess::Write => Access::Write,
+                                    FileSystemAccess::Deny | FileSystemAccess::None => Access::Deny,
+                                },
+                            })
+                        })
+                        .collect::<ExecResult<_>>()?,
+                ),
+            },
+            network_restricted: net(network),
+        },
+    };
+    let cwd = match ctx.policy_cwd() {
+        Some(u) => policy_path(u)?,
+        None => cwd.to_path_buf(),
+    };
+    Ok(Policy {
+        profile,
+        legacy_landlock: ctx.use_legacy_landlock,
+        cwd,
+        workspace_roots: ctx
+            .roots()
+            .iter()
+            .map(policy_path)
+            .collect::<Result<_, _>>()?,
+        tmpdir: None,
+    })
+}
+
+fn target(p: &PermissionPath) -> ExecResult<Target> {
+    Ok(match p {
+        PermissionPath::Path { path } => Target::Path(policy_path(path)?),
+        PermissionPath::GlobPattern { pattern } => Target::Glob(pattern.clone()),
+        PermissionPath::Special { value } => match value {
+            SpecialPath::Root => Target::Root,
+            SpecialPath::Minimal => Target::Minimal,
+            // A reference quirk: the cwd kind means the workspace roots.
+            SpecialPath::CurrentWorkingDirectory => Target::WorkspaceRoots { subpath: None },
+            SpecialPath::ProjectRoots { subpath } => Target::WorkspaceRoots {
+                subpath: subpath.as_ref().map(PathBuf::from),
+            },
+            SpecialPath::Tmpdir => Target::Tmpdir,
+            SpecialPath::SlashTmp => Target::SlashTmp,
+            SpecialPath::Unknown { .. } => Target::Ignored,
+        },
+    })
+}
+
+/// The confinement of one `process/start`.
+#[derive(Debug)]
+pub struct StartSandbox {
+    policy: Policy,
+    runtime: Runtime,
+}
+
+/// Decides a `process/start`: `Ok(None)` runs unconfined (no `sandbox`, or
+/// the operator's opt-out where enforcement is impossible); errors are the
+/// refusals ([`ErrorKind::PermissionDenied`](crate::error::ErrorKind), -32603 on
+/// the wire) and the policy's path errors (`InvalidInput`, -32600).
+pub fn for_start(
+    sandbox: Option<&FileSystemSandboxContext>,
+    enforce_managed_network: bool,
+    cwd: &Path,
+    support: &Support,
+) -> ExecResult<Option<StartSandbox>> {
+    let Some(ctx) = sandbox else {
+        return Ok(None);
+    };
+    if enforce_managed_network {
+        // The reference fails closed here too (no proxy to route through);
+        // this server has no managed proxy at all yet.
+        return Err(ExecError::permission_denied(
+            "sandbox refused: enforceManagedNetwork needs a managed network proxy, which this \
+             exec-server does not provide; the command was not started",
+        ));
+    }
+    let policy = to_policy(ctx, cwd)?;
+    if policy.legacy_landlock && !policy.writes_everything() {
+        return Err(ExecError::permission_denied(
+            exec_server_sandbox::Error::LegacyLandlock.to_string(),
+        ));
+    }
+    Ok(support.runtime_for(&policy)?.map(|r| StartSandbox {
+        policy,
+        runtime: r.clone(),
+    }))
+}
+
+/// The `sandboxType` of a start decided by [`for_start`].
+pub fn sandbox_type(s: Option<&StartSandbox>) -> &'static str {
+    if s.is_some() {
+        SANDBOX_TYPE_LINUX
+    } else {
+        SANDBOX_TYPE_NONE
+    }
+}
+
+impl StartSandbox {
+    /// The command that runs `program` confined, for the child environment
+    /// `env` (its `TMPDIR` is what `tmpdir` entries name). Errors are the
+    /// sandbox crate's refusals, as I/O errors for the spawn path (-32603).
+    pub fn prepare(
+        &self,
+        env: &BTreeMap<String, String>,
+        program: &Path,
+        arg0: &str,
+        args: &[String],
+        cwd: &Path,
+    ) -> std::io::Result<Prepared> {
+        let mut policy = self.policy.clone();
+        policy.tmpdir = env.get("TMPDIR").map(PathBuf::from);
+        let plan =
+            exec_server_sandbox::resolve(&policy, std::slice::from_ref(&self.runtime.helper))
+                .map_err(std::io::Error::other)?;
+        exec_server_sandbox::prepare(
+            &self.runtime,
+            plan,
+            &exec_server_sandbox::Command {
+                program,
+                arg0,
+                args,
+                cwd,
+                pwd: env.get("PWD").map(std::ffi::OsStr::new),
+            },
+        )
+        .map_err(std::io::Error::other)
+    }
+}
+
+/// Kept by a running confined process; dropped at its exit.
+pub type Confinement = Guard;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use serde_json::json;
+
+    fn ctx(v: serde_json::Value) -> FileSystemSandboxContext {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn ro() -> FileSystemSandboxContext {
+        ctx(
+            json!({"windowsSandboxLevel": "disabled", "permissions": {"type": "managed", "network": "restricted",
+            "file_system": {"type": "restricted", "entries": [{"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"}]}}}),
+        )
+    }
+
+    #[test]
+    fn conversion_keeps_the_wire_quirks() {
+        let c = ctx(
+            json!({"windowsSandboxLevel": "disabled", "workspaceRoots": ["file:///w"],
+            "permissions": {"type": "managed", "network": "enabled", "file_system": {"type": "restricted", "entries": [
+                {"path": {"type": "special", "value": {"kind": "current_working_directory"}}, "access": "write"},
+                {"path": {"type": "path", "path": "file:///w/s"}, "access": "none"}]}}}),
+        );
+        let p = to_policy(&c, Path::new("/c")).unwrap();
+        assert_eq!(p.cwd, Path::new("/c"));
+        assert_eq!(p.workspace_roots, [PathBuf::from("/w")]);
+        let Profile::Managed {
+            fs: FileSystem::Restricted(rules),
+            network_restricted: false,
+        } = p.profile
+        else {
+            panic!("managed");
+        };
+        assert_eq!(rules[0].target, Target::WorkspaceRoots { subpath: None });
+        assert_eq!(rules[1].access, Access::Deny);
+        let bad = ctx(
+            json!({"windowsSandboxLevel": "disabled", "permissions": {"type": "managed", "network": "enabled",
+            "file_system": {"type": "restricted", "entries": [{"path": {"type": "path", "path": "file://host/tmp"}, "access": "read"}]}}}),
+        );
+        let e = to_policy(&bad, Path::new("/")).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+        assert_eq!(
+            e.message(),
+            "invalid sandbox permission path URI: 'file://host/tmp' is invalid on 'linux'"
+        );
+    }
+
+    #[test]
+    fn fails_closed_without_bubblewrap_unless_the_operator_opts_out() {
+        let no_bwrap = |allow| Support {
+            runtime: Some(Runtime {
+                bwrap: None,
+                helper: PathBuf::from("/x"),
+            }),
+            allow_unsandboxed: allow,
+        };
+        let e = for_start(Some(&ro()), false, Path::new("/"), &no_bwrap(false)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+        assert!(e.message().contains("bubblewrap"), "{e}");
+        assert!(
+            for_start(Some(&ro()), false, Path::new("/"), &no_bwrap(true))
+                .unwrap()
+                .is_none()
+        );
+        // A profile needing no namespaces still runs confined by seccomp alone.
+        let full = ctx(
+            json!({"windowsSandboxLevel": "disabled", "permissions": {"type": "external", "network": "restricted"}}),
+        );
+        assert!(
+            for_start(Some(&full), false, Path::new("/"), &no_bwrap(false))
+                .unwrap()
+                .is_some()
+        );
+        let none = Support {
+            runtime: None,
+            allow_unsandboxed: false,
+        };
+        assert_eq!(
+            for_start(Some(&ro()), false, Path::new("/"), &none)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::PermissionDenied
+        );
+        assert!(for_start(None, false, Path::new("/"), &none)
+            .unwrap()
+            .is_none());
+        assert!(!no_bwrap(false).enforced());
+    }
+}
