@@ -215,7 +215,7 @@ impl OutputLog {
     /// Answers `process/read` as the reference does: chunks with seq > `after`, at least one
     /// when any exists; with `max_bytes`, stop before exceeding it and set
     /// `next_seq` one past the last chunk returned.
-    pub fn read(&self, after: u64, max_bytes: Option<u64>) -> Page {
+    pub fn read(&mut self, after: u64, max_bytes: Option<u64>) -> Page {
         let mut chunks = Vec::new();
         let mut total: u64 = 0;
         // From the spool first when the reader is behind the memory window; a
@@ -223,7 +223,7 @@ impl OutputLog {
         let in_memory = self.chunks.front().map_or(self.next_seq, |c| c.seq);
         let mut limit = max_bytes;
         let mut stopped = false;
-        if let Some(spool) = self.spool.as_ref().filter(|_| after + 1 < in_memory) {
+        if let Some(spool) = self.spool.as_mut().filter(|_| after + 1 < in_memory) {
             let page_limit = max_bytes.unwrap_or(SPOOL_PAGE_BYTES);
             match spool.read(after, page_limit, &mut chunks) {
                 Ok((n, complete)) => {

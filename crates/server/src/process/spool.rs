@@ -30,6 +30,9 @@ pub const DEFAULT_SPOOL_TOTAL_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 pub const SPOOL_PAGE_BYTES: u64 = 4 * 1024 * 1024;
 /// Spacing of the in-memory index into a segment: one entry per 64 KiB.
 const INDEX_EVERY_BYTES: u64 = 64 * 1024;
+/// Records are gathered into writes of this size (fewer system calls on the
+/// pump's path), and flushed before any read: 256 KiB.
+const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 const HEADER_BYTES: usize = 13;
 
 /// Where and how much to spool; shared by every process of a server.
@@ -159,14 +162,29 @@ impl SpoolConfig {
 #[derive(Debug)]
 struct Segment {
     file: File,
-    /// Bytes written (headers included).
+    /// Bytes in the segment (headers included), the unflushed tail too.
     len: u64,
+    /// Records not yet written to `file`: they start at `len - pending.len()`.
+    pending: Vec<u8>,
     /// Output bytes in it (what the caps count).
     data_bytes: u64,
     first_seq: u64,
     last_seq: u64,
     /// (seq, offset) of a record at least every [`INDEX_EVERY_BYTES`].
     index: Vec<(u64, u64)>,
+}
+
+impl Segment {
+    /// Writes the gathered records.
+    fn flush(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let at = self.len - self.pending.len() as u64;
+        self.file.write_all_at(&self.pending, at)?;
+        self.pending.clear();
+        Ok(())
+    }
 }
 
 /// The spool of one process. Not synchronised; it lives in the output log.
@@ -237,9 +255,13 @@ impl Spool {
             .back()
             .is_none_or(|s| s.len >= self.config.segment_bytes());
         if full {
+            if let Some(last) = self.segments.back_mut() {
+                last.flush()?;
+            }
             self.segments.push_back(Segment {
                 file: self.config.open_file()?,
                 len: 0,
+                pending: Vec::with_capacity(WRITE_BUFFER_BYTES),
                 data_bytes: 0,
                 first_seq: seq,
                 last_seq: seq,
@@ -250,12 +272,6 @@ impl Spool {
             return Err(io::Error::other("no segment"));
         };
         let len = u32::try_from(data.len()).map_err(|_| io::Error::other("chunk too large"))?;
-        let mut record = Vec::with_capacity(HEADER_BYTES + data.len());
-        record.extend_from_slice(&seq.to_le_bytes());
-        record.push(stream_code(stream));
-        record.extend_from_slice(&len.to_le_bytes());
-        record.extend_from_slice(data);
-        seg.file.write_all_at(&record, seg.len)?;
         if seg
             .index
             .last()
@@ -263,7 +279,14 @@ impl Spool {
         {
             seg.index.push((seq, seg.len));
         }
-        seg.len += record.len() as u64;
+        seg.pending.extend_from_slice(&seq.to_le_bytes());
+        seg.pending.push(stream_code(stream));
+        seg.pending.extend_from_slice(&len.to_le_bytes());
+        seg.pending.extend_from_slice(data);
+        seg.len += (HEADER_BYTES + data.len()) as u64;
+        if seg.pending.len() >= WRITE_BUFFER_BYTES {
+            seg.flush()?;
+        }
         seg.data_bytes += data.len() as u64;
         seg.last_seq = seq;
         Ok(())
@@ -281,11 +304,17 @@ impl Spool {
     /// exists). Returns the bytes added, and whether every spooled chunk after
     /// `after` was added (false: the limit stopped the page).
     pub fn read(
-        &self,
+        &mut self,
         after: u64,
         limit: u64,
         out: &mut Vec<ProcessOutputChunk>,
     ) -> io::Result<(u64, bool)> {
+        if let Some(last) = self.segments.back_mut() {
+            if let Err(e) = last.flush() {
+                self.broken = true;
+                return Err(e);
+            }
+        }
         let mut total = 0u64;
         for seg in self.segments.iter().filter(|s| s.last_seq > after) {
             // The last index entry at or before the first wanted record.
