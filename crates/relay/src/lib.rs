@@ -5,7 +5,6 @@
 #![deny(missing_docs)]
 
 pub mod api;
-pub mod crypto;
 pub mod executor;
 pub mod frame;
 pub mod harness;
