@@ -2,7 +2,8 @@
 //! process. Prints its base URL (`http://127.0.0.1:PORT`) as the only stdout line.
 
 use clap::Args;
-use exec_server_relay::registry::store::{FileStore, MemoryStore, Store};
+use exec_server_relay::registry::sqlite::SqliteStore;
+use exec_server_relay::registry::store::{MemoryStore, Store};
 use exec_server_relay::registry::tokens::Tokens;
 use exec_server_relay::registry::{Config, Registry};
 use std::io::Write;
@@ -17,7 +18,8 @@ pub struct RegistryArgs {
     /// loopback only: put a TLS proxy in front to serve other machines.
     #[arg(long, default_value = "127.0.0.1:0", value_name = "IP:PORT")]
     pub listen: String,
-    /// Keep registrations and authorizations in this file (kept across restarts);
+    /// Keep registrations, authorizations and the relay-URL signing key in this
+    /// SQLite database (WAL mode; created mode 0600; kept across restarts);
     /// without it they live in memory.
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
@@ -69,7 +71,7 @@ pub async fn run(args: RegistryArgs) -> i32 {
         tracing::warn!("without --executor-tokens/--harness-tokens any bearer is accepted");
     }
     let store: Arc<dyn Store> = match &args.db {
-        Some(p) => match FileStore::open(p.clone()) {
+        Some(p) => match SqliteStore::open(p) {
             Ok(s) => Arc::new(s),
             Err(e) => return fail(e.to_string()),
         },

@@ -401,3 +401,85 @@ fn forward_bridges_a_listening_server() {
         assert_eq!(out.stdout, b"forwarded\n");
     }
 }
+
+/// `POST /cloud/environment/{env}/connect` with a fresh harness key over a raw
+/// HTTP/1.1 connection; returns the status line's code and the JSON body.
+fn connect_raw(url: &str, env: &str) -> (u16, serde_json::Value) {
+    use std::io::Read;
+    let key = exec_server_relay::Identity::generate(&mut exec_server_relay::OsRandom)
+        .public_key()
+        .to_wire();
+    let body = serde_json::json!({ "harness_public_key": key }).to_string();
+    let host = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /cloud/environment/{env}/connect HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text[9..12].parse().unwrap();
+    let json = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (
+        code,
+        serde_json::from_str(json).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[test]
+fn sqlite_db_keeps_registrations_across_a_registry_restart() {
+    let dir = std::env::temp_dir().join(format!("remote-mode-db-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("registry.db");
+    let _ = std::fs::remove_file(&db);
+    let (reg, url) = start_registry(&["--db", db.to_str().unwrap()]);
+    let _exec = start_executor(&url, "persist", "any");
+    wait_ready(&url, "persist", "any");
+    let (code, before) = connect_raw(&url, "persist");
+    assert_eq!(code, 200, "{before}");
+    let registration = before["executor_registration_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // SIGKILL: nothing gets to flush; only what SQLite committed survives.
+    drop(reg);
+    let port = url.rsplit(':').next().unwrap().to_string();
+    let (_reg2, url2) = start_registry(&[
+        "--db",
+        db.to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    assert_eq!(url2, url);
+    let (code, after) = connect_raw(&url2, "persist");
+    assert_eq!(code, 200, "{after}");
+    assert_eq!(after["executor_registration_id"], registration.as_str());
+    assert_eq!(after["executor_public_key"], before["executor_public_key"]);
+    // The executor gets back onto the restarted relay and serves again.
+    wait_ready(&url2, "persist", "any");
+    let out = run_cli(&url2, "persist", "any", &["echo", "after restart"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "after restart\n");
+    // A fresh database knows nothing of it.
+    let (_reg3, url3) = start_registry(&["--db", dir.join("other.db").to_str().unwrap()]);
+    assert_eq!(connect_raw(&url3, "persist").0, 404);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn registry_refuses_plain_http_off_loopback() {
+    let out = Command::new(BIN)
+        .args(["registry", "--listen", "0.0.0.0:0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("loopback"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -10,6 +10,7 @@
 
 pub mod hub;
 pub mod signing;
+pub mod sqlite;
 pub mod store;
 pub mod tokens;
 
