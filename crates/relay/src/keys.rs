@@ -2,13 +2,13 @@
 //! that binds a handshake to one environment, registration and stream.
 
 use crate::noise::Randomness;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use clatter::bytearray::{HeapArray, SensitiveByteArray};
 use clatter::crypto::dh::X25519;
 use clatter::crypto::kem::rust_crypto_ml_kem::MlKem768;
 use clatter::traits::{Dh, Kem};
 use clatter::KeyPair;
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 /// The suite tag carried in key JSON (wire name of field `suite`). Not the
