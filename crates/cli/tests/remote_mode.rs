@@ -478,8 +478,108 @@ fn registry_refuses_plain_http_off_loopback() {
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("loopback"),
+        String::from_utf8_lossy(&out.stderr).contains("--tls-cert"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A self-signed certificate for 127.0.0.1 and localhost: (cert PEM path, key PEM path).
+fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    (cert, key)
+}
+
+#[test]
+fn tls_registry_and_relay_with_a_private_ca() {
+    let dir = std::env::temp_dir().join(format!("remote-mode-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = self_signed(&dir);
+    let mut child = Command::new(BIN)
+        .args([
+            "registry",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _reg = Proc(child);
+    let url = line.trim().to_string();
+    assert!(url.starts_with("https://127.0.0.1:"), "{url:?}");
+    // The executor trusts the certificate through SSL_CERT_FILE.
+    let mut child = Command::new(BIN)
+        .args([
+            "--remote",
+            &url,
+            "--environment-id",
+            "tls-env",
+            "--registration-bearer-stdin",
+        ])
+        .env("SSL_CERT_FILE", &cert)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "any").unwrap();
+    let _exec = Proc(child);
+    let run = |ca: Option<&std::path::Path>| {
+        let mut c = Command::new(BIN);
+        c.args([
+            "run",
+            "--registry",
+            &url,
+            "--environment",
+            "tls-env",
+            "--",
+            "echo",
+            "over tls",
+        ])
+        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "any")
+        .env_remove("SSL_CERT_FILE")
+        .stdin(Stdio::null());
+        if let Some(ca) = ca {
+            c.env("SSL_CERT_FILE", ca);
+        }
+        c.output().unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let out = loop {
+        let out = run(Some(&cert));
+        if out.status.success() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "over tls\n");
+    // Without the CA the client refuses the registry's certificate.
+    let out = run(None);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    // Plain HTTP to the TLS port gets no registry answer.
+    let (code_or_none, _) =
+        std::panic::catch_unwind(|| connect_raw(&url.replace("https", "http"), "tls-env"))
+            .map(|(c, v)| (Some(c), v))
+            .unwrap_or((None, serde_json::Value::Null));
+    assert_ne!(code_or_none, Some(200));
+    let _ = std::fs::remove_dir_all(&dir);
 }

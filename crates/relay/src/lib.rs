@@ -15,6 +15,7 @@ pub mod records;
 pub mod registry;
 pub mod registry_client;
 pub mod stream;
+pub mod tls;
 
 pub use keys::{Identity, PublicKey, WirePublicKey};
 pub use noise::{Initiator, NoiseError, OsRandom, PendingResponder, Randomness, Transport};
