@@ -123,7 +123,7 @@ impl Tokens {
         let d = sha256(bearer.as_bytes());
         let mut ok = false;
         for (env, check) in &self.entries {
-            if !env.as_deref().is_none_or(|e| e == environment_id) {
+            if env.as_deref().is_some_and(|e| e != environment_id) {
                 continue;
             }
             let same = match check {
@@ -245,8 +245,10 @@ mod tests {
         );
         assert!(t.allows(&scoped, "env1"));
         assert!(!t.allows(&scoped, "env2"));
-        let mut none = jsonwebtoken::Header::default();
-        none.alg = jsonwebtoken::Algorithm::HS512;
+        let none = jsonwebtoken::Header {
+            alg: jsonwebtoken::Algorithm::HS512,
+            ..Default::default()
+        };
         let hs512 = jsonwebtoken::encode(
             &none,
             &serde_json::json!({"exp": exp}),
