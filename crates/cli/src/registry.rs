@@ -1,8 +1,10 @@
 //! `exec-server registry`: our environment registry and rendezvous relay in one
-//! process. Prints its base URL (`http://127.0.0.1:PORT`) as the only stdout line.
+//! process. Prints its base URL (`http://127.0.0.1:PORT`, `https://…` with TLS,
+//! or --public-url) as the only stdout line.
 
 use clap::Args;
-use exec_server_relay::registry::store::{FileStore, MemoryStore, Store};
+use exec_server_relay::registry::sqlite::SqliteStore;
+use exec_server_relay::registry::store::{MemoryStore, Store};
 use exec_server_relay::registry::tokens::Tokens;
 use exec_server_relay::registry::{Config, Registry};
 use std::io::Write;
@@ -13,11 +15,23 @@ use std::sync::Arc;
 /// `registry` flags.
 #[derive(Args, Debug)]
 pub struct RegistryArgs {
-    /// Address to listen on (IP:PORT; port 0 picks a free one). Plain HTTP, so
-    /// loopback only: put a TLS proxy in front to serve other machines.
+    /// Address to listen on (IP:PORT; port 0 picks a free one). Without
+    /// --tls-cert/--tls-key it serves plain HTTP, which is allowed on loopback only.
     #[arg(long, default_value = "127.0.0.1:0", value_name = "IP:PORT")]
     pub listen: String,
-    /// Keep registrations and authorizations in this file (kept across restarts);
+    /// PEM certificate chain: serve HTTPS and WSS (requires --tls-key).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The base URL clients use to reach this registry (`https://HOST:PORT`),
+    /// when it differs from the address it listens on (a wildcard address, a
+    /// name in the certificate); relay URLs are derived from it.
+    #[arg(long, value_name = "URL")]
+    pub public_url: Option<String>,
+    /// Keep registrations, authorizations and the relay-URL signing key in this
+    /// SQLite database (WAL mode; created mode 0600; kept across restarts);
     /// without it they live in memory.
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
@@ -54,11 +68,17 @@ pub async fn run(args: RegistryArgs) -> i32 {
         Ok(a) => a,
         Err(_) => return fail(format!("`{}` is not IP:PORT", args.listen)),
     };
-    if !addr.ip().is_loopback() {
-        return fail(
-            "plain HTTP is only served on loopback; put a TLS proxy in front for other machines"
-                .into(),
-        );
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => match exec_server_relay::tls::server_config(c, k) {
+            Ok(t) => Some(t),
+            Err(e) => return fail(e.to_string()),
+        },
+        _ => None,
+    };
+    if tls.is_none() && !addr.ip().is_loopback() {
+        return fail(format!(
+            "refusing plain HTTP on {addr}: plain HTTP is only served on loopback; pass --tls-cert and --tls-key to listen on other addresses"
+        ));
     }
     let (executor_tokens, harness_tokens) =
         match (tokens(&args.executor_tokens), tokens(&args.harness_tokens)) {
@@ -69,7 +89,7 @@ pub async fn run(args: RegistryArgs) -> i32 {
         tracing::warn!("without --executor-tokens/--harness-tokens any bearer is accepted");
     }
     let store: Arc<dyn Store> = match &args.db {
-        Some(p) => match FileStore::open(p.clone()) {
+        Some(p) => match SqliteStore::open(p) {
             Ok(s) => Arc::new(s),
             Err(e) => return fail(e.to_string()),
         },
@@ -83,18 +103,29 @@ pub async fn run(args: RegistryArgs) -> i32 {
         Ok(a) => a,
         Err(e) => return fail(e.to_string()),
     };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let base = match &args.public_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => format!("{scheme}://{local}"),
+    };
+    let ws_base = match base.split_once("://") {
+        Some(("https", rest)) => format!("wss://{rest}"),
+        Some(("http", rest)) => format!("ws://{rest}"),
+        _ => return fail(format!("`{base}` is not an http(s) URL")),
+    };
     let config = Config {
         executor_tokens,
         harness_tokens,
+        tls,
         ..Config::default()
     };
-    let registry = match Registry::new(config, store, format!("ws://{local}")) {
+    let registry = match Registry::new(config, store, ws_base) {
         Ok(r) => r,
         Err(e) => return fail(e.to_string()),
     };
     {
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "http://{local}");
+        let _ = writeln!(out, "{base}");
         let _ = out.flush();
     }
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

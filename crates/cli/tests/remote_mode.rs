@@ -401,3 +401,185 @@ fn forward_bridges_a_listening_server() {
         assert_eq!(out.stdout, b"forwarded\n");
     }
 }
+
+/// `POST /cloud/environment/{env}/connect` with a fresh harness key over a raw
+/// HTTP/1.1 connection; returns the status line's code and the JSON body.
+fn connect_raw(url: &str, env: &str) -> (u16, serde_json::Value) {
+    use std::io::Read;
+    let key = exec_server_relay::Identity::generate(&mut exec_server_relay::OsRandom)
+        .public_key()
+        .to_wire();
+    let body = serde_json::json!({ "harness_public_key": key }).to_string();
+    let host = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /cloud/environment/{env}/connect HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text[9..12].parse().unwrap();
+    let json = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (
+        code,
+        serde_json::from_str(json).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[test]
+fn sqlite_db_keeps_registrations_across_a_registry_restart() {
+    let dir = std::env::temp_dir().join(format!("remote-mode-db-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("registry.db");
+    let _ = std::fs::remove_file(&db);
+    let (reg, url) = start_registry(&["--db", db.to_str().unwrap()]);
+    let _exec = start_executor(&url, "persist", "any");
+    wait_ready(&url, "persist", "any");
+    let (code, before) = connect_raw(&url, "persist");
+    assert_eq!(code, 200, "{before}");
+    let registration = before["executor_registration_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // SIGKILL: nothing gets to flush; only what SQLite committed survives.
+    drop(reg);
+    let port = url.rsplit(':').next().unwrap().to_string();
+    let (_reg2, url2) = start_registry(&[
+        "--db",
+        db.to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    assert_eq!(url2, url);
+    let (code, after) = connect_raw(&url2, "persist");
+    assert_eq!(code, 200, "{after}");
+    assert_eq!(after["executor_registration_id"], registration.as_str());
+    assert_eq!(after["executor_public_key"], before["executor_public_key"]);
+    // The executor gets back onto the restarted relay and serves again.
+    wait_ready(&url2, "persist", "any");
+    let out = run_cli(&url2, "persist", "any", &["echo", "after restart"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "after restart\n");
+    // A fresh database knows nothing of it.
+    let (_reg3, url3) = start_registry(&["--db", dir.join("other.db").to_str().unwrap()]);
+    assert_eq!(connect_raw(&url3, "persist").0, 404);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn registry_refuses_plain_http_off_loopback() {
+    let out = Command::new(BIN)
+        .args(["registry", "--listen", "0.0.0.0:0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--tls-cert"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A self-signed certificate for 127.0.0.1 and localhost: (cert PEM path, key PEM path).
+fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    (cert, key)
+}
+
+#[test]
+fn tls_registry_and_relay_with_a_private_ca() {
+    let dir = std::env::temp_dir().join(format!("remote-mode-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = self_signed(&dir);
+    let mut child = Command::new(BIN)
+        .args([
+            "registry",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _reg = Proc(child);
+    let url = line.trim().to_string();
+    assert!(url.starts_with("https://127.0.0.1:"), "{url:?}");
+    // The executor trusts the certificate through SSL_CERT_FILE.
+    let mut child = Command::new(BIN)
+        .args([
+            "--remote",
+            &url,
+            "--environment-id",
+            "tls-env",
+            "--registration-bearer-stdin",
+        ])
+        .env("SSL_CERT_FILE", &cert)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "any").unwrap();
+    let _exec = Proc(child);
+    let run = |ca: Option<&std::path::Path>| {
+        let mut c = Command::new(BIN);
+        c.args([
+            "run",
+            "--registry",
+            &url,
+            "--environment",
+            "tls-env",
+            "--",
+            "echo",
+            "over tls",
+        ])
+        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "any")
+        .env_remove("SSL_CERT_FILE")
+        .stdin(Stdio::null());
+        if let Some(ca) = ca {
+            c.env("SSL_CERT_FILE", ca);
+        }
+        c.output().unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let out = loop {
+        let out = run(Some(&cert));
+        if out.status.success() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "over tls\n");
+    // Without the CA the client refuses the registry's certificate.
+    let out = run(None);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    // Plain HTTP to the TLS port gets no registry answer.
+    let (code_or_none, _) =
+        std::panic::catch_unwind(|| connect_raw(&url.replace("https", "http"), "tls-env"))
+            .map(|(c, v)| (Some(c), v))
+            .unwrap_or((None, serde_json::Value::Null));
+    assert_ne!(code_or_none, Some(200));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -63,10 +63,9 @@ pub async fn connect(
     let mut cfg = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
     cfg.max_message_size = Some(MAX_FRAME_BYTES);
     cfg.max_frame_size = Some(MAX_FRAME_BYTES);
-    let (ws, _) =
-        tokio_tungstenite::connect_async_with_config(bundle.url.as_str(), Some(cfg), true)
-            .await
-            .map_err(|e| HarnessError::Relay(e.to_string()))?;
+    let ws = crate::tls::connect_websocket(bundle.url.as_str(), cfg)
+        .await
+        .map_err(|e| HarnessError::Relay(e.to_string()))?;
     let (mut sink, mut source) = ws.split();
     let stream_id = uuid::Uuid::new_v4().to_string();
     let p = prologue(environment_id, &bundle.executor_registration_id, &stream_id);

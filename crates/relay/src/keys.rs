@@ -1,10 +1,14 @@
 //! Static identities, public keys in the registry's JSON form, and the prologue
 //! that binds a handshake to one environment, registration and stream.
 
-use crate::crypto::{mlkem, x25519};
-use crate::noise::{NoiseError, Randomness};
+use crate::noise::Randomness;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use clatter::bytearray::{HeapArray, SensitiveByteArray};
+use clatter::crypto::dh::X25519;
+use clatter::crypto::kem::rust_crypto_ml_kem::MlKem768;
+use clatter::traits::{Dh, Kem};
+use clatter::KeyPair;
 use serde::{Deserialize, Serialize};
 
 /// The suite tag carried in key JSON (wire name of field `suite`). Not the
@@ -14,6 +18,11 @@ pub const SUITE: &str = "Noise_hybridIK_X25519+MLKEM768_AESGCM_SHA256";
 pub const SECURITY_PROFILE: &str = "noise_hybrid_ik_v1";
 /// First prologue part.
 pub const PROLOGUE_DOMAIN: &[u8] = b"codex-exec-server-relay-noise/v1";
+
+/// ML-KEM-768 encapsulation (public) key: 1184 bytes.
+pub const KEM_PUBLIC_KEY_LEN: usize = 1184;
+/// ML-KEM-768 ciphertext: 1088 bytes.
+pub const KEM_CIPHERTEXT_LEN: usize = 1088;
 
 /// A public key: X25519 (32 bytes) and ML-KEM-768 encapsulation key (1184 bytes).
 #[derive(Clone, PartialEq, Eq)]
@@ -80,7 +89,7 @@ impl PublicKey {
         let k = STANDARD
             .decode(&w.mlkem768_public_key)
             .map_err(|_| KeyError::Encoding)?;
-        if k.len() != mlkem::PUBLIC_KEY_LEN {
+        if k.len() != KEM_PUBLIC_KEY_LEN {
             return Err(KeyError::Encoding);
         }
         Ok(PublicKey {
@@ -90,13 +99,13 @@ impl PublicKey {
     }
 }
 
-/// A static identity: both private keys and their public halves. One per
+/// A static identity: both key pairs (Clatter's types, wiped on drop). One per
 /// process, reused across reconnects; never serialized.
 #[derive(Clone)]
 pub struct Identity {
-    dh_private: [u8; 32],
+    pub(crate) dh: KeyPair<[u8; 32], SensitiveByteArray<[u8; 32]>>,
+    pub(crate) kem: KeyPair<HeapArray<1184>, SensitiveByteArray<HeapArray<2400>>>,
     public: PublicKey,
-    kem_secret: Vec<u8>,
 }
 
 impl std::fmt::Debug for Identity {
@@ -108,39 +117,31 @@ impl std::fmt::Debug for Identity {
 }
 
 impl Identity {
-    /// A fresh identity (96 bytes of randomness: X25519 key, ML-KEM d and z).
+    /// A fresh identity from 96 bytes of `rng`: the X25519 key, then ML-KEM's
+    /// seeds d and z (the order Clatter's key generators read them in).
     pub fn generate(rng: &mut dyn Randomness) -> Identity {
-        let mut dh_private = [0u8; 32];
-        rng.fill(&mut dh_private);
-        let mut d = [0u8; 32];
-        let mut z = [0u8; 32];
-        rng.fill(&mut d);
-        rng.fill(&mut z);
-        let (ek, dk) = mlkem::keygen(&d, &z);
+        let (dh, kem) = crate::noise::drawn::with(rng, 96, || {
+            let mut r = crate::noise::drawn::Drawn;
+            (X25519::genkey_rng(&mut r), MlKem768::genkey_rng(&mut r))
+        });
+        // Both generators are infallible for these algorithms (they only wrap
+        // fixed-size arrays); an error would mean a broken build of Clatter.
+        let (Ok(dh), Ok(kem)) = (dh, kem) else {
+            std::process::abort();
+        };
         Identity {
             public: PublicKey {
-                x25519: x25519::public_key(&dh_private),
-                mlkem768: ek,
+                x25519: dh.public,
+                mlkem768: clatter::bytearray::ByteArray::as_slice(&kem.public).to_vec(),
             },
-            dh_private,
-            kem_secret: dk,
+            dh,
+            kem,
         }
     }
 
     /// The public half.
     pub fn public_key(&self) -> PublicKey {
         self.public.clone()
-    }
-
-    pub(crate) fn dh(&self, peer: &[u8; 32]) -> [u8; 32] {
-        x25519::x25519(&self.dh_private, peer)
-    }
-
-    pub(crate) fn decapsulate(&self, ct: &[u8]) -> Result<[u8; 32], NoiseError> {
-        if ct.len() != mlkem::CIPHERTEXT_LEN {
-            return Err(NoiseError::Length);
-        }
-        Ok(mlkem::decapsulate(&self.kem_secret, ct))
     }
 }
 

@@ -5,7 +5,6 @@
 #![deny(missing_docs)]
 
 pub mod api;
-pub mod crypto;
 pub mod executor;
 pub mod frame;
 pub mod harness;
@@ -16,6 +15,7 @@ pub mod records;
 pub mod registry;
 pub mod registry_client;
 pub mod stream;
+pub mod tls;
 
 pub use keys::{Identity, PublicKey, WirePublicKey};
 pub use noise::{Initiator, NoiseError, OsRandom, PendingResponder, Randomness, Transport};

@@ -1,5 +1,7 @@
-//! The Noise `hybridIK` channel of the reference's relay (Clatter's pattern
-//! `noise_hybrid_ik`, protocol name `Noise_hybridIK_25519+MLKEM768_AESGCM_SHA256`):
+//! The Noise `hybridIK` channel of the reference's relay, built on Clatter
+//! (`HybridHandshakeCore<X25519, MlKem768, MlKem768, AesGcm, Sha256>` with the
+//! pattern `noise_hybrid_ik`, protocol name
+//! `Noise_hybridIK_25519+MLKEM768_AESGCM_SHA256`), as the reference is:
 //!
 //! ```text
 //! <- s                                 (responder's X25519 + ML-KEM keys, pinned)
@@ -13,13 +15,20 @@
 //! then writes msg2 with [`PendingResponder::complete`]. Both ends then hold a
 //! [`Transport`]: AES-256-GCM records with implicit nonces 0, 1, 2… per direction.
 //!
-//! Symmetric primitives come from `ring`; X25519 with static keys and ML-KEM-768
-//! from [`crate::crypto`].
+//! This module checks every length before handing bytes to Clatter, because
+//! Clatter panics (rather than failing) on oversized messages and short records.
 
-use crate::crypto::{mlkem, x25519};
-use crate::keys::{Identity, PublicKey};
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
-use ring::hmac;
+use crate::keys::{Identity, PublicKey, KEM_CIPHERTEXT_LEN, KEM_PUBLIC_KEY_LEN};
+use clatter::bytearray::{ByteArray, HeapArray};
+use clatter::cipherstate::CipherState as ClatterCipher;
+use clatter::crypto::cipher::AesGcm;
+use clatter::crypto::dh::X25519;
+use clatter::crypto::hash::Sha256;
+use clatter::crypto::kem::rust_crypto_ml_kem::MlKem768;
+use clatter::error::{CipherError, HandshakeError};
+use clatter::handshakepattern::noise_hybrid_ik;
+use clatter::traits::Handshaker;
+use clatter::{HybridHandshakeCore, HybridHandshakeParams};
 
 /// The protocol name hashed into the initial state (note `25519`, not `X25519`).
 pub const PROTOCOL_NAME: &str = "Noise_hybridIK_25519+MLKEM768_AESGCM_SHA256";
@@ -28,20 +37,26 @@ pub const MAX_MESSAGE_LEN: usize = 65_535;
 /// AES-GCM tag: 16 bytes.
 pub const TAG_LEN: usize = 16;
 /// msg1 without its payload: 3568 bytes.
-pub const MSG1_OVERHEAD: usize = mlkem::CIPHERTEXT_LEN
+pub const MSG1_OVERHEAD: usize = KEM_CIPHERTEXT_LEN
     + 32
-    + mlkem::PUBLIC_KEY_LEN
+    + KEM_PUBLIC_KEY_LEN
     + 32
     + TAG_LEN
-    + mlkem::PUBLIC_KEY_LEN
+    + KEM_PUBLIC_KEY_LEN
     + TAG_LEN
     + TAG_LEN;
 /// msg2 (empty payload): 3424 bytes.
 pub const MSG2_LEN: usize =
-    mlkem::CIPHERTEXT_LEN + mlkem::CIPHERTEXT_LEN + TAG_LEN + 32 + mlkem::PUBLIC_KEY_LEN + TAG_LEN;
+    KEM_CIPHERTEXT_LEN + KEM_CIPHERTEXT_LEN + TAG_LEN + 32 + KEM_PUBLIC_KEY_LEN + TAG_LEN;
 /// Records per direction before the transport refuses to go on (as the
 /// reference: `u32::MAX`), far from the nonce's 2^64 limit.
 pub const MAX_RECORDS_PER_DIRECTION: u64 = u32::MAX as u64;
+
+/// Random bytes msg1 consumes: the `skem` encapsulation (32), the ephemeral
+/// X25519 key (32) and the ephemeral ML-KEM seeds d and z (64).
+const MSG1_RANDOM: usize = 128;
+/// Random bytes msg2 consumes: two encapsulations and an ephemeral pair.
+const MSG2_RANDOM: usize = 160;
 
 /// Why a handshake or record failed. None of these say which byte was wrong:
 /// the peer is not told more than "no".
@@ -64,6 +79,16 @@ pub enum NoiseError {
     Exhausted,
 }
 
+impl From<HandshakeError> for NoiseError {
+    fn from(e: HandshakeError) -> NoiseError {
+        match e {
+            HandshakeError::InvalidMessage | HandshakeError::BufferTooSmall => NoiseError::Length,
+            HandshakeError::Kem(_) | HandshakeError::Dh(_) => NoiseError::InvalidKey,
+            _ => NoiseError::Decrypt,
+        }
+    }
+}
+
 /// A source of randomness: the OS in production, a fixed stream in the golden test.
 pub trait Randomness {
     /// Fills `out` with random bytes.
@@ -84,197 +109,110 @@ impl Randomness for OsRandom {
     }
 }
 
-fn random32(rng: &mut dyn Randomness) -> [u8; 32] {
-    let mut b = [0u8; 32];
-    rng.fill(&mut b);
-    b
-}
+/// A deterministic byte stream (SHAKE256 of a seed) for tests and the golden test.
+pub struct SeededRandom(sha3::Shake256Reader);
 
-fn sha256(parts: &[&[u8]]) -> [u8; 32] {
-    let mut c = ring::digest::Context::new(&ring::digest::SHA256);
-    for p in parts {
-        c.update(p);
+impl SeededRandom {
+    /// The stream for `seed`. Never use outside tests: anyone knowing the seed
+    /// knows every key.
+    pub fn new(seed: &[u8]) -> SeededRandom {
+        use sha3::digest::{ExtendableOutput, Update};
+        let mut h = sha3::Shake256::default();
+        h.update(seed);
+        SeededRandom(h.finalize_xof())
     }
-    let mut out = [0u8; 32];
-    out.copy_from_slice(c.finish().as_ref());
-    out
 }
 
-fn hmac256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
-    let k = hmac::Key::new(hmac::HMAC_SHA256, key);
-    let mut c = hmac::Context::with_key(&k);
-    for p in parts {
-        c.update(p);
+impl Randomness for SeededRandom {
+    fn fill(&mut self, out: &mut [u8]) {
+        sha3::digest::XofReader::read(&mut self.0, out);
     }
-    let mut out = [0u8; 32];
-    out.copy_from_slice(c.sign().as_ref());
-    out
 }
 
-/// Noise HKDF with three outputs (the first two are HKDF(…, 2)).
-fn hkdf3(ck: &[u8; 32], ikm: &[u8]) -> ([u8; 32], [u8; 32], [u8; 32]) {
-    let temp = hmac256(ck, &[ikm]);
-    let o1 = hmac256(&temp, &[&[1]]);
-    let o2 = hmac256(&temp, &[&o1, &[2]]);
-    let o3 = hmac256(&temp, &[&o2, &[3]]);
-    (o1, o2, o3)
-}
+pub(crate) mod drawn {
+    //! Clatter builds its generator with `Default` inside the handshake, so a
+    //! caller's [`Randomness`] cannot be handed in. Instead the bytes one step
+    //! needs are drawn from it up front into a thread-local buffer that
+    //! [`Drawn`] hands out; Clatter's calls are synchronous, so nothing else on
+    //! the thread can interleave. Should a step ever ask for more than was
+    //! drawn, the rest comes from the OS (the golden test would then fail).
 
-/// One direction's AES-256-GCM key and nonce counter.
-pub struct CipherState {
-    key: LessSafeKey,
-    n: u64,
-}
+    use super::{OsRandom, Randomness};
+    use clatter::rand_core::{impls, CryptoRng, Error, RngCore};
+    use std::cell::RefCell;
 
-impl CipherState {
-    fn new(k: &[u8; 32]) -> CipherState {
-        // AES_256_GCM accepts any 32-byte key.
-        let unbound = UnboundKey::new(&AES_256_GCM, k).unwrap_or_else(|_| unreachable!());
-        CipherState {
-            key: LessSafeKey::new(unbound),
-            n: 0,
+    thread_local! {
+        static BUFFER: RefCell<(Vec<u8>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+    }
+
+    /// The generator Clatter sees.
+    #[derive(Default, Clone)]
+    pub(crate) struct Drawn;
+
+    impl RngCore for Drawn {
+        fn next_u32(&mut self) -> u32 {
+            impls::next_u32_via_fill(self)
+        }
+        fn next_u64(&mut self) -> u64 {
+            impls::next_u64_via_fill(self)
+        }
+        fn fill_bytes(&mut self, dest: &mut [u8]) {
+            let filled = BUFFER.with(|b| {
+                let (buf, at) = &mut *b.borrow_mut();
+                let n = dest.len().min(buf.len() - *at);
+                dest[..n].copy_from_slice(&buf[*at..*at + n]);
+                *at += n;
+                n
+            });
+            if filled < dest.len() {
+                OsRandom.fill(&mut dest[filled..]);
+            }
+        }
+        fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), Error> {
+            self.fill_bytes(dest);
+            Ok(())
         }
     }
 
-    fn nonce(&self) -> Nonce {
-        let mut b = [0u8; 12];
-        b[4..].copy_from_slice(&self.n.to_be_bytes());
-        Nonce::assume_unique_for_key(b)
-    }
+    impl CryptoRng for Drawn {}
 
-    fn encrypt(&mut self, ad: &[u8], plaintext: &[u8]) -> Vec<u8> {
-        let mut buf = Vec::with_capacity(plaintext.len() + TAG_LEN);
-        buf.extend_from_slice(plaintext);
-        // Sealing only fails for inputs above AES-GCM's 64 GiB limit.
-        let _ = self
-            .key
-            .seal_in_place_append_tag(self.nonce(), Aad::from(ad), &mut buf);
-        self.n += 1;
-        buf
-    }
-
-    fn decrypt(&mut self, ad: &[u8], ciphertext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        if ciphertext.len() < TAG_LEN {
-            return Err(NoiseError::Length);
-        }
-        let mut buf = ciphertext.to_vec();
-        let len = self
-            .key
-            .open_in_place(self.nonce(), Aad::from(ad), &mut buf)
-            .map_err(|_| NoiseError::Decrypt)?
-            .len();
-        buf.truncate(len);
-        self.n += 1;
-        Ok(buf)
+    /// Runs `f` with `n` bytes drawn from `rng` available to [`Drawn`]; the
+    /// buffer is wiped afterwards.
+    pub(crate) fn with<T>(rng: &mut dyn Randomness, n: usize, f: impl FnOnce() -> T) -> T {
+        let mut bytes = vec![0u8; n];
+        rng.fill(&mut bytes);
+        BUFFER.with(|b| *b.borrow_mut() = (bytes, 0));
+        let out = f();
+        BUFFER.with(|b| {
+            let (buf, at) = &mut *b.borrow_mut();
+            buf.iter_mut().for_each(|x| *x = 0);
+            buf.clear();
+            *at = 0;
+        });
+        out
     }
 }
 
-/// Noise SymmetricState.
-struct Symmetric {
-    h: [u8; 32],
-    ck: [u8; 32],
-    cipher: Option<CipherState>,
+type Handshake = HybridHandshakeCore<X25519, MlKem768, MlKem768, AesGcm, Sha256, drawn::Drawn>;
+type Params<'a> = HybridHandshakeParams<'a, X25519, MlKem768, MlKem768>;
+
+fn kem_public(key: &PublicKey) -> Result<HeapArray<KEM_PUBLIC_KEY_LEN>, NoiseError> {
+    if key.mlkem768.len() != KEM_PUBLIC_KEY_LEN {
+        return Err(NoiseError::InvalidKey);
+    }
+    Ok(HeapArray::from_slice(&key.mlkem768))
 }
 
-impl Symmetric {
-    fn new(prologue: &[u8]) -> Symmetric {
-        // The name is longer than 32 bytes, so h = HASH(name).
-        let h = sha256(&[PROTOCOL_NAME.as_bytes()]);
-        let mut s = Symmetric {
-            h,
-            ck: h,
-            cipher: None,
-        };
-        s.mix_hash(prologue);
-        s
-    }
-
-    fn mix_hash(&mut self, data: &[u8]) {
-        self.h = sha256(&[&self.h, data]);
-    }
-
-    fn mix_key(&mut self, ikm: &[u8]) {
-        let (ck, k, _) = hkdf3(&self.ck, ikm);
-        self.ck = ck;
-        self.cipher = Some(CipherState::new(&k));
-    }
-
-    fn mix_key_and_hash(&mut self, ikm: &[u8]) {
-        let (ck, temp_h, k) = hkdf3(&self.ck, ikm);
-        self.ck = ck;
-        self.mix_hash(&temp_h);
-        self.cipher = Some(CipherState::new(&k));
-    }
-
-    fn encrypt_and_hash(&mut self, plaintext: &[u8], out: &mut Vec<u8>) {
-        let c = match &mut self.cipher {
-            Some(c) => c.encrypt(&self.h, plaintext),
-            None => plaintext.to_vec(),
-        };
-        self.mix_hash(&c);
-        out.extend_from_slice(&c);
-    }
-
-    fn decrypt_and_hash(&mut self, data: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        let p = match &mut self.cipher {
-            Some(c) => c.decrypt(&self.h, data)?,
-            None => data.to_vec(),
-        };
-        self.mix_hash(data);
-        Ok(p)
-    }
-
-    /// (initiator → responder, responder → initiator).
-    fn split(&self) -> (CipherState, CipherState) {
-        let (k1, k2, _) = hkdf3(&self.ck, &[]);
-        (CipherState::new(&k1), CipherState::new(&k2))
-    }
-}
-
-/// Reads fixed-size pieces off a message.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], NoiseError> {
-        if self.0.len() < n {
-            return Err(NoiseError::Length);
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Ok(a)
-    }
-}
-
-fn array32(b: &[u8]) -> Result<[u8; 32], NoiseError> {
-    b.try_into().map_err(|_| NoiseError::Length)
-}
-
-/// An ephemeral X25519 + ML-KEM pair, generated for one handshake.
-struct Ephemeral {
-    dh_private: [u8; 32],
-    dh_public: [u8; 32],
-    kem_public: Vec<u8>,
-    kem_secret: Vec<u8>,
-}
-
-impl Ephemeral {
-    fn generate(rng: &mut dyn Randomness) -> Ephemeral {
-        let dh_private = random32(rng);
-        let (kem_public, kem_secret) = mlkem::keygen(&random32(rng), &random32(rng));
-        Ephemeral {
-            dh_public: x25519::public_key(&dh_private),
-            dh_private,
-            kem_public,
-            kem_secret,
-        }
-    }
+fn params<'a>(identity: &Identity, prologue: &'a [u8], initiator: bool) -> Params<'a> {
+    Params::new(noise_hybrid_ik(), initiator)
+        .with_prologue(prologue)
+        .with_s(identity.dh.clone())
+        .with_s_kem(identity.kem.clone())
 }
 
 /// The harness between msg1 and msg2.
 pub struct Initiator {
-    sym: Symmetric,
-    identity: Identity,
-    e: Ephemeral,
+    hs: Box<Handshake>,
 }
 
 impl Initiator {
@@ -292,77 +230,36 @@ impl Initiator {
         if MSG1_OVERHEAD + payload.len() > MAX_MESSAGE_LEN {
             return Err(NoiseError::Length);
         }
-        let mut sym = Symmetric::new(prologue);
-        sym.mix_hash(&responder.x25519);
-        sym.mix_hash(&responder.mlkem768);
-        let mut out = Vec::with_capacity(MSG1_OVERHEAD + payload.len());
-        // skem
-        let (ct, ss) = mlkem::encapsulate(&responder.mlkem768, &random32(rng))
-            .map_err(|_| NoiseError::InvalidKey)?;
-        sym.encrypt_and_hash(&ct, &mut out);
-        sym.mix_key_and_hash(&ss);
-        // e
-        let e = Ephemeral::generate(rng);
-        out.extend_from_slice(&e.dh_public);
-        sym.mix_hash(&e.dh_public);
-        out.extend_from_slice(&e.kem_public);
-        sym.mix_hash(&e.kem_public);
-        // es
-        sym.mix_key(&x25519::x25519(&e.dh_private, &responder.x25519));
-        // s
-        let me = identity.public_key();
-        sym.encrypt_and_hash(&me.x25519, &mut out);
-        sym.encrypt_and_hash(&me.mlkem768, &mut out);
-        // ss
-        sym.mix_key(&identity.dh(&responder.x25519));
-        sym.encrypt_and_hash(payload, &mut out);
-        Ok((
-            Initiator {
-                sym,
-                identity: identity.clone(),
-                e,
-            },
-            out,
-        ))
+        let p = params(identity, prologue, true)
+            .with_rs(responder.x25519)
+            .with_rs_kem(kem_public(responder)?);
+        let mut hs = Box::new(Handshake::new(p)?);
+        let mut out = vec![0u8; MSG1_OVERHEAD + payload.len()];
+        let n = drawn::with(rng, MSG1_RANDOM, || hs.write_message(payload, &mut out))?;
+        out.truncate(n);
+        Ok((Initiator { hs }, out))
     }
 
     /// Reads msg2 and enters transport mode. Errors: [`NoiseError::Length`],
     /// [`NoiseError::Decrypt`] (not the pinned executor, or tampered),
     /// [`NoiseError::NonEmptyResponse`].
     pub fn finish(mut self, msg2: &[u8]) -> Result<Transport, NoiseError> {
+        // A msg2 with a payload is longer than MSG2_LEN; v1 never sends one.
         if msg2.len() != MSG2_LEN {
             return Err(NoiseError::Length);
         }
-        let mut r = Reader(msg2);
-        let sym = &mut self.sym;
-        // ekem
-        let ct = r.take(mlkem::CIPHERTEXT_LEN)?;
-        sym.mix_hash(ct);
-        sym.mix_key(&mlkem::decapsulate(&self.e.kem_secret, ct));
-        // skem
-        let ct = sym.decrypt_and_hash(r.take(mlkem::CIPHERTEXT_LEN + TAG_LEN)?)?;
-        sym.mix_key_and_hash(&self.identity.decapsulate(&ct)?);
-        // e
-        let re = array32(r.take(32)?)?;
-        sym.mix_hash(&re);
-        sym.mix_hash(r.take(mlkem::PUBLIC_KEY_LEN)?);
-        // ee, se
-        sym.mix_key(&x25519::x25519(&self.e.dh_private, &re));
-        sym.mix_key(&self.identity.dh(&re));
-        let payload = sym.decrypt_and_hash(r.0)?;
-        if !payload.is_empty() {
-            return Err(NoiseError::NonEmptyResponse);
-        }
-        let (send, recv) = sym.split();
-        Ok(Transport { send, recv })
+        self.hs.read_message(msg2, &mut [])?;
+        let states = self.hs.finalize()?.take();
+        Ok(Transport {
+            send: CipherState(states.initiator_to_responder),
+            recv: CipherState(states.responder_to_initiator),
+        })
     }
 }
 
 /// The executor after authenticating msg1, before deciding to answer.
 pub struct PendingResponder {
-    sym: Symmetric,
-    re: [u8; 32],
-    re_kem: Vec<u8>,
+    hs: Box<Handshake>,
     initiator: PublicKey,
     payload: Vec<u8>,
 }
@@ -379,35 +276,19 @@ impl PendingResponder {
         if msg1.len() < MSG1_OVERHEAD || msg1.len() > MAX_MESSAGE_LEN {
             return Err(NoiseError::Length);
         }
-        let mut sym = Symmetric::new(prologue);
-        let me = identity.public_key();
-        sym.mix_hash(&me.x25519);
-        sym.mix_hash(&me.mlkem768);
-        let mut r = Reader(msg1);
-        // skem
-        let ct = sym.decrypt_and_hash(r.take(mlkem::CIPHERTEXT_LEN)?)?;
-        sym.mix_key_and_hash(&identity.decapsulate(&ct)?);
-        // e
-        let re = array32(r.take(32)?)?;
-        sym.mix_hash(&re);
-        let re_kem = r.take(mlkem::PUBLIC_KEY_LEN)?.to_vec();
-        sym.mix_hash(&re_kem);
-        // es
-        sym.mix_key(&identity.dh(&re));
-        // s
-        let rs = array32(&sym.decrypt_and_hash(r.take(32 + TAG_LEN)?)?)?;
-        let rs_kem = sym.decrypt_and_hash(r.take(mlkem::PUBLIC_KEY_LEN + TAG_LEN)?)?;
-        // ss
-        sym.mix_key(&identity.dh(&rs));
-        let payload = sym.decrypt_and_hash(r.0)?;
+        let p = params(identity, prologue, false);
+        let mut hs = Box::new(Handshake::new(p)?);
+        let mut payload = vec![0u8; msg1.len() - MSG1_OVERHEAD];
+        let n = hs.read_message(msg1, &mut payload)?;
+        payload.truncate(n);
+        let rs = hs.get_remote_static().ok_or(NoiseError::Decrypt)?;
+        let initiator = PublicKey {
+            x25519: *rs.dh(),
+            mlkem768: rs.kem().as_slice().to_vec(),
+        };
         Ok(PendingResponder {
-            sym,
-            re,
-            re_kem,
-            initiator: PublicKey {
-                x25519: rs,
-                mlkem768: rs_kem,
-            },
+            hs,
+            initiator,
             payload,
         })
     }
@@ -428,31 +309,53 @@ impl PendingResponder {
         mut self,
         rng: &mut dyn Randomness,
     ) -> Result<(Transport, Vec<u8>), NoiseError> {
-        let sym = &mut self.sym;
-        let mut out = Vec::with_capacity(MSG2_LEN);
-        // ekem
-        let (ct, ss) =
-            mlkem::encapsulate(&self.re_kem, &random32(rng)).map_err(|_| NoiseError::InvalidKey)?;
-        out.extend_from_slice(&ct);
-        sym.mix_hash(&ct);
-        sym.mix_key(&ss);
-        // skem
-        let (ct, ss) = mlkem::encapsulate(&self.initiator.mlkem768, &random32(rng))
-            .map_err(|_| NoiseError::InvalidKey)?;
-        sym.encrypt_and_hash(&ct, &mut out);
-        sym.mix_key_and_hash(&ss);
-        // e
-        let e = Ephemeral::generate(rng);
-        out.extend_from_slice(&e.dh_public);
-        sym.mix_hash(&e.dh_public);
-        out.extend_from_slice(&e.kem_public);
-        sym.mix_hash(&e.kem_public);
-        // ee, se
-        sym.mix_key(&x25519::x25519(&e.dh_private, &self.re));
-        sym.mix_key(&x25519::x25519(&e.dh_private, &self.initiator.x25519));
-        sym.encrypt_and_hash(&[], &mut out);
-        let (recv, send) = sym.split();
-        Ok((Transport { send, recv }, out))
+        let mut out = vec![0u8; MSG2_LEN];
+        let n = drawn::with(rng, MSG2_RANDOM, || self.hs.write_message(&[], &mut out))?;
+        out.truncate(n);
+        let states = self.hs.finalize()?.take();
+        Ok((
+            Transport {
+                send: CipherState(states.responder_to_initiator),
+                recv: CipherState(states.initiator_to_responder),
+            },
+            out,
+        ))
+    }
+}
+
+/// One direction's AES-256-GCM key and nonce counter.
+pub struct CipherState(ClatterCipher<AesGcm>);
+
+impl CipherState {
+    fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
+        if plaintext.len() + TAG_LEN > MAX_MESSAGE_LEN {
+            return Err(NoiseError::Length);
+        }
+        if self.0.get_nonce() >= MAX_RECORDS_PER_DIRECTION {
+            return Err(NoiseError::Exhausted);
+        }
+        let mut out = vec![0u8; plaintext.len() + TAG_LEN];
+        self.0
+            .encrypt_with_ad(&[], plaintext, &mut out)
+            .map_err(|e| match e {
+                CipherError::NonceOverflow => NoiseError::Exhausted,
+                _ => NoiseError::Length,
+            })?;
+        Ok(out)
+    }
+
+    fn decrypt(&mut self, ciphertext: &[u8]) -> Result<Vec<u8>, NoiseError> {
+        if ciphertext.len() < TAG_LEN || ciphertext.len() > MAX_MESSAGE_LEN {
+            return Err(NoiseError::Length);
+        }
+        if self.0.get_nonce() >= MAX_RECORDS_PER_DIRECTION {
+            return Err(NoiseError::Exhausted);
+        }
+        let mut out = vec![0u8; ciphertext.len() - TAG_LEN];
+        self.0
+            .decrypt_with_ad(&[], ciphertext, &mut out)
+            .map_err(|_| NoiseError::Decrypt)?;
+        Ok(out)
     }
 }
 
@@ -471,26 +374,14 @@ pub struct Opener(CipherState);
 impl Sealer {
     /// As [`Transport::encrypt`].
     pub fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        if plaintext.len() + TAG_LEN > MAX_MESSAGE_LEN {
-            return Err(NoiseError::Length);
-        }
-        if self.0.n >= MAX_RECORDS_PER_DIRECTION {
-            return Err(NoiseError::Exhausted);
-        }
-        Ok(self.0.encrypt(&[], plaintext))
+        self.0.encrypt(plaintext)
     }
 }
 
 impl Opener {
     /// As [`Transport::decrypt`].
     pub fn decrypt(&mut self, ciphertext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        if ciphertext.len() > MAX_MESSAGE_LEN {
-            return Err(NoiseError::Length);
-        }
-        if self.0.n >= MAX_RECORDS_PER_DIRECTION {
-            return Err(NoiseError::Exhausted);
-        }
-        self.0.decrypt(&[], ciphertext)
+        self.0.decrypt(ciphertext)
     }
 }
 
@@ -503,44 +394,13 @@ impl Transport {
     /// Encrypts one record (plaintext ≤ 65 519 bytes). Errors:
     /// [`NoiseError::Length`], [`NoiseError::Exhausted`].
     pub fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        if plaintext.len() + TAG_LEN > MAX_MESSAGE_LEN {
-            return Err(NoiseError::Length);
-        }
-        if self.send.n >= MAX_RECORDS_PER_DIRECTION {
-            return Err(NoiseError::Exhausted);
-        }
-        Ok(self.send.encrypt(&[], plaintext))
+        self.send.encrypt(plaintext)
     }
 
     /// Decrypts the next record. A failed record leaves the counter where it
     /// was, but the stream should be torn down (the peer is broken or hostile).
     pub fn decrypt(&mut self, ciphertext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        if ciphertext.len() > MAX_MESSAGE_LEN {
-            return Err(NoiseError::Length);
-        }
-        if self.recv.n >= MAX_RECORDS_PER_DIRECTION {
-            return Err(NoiseError::Exhausted);
-        }
-        self.recv.decrypt(&[], ciphertext)
-    }
-}
-
-/// A deterministic byte stream (SHAKE256 of a seed) for tests and the golden test.
-pub struct SeededRandom(crate::crypto::keccak::Sponge);
-
-impl SeededRandom {
-    /// The stream for `seed`. Never use outside tests: anyone knowing the seed
-    /// knows every key.
-    pub fn new(seed: &[u8]) -> SeededRandom {
-        let mut s = crate::crypto::keccak::shake256();
-        s.absorb(seed);
-        SeededRandom(s)
-    }
-}
-
-impl Randomness for SeededRandom {
-    fn fill(&mut self, out: &mut [u8]) {
-        self.0.squeeze(out);
+        self.recv.decrypt(ciphertext)
     }
 }
 
@@ -548,6 +408,16 @@ impl Randomness for SeededRandom {
 mod tests {
     use super::*;
     use crate::keys::prologue;
+
+    fn sha256(parts: &[&[u8]]) -> [u8; 32] {
+        let mut c = ring::digest::Context::new(&ring::digest::SHA256);
+        for p in parts {
+            c.update(p);
+        }
+        let mut out = [0u8; 32];
+        out.copy_from_slice(c.finish().as_ref());
+        out
+    }
 
     fn pair(seed: &[u8]) -> (Identity, Identity, SeededRandom) {
         let mut rng = SeededRandom::new(seed);

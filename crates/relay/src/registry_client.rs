@@ -110,7 +110,13 @@ impl RegistryClient {
         if bearer.is_empty() {
             return Err(ConfigError("the registry token is empty".into()));
         }
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder();
+        for root in crate::tls::extra_roots().map_err(|e| ConfigError(e.to_string()))? {
+            let cert = reqwest::Certificate::from_der(&root)
+                .map_err(|e| ConfigError(format!("{}: {e}", crate::tls::CA_FILE_ENV)))?;
+            http = http.add_root_certificate(cert);
+        }
+        let http = http
             .redirect(reqwest::redirect::Policy::none())
             .timeout(REQUEST_TIMEOUT)
             .build()

@@ -132,8 +132,8 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
         cfg.max_message_size = Some(MAX_FRAME_BYTES);
         cfg.max_frame_size = Some(MAX_FRAME_BYTES);
         let mut reregister = false;
-        match tokio_tungstenite::connect_async_with_config(req, Some(cfg), true).await {
-            Ok((ws, _)) => {
+        match crate::tls::connect_websocket(req, cfg).await {
+            Ok(ws) => {
                 tracing::info!("connected to the relay");
                 let ctx = Arc::new(Ctx {
                     identity: identity.clone(),

@@ -1,14 +1,14 @@
 //! A small HTTP/1.1 front: one request per connection (`Connection: close`),
 //! bounded head and body, then either a JSON answer or a WebSocket upgrade.
-//! (`hyper`'s server half cannot be built offline here: it needs a crate this
-//! machine lacks.)
+//! With TLS configured every connection is a TLS connection first (a client
+//! has [`REQUEST_TIMEOUT`] for the handshake and its request together).
 
 use super::{Registry, Reply};
 use crate::api::REJECTION_HEADER;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 /// Largest request head: 16 KiB.
@@ -30,7 +30,21 @@ pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
         };
         let _ = stream.set_nodelay(true);
         let registry = registry.clone();
-        tokio::spawn(async move { handle(registry, stream).await });
+        match registry.config.tls.clone() {
+            None => {
+                tokio::spawn(async move { handle(registry, stream).await });
+            }
+            Some(tls) => {
+                tokio::spawn(async move {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+                    match tokio::time::timeout(REQUEST_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => handle(registry, stream).await,
+                        Ok(Err(e)) => tracing::debug!("tls handshake failed: {e}"),
+                        Err(_) => tracing::debug!("tls handshake timed out"),
+                    }
+                });
+            }
+        }
     }
 }
 
@@ -51,7 +65,7 @@ impl Request {
     }
 }
 
-async fn read_head(stream: &mut TcpStream) -> Option<Request> {
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Option<Request> {
     let mut buf = Vec::with_capacity(2048);
     let mut chunk = [0u8; 4096];
     loop {
@@ -93,7 +107,7 @@ async fn read_head(stream: &mut TcpStream) -> Option<Request> {
     }
 }
 
-async fn respond(stream: &mut TcpStream, reply: Reply) {
+async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, reply: Reply) {
     let reason = match reply.status {
         200 => "OK",
         400 => "Bad Request",
@@ -124,7 +138,10 @@ fn bearer(req: &Request) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-async fn handle(registry: Arc<Registry>, mut stream: TcpStream) {
+async fn handle<S>(registry: Arc<Registry>, mut stream: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let Ok(Some(req)) = tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream)).await else {
         return;
     };
@@ -187,7 +204,10 @@ fn percent_decode(s: &str) -> String {
         .unwrap_or_default()
 }
 
-async fn upgrade(registry: Arc<Registry>, mut stream: TcpStream, req: &Request, query: &str) {
+async fn upgrade<S>(registry: Arc<Registry>, mut stream: S, req: &Request, query: &str)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let key = match (req.header("upgrade"), req.header("sec-websocket-key")) {
         (Some(u), Some(k)) if u.eq_ignore_ascii_case("websocket") => k.trim().to_string(),
         _ => {

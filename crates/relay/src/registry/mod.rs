@@ -1,7 +1,7 @@
 //! Our environment registry and rendezvous relay in one process: the three
 //! registry endpoints (`POST /cloud/environment/{id}/register`, `/connect`,
 //! `/validate`) and the relay WebSocket (`GET /relay?…`, signed URL) on one
-//! port, plain HTTP/1.1 with one request per connection.
+//! port, HTTP/1.1 (over TLS when configured) with one request per connection.
 //!
 //! What it guarantees: relay URLs are signed and expire; an authorization names
 //! one harness key, one registration and one environment, is single use and
@@ -10,6 +10,7 @@
 
 pub mod hub;
 pub mod signing;
+pub mod sqlite;
 pub mod store;
 pub mod tokens;
 
@@ -39,6 +40,9 @@ pub struct Config {
     pub harness_tokens: Option<Tokens>,
     /// Executor relay URL lifetime.
     pub executor_url_ttl: Duration,
+    /// Serve HTTPS/WSS with this configuration; `None` is plain HTTP (the
+    /// caller allows that on loopback only).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for Config {
@@ -47,6 +51,7 @@ impl Default for Config {
             executor_tokens: None,
             harness_tokens: None,
             executor_url_ttl: EXECUTOR_URL_TTL,
+            tls: None,
         }
     }
 }
@@ -100,7 +105,8 @@ fn now_unix() -> u64 {
 }
 
 impl Registry {
-    /// Builds the registry; `ws_base` is the relay's base URL (`ws://HOST:PORT`).
+    /// Builds the registry; `ws_base` is the relay's base URL (`ws://HOST:PORT`,
+    /// or `wss://…` with TLS) that relay URLs are made from.
     pub fn new(
         config: Config,
         store: Arc<dyn Store>,

@@ -1,14 +1,12 @@
 //! Where the registry keeps registrations and harness authorizations, behind
 //! [`Store`] so that several registry nodes can later share a database.
 //!
-//! [`FileStore`] persists to one JSON file (written to a temporary file and
-//! renamed, so a crash never leaves half a file): SQLite (`rusqlite`) cannot be
-//! fetched on this build machine. [`MemoryStore`] keeps nothing across restarts.
+//! [`super::sqlite::SqliteStore`] persists (`--db PATH`); [`MemoryStore`] keeps
+//! nothing across restarts (tests, and a registry started without `--db`).
 
 use crate::keys::WirePublicKey;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 /// The executor currently registered for an environment.
@@ -131,94 +129,11 @@ impl Store for MemoryStore {
     }
 }
 
-/// Persists to one JSON file (mode 0600), rewritten atomically on each change.
-pub struct FileStore {
-    path: PathBuf,
-    data: Mutex<Data>,
-}
-
-impl FileStore {
-    /// Opens (or creates) the file at `path`. Errors: unreadable or corrupt file.
-    pub fn open(path: PathBuf) -> Result<FileStore, StoreError> {
-        let data = match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map_err(|e| StoreError(format!("{} is corrupt: {e}", path.display())))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Data::default(),
-            Err(e) => return Err(StoreError(format!("cannot read {}: {e}", path.display()))),
-        };
-        Ok(FileStore {
-            path,
-            data: Mutex::new(data),
-        })
-    }
-
-    fn save(&self, d: &Data) -> Result<(), StoreError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let tmp = self.path.with_extension("tmp");
-        let bytes = serde_json::to_vec(d).map_err(|e| StoreError(e.to_string()))?;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| StoreError(format!("cannot write {}: {e}", tmp.display())))?;
-        f.write_all(&bytes)
-            .and_then(|_| f.sync_all())
-            .map_err(|e| StoreError(format!("cannot write {}: {e}", tmp.display())))?;
-        std::fs::rename(&tmp, &self.path)
-            .map_err(|e| StoreError(format!("cannot replace {}: {e}", self.path.display())))
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&mut Data) -> (T, bool)) -> Result<T, StoreError> {
-        let mut d = self.data.lock().unwrap_or_else(|p| p.into_inner());
-        let (out, dirty) = f(&mut d);
-        if dirty {
-            self.save(&d)?;
-        }
-        Ok(out)
-    }
-}
-
-impl Store for FileStore {
-    fn put_registration(&self, r: Registration) -> Result<(), StoreError> {
-        self.with(|d| {
-            d.registrations.insert(r.environment_id.clone(), r);
-            ((), true)
-        })
-    }
-    fn registration(&self, env: &str) -> Result<Option<Registration>, StoreError> {
-        self.with(|d| (d.registrations.get(env).cloned(), false))
-    }
-    fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
-        self.with(|d| {
-            d.authorizations.insert(token.to_string(), a);
-            ((), true)
-        })
-    }
-    fn take_authorization(
-        &self,
-        token: &str,
-        now: u64,
-    ) -> Result<Option<Authorization>, StoreError> {
-        self.with(|d| {
-            let before = d.authorizations.len();
-            let a = d.take(token, now);
-            let dirty = d.authorizations.len() != before;
-            (a, dirty)
-        })
-    }
-    fn signing_key(&self) -> Result<[u8; 32], StoreError> {
-        self.with(|d| d.signing_key())
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn key() -> WirePublicKey {
+    pub(crate) fn key() -> WirePublicKey {
         WirePublicKey {
             suite: crate::keys::SUITE.into(),
             x25519_public_key: "a".into(),
@@ -226,19 +141,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn file_store_survives_a_restart_and_authorizations_are_single_use() {
-        let dir = std::env::temp_dir().join(format!("relay-store-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("registry.json");
-        let s = FileStore::open(path.clone()).unwrap();
+    /// What every store must do: replace registrations, keep the signing key,
+    /// hand out an authorization once, and never after it expired.
+    pub(crate) fn contract(s: &dyn Store) {
         let k = s.signing_key().unwrap();
-        let r = Registration {
+        assert_eq!(s.signing_key().unwrap(), k);
+        assert_eq!(s.registration("e").unwrap(), None);
+        let mut r = Registration {
             environment_id: "e".into(),
-            registration_id: "r".into(),
+            registration_id: "r0".into(),
             executor_key: key(),
         };
         s.put_registration(r.clone()).unwrap();
+        r.registration_id = "r".into();
+        s.put_registration(r.clone()).unwrap();
+        assert_eq!(s.registration("e").unwrap(), Some(r));
         let a = Authorization {
             environment_id: "e".into(),
             registration_id: "r".into(),
@@ -247,13 +164,13 @@ mod tests {
         };
         s.put_authorization("t1", a.clone()).unwrap();
         s.put_authorization("t2", a.clone()).unwrap();
-        drop(s);
-        let s = FileStore::open(path.clone()).unwrap();
-        assert_eq!(s.signing_key().unwrap(), k);
-        assert_eq!(s.registration("e").unwrap(), Some(r));
         assert_eq!(s.take_authorization("t1", 50).unwrap(), Some(a));
         assert_eq!(s.take_authorization("t1", 50).unwrap(), None);
         assert_eq!(s.take_authorization("t2", 101).unwrap(), None, "expired");
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn memory_store_contract() {
+        contract(&MemoryStore::default());
     }
 }

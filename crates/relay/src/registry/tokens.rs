@@ -1,14 +1,68 @@
 //! Bearer tokens for executors (`--executor-tokens FILE`) and harnesses
-//! (`--harness-tokens FILE`). One entry a line: `TOKEN`, `sha256:HEX`, or either
-//! preceded by `ENV_ID ` to limit it to one environment; `#` starts a comment.
-//! Only SHA-256 digests are kept, compared in constant time.
+//! (`--harness-tokens FILE`). One entry a line, `#` starts a comment:
+//!
+//! ```text
+//! [ENV_ID] TOKEN                     a plain token (only its SHA-256 is kept)
+//! [ENV_ID] sha256:HEX                the SHA-256 of a token
+//! [ENV_ID] hs256:SECRET [iss=I] [aud=A] [skew=SECONDS]
+//!                                    any HS256 JWT signed with SECRET (>= 32 bytes)
+//! ```
+//!
+//! `ENV_ID` limits the entry to one environment. JWTs are checked as the
+//! listener's `--ws-auth signed-bearer-token` checks them: HS256 only, `exp`
+//! required, `exp`/`nbf` with `skew` seconds of leeway (default 30), `iss` and
+//! one `aud` member required when given. Digests compare in constant time.
 
 use ring::digest;
+
+/// Smallest accepted HS256 secret: 32 bytes (as the listener).
+pub const MIN_JWT_SECRET_BYTES: usize = 32;
+
+/// What an HS256 entry requires of a token.
+#[derive(Clone)]
+struct JwtRule {
+    secret: Vec<u8>,
+    issuer: Option<String>,
+    audience: Option<String>,
+    skew_seconds: u64,
+}
+
+impl std::fmt::Debug for JwtRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtRule").finish_non_exhaustive()
+    }
+}
+
+impl JwtRule {
+    fn accepts(&self, token: &str) -> bool {
+        use jsonwebtoken::{decode, Algorithm, DecodingKey, Validation};
+        let mut v = Validation::new(Algorithm::HS256);
+        v.leeway = self.skew_seconds;
+        v.validate_exp = true;
+        v.validate_nbf = true;
+        v.set_required_spec_claims(&["exp"]);
+        match &self.issuer {
+            Some(i) => v.set_issuer(&[i]),
+            None => v.iss = None,
+        }
+        match &self.audience {
+            Some(a) => v.set_audience(&[a]),
+            None => v.validate_aud = false,
+        }
+        decode::<serde_json::Value>(token, &DecodingKey::from_secret(&self.secret), &v).is_ok()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Check {
+    Digest([u8; 32]),
+    Jwt(JwtRule),
+}
 
 /// A parsed token file.
 #[derive(Debug, Clone, Default)]
 pub struct Tokens {
-    entries: Vec<(Option<String>, [u8; 32])>,
+    entries: Vec<(Option<String>, Check)>,
 }
 
 fn sha256(b: &[u8]) -> [u8; 32] {
@@ -26,12 +80,25 @@ impl Tokens {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let mut parts = line.split_whitespace();
-            let (env, tok) = match (parts.next(), parts.next(), parts.next()) {
-                (Some(t), None, None) => (None, t),
-                (Some(e), Some(t), None) => (Some(e.to_string()), t),
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let options = words
+                .iter()
+                .rev()
+                .take_while(|w| ["iss=", "aud=", "skew="].iter().any(|p| w.starts_with(p)))
+                .count();
+            let (head, options) = words.split_at(words.len() - options);
+            let (env, tok) = match head {
+                [t] => (None, *t),
+                [e, t] => (Some(e.to_string()), *t),
                 _ => return Err(format!("line {}: expected `[ENV_ID] TOKEN`", n + 1)),
             };
+            if let Some(secret) = tok.strip_prefix("hs256:") {
+                entries.push((env, Check::Jwt(jwt_rule(secret, options, n + 1)?)));
+                continue;
+            }
+            if !options.is_empty() {
+                return Err(format!("line {}: iss=/aud=/skew= go with hs256:", n + 1));
+            }
             let digest = match tok.strip_prefix("sha256:") {
                 Some(hex) => {
                     let b: Vec<u8> = (0..hex.len() / 2)
@@ -42,7 +109,7 @@ impl Tokens {
                 }
                 None => sha256(tok.as_bytes()),
             };
-            entries.push((env, digest));
+            entries.push((env, Check::Digest(digest)));
         }
         if entries.is_empty() {
             return Err("no tokens".into());
@@ -52,17 +119,50 @@ impl Tokens {
 
     /// Whether `bearer` may act on `environment_id`.
     pub fn allows(&self, bearer: &str, environment_id: &str) -> bool {
-        let d = sha256(bearer.trim().as_bytes());
+        let bearer = bearer.trim();
+        let d = sha256(bearer.as_bytes());
         let mut ok = false;
-        for (env, want) in &self.entries {
-            // Constant time: every byte is compared whatever the first difference.
-            let same = d.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-            if same && env.as_deref().is_none_or(|e| e == environment_id) {
-                ok = true;
+        for (env, check) in &self.entries {
+            if env.as_deref().is_some_and(|e| e != environment_id) {
+                continue;
             }
+            let same = match check {
+                // Constant time: every byte is compared whatever the first difference.
+                Check::Digest(want) => {
+                    d.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+                }
+                Check::Jwt(rule) => rule.accepts(bearer),
+            };
+            ok |= same;
         }
         ok
     }
+}
+
+fn jwt_rule(secret: &str, options: &[&str], line: usize) -> Result<JwtRule, String> {
+    if secret.len() < MIN_JWT_SECRET_BYTES {
+        return Err(format!(
+            "line {line}: an hs256 secret needs at least {MIN_JWT_SECRET_BYTES} bytes"
+        ));
+    }
+    let mut rule = JwtRule {
+        secret: secret.as_bytes().to_vec(),
+        issuer: None,
+        audience: None,
+        skew_seconds: 30,
+    };
+    for o in options {
+        if let Some(v) = o.strip_prefix("iss=") {
+            rule.issuer = Some(v.to_string());
+        } else if let Some(v) = o.strip_prefix("aud=") {
+            rule.audience = Some(v.to_string());
+        } else if let Some(v) = o.strip_prefix("skew=") {
+            rule.skew_seconds = v
+                .parse()
+                .map_err(|_| format!("line {line}: skew= takes seconds"))?;
+        }
+    }
+    Ok(rule)
 }
 
 #[cfg(test)]
@@ -81,5 +181,82 @@ mod tests {
         assert!(Tokens::parse("a b c").is_err());
         assert!(Tokens::parse("sha256:12").is_err());
         assert!(Tokens::parse("\n#\n").is_err());
+        assert!(Tokens::parse("alpha iss=x").is_err());
+    }
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    }
+
+    fn jwt(secret: &[u8], claims: serde_json::Value) -> String {
+        use jsonwebtoken::{encode, EncodingKey, Header};
+        encode(
+            &Header::default(),
+            &claims,
+            &EncodingKey::from_secret(secret),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn hs256_jwts_as_the_listener_checks_them() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        let t = Tokens::parse(&format!(
+            "hs256:{secret} iss=me aud=exec\nenv1 hs256:{secret}xyz skew=0\n"
+        ))
+        .unwrap();
+        let exp = now() + 600;
+        let good = jwt(
+            secret.as_bytes(),
+            serde_json::json!({"exp": exp, "iss": "me", "aud": "exec"}),
+        );
+        assert!(t.allows(&good, "any"));
+        assert!(t.allows(&format!(" {good} "), "any"));
+        let mut tampered = good.clone();
+        tampered.pop();
+        tampered.push(if good.ends_with('A') { 'B' } else { 'A' });
+        assert!(!t.allows(&tampered, "any"));
+        for bad in [
+            serde_json::json!({"exp": exp, "iss": "other", "aud": "exec"}),
+            serde_json::json!({"exp": exp, "iss": "me", "aud": "else"}),
+            serde_json::json!({"iss": "me", "aud": "exec"}),
+            serde_json::json!({"exp": now() - 120, "iss": "me", "aud": "exec"}),
+            serde_json::json!({"exp": exp, "nbf": now() + 120, "iss": "me", "aud": "exec"}),
+        ] {
+            assert!(
+                !t.allows(&jwt(secret.as_bytes(), bad.clone()), "any"),
+                "{bad}"
+            );
+        }
+        assert!(!t.allows(
+            &jwt(
+                b"another-secret-another-secret-xx",
+                serde_json::json!({"exp": exp, "iss": "me", "aud": "exec"})
+            ),
+            "any"
+        ));
+        // The scoped entry: its own secret, only for env1, no iss/aud needed.
+        let scoped = jwt(
+            format!("{secret}xyz").as_bytes(),
+            serde_json::json!({"exp": exp}),
+        );
+        assert!(t.allows(&scoped, "env1"));
+        assert!(!t.allows(&scoped, "env2"));
+        let none = jsonwebtoken::Header {
+            alg: jsonwebtoken::Algorithm::HS512,
+            ..Default::default()
+        };
+        let hs512 = jsonwebtoken::encode(
+            &none,
+            &serde_json::json!({"exp": exp}),
+            &jsonwebtoken::EncodingKey::from_secret(format!("{secret}xyz").as_bytes()),
+        )
+        .unwrap();
+        assert!(!t.allows(&hs512, "env1"), "only HS256");
+        assert!(Tokens::parse("hs256:short").is_err());
+        assert!(Tokens::parse(&format!("hs256:{secret} skew=x")).is_err());
     }
 }

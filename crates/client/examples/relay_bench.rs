@@ -1,0 +1,140 @@
+//! Remote-mode benchmark: the same server reached directly and through our
+//! registry + relay, with this crate's client on both paths.
+//!
+//! ```text
+//! relay_bench DIRECT_WS_URL REGISTRY_URL ENV_ID EXECUTOR_PID [SPAWNS] [IDLE]
+//! ```
+//!
+//! Prints spawn latency p50/p99 (`process/start` of `true` until its exit event,
+//! on an established connection), stream throughput (`head -c 256 MiB
+//! /dev/zero`, bytes delivered to the caller per second, best of three), and the
+//! executor's RSS growth per idle relay stream (IDLE connected clients). See
+//! BENCHMARKS.md for the command that starts the three processes.
+
+use exec_server_client::relay::RelaySource;
+use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
+use exec_server_protocol::types::ExecParams;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const STREAM_BYTES: usize = 256 * 1024 * 1024;
+
+fn params(id: &str, argv: &[&str]) -> ExecParams {
+    ExecParams::new(
+        id,
+        argv.iter().map(|s| s.to_string()).collect(),
+        exec_server_protocol::PathUri::parse("file:///tmp").expect("static uri"),
+        [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
+    )
+}
+
+async fn client(source: Source) -> ExecServerClient {
+    let mut opts = ClientOptions::new(source);
+    opts.connect_timeout = Duration::from_secs(10);
+    let c = ExecServerClient::new(opts);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = c.connect().await {
+        assert!(Instant::now() < deadline, "cannot connect: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c
+}
+
+/// Runs `argv` to its exit; returns output bytes seen.
+async fn run(c: &ExecServerClient, id: &str, argv: &[&str]) -> usize {
+    let mut p = c.start_process(params(id, argv)).await.expect("start");
+    let mut n = 0;
+    let mut code = None;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(120), p.next_event())
+            .await
+            .expect("event within 120 s")
+        {
+            Some(ProcessEvent::Output { data, .. }) => n += data.len(),
+            Some(ProcessEvent::Exited { code: c, .. }) => code = Some(c),
+            Some(ProcessEvent::Closed { .. }) | None => break,
+            Some(ProcessEvent::Failed(why)) => panic!("{why}"),
+        }
+    }
+    assert_eq!(code, Some(0), "{argv:?}");
+    n
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn measure(name: &str, c: &ExecServerClient, spawns: usize) -> f64 {
+    for i in 0..10 {
+        run(c, &format!("warm-{i}"), &["true"]).await;
+    }
+    let mut lat = Vec::with_capacity(spawns);
+    for i in 0..spawns {
+        let t = Instant::now();
+        run(c, &format!("s-{i}"), &["true"]).await;
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    let mut best = 0f64;
+    for i in 0..3 {
+        let t = Instant::now();
+        let n = run(
+            c,
+            &format!("z-{i}"),
+            &["head", "-c", &STREAM_BYTES.to_string(), "/dev/zero"],
+        )
+        .await;
+        assert_eq!(n, STREAM_BYTES);
+        best = best.max(n as f64 / t.elapsed().as_secs_f64() / (1024.0 * 1024.0));
+    }
+    println!("{name:>7}: spawn p50 {p50:.3} ms, p99 {p99:.3} ms ({spawns} spawns); stream {best:.0} MiB/s");
+    p50
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("executor pid");
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+#[tokio::main]
+async fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    if a.len() < 5 {
+        eprintln!(
+            "usage: relay_bench DIRECT_WS_URL REGISTRY_URL ENV_ID EXECUTOR_PID [SPAWNS] [IDLE]"
+        );
+        std::process::exit(2);
+    }
+    let pid: u32 = a[4].parse().expect("pid");
+    let spawns: usize = a.get(5).and_then(|s| s.parse().ok()).unwrap_or(300);
+    let idle: usize = a.get(6).and_then(|s| s.parse().ok()).unwrap_or(100);
+    let relay = || {
+        Source::Relay(Arc::new(
+            RelaySource::new(&a[2], &a[3], "bench", None).expect("relay source"),
+        ))
+    };
+    let direct = client(Source::from_url(&a[1], None).expect("direct url")).await;
+    let through = client(relay()).await;
+    let d = measure("direct", &direct, spawns).await;
+    let r = measure("relay", &through, spawns).await;
+    println!("relay adds {:.3} ms to the spawn p50", r - d);
+    drop(direct);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = rss_kib(pid);
+    let mut held = Vec::with_capacity(idle);
+    for _ in 0..idle {
+        held.push(client(relay()).await);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss_kib(pid);
+    println!(
+        "executor RSS {before} KiB -> {after} KiB with {idle} more idle relay streams: {:.1} KiB per stream",
+        (after as f64 - before as f64) / idle as f64
+    );
+    drop(held);
+    drop(through);
+}
