@@ -10,6 +10,7 @@ mod notify;
 pub mod output_log;
 pub mod reaper;
 pub mod spawn;
+pub mod spawn_error;
 pub mod spool;
 
 use crate::error::{ExecError, ExecResult};
