@@ -295,7 +295,8 @@ pub struct TerminateResponse {
     pub running: bool,
     /// Ours (`killedLeftovers`, additive; the reference sends none): true if
     /// the process had exited but something it started was still alive (held
-    /// its output open, or stayed in its cgroup) and has been killed.
+    /// its output open, or stayed in its cgroup) and has been killed. Sent
+    /// only when true, so every other reply is exactly the reference's.
     #[serde(
         rename = "killedLeftovers",
         default,

@@ -67,9 +67,10 @@ pub(super) fn register(r: &mut Router<Ctx>) {
             // Leftovers are counted before the kill: afterwards nothing is left.
             let leftovers = !proc.is_running() && proc.has_leftovers();
             let running = proc.terminate();
+            // Only when true: the reference's reply is exactly `{running}`.
             Ok(TerminateResponse {
                 running,
-                killed_leftovers: Some(leftovers && !running),
+                killed_leftovers: (leftovers && !running).then_some(true),
             })
         },
     );
