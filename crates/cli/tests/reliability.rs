@@ -231,7 +231,7 @@ async fn a_slow_consumer_keeps_client_memory_bounded() {
         ))
         .await
         .unwrap();
-    let cap = exec_server_client::events::MAX_QUEUED_OUTPUT_BYTES;
+    let cap = exec_server_client::MAX_QUEUED_OUTPUT_BYTES;
     assert!(
         eventually(Duration::from_secs(10), || p.queued_output_bytes() > 0).await,
         "output arrives"

@@ -74,9 +74,16 @@ impl Source {
     }
 
     /// Starts a server in this process and returns a source for it (feature
-    /// `embedded`).
+    /// `embedded`). Errors: the server cannot start, or (`Other`) no Tokio
+    /// runtime is running on this thread: the server's tasks need one.
     #[cfg(feature = "embedded")]
     pub fn embedded() -> std::io::Result<Source> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(std::io::Error::other(
+                "the embedded exec-server needs a Tokio runtime: call this from inside one \
+                 (e.g. #[tokio::main])",
+            ));
+        }
         let state = exec_server::ServerState::new(exec_server::ServerConfig::default())?;
         Ok(Source::Embedded(state))
     }

@@ -31,7 +31,8 @@ pub struct Environment {
 
 impl Environment {
     /// This machine, through an in-process server. Errors: the server cannot
-    /// start, or (`Unsupported`) this build lacks the `embedded` feature.
+    /// start, (`Other`) no Tokio runtime is running on this thread, or
+    /// (`Unsupported`) this build lacks the `embedded` feature. Never panics.
     pub fn local() -> std::io::Result<Environment> {
         Ok(Environment {
             id: LOCAL_ID.into(),
@@ -248,6 +249,20 @@ struct TomlEnvironment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_outside_a_runtime_is_an_error() {
+        let e = Environment::local()
+            .err()
+            .expect("no runtime, no local environment");
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::Other | std::io::ErrorKind::Unsupported
+            ),
+            "{e}"
+        );
+    }
 
     #[tokio::test]
     async fn toml_rules() {

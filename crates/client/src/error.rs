@@ -1,10 +1,9 @@
 //! Client errors: typed, with the underlying error as
-//! [`source()`](std::error::Error::source), and queries a caller branches on
-//! ([`ClientError::is_not_found`], [`ClientError::is_unauthorized`],
-//! [`ClientError::is_connection_refused`], [`ClientError::code`]) instead of
-//! matching message text.
+//! [`source()`](std::error::Error::source), and an [`ErrorKind`] a caller
+//! branches on ([`ClientError::kind`]) instead of matching message text.
 
-use exec_server_protocol::error::NOT_FOUND;
+use crate::events::{FailureReason, StreamFailure};
+use exec_server_protocol::error::{INVALID_PARAMS, INVALID_REQUEST, NOT_FOUND};
 use exec_server_protocol::ErrorObject;
 use exec_server_rpc::CallError;
 use std::error::Error;
@@ -37,6 +36,8 @@ pub enum ConnectionErrorKind {
 #[derive(Debug, Clone)]
 pub struct ConnectionError {
     kind: ConnectionErrorKind,
+    /// The session was lost: the connection ended and could not be resumed.
+    recovery_failed: bool,
     http_status: Option<u16>,
     message: String,
     source: Option<Source>,
@@ -47,6 +48,7 @@ impl ConnectionError {
     pub fn new(kind: ConnectionErrorKind, message: impl Into<String>) -> Self {
         ConnectionError {
             kind,
+            recovery_failed: false,
             http_status: None,
             message: message.into(),
             source: None,
@@ -108,6 +110,7 @@ impl ConnectionError {
         };
         ConnectionError {
             kind,
+            recovery_failed: true,
             http_status,
             message: format!("session could not be recovered: {last}"),
             source: Some(Arc::new(last)),
@@ -117,6 +120,18 @@ impl ConnectionError {
     /// The kind.
     pub fn kind(&self) -> ConnectionErrorKind {
         self.kind
+    }
+
+    /// Marks the session as lost (a connection that cannot be resumed).
+    pub fn session_lost(mut self) -> Self {
+        self.recovery_failed = true;
+        self
+    }
+
+    /// True if the session was lost: the connection ended and could not be
+    /// resumed within the recovery timeout (or cannot be resumed at all).
+    pub fn is_session_lost(&self) -> bool {
+        self.recovery_failed
     }
 
     /// The HTTP status of a refused WebSocket upgrade.
@@ -155,6 +170,9 @@ pub enum ClientError {
         /// The decoding error.
         source: Source,
     },
+    /// A process's event stream failed before the process closed (from
+    /// [`ProcessHandle::wait`](crate::ProcessHandle::wait) and friends).
+    Stream(StreamFailure),
     /// A local file or stream of a transfer failed; the source is the OS error.
     Local {
         /// `local read` or `local write`.
@@ -220,13 +238,116 @@ impl ClientError {
         }
     }
 
-    /// The OS error number the server reported, for servers (this one and the
-    /// reference) that answer an OS failure with the OS text, which ends in
-    /// `(os error N)`: e.g. `Some(2)` for a program that does not exist.
+    /// The OS error number the server reported: the `errno` of the error's
+    /// structured `data` (this server), else the `(os error N)` the OS text
+    /// ends with (the reference): e.g. `Some(2)` for a program that does not
+    /// exist.
     pub fn os_error(&self) -> Option<i32> {
-        let msg = &self.server_error()?.message;
-        let (_, tail) = msg.rsplit_once("(os error ")?;
+        let e = self.server_error()?;
+        if let Some(n) = e.data.as_ref().and_then(|d| d.get("errno")?.as_i64()) {
+            return i32::try_from(n).ok();
+        }
+        let (_, tail) = e.message.rsplit_once("(os error ")?;
         tail.strip_suffix(')')?.parse().ok()
+    }
+
+    /// The path the server's structured error `data` names (`path`), if any.
+    pub fn path(&self) -> Option<&str> {
+        self.server_error()?.data.as_ref()?.get("path")?.as_str()
+    }
+
+    /// What kind of failure this is. From a server error: the `kind` of its
+    /// structured `data` when the server sends one (this server does), else
+    /// the JSON-RPC code alone (the reference sends no `data`, so a missing
+    /// program, a missing cwd and a non-executable file are all
+    /// [`ErrorKind::Other`] there).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClientError::Server(e) => server_kind(e),
+            ClientError::Connection(c) if c.is_session_lost() => ErrorKind::RecoveryFailed,
+            ClientError::Connection(c) => match c.kind() {
+                ConnectionErrorKind::Refused => ErrorKind::ConnectRefused,
+                ConnectionErrorKind::Unauthorized => ErrorKind::Unauthorized,
+                ConnectionErrorKind::TimedOut => ErrorKind::TimedOut,
+                _ => ErrorKind::Connection,
+            },
+            ClientError::TimedOut => ErrorKind::TimedOut,
+            ClientError::Stream(s) => match s.reason {
+                FailureReason::EventsLost => ErrorKind::EventsLost,
+                FailureReason::RecoveryFailed => ErrorKind::RecoveryFailed,
+                _ => ErrorKind::Other,
+            },
+            ClientError::Protocol { .. } | ClientError::Local { .. } => ErrorKind::Other,
+        }
+    }
+}
+
+/// What went wrong, for a caller to branch on ([`ClientError::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// `process/start`: the program does not exist (in `PATH`, or at the path
+    /// given). Wire `data.kind`: `programNotFound`.
+    ProgramNotFound,
+    /// `process/start`: the program exists but cannot be executed (no execute
+    /// permission, not a binary or script). Wire: `notExecutable`.
+    NotExecutable,
+    /// `process/start`: the working directory does not exist or is not a
+    /// directory. Wire: `cwdNotFound`.
+    CwdNotFound,
+    /// A file, directory or handle does not exist (-32004). Wire: `notFound`.
+    NotFound,
+    /// The OS or a policy refused (EACCES/EPERM, a sandbox refusal). Wire:
+    /// `permissionDenied`.
+    PermissionDenied,
+    /// The request does not apply: unknown or taken id, a reached limit, a bad
+    /// argument this client caught (-32600).
+    InvalidRequest,
+    /// Malformed params (-32602).
+    InvalidParams,
+    /// Nothing listens at the server's address.
+    ConnectRefused,
+    /// The server refused the connection for want of a valid token (HTTP 401).
+    Unauthorized,
+    /// The connection ended and the session could not be resumed.
+    RecoveryFailed,
+    /// Process events were lost while the connection was down.
+    EventsLost,
+    /// A connect attempt or a call did not finish in time.
+    TimedOut,
+    /// Another connection failure (closed client, refused upgrade, TLS).
+    Connection,
+    /// Anything else (an OS failure on the server, a bad reply, a local I/O
+    /// error).
+    Other,
+}
+
+/// The kind of a server error: `data.kind` when present, else the code.
+fn server_kind(e: &ErrorObject) -> ErrorKind {
+    let named = e.data.as_ref().and_then(|d| d.get("kind")?.as_str());
+    match named {
+        Some("programNotFound") => return ErrorKind::ProgramNotFound,
+        Some("notExecutable") => return ErrorKind::NotExecutable,
+        Some("cwdNotFound") => return ErrorKind::CwdNotFound,
+        Some("notFound") => return ErrorKind::NotFound,
+        Some("permissionDenied") => return ErrorKind::PermissionDenied,
+        Some("invalidParams") => return ErrorKind::InvalidParams,
+        Some("unknownId" | "alreadyExists" | "invalidInput" | "limitReached") => {
+            return ErrorKind::InvalidRequest
+        }
+        _ => {}
+    }
+    match e.code {
+        NOT_FOUND => ErrorKind::NotFound,
+        INVALID_REQUEST => ErrorKind::InvalidRequest,
+        INVALID_PARAMS => ErrorKind::InvalidParams,
+        _ => ErrorKind::Other,
+    }
+}
+
+impl From<StreamFailure> for ClientError {
+    fn from(f: StreamFailure) -> Self {
+        ClientError::Stream(f)
     }
 }
 
@@ -236,6 +357,7 @@ impl fmt::Display for ClientError {
             ClientError::Server(e) => write!(f, "{} (code {})", e.message, e.code),
             ClientError::Connection(c) => write!(f, "connection: {c}"),
             ClientError::TimedOut => f.write_str("request timed out"),
+            ClientError::Stream(s) => write!(f, "process stream failed: {s}"),
             ClientError::Protocol { context, source } => {
                 write!(f, "unexpected reply: {context}: {source}")
             }
@@ -250,6 +372,7 @@ impl Error for ClientError {
             ClientError::Server(e) => Some(e),
             ClientError::Connection(c) => Some(c),
             ClientError::TimedOut => None,
+            ClientError::Stream(s) => Some(s),
             ClientError::Protocol { source, .. } => Some(&**source),
             ClientError::Local { source, .. } => Some(&**source),
         }
@@ -292,6 +415,8 @@ mod tests {
         assert!(refused.source().and_then(|s| s.source()).is_some());
         let lost = ClientError::from(ConnectionError::unrecoverable(refused.clone()));
         assert!(lost.is_connection_refused(), "the cause's kind survives");
+        assert_eq!(lost.kind(), ErrorKind::RecoveryFailed);
+        assert_eq!(refused.kind(), ErrorKind::ConnectRefused);
         assert_eq!(
             lost.to_string(),
             "connection: session could not be recovered: connection: \
@@ -306,5 +431,11 @@ mod tests {
         let plain = ClientError::Server(ErrorObject::internal("failed (os error x)"));
         assert_eq!(plain.os_error(), None);
         assert!(!plain.is_not_found() && plain.code() == Some(-32603));
+        assert_eq!(plain.kind(), ErrorKind::Other, "the reference: code alone");
+        let mut typed = ErrorObject::internal("No such file or directory (os error 2)");
+        typed.data = Some(serde_json::json!({"errno": 2, "kind": "cwdNotFound", "path": "/x"}));
+        let typed = ClientError::Server(typed);
+        assert_eq!(typed.kind(), ErrorKind::CwdNotFound);
+        assert_eq!((typed.os_error(), typed.path()), (Some(2), Some("/x")));
     }
 }

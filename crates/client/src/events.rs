@@ -44,17 +44,17 @@ fn output_len(ev: &ProcessEvent) -> usize {
 }
 
 /// The producing end of a process's event queue.
-pub struct EventSender(Arc<Queue>);
+pub(crate) struct EventSender(Arc<Queue>);
 
 /// The consuming end of a process's event queue.
-pub struct EventReceiver(Arc<Queue>);
+pub(crate) struct EventReceiver(Arc<Queue>);
 
 /// Waits for room in a queue without holding the process table.
 #[derive(Clone)]
-pub struct RoomWaiter(Arc<Queue>);
+pub(crate) struct RoomWaiter(Arc<Queue>);
 
 /// A new, empty queue.
-pub fn event_queue() -> (EventSender, EventReceiver) {
+pub(crate) fn event_queue() -> (EventSender, EventReceiver) {
     let q = Arc::new(Queue::default());
     (EventSender(q.clone()), EventReceiver(q))
 }
@@ -159,13 +159,59 @@ pub enum ProcessEvent {
         /// Sequence number.
         seq: u64,
     },
-    /// Events were lost (the server no longer retained them) or the session could
-    /// not be recovered. Terminal.
-    Failed(String),
+    /// The stream ended without [`Closed`](Self::Closed): events were lost, the
+    /// session could not be recovered, or the server reported the process
+    /// failed. Terminal; [`StreamFailure::reason`] says which.
+    Failed(StreamFailure),
 }
 
+/// Why a process's event stream ended early ([`ProcessEvent::Failed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureReason {
+    /// The server no longer held events this client had not seen (they were
+    /// dropped while the connection was down): output is incomplete.
+    EventsLost,
+    /// The connection ended and the session could not be resumed (or the
+    /// server no longer knows the process): the process may still run.
+    RecoveryFailed,
+    /// The server reported that the process failed (its `failure` text).
+    ProcessFailed,
+    /// A reply that contradicts the protocol (undecodable, or a close placed
+    /// on an output seq).
+    Protocol,
+}
+
+/// A failed event stream: a [`FailureReason`] to branch on and a message for
+/// people.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamFailure {
+    /// Why.
+    pub reason: FailureReason,
+    /// What happened, for people.
+    pub message: String,
+}
+
+impl StreamFailure {
+    /// A failure for `reason` described by `message`.
+    pub fn new(reason: FailureReason, message: impl Into<String>) -> Self {
+        StreamFailure {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for StreamFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StreamFailure {}
+
 /// The ordering buffer of one process.
-pub struct OrderedEvents {
+pub(crate) struct OrderedEvents {
     last_published: u64,
     pending: BTreeMap<u64, ProcessEvent>,
     exit_published: bool,
@@ -195,12 +241,6 @@ impl OrderedEvents {
     /// Waits for room in the consumer's queue (see [`RoomWaiter::wait`]).
     pub fn room(&self) -> RoomWaiter {
         RoomWaiter(self.tx.0.clone())
-    }
-
-    /// True if events after the last released one are buffered, waiting for a
-    /// missing seq: the gap between what was read and what was pushed.
-    pub fn has_gap(&self) -> bool {
-        !self.pending.is_empty()
     }
 
     /// True once `Closed` or `Failed` was released.
@@ -256,7 +296,7 @@ impl OrderedEvents {
     }
 
     /// Fails the stream with `why` (terminal).
-    pub fn fail(&mut self, why: String) {
+    pub fn fail(&mut self, why: StreamFailure) {
         self.fail_with(ProcessEvent::Failed(why));
     }
 
@@ -266,7 +306,10 @@ impl OrderedEvents {
     /// of output bytes released.
     pub fn recover(&mut self, r: ReadResponse) -> usize {
         if let Some(f) = r.failure {
-            self.fail(format!("process failed: {f}"));
+            self.fail(StreamFailure::new(
+                FailureReason::ProcessFailed,
+                format!("process failed: {f}"),
+            ));
             return 0;
         }
         let target = r.next_seq.saturating_sub(1);
@@ -285,7 +328,10 @@ impl OrderedEvents {
         if r.closed {
             match self.pending.get(&target) {
                 Some(ProcessEvent::Output { .. }) => {
-                    self.fail(format!("close event conflicts with output at seq {target}"));
+                    self.fail(StreamFailure::new(
+                        FailureReason::Protocol,
+                        format!("close event conflicts with output at seq {target}"),
+                    ));
                     return 0;
                 }
                 _ => {
@@ -308,8 +354,11 @@ impl OrderedEvents {
                     .insert(*one, ProcessEvent::Exited { seq: *one, code });
             }
             _ => {
-                self.fail(format!(
-                    "process events are no longer retained while recovering through sequence {target}"
+                self.fail(StreamFailure::new(
+                    FailureReason::EventsLost,
+                    format!(
+                        "process events are no longer retained while recovering through sequence {target}"
+                    ),
                 ));
                 return 0;
             }
@@ -458,9 +507,10 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert_eq!(
             got[1],
-            ProcessEvent::Failed(
-                "process events are no longer retained while recovering through sequence 5".into()
-            )
+            ProcessEvent::Failed(StreamFailure::new(
+                FailureReason::EventsLost,
+                "process events are no longer retained while recovering through sequence 5"
+            ))
         );
         assert!(o.is_finished());
     }

@@ -1,50 +1,92 @@
 //! A typed async client for exec-server (and for the Codex CLI's `exec-server`
-//! 0.169.0, which speaks the same protocol).
+//! 0.169.0, which speaks the same protocol): start processes and stream their
+//! output, read and write files, make HTTP requests, on this machine or a
+//! remote one.
 //!
-//! * [`ExecServerClient`]: every method of the protocol as an async call; lazy
-//!   connect shared by concurrent callers; after a dropped connection the session
-//!   is resumed within [`client::SESSION_RECOVERY_TIMEOUT`], each process is replayed
-//!   from its last released seq, and a gap is reported as
-//!   [`ProcessEvent::Failed`], never as silent loss. Stdin writes are retried with
-//!   the same writeId, which the server de-duplicates.
-//! * [`ProcessHandle`]: a started process's events, strictly in seq order.
-//! * [`environment`]: the local/remote `Environment` abstraction and its configuration.
+//! * [`Command`] builds a process to start; [`Command::spawn`] returns a
+//!   [`ProcessHandle`]: [`wait`](ProcessHandle::wait),
+//!   [`wait_with_output`](ProcessHandle::wait_with_output) ([`Output`]),
+//!   [`next_event`](ProcessHandle::next_event) ([`ProcessEvent`]) or
+//!   [`output_stream`](ProcessHandle::output_stream), stdin
+//!   ([`write`](ProcessHandle::write), [`close_stdin`](ProcessHandle::close_stdin)),
+//!   [`signal`](ProcessHandle::signal) ([`ProcessSignal`]) and
+//!   [`terminate`](ProcessHandle::terminate) ([`TerminateOutcome`]). Read
+//!   [Exited and Closed](ProcessHandle#exited-and-closed) before waiting on a
+//!   command that starts background jobs.
+//! * [`ExecServerClient`] ([`ClientOptions`], [`Source`]): every method of the
+//!   protocol as an async call; lazy connect shared by concurrent callers;
+//!   after a dropped connection the session is resumed within
+//!   [`SESSION_RECOVERY_TIMEOUT`], each process is replayed from its last
+//!   released event, and a gap is reported as [`ProcessEvent::Failed`]
+//!   ([`StreamFailure`], [`FailureReason`]), never as silent loss.
+//!   [`connection_events`](ExecServerClient::connection_events) reports losses
+//!   and recoveries ([`ConnectionEvent`]). Files go by [`PathUri`]
+//!   ([`upload`](ExecServerClient::upload), [`download`](ExecServerClient::download),
+//!   [`read_file`](ExecServerClient::read_file)…).
+//! * [`Environment`] ([`environment`]): `local` (a server embedded in this
+//!   process, feature `embedded`) or `remote`, configured as the Codex CLI does.
+//! * Errors: [`ClientError`]; branch on [`ClientError::kind`] ([`ErrorKind`]),
+//!   e.g. [`ErrorKind::ProgramNotFound`] vs [`ErrorKind::CwdNotFound`].
+//!
+//! The protocol types a caller needs are re-exported here ([`ExecParams`],
+//! [`OutputStream`], [`WriteStatus`], [`ProcessSignal`], [`PathUri`], and the
+//! rest under [`protocol`]), so this crate is the only dependency.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
-//! use exec_server_protocol::{types::ExecParams, PathUri};
+//! use exec_server_client::{Command, Environment};
 //!
-//! let client = ExecServerClient::new(ClientOptions::new(Source::from_url("ws://127.0.0.1:8765", None)?));
-//! let mut proc = client
-//!     .start_process(ExecParams::new(
-//!         "p1",
-//!         vec!["echo".into(), "hello".into()],
-//!         PathUri::parse("file:///tmp")?,
-//!         [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
-//!     ))
-//!     .await?;
-//! while let Some(ev) = proc.next_event().await {
-//!     match ev {
-//!         ProcessEvent::Output { data, .. } => print!("{}", String::from_utf8_lossy(&data)),
-//!         ProcessEvent::Exited { code, .. } => println!("exit {code}"),
-//!         ProcessEvent::Closed { .. } => break,
-//!         ProcessEvent::Failed(why) => return Err(why.into()),
-//!     }
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // `Environment::remote("box", "ws://127.0.0.1:8765", None)?` for a server elsewhere.
+//!     let env = Environment::local()?;
+//!     let out = Command::new("sh")
+//!         .args(["-c", "echo hello; echo oops >&2; exit 3"])
+//!         .cwd("/tmp")
+//!         .spawn(&env.client)
+//!         .await?
+//!         .wait_with_output(1 << 20)
+//!         .await?;
+//!     assert_eq!((out.code, &out.stdout[..], &out.stderr[..]), (3, &b"hello\n"[..], &b"oops\n"[..]));
+//!     Ok(())
 //! }
-//! # Ok(()) }
 //! ```
+//!
+//! More in `crates/client/examples/` (each one runs in the test suite).
 #![deny(missing_docs)]
 
-pub mod client;
-pub mod connect;
+mod client;
+mod command;
+mod connect;
 pub mod environment;
-pub mod error;
-pub mod events;
+mod error;
+mod events;
 #[cfg(feature = "relay")]
 pub mod relay;
 
-pub use client::{ClientOptions, ExecServerClient, ProcessHandle};
+pub use client::{
+    ClientOptions, ConnectionEvent, ExecServerClient, Output, ProcessHandle, TerminateOutcome,
+    ACK_EVERY_BYTES, RECOVERY_RETRY_INTERVAL, SESSION_RECOVERY_TIMEOUT,
+};
+pub use command::{Command, DEFAULT_CHILD_PATH};
 pub use connect::Source;
-pub use error::{ClientError, ConnectionError, ConnectionErrorKind};
-pub use events::ProcessEvent;
+pub use environment::{Environment, Environments};
+pub use error::{ClientError, ConnectionError, ConnectionErrorKind, ErrorKind};
+pub use events::{FailureReason, ProcessEvent, StreamFailure, MAX_QUEUED_OUTPUT_BYTES};
+
+#[doc(inline)]
+pub use exec_server_protocol::types::{
+    EnvInherit, EnvPolicy, ExecParams, OutputStream, ProcessSignal, PtySize, WriteStatus,
+};
+#[doc(inline)]
+pub use exec_server_protocol::{ErrorObject, PathUri};
+
+/// The protocol's wire types (params, replies, notifications) and error
+/// codes, for the calls [`ExecServerClient`] makes with them.
+pub mod protocol {
+    #[doc(inline)]
+    pub use exec_server_protocol::error;
+    #[doc(inline)]
+    pub use exec_server_protocol::types::*;
+    #[doc(inline)]
+    pub use exec_server_protocol::{ByteChunk, ErrorObject, PathUri};
+}

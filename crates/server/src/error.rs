@@ -29,7 +29,16 @@ pub enum ErrorKind {
     ReadOnly,
     /// The session is attached to another connection.
     Attached,
-    /// The child process could not be started; the [`std::io::Error`] is the
+    /// `process/start`: the program does not exist (not in `PATH`, or no file
+    /// at the path given); the [`std::io::Error`] is the source.
+    ProgramNotFound,
+    /// `process/start`: the program exists but cannot be executed (no execute
+    /// permission, or not a format the kernel runs).
+    NotExecutable,
+    /// `process/start`: the working directory does not exist or is not a
+    /// directory.
+    CwdNotFound,
+    /// The child process could not be started otherwise; the [`std::io::Error`] is the
     /// [`source`](std::error::Error::source) (ENOENT included: a missing program
     /// is not a missing file the client named).
     Spawn,
@@ -42,7 +51,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    const ALL: [ErrorKind; 12] = [
+    const ALL: [ErrorKind; 15] = [
         ErrorKind::NotFound,
         ErrorKind::UnknownId,
         ErrorKind::AlreadyExists,
@@ -52,6 +61,9 @@ impl ErrorKind {
         ErrorKind::PermissionDenied,
         ErrorKind::ReadOnly,
         ErrorKind::Attached,
+        ErrorKind::ProgramNotFound,
+        ErrorKind::NotExecutable,
+        ErrorKind::CwdNotFound,
         ErrorKind::Spawn,
         ErrorKind::Io,
         ErrorKind::Failed,
@@ -70,6 +82,9 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => "permissionDenied",
             ErrorKind::ReadOnly => "readOnly",
             ErrorKind::Attached => "attached",
+            ErrorKind::ProgramNotFound => "programNotFound",
+            ErrorKind::NotExecutable => "notExecutable",
+            ErrorKind::CwdNotFound => "cwdNotFound",
             ErrorKind::Spawn => "spawn",
             ErrorKind::Io => "io",
             ErrorKind::Failed => "failed",
@@ -88,6 +103,7 @@ impl ErrorKind {
 pub struct ExecError {
     kind: ErrorKind,
     message: String,
+    path: Option<std::path::PathBuf>,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
@@ -100,6 +116,7 @@ impl ExecError {
         ExecError {
             kind,
             message: message.into(),
+            path: None,
             source: None,
         }
     }
@@ -154,9 +171,20 @@ impl ExecError {
         Self::new(ErrorKind::Failed, message)
     }
 
+    /// Names the path the failure is about (a program, a working directory).
+    pub fn with_path(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+
     /// The kind.
     pub fn kind(&self) -> ErrorKind {
         self.kind
+    }
+
+    /// The path the failure is about, when one was named.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        self.path.as_deref()
     }
 
     /// The message, without the source's text.

@@ -245,7 +245,7 @@ async fn relay_output(proc: &mut ProcessHandle) -> Result<Option<i32>, String> {
             ProcessEvent::Closed { .. } => break,
             ProcessEvent::Failed(why) => {
                 let _ = stdout.lock().flush();
-                return Err(why);
+                return Err(why.to_string());
             }
         }
     }

@@ -187,6 +187,17 @@ impl ExecServerClient {
         path: &PathUri,
         sink: &mut W,
     ) -> Result<u64, ClientError> {
+        self.download_with_progress(path, sink, |_| {}).await
+    }
+
+    /// [`download`](Self::download), calling `progress` with the bytes
+    /// written to `sink` so far after each block (1 MiB).
+    pub async fn download_with_progress<W: tokio::io::AsyncWrite + Unpin>(
+        &self,
+        path: &PathUri,
+        sink: &mut W,
+        mut progress: impl FnMut(u64),
+    ) -> Result<u64, ClientError> {
         use tokio::io::AsyncWriteExt;
         const BLOCK: u64 = 1024 * 1024;
         const IN_FLIGHT: usize = 4;
@@ -220,6 +231,7 @@ impl ExecServerClient {
                     .await
                     .map_err(|e| ClientError::local("local write", e))?;
                 total += block.chunk.0.len() as u64;
+                progress(total);
                 if block.eof {
                     for t in queue.drain(..) {
                         t.abort();
@@ -244,12 +256,24 @@ impl ExecServerClient {
         source: &mut R,
         path: &PathUri,
     ) -> Result<u64, ClientError> {
+        self.upload_with_progress(source, path, |_| {}).await
+    }
+
+    /// [`upload`](Self::upload), calling `progress` with the bytes the server
+    /// has written so far after each block (1 MiB) it confirms.
+    pub async fn upload_with_progress<R: tokio::io::AsyncRead + Unpin>(
+        &self,
+        source: &mut R,
+        path: &PathUri,
+        mut progress: impl FnMut(u64),
+    ) -> Result<u64, ClientError> {
         use tokio::io::AsyncReadExt;
         const BLOCK: usize = 1024 * 1024;
         const IN_FLIGHT: usize = 4;
         let handle = self.open_handle(path, OpenMode::Replace).await?;
         let result = async {
             let mut offset = 0u64;
+            let mut written = 0u64;
             let mut queue = std::collections::VecDeque::new();
             loop {
                 let mut buf = vec![0u8; BLOCK];
@@ -276,18 +300,24 @@ impl ExecServerClient {
                 };
                 offset += n as u64;
                 queue.push_back(tokio::spawn(async move {
-                    me.call::<_, Value>(m::FS_WRITE_BLOCK, &p, true).await
+                    me.call::<_, Value>(m::FS_WRITE_BLOCK, &p, true)
+                        .await
+                        .map(|_| n as u64)
                 }));
                 if queue.len() >= IN_FLIGHT {
                     if let Some(t) = queue.pop_front() {
-                        t.await
+                        written += t
+                            .await
                             .map_err(|e| ClientError::protocol(m::FS_WRITE_BLOCK, e))??;
+                        progress(written);
                     }
                 }
             }
             for t in queue {
-                t.await
+                written += t
+                    .await
                     .map_err(|e| ClientError::protocol(m::FS_WRITE_BLOCK, e))??;
+                progress(written);
             }
             Ok(offset)
         }

@@ -2,7 +2,7 @@
 //! HTTP body streams, and the end of a connection, which starts recovery.
 
 use super::{lock, Inner};
-use crate::events::ProcessEvent;
+use crate::events::{FailureReason, ProcessEvent, StreamFailure};
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, ErrorObject};
 use exec_server_rpc::peer::{Incoming, RpcPeer};
@@ -47,9 +47,11 @@ pub(super) async fn dispatch(
     let Some(inner) = weak.upgrade() else { return };
     if inner.closed.load(Ordering::SeqCst) || !inner.opts.source.is_reconnectable() {
         if !inner.opts.source.is_reconnectable() {
-            let why = "connection to the stdio program ended".to_string();
             for e in lock(&inner.procs).values_mut() {
-                e.events.fail(why.clone());
+                e.events.fail(StreamFailure::new(
+                    FailureReason::RecoveryFailed,
+                    "connection to the stdio program ended",
+                ));
             }
         }
         return;

@@ -5,12 +5,12 @@ mod files;
 mod incoming;
 mod process;
 
-pub use process::ProcessHandle;
+pub use process::{Output, ProcessHandle, TerminateOutcome};
 
 use crate::connect::Source;
 pub use crate::error::ClientError;
 use crate::error::{ConnectionError, ConnectionErrorKind};
-use crate::events::OrderedEvents;
+use crate::events::{FailureReason, OrderedEvents, StreamFailure};
 use exec_server_protocol::methods as m;
 use exec_server_protocol::types::*;
 use exec_server_rpc::peer::RpcPeer;
@@ -61,6 +61,26 @@ impl ClientOptions {
     }
 }
 
+/// A change of the client's connection ([`ExecServerClient::connection_events`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum ConnectionEvent {
+    /// The connection ended with work outstanding; resuming the session.
+    Lost,
+    /// The session was resumed on a new connection; process streams go on.
+    Recovered {
+        /// The session id (unchanged).
+        session_id: String,
+    },
+    /// The session could not be resumed; open process streams failed with
+    /// [`FailureReason::RecoveryFailed`].
+    RecoveryFailed(ConnectionError),
+}
+
+/// Connection events kept for a slow [`ExecServerClient::connection_events`]
+/// reader before the oldest are dropped: 64.
+const CONNECTION_EVENT_BACKLOG: usize = 64;
+
 struct ProcEntry {
     events: OrderedEvents,
 }
@@ -103,12 +123,17 @@ async fn catch_up(inner: &Inner, peer: &RpcPeer, id: &str) -> bool {
         let page = match r.map(serde_json::from_value::<ReadResponse>) {
             Ok(Ok(page)) => page,
             Ok(Err(err)) => {
-                e.events.fail(format!("bad process/read reply: {err}"));
+                e.events.fail(StreamFailure::new(
+                    FailureReason::Protocol,
+                    format!("bad process/read reply: {err}"),
+                ));
                 return true;
             }
             Err(CallError::Server(err)) => {
-                e.events
-                    .fail(format!("process lost while recovering: {}", err.message));
+                e.events.fail(StreamFailure::new(
+                    FailureReason::RecoveryFailed,
+                    format!("process lost while recovering: {}", err.message),
+                ));
                 return false;
             }
             // The connection dropped again: the next recovery goes on.
@@ -144,8 +169,10 @@ struct Inner {
     http_streams: Mutex<HashMap<String, mpsc::UnboundedSender<HttpBodyDelta>>>,
     closed: AtomicBool,
     next_write: AtomicU64,
+    next_process: AtomicU64,
     write_prefix: String,
     recoveries: AtomicU64,
+    conn_events: tokio::sync::broadcast::Sender<ConnectionEvent>,
     /// Tells the recovery task that a connection ended with work outstanding.
     lost: mpsc::UnboundedSender<()>,
 }
@@ -178,8 +205,10 @@ impl ExecServerClient {
                 http_streams: Mutex::new(HashMap::new()),
                 closed: AtomicBool::new(false),
                 next_write: AtomicU64::new(1),
+                next_process: AtomicU64::new(1),
                 write_prefix: format!("w{:x}{:x}", std::process::id(), n),
                 recoveries: AtomicU64::new(0),
+                conn_events: tokio::sync::broadcast::channel(CONNECTION_EVENT_BACKLOG).0,
                 lost,
             }),
         };
@@ -197,6 +226,13 @@ impl ExecServerClient {
         client
     }
 
+    /// A process id unique to this client (`<client prefix>-p<n>`), for a
+    /// [`Command`](crate::Command) given none.
+    pub fn next_process_id(&self) -> String {
+        let n = self.inner.next_process.fetch_add(1, Ordering::Relaxed);
+        format!("{}-p{n}", self.inner.write_prefix)
+    }
+
     /// Connects now (otherwise the first call does).
     pub async fn connect(&self) -> Result<(), ClientError> {
         self.peer().await.map(|_| ())
@@ -210,6 +246,17 @@ impl ExecServerClient {
     /// How many times the session was resumed after a drop.
     pub fn recoveries(&self) -> u64 {
         self.inner.recoveries.load(Ordering::Relaxed)
+    }
+
+    /// Losses and recoveries of the connection from now on (a
+    /// [`broadcast`](tokio::sync::broadcast) receiver: a reader more than 64
+    /// events behind gets `Lagged`).
+    pub fn connection_events(&self) -> tokio::sync::broadcast::Receiver<ConnectionEvent> {
+        self.inner.conn_events.subscribe()
+    }
+
+    fn announce(&self, ev: ConnectionEvent) {
+        let _ = self.inner.conn_events.send(ev);
     }
 
     /// Closes the connection for good (the server keeps the session for its TTL).
@@ -265,9 +312,11 @@ impl ExecServerClient {
             let why = ConnectionError::new(
                 ConnectionErrorKind::Closed,
                 "connection to a stdio program ended; it cannot be resumed",
-            );
+            )
+            .session_lost();
             slot.failed = Some(why.clone());
             self.fail_all(&why.to_string());
+            self.announce(ConnectionEvent::RecoveryFailed(why.clone()));
             return Err(ClientError::Connection(why));
         }
         if resume.is_some() {
@@ -275,6 +324,7 @@ impl ExecServerClient {
                 "connection to {:?} lost; resuming the session",
                 self.inner.opts.source
             );
+            self.announce(ConnectionEvent::Lost);
         }
         let deadline = tokio::time::Instant::now() + self.inner.opts.recovery_timeout;
         loop {
@@ -284,6 +334,9 @@ impl ExecServerClient {
                     if resume.is_some() {
                         self.inner.recoveries.fetch_add(1, Ordering::Relaxed);
                         self.replay(&peer).await;
+                        self.announce(ConnectionEvent::Recovered {
+                            session_id: self.session_id().unwrap_or_default(),
+                        });
                     }
                     return Ok(peer);
                 }
@@ -295,6 +348,7 @@ impl ExecServerClient {
                         let why = ConnectionError::unrecoverable(why);
                         slot.failed = Some(why.clone());
                         self.fail_all(&why.to_string());
+                        self.announce(ConnectionEvent::RecoveryFailed(why.clone()));
                         return Err(ClientError::Connection(why));
                     }
                     tokio::time::sleep(RECOVERY_RETRY_INTERVAL).await;
@@ -305,7 +359,8 @@ impl ExecServerClient {
 
     fn fail_all(&self, why: &str) {
         for e in lock(&self.inner.procs).values_mut() {
-            e.events.fail(why.to_string());
+            e.events
+                .fail(StreamFailure::new(FailureReason::RecoveryFailed, why));
         }
         lock(&self.inner.http_streams).clear();
     }

@@ -2,16 +2,44 @@
 //! signals, and the [`ProcessHandle`] a caller reads ordered events from.
 
 use super::{lock, ClientError, ExecServerClient, ProcEntry};
-use crate::events::{event_queue, EventReceiver, OrderedEvents, ProcessEvent};
+use crate::events::{
+    event_queue, EventReceiver, FailureReason, OrderedEvents, ProcessEvent, StreamFailure,
+};
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, ErrorObject};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// A started process: its id and its ordered events.
 ///
+/// # Exited and Closed
+///
+/// A process's stream ends with two events: [`ProcessEvent::Exited`] when the
+/// process itself exits (its status is known), then [`ProcessEvent::Closed`]
+/// when every output stream has reached end of file and all output was
+/// delivered. They differ when the process leaves a child behind that keeps
+/// its stdout or stderr open: `sh -c 'sleep 600 & echo started'` exits at
+/// once, but `Closed` only comes when `sleep` ends (or is killed). So:
+///
+/// * [`wait`](Self::wait) returns at `Exited` (the status), never waiting for
+///   leftovers;
+/// * [`wait_with_output`](Self::wait_with_output) and a loop over
+///   [`next_event`](Self::next_event) until `Closed` see every byte, and wait
+///   for the leftovers too;
+/// * [`Command::kill_leftovers_after`](crate::Command::kill_leftovers_after)
+///   kills what is left of the group a grace period after `Exited`, so
+///   `Closed` follows;
+/// * [`terminate`](Self::terminate) kills the process or, after its exit, its
+///   leftovers, and says which ([`TerminateOutcome`]).
+///
+/// Dropping a handle leaves the process running unless it was started with
+/// [`Command::kill_on_drop`](crate::Command::kill_on_drop)`(true)`.
+///
+/// # Flow control
+///
 /// Events wait in a queue of at most
-/// [`MAX_QUEUED_OUTPUT_BYTES`](crate::events::MAX_QUEUED_OUTPUT_BYTES) of
+/// [`MAX_QUEUED_OUTPUT_BYTES`](crate::MAX_QUEUED_OUTPUT_BYTES) of
 /// output; output is acknowledged to the server (`process/ack`, when it
 /// supports it) as [`next_event`](Self::next_event) hands it over, so a slow
 /// consumer slows the process rather than growing memory.
@@ -24,6 +52,41 @@ pub struct ProcessHandle {
     acks: bool,
     /// Output bytes handed over since the last acknowledgement.
     consumed: usize,
+    /// The OS pid, when the server reports it.
+    pid: Option<u32>,
+    /// The exit code, once `Exited` was handed over.
+    exit_code: Option<i32>,
+    /// True once `Closed` or `Failed` was handed over.
+    finished: bool,
+    pub(crate) kill_on_drop: bool,
+    pub(crate) kill_leftovers_after: Option<Duration>,
+}
+
+/// What [`ProcessHandle::terminate`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TerminateOutcome {
+    /// The process was running and has been killed, with its group.
+    KilledRunning,
+    /// The process had exited; what it left running (holding its output open,
+    /// or in its cgroup) has been killed. Only this server tells (wire
+    /// `killedLeftovers`); against the reference this is reported as
+    /// [`NothingToDo`](Self::NothingToDo).
+    KilledLeftovers,
+    /// The process had exited and nothing of it was left (or the id is unknown).
+    NothingToDo,
+}
+
+/// The collected output of a process ([`ProcessHandle::wait_with_output`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Output {
+    /// Exit code: the status, or 128+N for signal N.
+    pub code: i32,
+    /// Standard output (a PTY process's output, stderr merged, lands here).
+    pub stdout: Vec<u8>,
+    /// Standard error.
+    pub stderr: Vec<u8>,
+    /// True if output beyond the size cap was dropped.
+    pub truncated: bool,
 }
 
 impl ExecServerClient {
@@ -55,6 +118,7 @@ impl ExecServerClient {
             .call::<_, ExecResponse>(m::PROCESS_START, &params, false)
             .await
             .map(Some);
+        let mut pid = None;
         if matches!(&outcome, Err(ClientError::Connection(_))) {
             // The request may or may not have reached the server before the drop.
             // Retry once; if the server refuses the retry, ask it whether the
@@ -76,6 +140,9 @@ impl ExecServerClient {
                 other => other.map(Some),
             };
         }
+        if let Ok(Some(r)) = &outcome {
+            pid = r.pid;
+        }
         match outcome {
             Ok(_) => Ok(ProcessHandle {
                 id,
@@ -83,6 +150,11 @@ impl ExecServerClient {
                 events: rx,
                 acks: params.ack_output,
                 consumed: 0,
+                pid,
+                exit_code: None,
+                finished: false,
+                kill_on_drop: false,
+                kill_leftovers_after: None,
             }),
             Err(e) => {
                 lock(&self.inner.procs).remove(&id);
@@ -151,8 +223,9 @@ impl ExecServerClient {
         Ok(())
     }
 
-    /// `process/terminate`: true if it was running.
-    pub async fn terminate(&self, process_id: &str) -> Result<bool, ClientError> {
+    /// `process/terminate`: kills the process tree, or what an exited process
+    /// left running, and says which.
+    pub async fn terminate(&self, process_id: &str) -> Result<TerminateOutcome, ClientError> {
         let r: TerminateResponse = self
             .call(
                 m::PROCESS_TERMINATE,
@@ -162,7 +235,11 @@ impl ExecServerClient {
                 true,
             )
             .await?;
-        Ok(r.running)
+        Ok(match (r.running, r.killed_leftovers) {
+            (true, _) => TerminateOutcome::KilledRunning,
+            (false, Some(true)) => TerminateOutcome::KilledLeftovers,
+            (false, _) => TerminateOutcome::NothingToDo,
+        })
     }
 
     /// `process/resize` (ours).
@@ -188,7 +265,14 @@ impl ProcessHandle {
         let ev = self.events.recv().await;
         match &ev {
             Some(ProcessEvent::Closed { .. } | ProcessEvent::Failed(_)) => {
+                self.finished = true;
                 lock(&self.client.inner.procs).remove(&self.id);
+            }
+            Some(ProcessEvent::Exited { code, .. }) => {
+                self.exit_code = Some(*code);
+                if let Some(grace) = self.kill_leftovers_after {
+                    self.kill_leftovers_later(grace);
+                }
             }
             Some(ProcessEvent::Output { seq, data, .. }) if self.acks => {
                 self.consumed += data.len();
@@ -200,6 +284,104 @@ impl ProcessHandle {
             _ => {}
         }
         ev
+    }
+
+    /// Waits for the process to exit and returns its code (the status, or
+    /// 128+N for signal N), discarding output not yet taken. Returns at
+    /// [`ProcessEvent::Exited`], even if a child it left keeps its output open
+    /// (see [Exited and Closed](Self#exited-and-closed)); called again, returns
+    /// the same code. Errors: [`ClientError::Stream`] when the stream failed
+    /// first ([`ErrorKind::EventsLost`](crate::ErrorKind::EventsLost),
+    /// [`ErrorKind::RecoveryFailed`](crate::ErrorKind::RecoveryFailed)).
+    pub async fn wait(&mut self) -> Result<i32, ClientError> {
+        loop {
+            if let Some(code) = self.exit_code {
+                return Ok(code);
+            }
+            match self.next_event().await {
+                Some(ProcessEvent::Failed(f)) => return Err(f.into()),
+                Some(_) => {}
+                None => return Err(self.ended_early()),
+            }
+        }
+    }
+
+    /// Collects the rest of the output and the exit code, until
+    /// [`ProcessEvent::Closed`]: keeps at most `max_bytes` of output (stdout
+    /// and stderr together; more is dropped and
+    /// [`Output::truncated`] set, while the process still runs to its end).
+    /// Waits for leftovers holding the output open, unless the command set
+    /// [`kill_leftovers_after`](crate::Command::kill_leftovers_after).
+    /// Errors as [`wait`](Self::wait).
+    pub async fn wait_with_output(&mut self, max_bytes: usize) -> Result<Output, ClientError> {
+        let mut out = Output::default();
+        let mut room = max_bytes;
+        loop {
+            match self.next_event().await {
+                Some(ProcessEvent::Output { stream, data, .. }) => {
+                    let keep = data.len().min(room);
+                    out.truncated |= keep < data.len();
+                    room -= keep;
+                    let sink = match stream {
+                        OutputStream::Stderr => &mut out.stderr,
+                        _ => &mut out.stdout,
+                    };
+                    sink.extend_from_slice(&data[..keep]);
+                }
+                Some(ProcessEvent::Exited { .. }) => {}
+                Some(ProcessEvent::Closed { .. }) => break,
+                Some(ProcessEvent::Failed(f)) => return Err(f.into()),
+                None => return Err(self.ended_early()),
+            }
+        }
+        out.code = self.exit_code.ok_or_else(|| self.ended_early())?;
+        Ok(out)
+    }
+
+    /// The events as a [`Stream`](futures_util::Stream), ending after
+    /// [`ProcessEvent::Closed`] or [`ProcessEvent::Failed`]. The stream owns the
+    /// handle (and its drop behaviour).
+    pub fn output_stream(self) -> impl futures_util::Stream<Item = ProcessEvent> + Send {
+        futures_util::stream::unfold(self, |mut h| async move {
+            let ev = h.next_event().await?;
+            Some((ev, h))
+        })
+    }
+
+    /// The child's OS pid on the server's host, when the server reports it
+    /// (this one does; the reference does not).
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// The exit code, once [`ProcessEvent::Exited`] was handed over.
+    pub fn exit_code(&self) -> Option<i32> {
+        self.exit_code
+    }
+
+    fn ended_early(&self) -> ClientError {
+        ClientError::Stream(StreamFailure::new(
+            FailureReason::Protocol,
+            format!("the events of process {} were already taken", self.id),
+        ))
+    }
+
+    /// After `grace`, terminates what is left unless the stream closed.
+    fn kill_leftovers_later(&self, grace: Duration) {
+        let client = self.client.clone();
+        let id = self.id.clone();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            tokio::time::sleep(grace).await;
+            let closed = lock(&client.inner.procs)
+                .get(&id)
+                .is_some_and(|e| e.events.is_finished());
+            if !closed {
+                let _ = client.terminate(&id).await;
+            }
+        });
     }
 
     /// Output bytes released to this handle and not yet taken by
@@ -237,8 +419,8 @@ impl ProcessHandle {
         self.client.signal(&self.id, s).await
     }
 
-    /// Kills the process tree; true if it was running.
-    pub async fn terminate(&self) -> Result<bool, ClientError> {
+    /// Kills the process tree, or what is left of it after exit, and says which.
+    pub async fn terminate(&self) -> Result<TerminateOutcome, ClientError> {
         self.client.terminate(&self.id).await
     }
 
@@ -250,5 +432,20 @@ impl ProcessHandle {
     /// The client this process belongs to.
     pub fn client(&self) -> &ExecServerClient {
         &self.client
+    }
+}
+
+impl Drop for ProcessHandle {
+    fn drop(&mut self) {
+        lock(&self.client.inner.procs).remove(&self.id);
+        if self.kill_on_drop && !self.finished {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let client = self.client.clone();
+                let id = std::mem::take(&mut self.id);
+                rt.spawn(async move {
+                    let _ = client.terminate(&id).await;
+                });
+            }
+        }
     }
 }

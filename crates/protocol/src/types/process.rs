@@ -131,6 +131,10 @@ pub struct ExecResponse {
     pub process_id: String,
     /// `none`, `macosSeatbelt`, `linuxSeccomp`, `windowsRestrictedToken`.
     pub sandbox_type: String,
+    /// Ours (`pid`, additive; the reference sends none): the child's OS process
+    /// id on the server's host, also its process group id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
 }
 
 /// Which stream a chunk came from.
@@ -289,6 +293,16 @@ pub struct ProcessIdParams {
 pub struct TerminateResponse {
     /// True if the process was running and has been killed.
     pub running: bool,
+    /// Ours (`killedLeftovers`, additive; the reference sends none): true if
+    /// the process had exited but something it started was still alive (held
+    /// its output open, or stayed in its cgroup) and has been killed. Sent
+    /// only when true, so every other reply is exactly the reference's.
+    #[serde(
+        rename = "killedLeftovers",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub killed_leftovers: Option<bool>,
 }
 
 /// Params of `process/resize` (ours).

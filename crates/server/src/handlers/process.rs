@@ -58,8 +58,20 @@ pub(super) fn register(r: &mut Router<Ctx>) {
         m::PROCESS_TERMINATE,
         Mode::Inline,
         |ctx: Ctx, p: ProcessIdParams| async move {
-            let running = find(&ctx, &p.process_id)?.is_some_and(|proc| proc.terminate());
-            Ok(TerminateResponse { running })
+            let Some(proc) = find(&ctx, &p.process_id)? else {
+                return Ok(TerminateResponse {
+                    running: false,
+                    killed_leftovers: None,
+                });
+            };
+            // Leftovers are counted before the kill: afterwards nothing is left.
+            let leftovers = !proc.is_running() && proc.has_leftovers();
+            let running = proc.terminate();
+            // Only when true: the reference's reply is exactly `{running}`.
+            Ok(TerminateResponse {
+                running,
+                killed_leftovers: (leftovers && !running).then_some(true),
+            })
         },
     );
     r.request(
@@ -107,7 +119,7 @@ async fn start(ctx: Ctx, p: ExecParams) -> Result<Reply, ErrorObject> {
     let (gate_tx, gate_rx) = oneshot::channel();
     let weak = Arc::downgrade(&session);
     let link = session.link.clone();
-    session.insert_process_with(&p.process_id, || {
+    let proc = session.insert_process_with(&p.process_id, || {
         Process::spawn(
             &p,
             &cwd,
@@ -125,6 +137,7 @@ async fn start(ctx: Ctx, p: ExecParams) -> Result<Reply, ErrorObject> {
     let mut reply = Reply::of(&ExecResponse {
         process_id: p.process_id,
         sandbox_type: sandbox_type.into(),
+        pid: Some(proc.pid()),
     });
     reply.after_send = Some(Box::new(move || {
         let _ = gate_tx.send(());

@@ -10,6 +10,7 @@ mod notify;
 pub mod output_log;
 pub mod reaper;
 pub mod spawn;
+pub mod spawn_error;
 pub mod spool;
 
 use crate::error::{ExecError, ExecResult};
@@ -233,6 +234,23 @@ impl Process {
             confinement,
         ));
         Ok(proc)
+    }
+
+    /// The child's OS pid (also its process group id).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// True if something the process started is still alive: its output is
+    /// still open (a child holds it), or its cgroup still has members.
+    pub fn has_leftovers(&self) -> bool {
+        let open = !lock(&self.state).log.is_closed();
+        open || self
+            .cgroup
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|g| g.is_populated())
     }
 
     /// True while the process has not been reaped.

@@ -2,6 +2,7 @@
 //! its own session and process group.
 
 use super::reaper;
+use super::spawn_error::{tag, Stage};
 use exec_server_protocol::types::{EnvInherit, EnvPolicy, ExecParams, PtySize};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -155,11 +156,19 @@ pub fn start(
 ) -> std::io::Result<Started> {
     let cgroup_fd = cgroup.map(|f| f.as_raw_fd());
     let env = build_env(&params.env, params.env_policy.as_ref(), std::env::vars());
-    let meta = std::fs::metadata(cwd)?;
+    let meta = std::fs::metadata(cwd).map_err(|e| tag(Stage::Cwd, cwd, e))?;
     if !meta.is_dir() {
-        return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR));
+        let e = std::io::Error::from_raw_os_error(libc::ENOTDIR);
+        return Err(tag(Stage::Cwd, cwd, e));
     }
-    let program = resolve_program(&params.argv[0], &env, cwd)?;
+    let program = resolve_program(&params.argv[0], &env, cwd)
+        .map_err(|e| tag(Stage::Program, Path::new(&params.argv[0]), e))?;
+    // Without a sandbox, an exec failure is about the program itself (with
+    // one, the sandbox's launcher is what runs first).
+    let exec_failed = |e: std::io::Error| match sandbox {
+        None => tag(Stage::Program, &program, e),
+        Some(_) => e,
+    };
     let arg0 = params.arg0.as_deref().unwrap_or(&params.argv[0]);
     let (mut cmd, confinement, _fds) = match sandbox {
         None => {
@@ -213,7 +222,8 @@ pub fn start(
             let child = cmd.spawn()?;
             let pid = child.id();
             Ok((child, pid))
-        })?;
+        })
+        .map_err(exec_failed)?;
         let pid = child.id();
         // Our copies of the slave were moved into `cmd` and are closed with it, so
         // the master sees EOF (EIO) once every process holding the slave is gone.
@@ -252,7 +262,8 @@ pub fn start(
         let child = cmd.spawn()?;
         let pid = child.id();
         Ok((child, pid))
-    })?;
+    })
+    .map_err(exec_failed)?;
     let pid = child.id();
     let stdin = child.stdin.take().map(OwnedFd::from);
     let stdout = child

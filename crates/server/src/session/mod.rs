@@ -8,7 +8,7 @@
 
 pub mod registry;
 
-use crate::error::{ErrorKind, ExecError, ExecResult};
+use crate::error::{ExecError, ExecResult};
 use crate::fs::handles::HandleTable;
 use crate::process::Process;
 use std::collections::HashMap;
@@ -77,10 +77,10 @@ impl Session {
 
     /// Runs `start` while holding the table lock if `id` is free, and keeps the
     /// process it starts under `id`. Errors: `process <id> already exists`
-    /// ([`AlreadyExists`](ErrorKind::AlreadyExists)); the table holds
+    /// ([`AlreadyExists`](crate::error::ErrorKind::AlreadyExists)); the table holds
     /// [`MAX_PROCESSES_PER_SESSION`] processes that are all still running or
-    /// draining ([`LimitReached`](ErrorKind::LimitReached)); `start`'s OS error
-    /// ([`Spawn`](ErrorKind::Spawn)).
+    /// draining ([`LimitReached`](crate::error::ErrorKind::LimitReached)); `start`'s OS error
+    /// (see [`classify`](crate::process::spawn_error::classify)).
     pub fn insert_process_with(
         &self,
         id: &str,
@@ -102,8 +102,7 @@ impl Session {
         } else {
             None
         };
-        let p =
-            start().map_err(|e| ExecError::new(ErrorKind::Spawn, e.to_string()).with_source(e))?;
+        let p = start().map_err(crate::process::spawn_error::classify)?;
         procs.insert(id.to_string(), p.clone());
         drop(procs);
         if let Some(old) = retired {

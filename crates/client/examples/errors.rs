@@ -1,0 +1,42 @@
+//! Branch on what went wrong, never on message text.
+
+use exec_server_client::{Command, Environments, ErrorKind, ExecServerClient};
+
+/// Tries a missing program, a missing working directory and a file that is
+/// not executable (`not_executable`, on the server's host); returns the kinds.
+pub async fn run(
+    client: &ExecServerClient,
+    not_executable: &std::path::Path,
+) -> Result<Vec<ErrorKind>, Box<dyn std::error::Error>> {
+    let attempts = [
+        Command::new("no-such-tool"),
+        Command::new("true").cwd("/no/such/dir"),
+        Command::new(not_executable.to_string_lossy()),
+    ];
+    let mut kinds = Vec::new();
+    for cmd in attempts {
+        let Err(e) = cmd.spawn(client).await else {
+            return Err("expected the start to fail".into());
+        };
+        match e.kind() {
+            ErrorKind::ProgramNotFound => println!("install it first: {e}"),
+            ErrorKind::CwdNotFound => println!("create {:?} first", e.path()),
+            ErrorKind::NotExecutable => println!("chmod +x {:?}", e.path()),
+            // The reference server sends no structured data: only the code is known.
+            other => println!("{other:?}: {e}"),
+        }
+        kinds.push(e.kind());
+    }
+    Ok(kinds)
+}
+
+#[allow(dead_code)] // a test includes this file and calls `run` itself
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let envs = Environments::from_env()?;
+    let env = envs
+        .default_environment()
+        .ok_or("no environment configured")?;
+    run(&env.client, std::path::Path::new("/etc/hostname")).await?;
+    Ok(())
+}
