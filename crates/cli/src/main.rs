@@ -27,8 +27,29 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// How stderr logs are written: `text` (one human-readable line per event,
+    /// the default) or `json` (one JSON object per line, with the fields of the
+    /// event's spans, for journald/Loki/Elasticsearch). Verbosity: RUST_LOG
+    /// (default `warn`).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        value_name = "FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(flatten)]
     serve: serve::ServeArgs,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -49,6 +70,25 @@ enum Command {
     Forward(forward::ForwardArgs),
 }
 
+/// Installs the stderr log subscriber. Secrets (tokens, header values from
+/// `valueEnvVar`) are never put in events or span fields, in either format.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
+}
+
 fn main() {
     // Hidden stages of the sandbox, before anything else starts (no threads,
     // no logging): the inner stage that execs a confined command, and the
@@ -67,15 +107,7 @@ fn main() {
         std::process::exit(exec_server::sandbox::fs_helper::serve());
     }
     let cli = Cli::parse();
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+    init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -8,6 +8,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// The binary with its stderr captured line by line (and stdout's first line,
 /// the URL); killed by PID when dropped.
@@ -268,5 +269,128 @@ async fn metrics_count_connections_processes_requests_and_bytes() {
     assert_eq!(http_get(&addr, "/").0, "HTTP/1.1 404 Not Found");
     c.close().await;
     server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A WebSocket JSON-RPC exchange with a bearer token: `initialize`,
+/// `initialized`, then each `(method, params)` in turn; returns the responses.
+async fn exchange_with_token(
+    url: &str,
+    token: &str,
+    calls: &[(&str, serde_json::Value)],
+) -> Vec<serde_json::Value> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message as Ws;
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("upgrade with the token");
+    let mut answers = Vec::new();
+    let init = ("initialize", json!({"clientName": "ops-test"}));
+    for (i, (method, params)) in std::iter::once(&init).chain(calls).enumerate() {
+        let msg = json!({"id": i, "method": method, "params": params});
+        ws.send(Ws::text(msg.to_string())).await.unwrap();
+        let answer = loop {
+            let next = tokio::time::timeout(Duration::from_secs(10), ws.next())
+                .await
+                .expect("an answer within 10 s");
+            let Some(Ok(Ws::Text(t))) = next else {
+                panic!("connection ended: {next:?}")
+            };
+            let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap();
+            if v["id"] == json!(i) {
+                break v;
+            }
+        };
+        if i == 0 {
+            ws.send(Ws::text(json!({"method": "initialized"}).to_string()))
+                .await
+                .unwrap();
+        }
+        answers.push(answer);
+    }
+    let _ = ws.close(None).await;
+    answers
+}
+
+/// Both log formats, at the most verbose level, never show the WebSocket token
+/// (accepted or refused) or a header value taken from the server's environment.
+#[tokio::test]
+async fn logs_in_both_formats_carry_no_secrets() {
+    const TOKEN: &str = "tok-4f1d9c2e-never-in-logs";
+    const HEADER_SECRET: &str = "hdr-7b3a5e91-never-in-logs";
+    let dir = common::tmpdir("logs");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let (http_base, http_task) = common::loopback_http::http_server().await;
+    for format in ["text", "json"] {
+        let server = Logged::start(
+            &[
+                "--listen",
+                "ws://127.0.0.1:0",
+                "--log-format",
+                format,
+                "--ws-auth",
+                "capability-token",
+                "--ws-token-file",
+                token_file.to_str().unwrap(),
+            ],
+            &[("RUST_LOG", "trace"), ("OPS_TEST_SECRET", HEADER_SECRET)],
+        );
+        // A refused upgrade: the wrong token, which also must not be logged.
+        let mut bad = server.url.as_str().into_client_request().unwrap();
+        bad.headers_mut().insert(
+            "authorization",
+            "Bearer tok-wrong-never-in-logs".parse().unwrap(),
+        );
+        assert!(tokio_tungstenite::connect_async(bad).await.is_err());
+        let request = json!({
+            "method": "GET",
+            "url": format!("{http_base}/echo"),
+            "requestId": "r1",
+            "headers": [{"name": "x-api-key", "value": "", "valueEnvVar": "OPS_TEST_SECRET"}],
+        });
+        let answers = exchange_with_token(&server.url, TOKEN, &[("http/request", request)]).await;
+        let body = common::unb64(&answers[1]["result"]["bodyBase64"]);
+        let body = String::from_utf8_lossy(&body);
+        assert!(
+            body.contains(HEADER_SECRET),
+            "the header was sent: {}",
+            answers[1]
+        );
+        let lines = server.stop();
+        assert!(
+            lines.iter().any(|l| l.contains("http/request")),
+            "{format}: the request was logged at trace level: {lines:?}"
+        );
+        for secret in [TOKEN, HEADER_SECRET, "tok-wrong-never-in-logs"] {
+            let leaks: Vec<_> = lines.iter().filter(|l| l.contains(secret)).collect();
+            assert!(leaks.is_empty(), "{format} log shows {secret}: {leaks:?}");
+        }
+        if format == "json" {
+            let mut with_span = 0;
+            for l in &lines {
+                let v: serde_json::Value = serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {l}"));
+                assert!(v["timestamp"].is_string() && v["level"].is_string(), "{l}");
+                if v["span"]["name"] == json!("request")
+                    && v["span"]["method"] == json!("http/request")
+                {
+                    with_span += 1;
+                }
+            }
+            assert!(with_span > 0, "no event inside the request span: {lines:?}");
+        } else {
+            assert!(lines.iter().all(|l| !l.trim_start().starts_with('{')));
+        }
+    }
+    http_task.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,6 +12,7 @@ use exec_server_rpc::{Connection, Inbound, Outbound};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 /// Spawned (detached) requests one connection may have running at once (long-polls,
 /// HTTP); further ones are refused with -32600 rather than stalling the connection.
@@ -119,17 +120,28 @@ pub async fn serve(
             Message::Request(req) => {
                 let started = Instant::now();
                 let method = server.router.known_method(&req.method);
-                let dispatched = server.router.dispatch(ctx.clone(), &req.method, req.params);
+                // Fields are the method's wire name (or `other`) and the id: never
+                // params, which may carry file contents, environments or secrets.
+                let span = tracing::info_span!(
+                    "request",
+                    conn = ctx.id,
+                    method = method.unwrap_or("other"),
+                    id = %req.id,
+                );
+                let dispatched =
+                    span.in_scope(|| server.router.dispatch(ctx.clone(), &req.method, req.params));
                 match dispatched {
                     Err(e) => {
+                        span.in_scope(|| tracing::debug!(code = e.code, "refused"));
                         crate::metrics::request_done(method, started, Some(e.code));
                         if ctx.outbound.send(encode_error(&req.id, &e)).await.is_err() {
                             break;
                         }
                     }
                     Ok((Mode::Inline, fut)) => {
-                        let outcome = fut.await;
+                        let outcome = fut.instrument(span.clone()).await;
                         if reply(&ctx.outbound, &req.id, outcome, method, started)
+                            .instrument(span)
                             .await
                             .is_err()
                         {
@@ -149,11 +161,14 @@ pub async fn serve(
                             continue;
                         };
                         let out = ctx.outbound.clone();
-                        tokio::spawn(async move {
-                            let outcome = fut.await;
-                            let _ = reply(&out, &req.id, outcome, method, started).await;
-                            drop(permit);
-                        });
+                        tokio::spawn(
+                            async move {
+                                let outcome = fut.await;
+                                let _ = reply(&out, &req.id, outcome, method, started).await;
+                                drop(permit);
+                            }
+                            .instrument(span),
+                        );
                     }
                 }
             }
@@ -194,7 +209,13 @@ async fn reply(
     method: Option<&'static str>,
     started: Instant,
 ) -> Result<(), exec_server_rpc::Closed> {
-    crate::metrics::request_done(method, started, outcome.as_ref().err().map(|e| e.code));
+    let code = outcome.as_ref().err().map(|e| e.code);
+    crate::metrics::request_done(method, started, code);
+    tracing::debug!(
+        error_code = code,
+        seconds = started.elapsed().as_secs_f64(),
+        "answered"
+    );
     match outcome {
         Ok(Reply {
             result_json,
