@@ -3,6 +3,7 @@
 mod commands;
 mod executor;
 mod forward;
+mod generate;
 mod registry;
 mod serve;
 
@@ -14,7 +15,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(
     name = "exec-server",
-    version,
+    version = VERSION,
     args_conflicts_with_subcommands = true,
     after_help = "Examples:
   exec-server --listen ws://127.0.0.1:8765              serve on loopback (prints the URL)
@@ -24,7 +25,7 @@ use clap::{Parser, Subcommand};
   exec-server fs --connect URL get /var/log/syslog ./syslog
   exec-server info --connect URL                        what the server is"
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// How stderr logs are written: `text` (one human-readable line per event,
@@ -68,7 +69,21 @@ enum Command {
     Registry(registry::RegistryArgs),
     /// Bridge a listening exec-server into a registry, stream by stream.
     Forward(forward::ForwardArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(generate::CompletionsArgs),
+    /// Print the man page (roff), e.g. `exec-server man > exec-server.1`.
+    Man,
 }
+
+/// `--version`: this build, and the protocol it speaks (the Codex CLI
+/// exec-server release whose JSON-RPC dialect it implements, also reported as
+/// `executorVersion` in `environment/info`).
+/// (A literal, as `concat!` needs; a test holds it equal to
+/// `exec_server::env_info::EXECUTOR_VERSION`.)
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (protocol: Codex exec-server 0.169.0)"
+);
 
 /// Installs the stderr log subscriber. Secrets (tokens, header values from
 /// `valueEnvVar`) are never put in events or span fields, in either format.
@@ -128,8 +143,28 @@ fn main() {
             Some(Command::Info(args)) => commands::info::info(args).await,
             Some(Command::Registry(args)) => registry::run(args).await,
             Some(Command::Forward(args)) => forward::run(args).await,
+            Some(Command::Completions(args)) => generate::completions(args),
+            Some(Command::Man) => generate::man(),
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn version_names_the_protocol_version_we_report() {
+        let protocol = format!(
+            "protocol: Codex exec-server {})",
+            exec_server::env_info::EXECUTOR_VERSION
+        );
+        assert!(super::VERSION.ends_with(&protocol), "{}", super::VERSION);
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 }

@@ -326,6 +326,16 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
+    // SIGHUP would end the process by default. There is nothing to reload or
+    // reopen (logs go to stderr, which journald or the parent owns; settings are
+    // flags), so it is logged and otherwise ignored.
+    if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: ignored (nothing to reload)");
+            }
+        });
+    }
     tokio::select! {
         _ = listen::serve(listener, state.clone()) => tracing::info!("connection ended"),
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),

@@ -394,3 +394,118 @@ async fn logs_in_both_formats_carry_no_secrets() {
     http_task.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs the binary with `args`; returns (exit code, stdout, stderr).
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run exec-server");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn version_completions_and_man_page() {
+    let (code, out, _) = run(&["--version"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("protocol: Codex exec-server 0.169.0"), "{out}");
+
+    let (code, script, err) = run(&["completions", "bash"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(script.contains("--metrics-listen"), "flags are completed");
+    // bash accepts it and registers a completion for the command.
+    let dir = common::tmpdir("completions");
+    let file = dir.join("exec-server.bash");
+    std::fs::write(&file, &script).unwrap();
+    let check = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && complete -p exec-server",
+            file.display()
+        ))
+        .output()
+        .expect("bash");
+    assert!(
+        check.status.success() && String::from_utf8_lossy(&check.stdout).contains("exec-server"),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    for shell in ["zsh", "fish"] {
+        let (code, script, _) = run(&["completions", shell]);
+        assert_eq!(code, 0);
+        assert!(script.contains("metrics-listen"), "{shell}");
+    }
+    let (code, _, err) = run(&["completions", "tcsh"]);
+    assert_eq!(code, 2, "an unknown shell is a usage error: {err}");
+
+    let (code, page, _) = run(&["man"]);
+    assert_eq!(code, 0);
+    assert!(page.contains(".TH exec-server 1"), "{page}");
+    assert!(page.contains("metrics\\-listen"), "flags are documented");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The unit in contrib/ passes `systemd-analyze verify` with no warning, and
+/// keeps the settings the sandbox needs.
+#[test]
+fn systemd_unit_verifies() {
+    let unit = include_str!("../../../contrib/exec-server.service");
+    let active: Vec<&str> = unit
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+    assert!(active.contains(&"Type=exec"));
+    assert!(active.contains(&"Restart=on-failure"));
+    for breaks_sandbox in [
+        "PrivateUsers=",
+        "RestrictNamespaces=",
+        "ProtectSystem=",
+        "PrivateTmp=",
+        "ProtectHome=",
+        "SystemCallFilter=",
+    ] {
+        assert!(
+            !active.iter().any(|l| l.starts_with(breaks_sandbox)),
+            "{breaks_sandbox} would break the sandbox"
+        );
+    }
+    let Ok(probe) = Command::new("systemd-analyze").arg("--version").output() else {
+        println!("skipped: systemd-analyze is not installed here");
+        return;
+    };
+    if !probe.status.success() {
+        println!("skipped: systemd-analyze does not run here");
+        return;
+    }
+    let dir = common::tmpdir("unit");
+    let path = dir.join("exec-server.service");
+    // verify checks that ExecStart's program exists: point it at this build.
+    std::fs::write(&path, unit.replace("/usr/local/bin/exec-server", BIN)).unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.trim().is_empty(), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn sighup_is_ignored() {
+    let server = Logged::start(&["--listen", "ws://127.0.0.1:0"], &[("RUST_LOG", "info")]);
+    let pid = nix::unistd::Pid::from_raw(server.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    server.wait_line("SIGHUP: ignored");
+    let mut c = Conn::open(&server.url, None).await;
+    let info = c.ok("environment/info", json!({})).await;
+    assert!(info["capabilities"].is_object(), "{info}");
+    c.close().await;
+    server.stop();
+}
