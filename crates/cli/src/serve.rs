@@ -82,6 +82,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = exec_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
 
+    /// A directory of tools the client puts in front of PATH for the commands
+    /// it runs here (reported as `prependPathDirs`; repeat for several). The
+    /// Codex CLI relies on ripgrep: point this at a directory holding `rg`
+    /// on hosts without a system ripgrep. Default: the first of `tools/` beside
+    /// this binary, `$CARGO_HOME/bin`, `~/.cargo/bin` that holds an `rg`.
+    #[arg(long, value_name = "DIR")]
+    pub prepend_path: Vec<PathBuf>,
+
     /// Directory for the output spool: each process's output beyond the 1 MiB
     /// memory window goes to unnamed files here, so a client that resumes or
     /// pages with process/read late still gets every byte (up to
@@ -255,6 +263,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         max_http_body_bytes: args.max_http_body_bytes,
         allow_unsandboxed: args.allow_unsandboxed,
         sandbox_helper: std::env::current_exe().ok(),
+        prepend_path: args.prepend_path.clone(),
         output_spool: Some(exec_server::OutputSpoolConfig {
             dir: args.output_spool_dir.clone(),
             per_process_bytes: args.output_spool_bytes,

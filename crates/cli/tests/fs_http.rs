@@ -306,7 +306,15 @@ async fn discovery_methods() {
     assert_eq!(r, json!({"plugins": [], "skills": [], "warnings": []}));
     let r = c.ok("capabilityRoots/discoverV1", json!({"roots": [{"id": "x", "path": uri(&d)}, {"id": "y", "path": uri(&d.join("missing"))}]})).await;
     assert_eq!(r["roots"][0]["plugin"]["manifest"]["name"], "p");
-    assert_eq!(r["roots"][0]["skills"][0]["metadata"]["name"], "s");
+    // As the reference: the client parses the front matter itself.
+    assert_eq!(
+        r["roots"][0]["skills"][0]["metadata"],
+        serde_json::Value::Null
+    );
+    assert_eq!(
+        r["roots"][0]["skills"][0]["instructions"]["contents"],
+        "---\nname: s\n---\nbody"
+    );
     assert!(r["roots"][1]["error"].is_string());
     let r = c
         .call(
@@ -511,4 +519,117 @@ async fn fs_watch_notifies_changes_until_unwatched() {
         .expect(|m| m["method"] == "fs/changed", Duration::from_millis(300))
         .await
         .is_none());
+}
+
+/// `fs/watchMissing`: one `fs/missingChanged` when a missing path (or a
+/// missing ancestor) appears or `present` goes; nothing for unrelated changes,
+/// nothing twice; `watching: false` in the reference's cases.
+#[tokio::test]
+async fn watch_missing_fires_once_and_only_for_its_paths() {
+    let s = Server::start(&[]);
+    let d = tmpdir("watch-missing");
+    std::fs::write(d.join("present"), "x").unwrap();
+    std::fs::write(d.join("file"), "x").unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let arm = |id: u64, missing: Vec<String>, present: Option<String>| {
+        let mut p = json!({"watchId": id, "missing": missing});
+        if let Some(present) = present {
+            p["present"] = json!(present);
+        }
+        p
+    };
+    let fired = |m: &serde_json::Value| m["method"] == "fs/missingChanged";
+    let r = c
+        .ok("fs/watchMissing", arm(1, vec![uri(&d.join("a/b/c"))], None))
+        .await;
+    assert_eq!(r, json!({"watching": true}));
+    // An unrelated change, then a second watch's trigger: watch 2's
+    // notification must be the first one to arrive.
+    std::fs::write(d.join("unrelated"), "x").unwrap();
+    let r = c
+        .ok("fs/watchMissing", arm(2, vec![uri(&d.join("two"))], None))
+        .await;
+    assert_eq!(r["watching"], true);
+    std::fs::create_dir(d.join("two")).unwrap();
+    let n = c.expect(fired, WAIT).await.expect("watch 2 fired");
+    assert_eq!(n["params"], json!({"watchId": 2}));
+    // A missing ancestor appearing fires watch 1, once.
+    std::fs::create_dir(d.join("a")).unwrap();
+    std::fs::create_dir(d.join("a/b")).unwrap();
+    let n = c.expect(fired, WAIT).await.expect("watch 1 fired");
+    assert_eq!(n["params"], json!({"watchId": 1}));
+    // `present` going away fires; watch 1 never fires again before it.
+    let r = c
+        .ok(
+            "fs/watchMissing",
+            arm(3, vec![uri(&d.join("zz"))], Some(uri(&d.join("present")))),
+        )
+        .await;
+    assert_eq!(r["watching"], true);
+    std::fs::create_dir(d.join("a/b/c")).unwrap();
+    std::fs::remove_file(d.join("present")).unwrap();
+    let n = c.expect(fired, WAIT).await.expect("watch 3 fired");
+    assert_eq!(n["params"], json!({"watchId": 3}));
+    // watching: false, as the reference.
+    let many: Vec<String> = (0..65).map(|i| uri(&d.join(format!("m{i}")))).collect();
+    for (why, params) in [
+        ("id used before", arm(1, vec![uri(&d.join("new1"))], None)),
+        ("path exists", arm(10, vec![uri(&d.join("file"))], None)),
+        ("empty list", arm(11, vec![], None)),
+        ("65 paths", arm(12, many.clone(), None)),
+        (
+            "present missing",
+            arm(13, vec![uri(&d.join("new2"))], Some(uri(&d.join("gone")))),
+        ),
+        ("under a file", arm(14, vec![uri(&d.join("file/x"))], None)),
+        (
+            "in /proc",
+            arm(15, vec!["file:///proc/self/nope".into()], None),
+        ),
+    ] {
+        let r = c.ok("fs/watchMissing", params).await;
+        assert_eq!(r, json!({"watching": false}), "{why}");
+    }
+    let r = c
+        .ok("fs/watchMissing", arm(16, many[..64].to_vec(), None))
+        .await;
+    assert_eq!(r["watching"], true, "64 paths are fine");
+    let e = c
+        .call("fs/watchMissing", json!({"watchId": "w1", "missing": []}))
+        .await;
+    assert_eq!(e["error"]["code"], -32602);
+    let info = c.ok("environment/info", json!({})).await;
+    assert_eq!(info["capabilities"]["fsWatchMissing"], true);
+}
+
+/// `prependPathDirs`: the `--prepend-path` directories that exist, and a
+/// command started with that directory in front of a bare PATH finds `rg`
+/// there (what the Codex client does with it).
+#[tokio::test]
+async fn prepend_path_dirs_are_reported_and_hold_the_tools() {
+    use std::os::unix::fs::PermissionsExt;
+    let tools = tmpdir("tools");
+    let rg = tools.join("rg");
+    std::fs::write(&rg, "#!/bin/sh\necho 'ripgrep 14.1.0'\n").unwrap();
+    std::fs::set_permissions(&rg, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let missing = tools.join("not-there");
+    let s = Server::start(&[
+        "--prepend-path",
+        tools.to_str().unwrap(),
+        "--prepend-path",
+        missing.to_str().unwrap(),
+    ]);
+    let mut c = Conn::open(&s.url, None).await;
+    let info = c.ok("environment/info", json!({})).await;
+    assert_eq!(info["prependPathDirs"], json!([uri(&tools)]));
+    let path = format!("{}:/usr/bin:/bin", tools.display());
+    c.ok(
+        "process/start",
+        json!({"processId": "rg", "argv": ["sh", "-c", "rg --version"], "cwd": uri(&tools),
+               "env": {"PATH": path}, "tty": false}),
+    )
+    .await;
+    let out = c.collect("rg", WAIT).await;
+    assert_eq!(out.exit, Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.bytes), "ripgrep 14.1.0\n");
 }

@@ -533,4 +533,58 @@ async fn capabilities_tell_the_truth() {
     let mut c = Conn::open(&s.url, None).await;
     let info = c.ok("environment/info", Value::Null).await;
     assert_eq!(info["capabilities"]["sandboxEnforced"], true, "{info}");
+    assert_eq!(
+        info["capabilities"]["linuxRootWritePreservesDevices"], true,
+        "{info}"
+    );
+}
+
+/// `linuxRootWritePreservesDevices`: a policy that makes `/` writable but
+/// denies a path (so it needs the namespace view) keeps the standard devices
+/// usable, keeps the denied path unreadable, and writes reach the host.
+#[tokio::test]
+async fn root_write_with_denies_keeps_devices_and_denies() {
+    let s = Server::start(&[]);
+    let f = fixture("rootwrite");
+    let secret = f.out.join("secret.txt");
+    let policy = sandbox(
+        &f.ws,
+        vec![special("root", "write"), path_entry(&secret, "deny")],
+        "restricted",
+    );
+    let mut c = Conn::open(&s.url, None).await;
+    let r = run(
+        &mut c,
+        "dev",
+        &f.ws,
+        "echo x > /dev/null && head -c 4 /dev/zero | wc -c && head -c 1 /dev/urandom > /dev/null && echo ok",
+        Some(policy.clone()),
+    )
+    .await;
+    assert_eq!(r.sandbox_type, "linuxSeccomp");
+    assert_eq!((r.exit, r.out.as_str()), (0, "4\nok\n"), "{r:?}");
+    let r = run(
+        &mut c,
+        "deny",
+        &f.ws,
+        &format!("cat {}", secret.display()),
+        Some(policy.clone()),
+    )
+    .await;
+    assert_ne!(r.exit, 0, "{r:?}");
+    assert!(r.out.contains("Permission denied"), "{r:?}");
+    assert!(!r.out.lines().any(|l| l == "secret"), "{r:?}");
+    let r = run(
+        &mut c,
+        "write",
+        &f.ws,
+        &format!("echo w > {}/new.txt", f.out.display()),
+        Some(policy),
+    )
+    .await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(f.out.join("new.txt")).unwrap(),
+        "w\n"
+    );
 }

@@ -187,3 +187,56 @@ async fn sandboxed_file_streaming() {
         .await;
     assert_eq!(unb64(&r["chunk"]), b"in");
 }
+
+/// `capabilityRoots/discoverV1` scans each root under its own sandbox: a root
+/// the sandbox denies is never read (empty, with a warning, as the
+/// reference), the same root without a sandbox, or under one that allows
+/// reading it, yields its skill.
+#[tokio::test]
+async fn capability_discovery_obeys_each_roots_sandbox() {
+    let s = Server::start(&[]);
+    let f = fixture("disc-sandbox");
+    let root = f.out.join("plugin");
+    std::fs::create_dir_all(root.join(".codex-plugin")).unwrap();
+    std::fs::write(root.join(".codex-plugin/plugin.json"), r#"{"name":"p"}"#).unwrap();
+    std::fs::write(root.join("SKILL.md"), "---\nname: hidden\n---\n").unwrap();
+    let deny = sandbox(
+        &f.ws,
+        vec![special("root", "read"), path_entry(&root, "deny")],
+        "restricted",
+    );
+    let mut c = Conn::open(&s.url, None).await;
+    let r = c
+        .ok(
+            "capabilityRoots/discoverV1",
+            json!({"roots": [
+                {"id": "denied", "path": uri(&root), "sandbox": deny},
+                {"id": "readable", "path": uri(&root), "sandbox": ro(&f.ws)},
+                {"id": "plain", "path": uri(&root)},
+            ]}),
+        )
+        .await;
+    let roots = r["roots"].as_array().unwrap();
+    assert_eq!(roots.len(), 3);
+    let denied = &roots[0];
+    assert_eq!(denied["id"], "denied");
+    assert_eq!(denied["skills"], json!([]), "{denied}");
+    assert!(denied["plugin"].is_null(), "{denied}");
+    assert!(
+        denied["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("Permission denied")),
+        "{denied}"
+    );
+    for found in &roots[1..] {
+        assert_eq!(
+            found["skills"][0]["instructions"]["contents"],
+            "---\nname: hidden\n---\n"
+        );
+        assert_eq!(found["plugin"]["manifest"]["name"], "p");
+    }
+    let info = c.ok("environment/info", json!({})).await;
+    assert_eq!(info["capabilities"]["capabilityDiscoverySandbox"], true);
+}

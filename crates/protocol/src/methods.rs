@@ -69,6 +69,11 @@ pub const FS_CHANGED: &str = "fs/changed";
 pub const FS_WATCH_ENDED: &str = "fs/watchEnded";
 /// Request (ours): stop a watch.
 pub const FS_UNWATCH: &str = "fs/unwatch";
+/// Request: a one-shot watch for paths to appear or a path to go
+/// (the reference's `fsWatchMissing` capability).
+pub const FS_WATCH_MISSING: &str = "fs/watchMissing";
+/// Notification: a `fs/watchMissing` watch fired (once).
+pub const FS_MISSING_CHANGED: &str = "fs/missingChanged";
 /// Not implemented by the reference nor by us (-32601).
 pub const FS_RENAME: &str = "fs/rename";
 /// Not implemented by the reference nor by us (-32601).

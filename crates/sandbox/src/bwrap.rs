@@ -194,6 +194,17 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                     }
                 }
             }
+            // A bind of `/` (or `/dev`) made after the minimal /dev hides its
+            // device nodes (bind mounts carry nodev here): `echo > /dev/null`
+            // would fail under a writable root. Set up /dev again on top
+            // (`linuxRootWritePreservesDevices`).
+            let covers_dev = |p: &Path| Path::new("/dev").starts_with(p);
+            if view.mounts.iter().any(|m| match m {
+                Mount::ReadOnly(p) | Mount::Protect(p) | Mount::Writable(p) => covers_dev(p),
+                _ => false,
+            }) {
+                push(&["--dev".as_ref(), "/dev".as_ref()]);
+            }
             // bubblewrap 0.8 covers only /proc/irq and /proc/bus: uid 0 outside
             // is uid 0 inside, and some /proc files check nothing but the file
             // mode (`kernel/domainname`, `sysrq-trigger`), so as root a

@@ -134,7 +134,7 @@ pub fn environment_config_read(
 pub fn discover_v2(p: &DiscoverV2Params) -> ExecResult<DiscoverV2Response> {
     let cwd = p.cwd.to_path().map_err(ExecError::invalid_params)?;
     let mut warnings = Vec::new();
-    let skills = skills_in(&cwd.join(".codex").join("skills"), &mut warnings)
+    let skills = skills_in(&cwd.join(".codex").join("skills"), true, &mut warnings)
         .into_iter()
         .filter_map(|s| serde_json::to_value(s).ok())
         .collect();
@@ -145,7 +145,10 @@ pub fn discover_v2(p: &DiscoverV2Params) -> ExecResult<DiscoverV2Response> {
     })
 }
 
-fn skills_in(dir: &Path, warnings: &mut Vec<String>) -> Vec<SkillFound> {
+/// Skills in the subdirectories of `dir`; `metadata`: parse their front matter
+/// (`capabilities/discoverV2`) or leave it `null` (`capabilityRoots/discoverV1`,
+/// as the reference).
+fn skills_in(dir: &Path, metadata: bool, warnings: &mut Vec<String>) -> Vec<SkillFound> {
     let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir(dir) else {
         return out;
@@ -162,7 +165,7 @@ fn skills_in(dir: &Path, warnings: &mut Vec<String>) -> Vec<SkillFound> {
             Ok(contents) => {
                 if let Some(path) = PathUri::from_path(&f) {
                     out.push(SkillFound {
-                        metadata: front_matter(&contents),
+                        metadata: front_matter(&contents).filter(|_| metadata),
                         instructions: FileContents { path, contents },
                     });
                 }
@@ -222,10 +225,21 @@ pub fn roots_discover_v1(p: &RootsDiscoverParams) -> ExecResult<RootsDiscoverRes
                 continue;
             }
         };
-        if let Err(e) = std::fs::read_dir(&dir) {
-            out.error = Some(e.to_string());
-            roots.push(out);
-            continue;
+        match std::fs::read_dir(&dir) {
+            Ok(_) => {}
+            // A root the sandbox (or the OS) keeps us out of is scanned as
+            // empty with a warning, as the reference does under a deny policy.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                out.warnings
+                    .push(format!("failed to scan capability path {}: {e}", r.path));
+                roots.push(out);
+                continue;
+            }
+            Err(e) => {
+                out.error = Some(e.to_string());
+                roots.push(out);
+                continue;
+            }
         }
         for m in PLUGIN_MANIFESTS {
             let path = dir.join(m);
@@ -242,14 +256,14 @@ pub fn roots_discover_v1(p: &RootsDiscoverParams) -> ExecResult<RootsDiscoverRes
         if let Ok(contents) = std::fs::read_to_string(&root_skill) {
             if let Some(path) = PathUri::from_path(&root_skill) {
                 out.skills.push(SkillFound {
-                    metadata: front_matter(&contents),
+                    metadata: None,
                     instructions: FileContents { path, contents },
                 });
             }
         }
         let mut warnings = std::mem::take(&mut out.warnings);
         out.skills
-            .extend(skills_in(&dir.join("skills"), &mut warnings));
+            .extend(skills_in(&dir.join("skills"), false, &mut warnings));
         out.warnings = warnings;
         roots.push(out);
     }

@@ -20,8 +20,8 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("networkProxyReviewDomains", false),
         ("credentialMasking", false),
         ("credentialMaskingCustomProviders", false),
-        ("capabilityDiscoverySandbox", false),
-        ("fsWatchMissing", false),
+        ("capabilityDiscoverySandbox", sandbox_enforced),
+        ("fsWatchMissing", true),
         ("capabilityDiscoveryV2", true),
         ("environmentConfigRead", true),
         ("httpHeaderEnvVars", true),
@@ -29,7 +29,7 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("fileWriteStreaming", true),
         ("shellSnapshotV2", false),
         ("windowsMxc", false),
-        ("linuxRootWritePreservesDevices", false),
+        ("linuxRootWritePreservesDevices", sandbox_enforced),
         ("linuxApprovedRootWritePreservesRestrictions", false),
         // Ours.
         ("processResize", true),
@@ -50,7 +50,7 @@ fn uri(p: &Path) -> Option<PathUri> {
 }
 
 /// Computes the info for this host; `sandbox_enforced` as [`capabilities`].
-pub fn environment_info(sandbox_enforced: bool) -> EnvironmentInfo {
+pub fn environment_info(sandbox_enforced: bool, prepend_path: &[PathBuf]) -> EnvironmentInfo {
     let shell_path = std::env::var("SHELL")
         .ok()
         .filter(|s| Path::new(s).is_absolute())
@@ -88,9 +88,57 @@ pub fn environment_info(sandbox_enforced: bool) -> EnvironmentInfo {
         cwd: std::env::current_dir().ok().as_deref().and_then(uri),
         user_home_dir: home.as_deref().and_then(uri),
         platform_os: Some(std::env::consts::OS.to_string()),
-        prepend_path_dirs: Vec::new(),
+        prepend_path_dirs: prepend_path_dirs(prepend_path)
+            .iter()
+            .filter_map(|d| uri(d))
+            .collect(),
         temporary_directories: tmpdir.as_deref().and_then(uri).into_iter().collect(),
         temp_dir: uri(&std::env::temp_dir()),
         capabilities: capabilities(sandbox_enforced),
     }
+}
+
+/// True if `dir/name` is an executable regular file (symlinks followed).
+fn has_executable(dir: &Path, name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(dir.join(name))
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// `prependPathDirs`: directories the client puts in front of `PATH` for the
+/// commands it runs here, so the tools it relies on (ripgrep above all) are
+/// found even when a command's `PATH` lacks them. `explicit` (`--prepend-path`)
+/// wins: its existing directories, in order (a missing one is left out with a
+/// warning, never reported). Otherwise the first directory holding an
+/// executable `rg` among `tools/` beside this executable, `$CARGO_HOME/bin` and
+/// `~/.cargo/bin`, or none (where `rg` is in a system directory, commands find
+/// it on their usual `PATH`).
+pub fn prepend_path_dirs(explicit: &[PathBuf]) -> Vec<PathBuf> {
+    if !explicit.is_empty() {
+        return explicit
+            .iter()
+            .filter(|d| {
+                let ok = d.is_absolute() && d.is_dir();
+                if !ok {
+                    tracing::warn!(
+                        "--prepend-path {}: not an existing absolute directory; not reported",
+                        d.display()
+                    );
+                }
+                ok
+            })
+            .cloned()
+            .collect();
+    }
+    let beside_exe = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|p| p.join("tools")));
+    let cargo_home = std::env::var_os("CARGO_HOME").map(|h| PathBuf::from(h).join("bin"));
+    let home_cargo = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo/bin"));
+    [beside_exe, cargo_home, home_cargo]
+        .into_iter()
+        .flatten()
+        .find(|d| has_executable(d, "rg"))
+        .into_iter()
+        .collect()
 }

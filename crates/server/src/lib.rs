@@ -69,6 +69,9 @@ pub struct ServerConfig {
     /// file-system helper; `None` (the default, e.g. an embedded server):
     /// sandboxed requests are refused unless `allow_unsandboxed`.
     pub sandbox_helper: Option<std::path::PathBuf>,
+    /// `--prepend-path`: directories reported as `prependPathDirs` (see
+    /// [`env_info::prepend_path_dirs`]; empty: found automatically).
+    pub prepend_path: Vec<std::path::PathBuf>,
     /// The disk spool for output beyond the memory window; `None` disables it
     /// (output past [`process::output_log::RETAINED_OUTPUT_BYTES_PER_PROCESS`]
     /// is then dropped once delivered, as in the reference).
@@ -130,6 +133,7 @@ impl Default for ServerConfig {
             max_http_body_bytes: http::DEFAULT_MAX_BUFFERED_HTTP_BODY_BYTES,
             allow_unsandboxed: false,
             sandbox_helper: None,
+            prepend_path: Vec::new(),
             output_spool: Some(OutputSpoolConfig::default()),
         }
     }
@@ -162,7 +166,7 @@ impl ServerState {
         process::reaper::install()?;
         let sandbox =
             sandbox::Support::new(config.sandbox_helper.clone(), config.allow_unsandboxed);
-        let env_info = env_info::environment_info(sandbox.enforced());
+        let env_info = env_info::environment_info(sandbox.enforced(), &config.prepend_path);
         let fs_mode = if config.concurrent_requests > 1 {
             Mode::Detached
         } else {

@@ -81,9 +81,10 @@ pub struct CapabilityRoot {
     pub id: String,
     /// Directory.
     pub path: PathUri,
-    /// Sandbox context (accepted).
+    /// `sandbox`: the file-system sandbox the scan of this root runs under
+    /// (SANDBOX.md); absent = unconfined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<super::sandbox::FileSystemSandboxContext>,
 }
 
 /// Params of `capabilityRoots/discoverV1`.
@@ -121,8 +122,9 @@ pub struct FileContents {
 pub struct SkillFound {
     /// The SKILL.md file.
     pub instructions: FileContents,
-    /// Front matter, when present.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Always `null`, as the reference sends it: the client reads the front
+    /// matter from `instructions` itself.
+    #[serde(default)]
     pub metadata: Option<Value>,
 }
 

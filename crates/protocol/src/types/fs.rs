@@ -351,3 +351,35 @@ pub struct FsWatchEndedNotification {
     /// Why it ended, in words.
     pub reason: String,
 }
+
+/// Params of `fs/watchMissing`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsWatchMissingParams {
+    /// `watchId`: the caller's id, an integer, unique in the session for good
+    /// (it stays taken after the watch fired).
+    pub watch_id: u64,
+    /// `missing`: paths that do not exist; the watch fires when one of them, or
+    /// one of their missing ancestors, comes into existence. 1 to 64 paths.
+    pub missing: Vec<PathUri>,
+    /// `present`: a path that exists; the watch also fires when it goes away.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub present: Option<PathUri>,
+}
+
+/// Result of `fs/watchMissing`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FsWatchMissingResponse {
+    /// `watching`: false when nothing was armed (id taken, a `missing` path
+    /// exists, `missing` empty or over 64 paths, `present` absent, a path under
+    /// a non-directory or in an unwatchable place).
+    pub watching: bool,
+}
+
+/// `fs/missingChanged`: a `fs/watchMissing` watch fired; sent once per watch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsMissingChangedNotification {
+    /// The watch.
+    pub watch_id: u64,
+}

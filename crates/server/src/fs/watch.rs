@@ -11,6 +11,7 @@
 //! reason, after the last `fs/changed`, and the id is free again.
 
 mod hub;
+pub mod missing;
 
 use crate::error::{ExecError, ExecResult};
 use crate::link::Link;

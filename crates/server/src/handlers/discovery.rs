@@ -5,6 +5,7 @@
 use super::blocking;
 use crate::connection::Ctx;
 use crate::discovery;
+use crate::sandbox::fs_helper::{self, Need, Route};
 use exec_server_protocol::methods as m;
 use exec_server_protocol::types::*;
 use exec_server_rpc::router::{Mode, Reply, Router};
@@ -47,8 +48,29 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
     r.request(
         m::CAPABILITY_ROOTS_DISCOVER_V1,
         fs_mode,
-        |_: Ctx, p: RootsDiscoverParams| async move {
-            blocking(move || discovery::roots_discover_v1(&p)).await
+        |ctx: Ctx, p: RootsDiscoverParams| async move {
+            // Each root is scanned under its own sandbox: in the confined
+            // helper when the sandbox restricts reads, so a denied directory
+            // is never read (its errors become warnings, as the reference's).
+            let mut roots = Vec::with_capacity(p.roots.len());
+            for root in p.roots {
+                let route =
+                    fs_helper::route(root.sandbox.as_ref(), Need::Read, &ctx.server.sandbox)?;
+                let one = RootsDiscoverParams {
+                    roots: vec![CapabilityRoot {
+                        sandbox: None,
+                        ..root
+                    }],
+                };
+                let mut found: RootsDiscoverResponse = match route {
+                    Route::Helper(h) => h.call(m::CAPABILITY_ROOTS_DISCOVER_V1, &one).await?,
+                    Route::InProcess => {
+                        blocking(move || discovery::roots_discover_v1(&one)).await?
+                    }
+                };
+                roots.append(&mut found.roots);
+            }
+            Ok(RootsDiscoverResponse { roots })
         },
     );
 }

@@ -126,6 +126,20 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         },
     );
     r.request(
+        m::FS_WATCH_MISSING,
+        Mode::Inline,
+        |ctx: Ctx, p: FsWatchMissingParams| async move {
+            let session = session_of(&ctx)?;
+            let watching = session.missing_watches.watch(
+                p.watch_id,
+                &p.missing,
+                p.present.as_ref(),
+                session.link.clone(),
+            );
+            Ok(FsWatchMissingResponse { watching })
+        },
+    );
+    r.request(
         m::FS_UNWATCH,
         Mode::Inline,
         |ctx: Ctx, p: UnwatchParams| async move {

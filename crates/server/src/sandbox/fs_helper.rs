@@ -308,6 +308,9 @@ fn dispatch(operation: &str, params: Value) -> ExecResult<Value> {
         m::FS_READ_DIRECTORY => op(params, |p: PathParams| fs::read_directory(&p)),
         m::FS_REMOVE => op(params, |p: RemoveParams| fs::remove(&p)),
         m::FS_COPY => op(params, |p: CopyParams| fs::copy(&p)),
+        m::CAPABILITY_ROOTS_DISCOVER_V1 => op(params, |p: RootsDiscoverParams| {
+            crate::discovery::roots_discover_v1(&p)
+        }),
         m::FS_WALK => op(params, |p: WalkParams| {
             let root = fs::native(&p.path)?;
             fs::walk::walk(&root, &p.options)

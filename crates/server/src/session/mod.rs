@@ -38,6 +38,8 @@ pub struct Session {
     pub files: HandleTable,
     /// `fs/watch` watches.
     pub watches: crate::fs::watch::WatchTable,
+    /// `fs/watchMissing` watches.
+    pub missing_watches: crate::fs::watch::missing::MissingWatchTable,
     /// Cgroups of retired processes that still hold live descendants
     /// (double-forked daemons): killed when the session ends.
     leftovers: Mutex<Vec<crate::process::cgroup::ProcessCgroup>>,
@@ -53,6 +55,7 @@ impl Session {
             processes: Mutex::new(HashMap::new()),
             files: HandleTable::default(),
             watches: Default::default(),
+            missing_watches: Default::default(),
             leftovers: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
         }
@@ -145,6 +148,7 @@ impl Session {
         }
         self.files.clear();
         self.watches.clear();
+        self.missing_watches.clear();
     }
 }
 
