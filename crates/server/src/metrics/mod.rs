@@ -271,8 +271,12 @@ mod tests {
 
     #[test]
     fn exit_classes_follow_the_shell_convention() {
-        let m = metrics();
-        let before = |c: &str| m.process_exits.get_or_create(&[("class", c)]).get();
+        fn before(class: &'static str) -> u64 {
+            metrics()
+                .process_exits
+                .get_or_create(&[("class", class)])
+                .get()
+        }
         let (z, n, s) = (before("zero"), before("nonzero"), before("signal"));
         process_exit(0);
         process_exit(1);
