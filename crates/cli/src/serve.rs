@@ -236,6 +236,17 @@ fn check_permissions(path: &std::path::Path) {
 /// Runs the server until SIGTERM/SIGINT (or stdin EOF with --exit-on-stdin-close,
 /// or the end of the single stdio connection). Returns the process exit code.
 pub async fn run(args: ServeArgs) -> i32 {
+    // SIGHUP would end the process by default. There is nothing to reload or
+    // reopen (logs go to stderr, which journald or the parent owns; settings are
+    // flags), so it is logged and otherwise ignored. Installed before the URL is
+    // printed: a signal sent once a caller has read it must not kill the server.
+    if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: ignored (nothing to reload)");
+            }
+        });
+    }
     let addr: ListenAddr = match args.listen.parse() {
         Ok(a) => a,
         Err(e) => {
@@ -335,16 +346,6 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
-    // SIGHUP would end the process by default. There is nothing to reload or
-    // reopen (logs go to stderr, which journald or the parent owns; settings are
-    // flags), so it is logged and otherwise ignored.
-    if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                tracing::info!("SIGHUP: ignored (nothing to reload)");
-            }
-        });
-    }
     tokio::select! {
         _ = listen::serve(listener, state.clone()) => tracing::info!("connection ended"),
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
