@@ -3,6 +3,7 @@
 mod commands;
 mod executor;
 mod forward;
+mod generate;
 mod registry;
 mod serve;
 
@@ -14,7 +15,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(
     name = "exec-server",
-    version,
+    version = VERSION,
     args_conflicts_with_subcommands = true,
     after_help = "Examples:
   exec-server --listen ws://127.0.0.1:8765              serve on loopback (prints the URL)
@@ -24,11 +25,32 @@ use clap::{Parser, Subcommand};
   exec-server fs --connect URL get /var/log/syslog ./syslog
   exec-server info --connect URL                        what the server is"
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// How stderr logs are written: `text` (one human-readable line per event,
+    /// the default) or `json` (one JSON object per line, with the fields of the
+    /// event's spans, for journald/Loki/Elasticsearch). Verbosity: RUST_LOG
+    /// (default `warn`).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        value_name = "FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(flatten)]
     serve: serve::ServeArgs,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -47,6 +69,39 @@ enum Command {
     Registry(registry::RegistryArgs),
     /// Bridge a listening exec-server into a registry, stream by stream.
     Forward(forward::ForwardArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(generate::CompletionsArgs),
+    /// Print the man page (roff), e.g. `exec-server man > exec-server.1`.
+    Man,
+}
+
+/// `--version`: this build, and the protocol it speaks (the Codex CLI
+/// exec-server release whose JSON-RPC dialect it implements, also reported as
+/// `executorVersion` in `environment/info`).
+/// (A literal, as `concat!` needs; a test holds it equal to
+/// `exec_server::env_info::EXECUTOR_VERSION`.)
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (protocol: Codex exec-server 0.169.0)"
+);
+
+/// Installs the stderr log subscriber. Secrets (tokens, header values from
+/// `valueEnvVar`) are never put in events or span fields, in either format.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
 }
 
 fn main() {
@@ -67,15 +122,7 @@ fn main() {
         std::process::exit(exec_server::sandbox::fs_helper::serve());
     }
     let cli = Cli::parse();
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+    init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -96,8 +143,28 @@ fn main() {
             Some(Command::Info(args)) => commands::info::info(args).await,
             Some(Command::Registry(args)) => registry::run(args).await,
             Some(Command::Forward(args)) => forward::run(args).await,
+            Some(Command::Completions(args)) => generate::completions(args),
+            Some(Command::Man) => generate::man(),
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn version_names_the_protocol_version_we_report() {
+        let protocol = format!(
+            "protocol: Codex exec-server {})",
+            exec_server::env_info::EXECUTOR_VERSION
+        );
+        assert!(super::VERSION.ends_with(&protocol), "{}", super::VERSION);
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 }

@@ -143,6 +143,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS", requires = "ws_shared_secret_file")]
     pub ws_max_clock_skew_seconds: Option<u64>,
 
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; port
+    /// 0 picks one, logged at info level as "metrics on http://…/metrics"). Off
+    /// by default. A listener of its own, without authentication: keep it on
+    /// loopback or a private network.
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+
     #[command(flatten)]
     pub remote: crate::executor::RemoteArgs,
 }
@@ -229,6 +236,17 @@ fn check_permissions(path: &std::path::Path) {
 /// Runs the server until SIGTERM/SIGINT (or stdin EOF with --exit-on-stdin-close,
 /// or the end of the single stdio connection). Returns the process exit code.
 pub async fn run(args: ServeArgs) -> i32 {
+    // SIGHUP would end the process by default. There is nothing to reload or
+    // reopen (logs go to stderr, which journald or the parent owns; settings are
+    // flags), so it is logged and otherwise ignored. Installed before the URL is
+    // printed: a signal sent once a caller has read it must not kill the server.
+    if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: ignored (nothing to reload)");
+            }
+        });
+    }
     let addr: ListenAddr = match args.listen.parse() {
         Ok(a) => a,
         Err(e) => {
@@ -270,6 +288,19 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
+    if let Some(addr) = args.metrics_listen {
+        let listener = match exec_server::metrics::MetricsListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("exec-server: cannot listen for metrics on {addr}: {e}");
+                return 1;
+            }
+        };
+        if let Ok(bound) = listener.local_addr() {
+            tracing::info!("metrics on http://{bound}/metrics");
+        }
+        tokio::spawn(exec_server::metrics::serve(listener, state.clone()));
+    }
     if args.remote.remote.is_some() {
         return crate::executor::run(args.remote.clone(), state).await;
     }

@@ -123,6 +123,12 @@ impl<C: Send + 'static> Router<C> {
         self
     }
 
+    /// The registered wire name equal to `method`, as a `&'static str` (for
+    /// labels that must come from a fixed set); `None` for an unknown method.
+    pub fn known_method(&self, method: &str) -> Option<&'static str> {
+        self.handlers.get_key_value(method).map(|(k, _)| *k)
+    }
+
     /// Decodes params, runs the gate, and returns the handler's future with its mode.
     pub fn dispatch(
         &self,

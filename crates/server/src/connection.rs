@@ -10,8 +10,9 @@ use exec_server_protocol::{encode_error, methods, ErrorObject, Message, RequestI
 use exec_server_rpc::router::{Mode, Reply};
 use exec_server_rpc::{Connection, Inbound, Outbound};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 /// Spawned (detached) requests one connection may have running at once (long-polls,
 /// HTTP); further ones are refused with -32600 rather than stalling the connection.
@@ -76,6 +77,7 @@ pub async fn serve(
         outbound: conn.outbound.clone(),
         phase: Mutex::new(Phase::Fresh),
     });
+    let _counted = crate::metrics::connection_opened();
     let detached = Arc::new(Semaphore::new(MAX_DETACHED_REQUESTS_PER_CONNECTION));
     let handshake_deadline = tokio::time::sleep(handshake_timeout.unwrap_or(Duration::MAX));
     tokio::pin!(handshake_deadline);
@@ -102,6 +104,7 @@ pub async fn serve(
             Ok(m) => m,
             Err(why) => {
                 let e = crate::handlers::undecodable(&parse_context, &why);
+                crate::metrics::request_error(e.code);
                 if ctx
                     .outbound
                     .send(encode_error(&RequestId::UNDECODABLE, &e))
@@ -115,16 +118,33 @@ pub async fn serve(
         };
         match msg {
             Message::Request(req) => {
-                let dispatched = server.router.dispatch(ctx.clone(), &req.method, req.params);
+                let started = Instant::now();
+                let method = server.router.known_method(&req.method);
+                // Fields are the method's wire name (or `other`) and the id: never
+                // params, which may carry file contents, environments or secrets.
+                let span = tracing::info_span!(
+                    "request",
+                    conn = ctx.id,
+                    method = method.unwrap_or("other"),
+                    id = %req.id,
+                );
+                let dispatched =
+                    span.in_scope(|| server.router.dispatch(ctx.clone(), &req.method, req.params));
                 match dispatched {
                     Err(e) => {
+                        span.in_scope(|| tracing::debug!(code = e.code, "refused"));
+                        crate::metrics::request_done(method, started, Some(e.code));
                         if ctx.outbound.send(encode_error(&req.id, &e)).await.is_err() {
                             break;
                         }
                     }
                     Ok((Mode::Inline, fut)) => {
-                        let outcome = fut.await;
-                        if reply(&ctx.outbound, &req.id, outcome).await.is_err() {
+                        let outcome = fut.instrument(span.clone()).await;
+                        if reply(&ctx.outbound, &req.id, outcome, method, started)
+                            .instrument(span)
+                            .await
+                            .is_err()
+                        {
                             break;
                         }
                     }
@@ -134,17 +154,21 @@ pub async fn serve(
                             let e = crate::handlers::too_many_in_flight(
                                 MAX_DETACHED_REQUESTS_PER_CONNECTION,
                             );
+                            crate::metrics::request_done(method, started, Some(e.code));
                             if ctx.outbound.send(encode_error(&req.id, &e)).await.is_err() {
                                 break;
                             }
                             continue;
                         };
                         let out = ctx.outbound.clone();
-                        tokio::spawn(async move {
-                            let outcome = fut.await;
-                            let _ = reply(&out, &req.id, outcome).await;
-                            drop(permit);
-                        });
+                        tokio::spawn(
+                            async move {
+                                let outcome = fut.await;
+                                let _ = reply(&out, &req.id, outcome, method, started).await;
+                                drop(permit);
+                            }
+                            .instrument(span),
+                        );
                     }
                 }
             }
@@ -176,11 +200,22 @@ pub async fn serve(
     }
 }
 
+/// Records the request's duration (arrival to answer ready) and error code
+/// under `method`, then queues the answer.
 async fn reply(
     out: &Outbound,
     id: &RequestId,
     outcome: Result<Reply, ErrorObject>,
+    method: Option<&'static str>,
+    started: Instant,
 ) -> Result<(), exec_server_rpc::Closed> {
+    let code = outcome.as_ref().err().map(|e| e.code);
+    crate::metrics::request_done(method, started, code);
+    tracing::debug!(
+        error_code = code,
+        seconds = started.elapsed().as_secs_f64(),
+        "answered"
+    );
     match outcome {
         Ok(Reply {
             result_json,

@@ -28,6 +28,7 @@ pub mod handlers;
 pub mod http;
 pub mod link;
 pub mod listen;
+pub mod metrics;
 pub mod process;
 pub mod sandbox;
 pub mod session;

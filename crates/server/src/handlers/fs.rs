@@ -16,7 +16,19 @@ use serde::Serialize;
 pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
     // Whole-path operations: confined by the sandbox helper, or the blocking
     // call in-process when the policy allows it anyway.
-    path_op(r, m::FS_WRITE_FILE, fs_mode, fs::write_file);
+    r.request(
+        m::FS_WRITE_FILE,
+        fs_mode,
+        |ctx: Ctx, p: WriteFileParams| async move {
+            let n = p.data_base64.0.len();
+            let done: Empty = match fs_route(&ctx, &p)? {
+                Route::Helper(h) => h.call(m::FS_WRITE_FILE, &p).await?,
+                Route::InProcess => blocking(move || fs::write_file(p)).await?,
+            };
+            crate::metrics::file_written(n);
+            Ok(done)
+        },
+    );
     path_op(r, m::FS_CREATE_DIRECTORY, fs_mode, |p| {
         fs::create_directory(&p)
     });
@@ -37,6 +49,7 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
                 Route::Helper(h) => h.call(m::FS_READ_FILE, &p).await?,
                 Route::InProcess => blocking(move || fs::read_file(&p)).await?,
             };
+            crate::metrics::file_read(data.data_base64.0.len());
             Ok(raw_bytes_reply(
                 "{\"dataBase64\":\"",
                 &data.data_base64.0,
@@ -66,6 +79,7 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         |ctx: Ctx, p: ReadBlockParams| async move {
             let session = session_of(&ctx)?;
             let block = blocking(move || fs::read_block(&p, &session.files)).await?;
+            crate::metrics::file_read(block.chunk.0.len());
             let tail = if block.eof {
                 "\",\"eof\":true}"
             } else {
@@ -79,7 +93,10 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         fs_mode,
         |ctx: Ctx, p: WriteBlockParams| async move {
             let session = session_of(&ctx)?;
-            blocking(move || fs::write_block(&p, &session.files)).await
+            let n = p.chunk.0.len();
+            let done = blocking(move || fs::write_block(&p, &session.files)).await?;
+            crate::metrics::file_written(n);
+            Ok(done)
         },
     );
     r.request(

@@ -11,6 +11,12 @@ pub(super) fn register(r: &mut Router<Ctx>) {
 }
 
 async fn request(ctx: Ctx, p: HttpRequestParams) -> Result<Reply, ErrorObject> {
+    let r = send(ctx, p).await;
+    crate::metrics::http_request(r.is_ok());
+    r
+}
+
+async fn send(ctx: Ctx, p: HttpRequestParams) -> Result<Reply, ErrorObject> {
     let prepared = http::prepare(&ctx.server.http, p)?;
     let (resp, stream) = http::send(prepared, ctx.outbound.clone()).await?;
     let mut reply = Reply::of(&resp);

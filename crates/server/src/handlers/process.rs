@@ -103,6 +103,12 @@ fn known(ctx: &Ctx, id: &str) -> Result<Arc<Process>, ErrorObject> {
 }
 
 async fn start(ctx: Ctx, p: ExecParams) -> Result<Reply, ErrorObject> {
+    let r = start_process(ctx, p).await;
+    crate::metrics::process_start(r.is_ok());
+    r
+}
+
+async fn start_process(ctx: Ctx, p: ExecParams) -> Result<Reply, ErrorObject> {
     if p.argv.is_empty() {
         return Err(ErrorObject::invalid_params("argv must not be empty"));
     }

@@ -178,6 +178,7 @@ impl Process {
         let join = cgroup.as_ref().and_then(|g| g.join_handle().ok());
         let started = spawn::start(params, cwd, join.as_ref(), sandbox)?;
         drop(join);
+        crate::metrics::process_spawned();
         let confinement = started.confinement;
         let pid = started.pid;
         let (sources, stdin_fd, tty) = match started.io {
@@ -552,6 +553,7 @@ async fn pump(
                 }
                 let code = code.unwrap_or(-1);
                 exit_code = Some(code);
+                crate::metrics::process_exit(code);
                 // The sandbox is gone with its last process: release what it held
                 // on the host (placeholders).
                 drop(confinement.take());
@@ -606,6 +608,7 @@ async fn emit(proc: &Process, link: &Link, stream: OutputStream, data: &[u8]) {
 }
 
 async fn emit_one(proc: &Process, link: &Link, stream: OutputStream, data: &[u8]) {
+    crate::metrics::output_bytes(data.len());
     let seq = lock(&proc.state).log.push_output(stream, data.to_vec());
     proc.bump();
     let msg = encode_output_notification(&proc.id, seq, stream, data);

@@ -100,6 +100,17 @@ impl SessionRegistry {
         self.lock().len()
     }
 
+    /// Sessions attached to a connection, and detached ones awaiting resume or
+    /// expiry: `(attached, detached)`.
+    pub fn counts(&self) -> (usize, usize) {
+        let sessions = self.lock();
+        let attached = sessions
+            .values()
+            .filter(|s| s.link.attached_to().is_some())
+            .count();
+        (attached, sessions.len() - attached)
+    }
+
     /// True when there is no session.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
