@@ -166,9 +166,12 @@ async fn expired_sessions_return_fds_and_threads_to_baseline() {
         "fds: {} now, {base_fds} before",
         fd_count(pid)
     );
+    // One more than the baseline is tolerated: a runtime pool thread the
+    // warm-up did not need may start lazily; a leak per session would be ten
+    // or more.
     assert!(
         eventually(Duration::from_secs(30), || thread_count(pid)
-            <= base_threads)
+            <= base_threads + 1)
         .await,
         "threads: {} now, {base_threads} before",
         thread_count(pid)

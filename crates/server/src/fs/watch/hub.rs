@@ -351,9 +351,13 @@ impl Hub {
         }
         if mask.contains(EventMask::MOVE_SELF) {
             // Paths below a moved directory are stale; a parent that is watched
-            // too has already reported the move by name.
+            // too has already reported the move by name. A move within a
+            // watched tree re-armed the directory under its new name (the same
+            // descriptor) before this event is read: keep what still exists.
             for b in &bases {
-                self.forget_below(st, b);
+                if !b.is_dir() {
+                    self.forget_below(st, b);
+                }
             }
             self.end_orphans(st, "the directory holding the watched path was moved");
             return;
