@@ -70,11 +70,6 @@ impl Session {
         self.procs().get(id).cloned()
     }
 
-    /// Number of processes in the table.
-    pub fn process_count(&self) -> usize {
-        self.procs().len()
-    }
-
     /// Runs `start` while holding the table lock if `id` is free, and keeps the
     /// process it starts under `id`. Errors: `process <id> already exists`
     /// ([`AlreadyExists`](crate::error::ErrorKind::AlreadyExists)); the table holds
