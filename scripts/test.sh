@@ -12,9 +12,11 @@ cargo test --release --workspace --no-fail-fast
 
 # The fuzzers, briefly (run them for longer by hand: --seconds 600).
 FUZZ_SECONDS=${FUZZ_SECONDS:-15}
-cargo run --release -q -p exec-server-protocol --example fuzz_decode -- --seconds "$FUZZ_SECONDS"
-cargo run --release -q -p exec-server --example fuzz_router -- --seconds "$FUZZ_SECONDS"
-cargo run --release -q -p exec-server-relay --example fuzz_relay -- --seconds "$FUZZ_SECONDS"
+# They were built above with the workspace's features; `cargo run -p` would
+# build a second copy of the dependencies with one package's features.
+for fuzzer in fuzz_decode fuzz_router fuzz_relay; do
+  "target/release/examples/$fuzzer" --seconds "$FUZZ_SECONDS"
+done
 
 shared=${SHARED_DIR:-../shared}
 if [ -f "$shared/conformance/run.py" ]; then
