@@ -1,4 +1,9 @@
 //! `ByteChunk`: raw bytes carried as standard padded base64.
+//!
+//! Encoding and decoding run on `base64-simd` (AVX2/SSE/NEON chosen at run
+//! time, a scalar fallback elsewhere): the byte-carrying methods spend most of
+//! their time here. Refusals keep the `base64` crate's wording (the reference's),
+//! so a bad string is re-decoded by that crate only to name the fault.
 
 use base64::Engine;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -14,8 +19,71 @@ pub struct ByteChunk(pub Vec<u8>);
 impl ByteChunk {
     /// Encodes bytes as base64 text.
     pub fn encode(bytes: &[u8]) -> String {
-        BASE64.encode(bytes)
+        base64_simd::STANDARD.encode_to_string(bytes)
     }
+}
+
+/// Length in bytes of the base64 text of `n` bytes (padded).
+pub const fn encoded_len(n: usize) -> usize {
+    n.div_ceil(3) * 4
+}
+
+/// Appends the base64 text of `data` to `out` (no intermediate buffer).
+pub fn encode_into(data: &[u8], out: &mut String) {
+    base64_simd::STANDARD.encode_append(data, out);
+}
+
+/// A base64 string that does not decode; its text is the `base64` crate's
+/// (e.g. `Invalid symbol 33, offset 0.`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError(String);
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// Names the fault in `text`, known not to decode, as the `base64` crate does.
+#[cold]
+fn fault(text: &[u8]) -> DecodeError {
+    match BASE64.decode(text) {
+        Err(e) => DecodeError(e.to_string()),
+        // Both decoders refuse the same strings (tested); stay safe if not.
+        Ok(_) => DecodeError("Invalid padding".into()),
+    }
+}
+
+/// Decodes standard padded base64.
+///
+/// # Errors
+/// [`DecodeError`] naming the first fault.
+pub fn decode(text: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    base64_simd::STANDARD
+        .decode_to_vec(text)
+        .map_err(|_| fault(text))
+}
+
+/// Decodes standard padded base64 in the string's own buffer: no second
+/// allocation (the result keeps the text's capacity, about 4/3 of its length).
+///
+/// # Errors
+/// [`DecodeError`] naming the first fault.
+pub fn decode_owned(text: String) -> Result<Vec<u8>, DecodeError> {
+    // Checked first (a fast read-only pass) so that a fault is named from the
+    // intact text: in-place decoding overwrites what it has passed.
+    if base64_simd::STANDARD.check(text.as_bytes()).is_err() {
+        return Err(fault(text.as_bytes()));
+    }
+    let mut buf = text.into_bytes();
+    let n = match base64_simd::STANDARD.decode_inplace(&mut buf) {
+        Ok(out) => out.len(),
+        Err(_) => return Err(DecodeError("Invalid padding".into())),
+    };
+    buf.truncate(n);
+    Ok(buf)
 }
 
 impl From<Vec<u8>> for ByteChunk {
@@ -26,23 +94,36 @@ impl From<Vec<u8>> for ByteChunk {
 
 impl Serialize for ByteChunk {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&BASE64.encode(&self.0))
+        s.serialize_str(&ByteChunk::encode(&self.0))
     }
 }
 
 impl<'de> Deserialize<'de> for ByteChunk {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        BASE64
-            .decode(s.as_bytes())
-            .map(ByteChunk)
-            .map_err(serde::de::Error::custom)
+        d.deserialize_str(ChunkVisitor)
+    }
+}
+
+struct ChunkVisitor;
+
+impl serde::de::Visitor<'_> for ChunkVisitor {
+    type Value = ByteChunk;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteChunk, E> {
+        decode(v.as_bytes()).map(ByteChunk).map_err(E::custom)
+    }
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<ByteChunk, E> {
+        decode_owned(v).map(ByteChunk).map_err(E::custom)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn round_trip_and_error_text() {
@@ -50,9 +131,53 @@ mod tests {
         let s = serde_json::to_string(&c).unwrap();
         assert_eq!(s, "\"AP9oaQ==\"");
         assert_eq!(serde_json::from_str::<ByteChunk>(&s).unwrap(), c);
+        // Owned strings (from a `Value`) take the in-place path.
+        let v = serde_json::Value::String("AP9oaQ==".into());
+        assert_eq!(serde_json::from_value::<ByteChunk>(v).unwrap(), c);
         let e = serde_json::from_str::<ByteChunk>("\"!!\"")
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("Invalid symbol 33, offset 0."), "{e}");
+        let e = serde_json::from_value::<ByteChunk>(serde_json::json!("AA!A"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "Invalid symbol 33, offset 2.");
+        let e = serde_json::from_value::<ByteChunk>(serde_json::json!(5))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "invalid type: integer `5`, expected a string");
+    }
+
+    #[test]
+    fn edge_cases_agree_with_the_base64_crate() {
+        for t in [
+            "", "=", "==", "A", "AA", "AAA", "AA=", "AA==", "AB==", "AAB=", "AAA=", "A===",
+            "AAAA=", "AAAA====", "AA==AA==", " AAA", "AAA\n", "AA=A", "////", "+/+/", "-_-_",
+        ] {
+            let a = BASE64.decode(t).ok();
+            let b = decode(t.as_bytes()).ok();
+            let c = decode_owned(t.to_string()).ok();
+            assert_eq!(a, b, "{t:?}");
+            assert_eq!(a, c, "{t:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn same_answers_as_the_base64_crate(t in "[A-Da-d0-3+/=!\\-]{0,40}") {
+            let a = BASE64.decode(&t).map_err(|e| e.to_string());
+            let b = decode(t.as_bytes()).map_err(|e| e.to_string());
+            let c = decode_owned(t.clone()).map_err(|e| e.to_string());
+            prop_assert_eq!(&a, &b);
+            prop_assert_eq!(&a, &c);
+        }
+
+        #[test]
+        fn encodes_like_the_base64_crate(d in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut s = String::from("x");
+            encode_into(&d, &mut s);
+            prop_assert_eq!(&s[1..], BASE64.encode(&d));
+            prop_assert_eq!(s.len() - 1, encoded_len(d.len()));
+        }
     }
 }

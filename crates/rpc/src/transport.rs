@@ -171,7 +171,14 @@ where
         let mut refused = false;
         while let Some(item) = stream.next().await {
             let item = match item {
-                Ok(WsMessage::Text(t)) => Inbound::Message(t.as_str().to_owned()),
+                // A fragmented message was assembled in a buffer of its own:
+                // taken over without a copy (a large upload is not held twice).
+                Ok(WsMessage::Text(t)) => match String::from_utf8(Vec::from(
+                    tokio_tungstenite::tungstenite::Bytes::from(t),
+                )) {
+                    Ok(s) => Inbound::Message(s),
+                    Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
+                },
                 // The reference treats a binary frame's bytes as a message too.
                 Ok(WsMessage::Binary(b)) => match String::from_utf8(b.to_vec()) {
                     Ok(s) => Inbound::Message(s),

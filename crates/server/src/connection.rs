@@ -224,11 +224,12 @@ async fn reply(
             // Spliced by hand: the result is already JSON text (often large, from
             // the byte-carrying hot paths), so it is never parsed back into a value.
             let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
-            let mut s = String::with_capacity(result_json.len() + id_json.len() + 16);
-            s.push_str("{\"id\":");
-            s.push_str(&id_json);
-            s.push_str(",\"result\":");
-            s.push_str(&result_json);
+            // Wrapped in the result's own buffer: byte-carrying results leave
+            // room for the envelope, so a large reply is moved, never copied.
+            let mut s = result_json;
+            let head = format!("{{\"id\":{id_json},\"result\":");
+            s.reserve(head.len() + 1);
+            s.insert_str(0, &head);
             s.push('}');
             let r = out.send(s).await;
             if let Some(f) = after_send {

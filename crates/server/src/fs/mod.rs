@@ -93,8 +93,38 @@ fn open_for_read(path: &Path, follow: Option<bool>) -> ExecResult<File> {
 
 /// `fs/readFile`.
 pub fn read_file(p: &ReadFileParams) -> ExecResult<ReadFileResponse> {
+    let mut data = Vec::new();
+    read_file_chunks(p, |event| match event {
+        FileRead::Size(len) => data.reserve_exact(len as usize),
+        FileRead::Piece(piece) => data.extend_from_slice(piece),
+    })?;
+    Ok(ReadFileResponse {
+        data_base64: ByteChunk(data),
+    })
+}
+
+/// Pieces [`read_file_chunks`] hands over: 768 KiB, a multiple of 3 so that
+/// each piece encodes to base64 without padding and pieces can be appended.
+pub const READ_FILE_PIECE_BYTES: usize = 3 * 256 * 1024;
+
+/// What [`read_file_chunks`] reports, in order: the size once, then pieces.
+pub enum FileRead<'a> {
+    /// The file's size in bytes, as `fstat` reports it when opened (it may
+    /// still grow or shrink).
+    Size(u64),
+    /// The next bytes of the file.
+    Piece(&'a [u8]),
+}
+
+/// `fs/readFile` without holding the file: `on` learns the file's size, then
+/// receives its contents in order, [`READ_FILE_PIECE_BYTES`] at a time (the
+/// last piece may be shorter), through one reused buffer, so a reply can be
+/// encoded as the file is read. Same checks and errors as [`read_file`]: a
+/// file above [`MAX_READ_FILE_BYTES`] is refused before anything is read, and
+/// one that grows meanwhile is never read past that cap.
+pub fn read_file_chunks(p: &ReadFileParams, mut on: impl FnMut(FileRead<'_>)) -> ExecResult<()> {
     let path = native(&p.path)?;
-    let mut file = open_for_read(&path, p.follow_symlinks)?;
+    let file = open_for_read(&path, p.follow_symlinks)?;
     let len = file.metadata().map_err(ExecError::io)?.len();
     if len > MAX_READ_FILE_BYTES {
         return Err(ExecError::invalid_input(format!(
@@ -104,15 +134,35 @@ pub fn read_file(p: &ReadFileParams) -> ExecResult<ReadFileResponse> {
             MAX_READ_FILE_BYTES
         )));
     }
-    // The file may grow meanwhile: never read past the cap.
-    let mut data = Vec::with_capacity(len as usize);
-    (&mut file)
-        .take(MAX_READ_FILE_BYTES)
-        .read_to_end(&mut data)
-        .map_err(ExecError::io)?;
-    Ok(ReadFileResponse {
-        data_base64: ByteChunk(data),
-    })
+    on(FileRead::Size(len));
+    let mut reader = file.take(MAX_READ_FILE_BYTES);
+    // One byte past the size (rounded to whole base64 groups) sees the end in
+    // one read for a small file.
+    let first = (len as usize + 1).div_ceil(3) * 3;
+    let mut buf = vec![0u8; first.min(READ_FILE_PIECE_BYTES)];
+    loop {
+        // Fill the buffer completely (short reads happen) so every piece but
+        // the last is a multiple of 3 bytes.
+        let mut filled = 0;
+        while filled < buf.len() {
+            match reader.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ExecError::io(e)),
+            }
+        }
+        if filled > 0 {
+            on(FileRead::Piece(&buf[..filled]));
+        }
+        if filled < buf.len() {
+            return Ok(());
+        }
+        if buf.len() < READ_FILE_PIECE_BYTES {
+            // The file grew past its size at open: continue in full pieces.
+            buf.resize(READ_FILE_PIECE_BYTES, 0);
+        }
+    }
 }
 
 /// `fs/writeFile`: creates or replaces the whole file (see [`write`]).

@@ -9,9 +9,41 @@ use crate::fs;
 use crate::sandbox::fs_helper::Route;
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, ErrorObject};
-use exec_server_rpc::router::{Mode, Router};
+use exec_server_rpc::router::{Mode, Reply, Router};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+const READ_FILE_HEAD: &str = "{\"dataBase64\":\"";
+const READ_FILE_TAIL: &str = "\"}";
+
+/// The `fs/readFile` result, base64 written into the reply as the file is read:
+/// the server holds the reply (4/3 of the file) and one piece, never the file
+/// itself as well. Returns the reply and the byte count read.
+fn read_file_reply(p: &ReadFileParams) -> Result<(Reply, usize), ExecError> {
+    use exec_server_protocol::bytes;
+    let mut s = String::new();
+    let mut n = 0;
+    fs::read_file_chunks(p, |event| match event {
+        fs::FileRead::Size(len) => {
+            let want =
+                READ_FILE_HEAD.len() + bytes::encoded_len(len as usize) + READ_FILE_TAIL.len();
+            s.reserve_exact(want + super::REPLY_ENVELOPE_SPARE);
+            s.push_str(READ_FILE_HEAD);
+        }
+        fs::FileRead::Piece(piece) => {
+            n += piece.len();
+            bytes::encode_into(piece, &mut s);
+        }
+    })?;
+    s.push_str(READ_FILE_TAIL);
+    Ok((
+        Reply {
+            result_json: s,
+            after_send: None,
+        },
+        n,
+    ))
+}
 
 pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
     // Whole-path operations: confined by the sandbox helper, or the blocking
@@ -45,16 +77,19 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         m::FS_READ_FILE,
         fs_mode,
         |ctx: Ctx, p: ReadFileParams| async move {
-            let data = match fs_route(&ctx, &p)? {
-                Route::Helper(h) => h.call(m::FS_READ_FILE, &p).await?,
-                Route::InProcess => blocking(move || fs::read_file(&p)).await?,
+            let read = match fs_route(&ctx, &p)? {
+                Route::Helper(h) => {
+                    let data: ReadFileResponse = h.call(m::FS_READ_FILE, &p).await?;
+                    let n = data.data_base64.0.len();
+                    (
+                        raw_bytes_reply(READ_FILE_HEAD, &data.data_base64.0, READ_FILE_TAIL),
+                        n,
+                    )
+                }
+                Route::InProcess => blocking(move || read_file_reply(&p)).await?,
             };
-            crate::metrics::file_read(data.data_base64.0.len());
-            Ok(raw_bytes_reply(
-                "{\"dataBase64\":\"",
-                &data.data_base64.0,
-                "\"}",
-            ))
+            crate::metrics::file_read(read.1);
+            Ok(read.0)
         },
     );
 

@@ -125,14 +125,21 @@ async fn blocking<T: Send + 'static, E: Into<ErrorObject> + Send + 'static>(
     }
 }
 
+/// Spare capacity a large result reserves so that the connection can wrap it in
+/// its response envelope (`{"id":…,"result":` and `}`) in place, without a
+/// second buffer of the reply's size.
+const REPLY_ENVELOPE_SPARE: usize = 64;
+
 /// A result holding bytes, built in one allocation: base64 never needs JSON
 /// escaping, so the usual serializer's per-byte escape scan and the extra copies
 /// are skipped (the hot path of file transfers; benchmarked).
 fn raw_bytes_reply(head: &str, data: &[u8], tail: &str) -> Reply {
-    use base64::Engine;
-    let mut s = String::with_capacity(head.len() + data.len().div_ceil(3) * 4 + tail.len());
+    use exec_server_protocol::bytes;
+    let mut s = String::with_capacity(
+        head.len() + bytes::encoded_len(data.len()) + tail.len() + REPLY_ENVELOPE_SPARE,
+    );
     s.push_str(head);
-    exec_server_protocol::bytes::BASE64.encode_string(data, &mut s);
+    bytes::encode_into(data, &mut s);
     s.push_str(tail);
     Reply {
         result_json: s,

@@ -30,8 +30,15 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 pub const EXITED_PROCESS_RETENTION: Duration = Duration::from_secs(30);
 /// Accepted writeIds remembered per process for de-duplication: 4096.
 pub const REMEMBERED_WRITE_IDS: usize = 4096;
-/// Bytes read from a child's pipe or PTY at once: 64 KiB.
+/// Bytes read from a child's pipe or PTY at once: 64 KiB, until the child
+/// writes faster than that (see [`BULK_READ_CHUNK_BYTES`]).
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Once a read fills the whole [`READ_CHUNK_BYTES`] buffer (the child outpaces
+/// us), the buffer and the pipe grow to 128 KiB: half as many
+/// notifications, frames and wake-ups per byte. A `process/output` message is
+/// then at most ~171 KiB of JSON, far below the 16 MiB the reference's peers
+/// accept. Processes that write little never pay for the larger pipe.
+pub const BULK_READ_CHUNK_BYTES: usize = 128 * 1024;
 
 /// Called once a closed process's record has been kept for
 /// [`EXITED_PROCESS_RETENTION`]: removes it from its session.
@@ -528,13 +535,19 @@ async fn pump(
         tokio::select! {
             r = read_opt(a, &mut buf_a), if a.is_some() && !paused => {
                 match r {
-                    Ok(n) if n > 0 => emit(&proc, &link, stream_a, &buf_a[..n]).await,
+                    Ok(n) if n > 0 => {
+                        emit(&proc, &link, stream_a, &buf_a[..n]).await;
+                        widen_if_full(a, &mut buf_a, n);
+                    }
                     _ => a = None,
                 }
             }
             r = read_opt(b, &mut buf_b), if b.is_some() && !paused => {
                 match r {
-                    Ok(n) if n > 0 => emit(&proc, &link, stream_b, &buf_b[..n]).await,
+                    Ok(n) if n > 0 => {
+                        emit(&proc, &link, stream_b, &buf_b[..n]).await;
+                        widen_if_full(b, &mut buf_b, n);
+                    }
                     _ => b = None,
                 }
             }
@@ -575,6 +588,20 @@ async fn pump(
     tokio::select! {
         _ = tokio::time::sleep(EXITED_PROCESS_RETENTION) => on_retire(&proc),
         _ = proc.discarded.notified() => {}
+    }
+}
+
+/// After a read of `n` bytes filled `buf`: grows it, and the pipe behind `fd`,
+/// to [`BULK_READ_CHUNK_BYTES`] (once). A PTY or a refused pipe size keeps its
+/// kernel buffer; the larger read buffer still gathers more per read.
+fn widen_if_full(fd: Option<&AsyncFd<OwnedFd>>, buf: &mut Vec<u8>, n: usize) {
+    if n < buf.len() || buf.len() >= BULK_READ_CHUNK_BYTES {
+        return;
+    }
+    buf.resize(BULK_READ_CHUNK_BYTES, 0);
+    if let Some(f) = fd {
+        let size = BULK_READ_CHUNK_BYTES as i32;
+        let _ = nix::fcntl::fcntl(f.get_ref(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(size));
     }
 }
 

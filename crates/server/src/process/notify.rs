@@ -15,8 +15,8 @@ pub fn encode_output_notification(
     stream: OutputStream,
     data: &[u8],
 ) -> String {
-    use base64::Engine;
-    let mut s = String::with_capacity(96 + process_id.len() + data.len().div_ceil(3) * 4);
+    use exec_server_protocol::bytes;
+    let mut s = String::with_capacity(96 + process_id.len() + bytes::encoded_len(data.len()));
     s.push_str("{\"method\":\"process/output\",\"params\":{\"processId\":");
     s.push_str(&serde_json::to_string(process_id).unwrap_or_else(|_| "\"\"".into()));
     s.push_str(",\"seq\":");
@@ -24,7 +24,7 @@ pub fn encode_output_notification(
     s.push_str(",\"stream\":\"");
     s.push_str(stream.as_str());
     s.push_str("\",\"chunk\":\"");
-    exec_server_protocol::bytes::BASE64.encode_string(data, &mut s);
+    bytes::encode_into(data, &mut s);
     s.push_str("\"}}");
     s
 }
