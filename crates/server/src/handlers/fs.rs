@@ -204,3 +204,50 @@ fn path_op<P, R, E>(
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine;
+    use exec_server_protocol::PathUri;
+
+    /// The reply built while the file is read holds exactly the file's bytes
+    /// whatever the size (piece boundaries, padding only at the end), with
+    /// room left for the envelope so the connection never copies it.
+    #[test]
+    fn streamed_read_file_reply_is_the_file() {
+        let dir = std::env::temp_dir().join(format!("fsreply-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let piece = fs::READ_FILE_PIECE_BYTES;
+        for size in [0, 1, 2, 3, 4, piece - 1, piece, piece + 1, 2 * piece + 2] {
+            let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 251) as u8).collect();
+            let f = dir.join(format!("f{size}"));
+            std::fs::write(&f, &data).unwrap();
+            let p = ReadFileParams {
+                path: PathUri::from_path(&f).unwrap(),
+                follow_symlinks: None,
+                sandbox: None,
+            };
+            let (reply, n) = read_file_reply(&p).unwrap();
+            assert_eq!(n, size);
+            let s = reply.result_json;
+            assert!(
+                s.capacity() - s.len() >= super::super::REPLY_ENVELOPE_SPARE,
+                "size {size}: no room for the envelope"
+            );
+            let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+            let got = base64::engine::general_purpose::STANDARD
+                .decode(v["dataBase64"].as_str().unwrap())
+                .unwrap();
+            assert!(got == data, "size {size}: contents differ");
+        }
+        let missing = ReadFileParams {
+            path: PathUri::from_path(&dir.join("missing")).unwrap(),
+            follow_symlinks: None,
+            sandbox: None,
+        };
+        assert!(read_file_reply(&missing).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
