@@ -76,6 +76,7 @@
 //!   server killed with SIGKILL leaves its empty placeholders behind (a clean
 //!   shutdown removes them).
 
+pub mod bridge;
 pub mod bwrap;
 pub mod denied;
 pub mod glob;
@@ -87,7 +88,7 @@ pub mod seccomp;
 
 pub use bwrap::{prepare, Guard, Prepared, Runtime, Target as Command};
 pub use denied::is_likely_denied;
-pub use plan::{resolve, Mount, Plan, View};
+pub use plan::{resolve, route_through_proxy, Mount, Plan, ProxyRoute, View, PROXY_DIR_INSIDE};
 pub use policy::{Access, FileSystem, Policy, Profile, Rule, Target};
 pub use seccomp::SeccompMode;
 

@@ -16,8 +16,8 @@ pub const EXECUTOR_VERSION: &str = "0.169.0";
 pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
     [
         // Reference keys.
-        ("networkProxyLaunch", false),
-        ("networkProxyReviewDomains", false),
+        ("networkProxyLaunch", true),
+        ("networkProxyReviewDomains", true),
         ("credentialMasking", false),
         ("credentialMaskingCustomProviders", false),
         ("capabilityDiscoverySandbox", sandbox_enforced),

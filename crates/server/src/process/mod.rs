@@ -106,7 +106,13 @@ pub struct Process {
     /// Fired when the record leaves its session early (session end, or
     /// retired to make room): the pump stops keeping it.
     discarded: Notify,
+    /// What lives exactly as long as the process is open (its network proxy):
+    /// dropped when `process/closed` is sent; `None` once closed.
+    held: Mutex<Option<Vec<Held>>>,
 }
+
+/// Something kept alive until the process closes.
+pub type Held = Box<dyn std::any::Any + Send>;
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -221,6 +227,7 @@ impl Process {
             sandboxed: confinement.is_some(),
             started: std::time::Instant::now(),
             discarded: Notify::new(),
+            held: Mutex::new(Some(Vec::new())),
         });
         if let Some((_, rx, fd)) = stdin_tx {
             tokio::spawn(stdin_writer(proc.clone(), rx, fd));
@@ -235,6 +242,15 @@ impl Process {
             confinement,
         ));
         Ok(proc)
+    }
+
+    /// Keeps `v` until the process closes (all output read and the child
+    /// reaped); dropped at once if it already has.
+    pub fn hold_until_closed(&self, v: Held) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = held.as_mut() {
+            list.push(v);
+        }
     }
 
     /// The child's OS pid (also its process group id).
@@ -522,6 +538,8 @@ async fn pump(
             let seq = lock(&proc.state).log.push_closed();
             proc.bump();
             send_event(&proc, &link, seq, closed_json(&proc.id, seq)).await;
+            let held = proc.held.lock().unwrap_or_else(|p| p.into_inner()).take();
+            drop(held);
             break;
         }
         let paused = lock(&proc.state).log.window_full();
