@@ -158,7 +158,9 @@ async fn run_proxied(
 fn blocked(o: &Outcome) -> Value {
     let (body, code) = o.http();
     assert_eq!(code, "403", "{o:?}");
-    serde_json::from_str(&body).unwrap_or_else(|_| panic!("JSON 403 body: {body:?}"))
+    // The JSON body is the last line before the status (the script may print before it).
+    let body = body.lines().last().unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|_| panic!("JSON 403 body: {body:?}"))
 }
 
 #[tokio::test]
