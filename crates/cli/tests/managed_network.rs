@@ -380,3 +380,32 @@ async fn a_detached_session_denies_pending_asks_at_once() {
     assert!(t.elapsed() < Duration::from_secs(15), "not after the 65 s timeout");
     task.abort();
 }
+
+/// `exec-server run --allow-host`: the listed host is allowed through the
+/// proxy, any other denied, by the CLI answering the policy requests.
+#[tokio::test]
+async fn cli_run_allow_host_allows_only_the_listed_hosts() {
+    private_internet();
+    let (port, task, _) = upstream("8.8.8.8").await;
+    let (port2, task2, served2) = upstream("8.8.4.4").await;
+    let script = format!(
+        "{}; echo; {}",
+        curl(&format!("http://8.8.8.8:{port}/")),
+        curl(&format!("http://8.8.4.4:{port2}/"))
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .args(["run", "--allow-host", "8.8.8.8", "--", "/bin/sh", "-c", &script])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run")
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("hello from 8.8.8.8\n200"), "{text}");
+    assert!(text.contains("not in the client's allow list") && text.trim_end().ends_with("403"), "{text}");
+    assert_eq!(served2.load(std::sync::atomic::Ordering::SeqCst), 0, "the unlisted host was never reached");
+    task.abort();
+    task2.abort();
+}
