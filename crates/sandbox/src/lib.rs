@@ -25,6 +25,7 @@
 //! | file system restricted, network enabled | yes, host network | `VmSocket` |
 //! | full write (unrestricted, root:write, `external`), network restricted | no | `Restricted` |
 //! | full write, network enabled; `disabled` | no (plain exec) | no |
+//! | any of the above routed through a managed proxy ([`route_through_proxy`]) | yes, incl. a private network namespace with the [`bridge`] | `ProxyRouted` |
 //!
 //! # What a confined child gets
 //!
