@@ -90,6 +90,9 @@ mod tests {
         let a = AllowHosts::new(["Example.com", "[::1]"]);
         assert_eq!(a.decision("example.COM."), NetworkDecision::Allow);
         assert_eq!(a.decision("::1"), NetworkDecision::Allow);
-        assert!(matches!(a.decision("sub.example.com"), NetworkDecision::Deny { .. }));
+        assert!(matches!(
+            a.decision("sub.example.com"),
+            NetworkDecision::Deny { .. }
+        ));
     }
 }

@@ -62,7 +62,11 @@ async fn one(via: SocketAddr, target: &str) -> Duration {
     s.write_all(req.as_bytes()).await.expect("write");
     let mut out = Vec::new();
     s.read_to_end(&mut out).await.expect("read");
-    assert!(out.ends_with(BODY.as_bytes()), "{}", String::from_utf8_lossy(&out));
+    assert!(
+        out.ends_with(BODY.as_bytes()),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
     t.elapsed()
 }
 

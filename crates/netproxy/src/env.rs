@@ -18,7 +18,13 @@ pub fn child_env(
         v.push((name.to_ascii_uppercase(), val.to_string()));
         v.push((name.to_ascii_lowercase(), val.to_string()));
     };
-    for n in ["http_proxy", "https_proxy", "ftp_proxy", "ws_proxy", "wss_proxy"] {
+    for n in [
+        "http_proxy",
+        "https_proxy",
+        "ftp_proxy",
+        "ws_proxy",
+        "wss_proxy",
+    ] {
         both(n, &h);
     }
     both("all_proxy", &all);
@@ -57,7 +63,16 @@ mod tests {
         let http: SocketAddr = "127.0.0.1:1000".parse().unwrap();
         let socks: SocketAddr = "127.0.0.1:2000".parse().unwrap();
         let m: HashMap<_, _> = child_env(http, Some(socks), false).into_iter().collect();
-        for k in ["HTTP_PROXY", "https_proxy", "WSS_PROXY", "ftp_proxy", "PIP_PROXY", "npm_config_https_proxy", "NPM_CONFIG_PROXY", "YARN_HTTP_PROXY"] {
+        for k in [
+            "HTTP_PROXY",
+            "https_proxy",
+            "WSS_PROXY",
+            "ftp_proxy",
+            "PIP_PROXY",
+            "npm_config_https_proxy",
+            "NPM_CONFIG_PROXY",
+            "YARN_HTTP_PROXY",
+        ] {
             assert_eq!(m[k], "http://127.0.0.1:1000", "{k}");
         }
         assert_eq!(m["ALL_PROXY"], "socks5h://127.0.0.1:2000");

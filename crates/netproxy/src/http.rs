@@ -48,7 +48,11 @@ where
         .await;
 }
 
-async fn handle(req: Request<Incoming>, client: Option<SocketAddr>, shared: Arc<Shared>) -> Response<Body> {
+async fn handle(
+    req: Request<Incoming>,
+    client: Option<SocketAddr>,
+    shared: Arc<Shared>,
+) -> Response<Body> {
     if req.method() == Method::CONNECT {
         connect(req, client, shared).await
     } else {
@@ -66,7 +70,11 @@ fn split(auth: &hyper::http::uri::Authority, default: u16) -> (String, u16) {
     (h.to_string(), auth.port_u16().unwrap_or(default))
 }
 
-async fn connect(req: Request<Incoming>, client: Option<SocketAddr>, shared: Arc<Shared>) -> Response<Body> {
+async fn connect(
+    req: Request<Incoming>,
+    client: Option<SocketAddr>,
+    shared: Arc<Shared>,
+) -> Response<Body> {
     let Some(auth) = req.uri().authority().cloned() else {
         return plain(StatusCode::BAD_REQUEST, "CONNECT needs host:port\n");
     };
@@ -101,7 +109,11 @@ async fn connect(req: Request<Incoming>, client: Option<SocketAddr>, shared: Arc
     Response::new(empty())
 }
 
-async fn forward(req: Request<Incoming>, client: Option<SocketAddr>, shared: Arc<Shared>) -> Response<Body> {
+async fn forward(
+    req: Request<Incoming>,
+    client: Option<SocketAddr>,
+    shared: Arc<Shared>,
+) -> Response<Body> {
     let uri = req.uri().clone();
     let (Some("http"), Some(auth)) = (uri.scheme_str(), uri.authority()) else {
         return plain(
@@ -139,7 +151,10 @@ async fn forward(req: Request<Incoming>, client: Option<SocketAddr>, shared: Arc
     });
     let (mut parts, body) = req.into_parts();
     parts.uri = match uri.path_and_query() {
-        Some(pq) => pq.as_str().parse().unwrap_or_else(|_| hyper::Uri::from_static("/")),
+        Some(pq) => pq
+            .as_str()
+            .parse()
+            .unwrap_or_else(|_| hyper::Uri::from_static("/")),
         None => hyper::Uri::from_static("/"),
     };
     for h in HOP_HEADERS {
@@ -163,17 +178,27 @@ async fn forward(req: Request<Incoming>, client: Option<SocketAddr>, shared: Arc
 }
 
 fn empty() -> Body {
-    Full::new(Bytes::new()).map_err(|never| match never {}).boxed()
+    Full::new(Bytes::new())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())).map_err(|never| match never {}).boxed());
+    let mut r = Response::new(
+        Full::new(Bytes::from_static(text.as_bytes()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
     *r.status_mut() = status;
     r
 }
 
 fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())).map_err(|never| match never {}).boxed());
+    let mut r = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
     *r.status_mut() = status;
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -186,7 +211,9 @@ fn message(d: &Decision) -> &'static str {
         REASON_LOCAL => "Sandbox policy blocks local/private network addresses.",
         crate::policy::REASON_DENIED => "The network policy denies this domain.",
         crate::policy::REASON_METHOD => "Limited network mode allows only GET, HEAD and OPTIONS.",
-        _ if d.verdict == crate::Verdict::Ask => "This domain needs approval before it can be reached.",
+        _ if d.verdict == crate::Verdict::Ask => {
+            "This domain needs approval before it can be reached."
+        }
         _ => "The network policy does not allow this domain.",
     }
 }

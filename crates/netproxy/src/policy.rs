@@ -378,7 +378,10 @@ mod tests {
         };
         let p = Policy::new(rules.clone(), f.clone());
         let d = p.decide(&dest("127.0.0.1"), true).await;
-        assert_eq!((d.verdict, d.reason.as_str()), (Verdict::Deny, REASON_LOCAL));
+        assert_eq!(
+            (d.verdict, d.reason.as_str()),
+            (Verdict::Deny, REASON_LOCAL)
+        );
         assert_eq!(d.source, Source::Baseline);
         assert_eq!(f.asks.load(Ordering::SeqCst), 0);
         assert_eq!(f.audits.lock().unwrap().len(), 1);
@@ -409,10 +412,16 @@ mod tests {
         assert_eq!((ok.verdict, ok.source), (Verdict::Allow, Source::Baseline));
         assert!(p.decide(&dest("a.b.example.com"), false).await.allowed());
         let bad = p.decide(&dest("BAD.example.com"), false).await;
-        assert_eq!((bad.verdict, bad.reason.as_str()), (Verdict::Deny, REASON_DENIED));
+        assert_eq!(
+            (bad.verdict, bad.reason.as_str()),
+            (Verdict::Deny, REASON_DENIED)
+        );
         assert_eq!(f.asks.load(Ordering::SeqCst), 0);
         let r = p.decide(&dest("x.review.org"), false).await;
-        assert_eq!((r.verdict, r.source, r.reason.as_str()), (Verdict::Deny, Source::Decider, "nope"));
+        assert_eq!(
+            (r.verdict, r.source, r.reason.as_str()),
+            (Verdict::Deny, Source::Decider, "nope")
+        );
         assert_eq!(f.asks.load(Ordering::SeqCst), 1);
         assert!(p.decide(&dest("y.review.org"), false).await.allowed());
     }
@@ -420,7 +429,13 @@ mod tests {
     #[tokio::test]
     async fn asks_once_per_host_and_failures_are_not_remembered() {
         let f = fake(allow());
-        let p = Policy::new(Rules { ask: true, ..Rules::default() }, f.clone());
+        let p = Policy::new(
+            Rules {
+                ask: true,
+                ..Rules::default()
+            },
+            f.clone(),
+        );
         for _ in 0..3 {
             let d = p.decide(&dest("8.8.8.8"), false).await;
             assert!(d.allowed() && d.policy_override);
@@ -428,30 +443,64 @@ mod tests {
         }
         assert_eq!(f.asks.load(Ordering::SeqCst), 1);
         let failing = fake(Err(AskFailure::TimedOut));
-        let p = Policy::new(Rules { ask: true, ..Rules::default() }, failing.clone());
+        let p = Policy::new(
+            Rules {
+                ask: true,
+                ..Rules::default()
+            },
+            failing.clone(),
+        );
         for _ in 0..2 {
             let d = p.decide(&dest("8.8.8.8"), false).await;
-            assert_eq!((d.verdict, d.reason.as_str()), (Verdict::Deny, REASON_NOT_ALLOWED));
+            assert_eq!(
+                (d.verdict, d.reason.as_str()),
+                (Verdict::Deny, REASON_NOT_ALLOWED)
+            );
         }
         assert_eq!(failing.asks.load(Ordering::SeqCst), 2);
-        let ask = fake(Ok(Answer { verdict: Verdict::Ask, reason: None }));
-        let p = Policy::new(Rules { ask: true, ..Rules::default() }, ask);
+        let ask = fake(Ok(Answer {
+            verdict: Verdict::Ask,
+            reason: None,
+        }));
+        let p = Policy::new(
+            Rules {
+                ask: true,
+                ..Rules::default()
+            },
+            ask,
+        );
         let d = p.decide(&dest("8.8.4.4"), false).await;
-        assert_eq!((d.verdict, d.reason.as_str()), (Verdict::Ask, REASON_NOT_ALLOWED));
+        assert_eq!(
+            (d.verdict, d.reason.as_str()),
+            (Verdict::Ask, REASON_NOT_ALLOWED)
+        );
     }
 
     #[tokio::test]
     async fn without_ask_unknown_hosts_are_refused_and_limited_mode_guards_methods() {
         let f = fake(allow());
-        let p = Policy::new(Rules { limited: true, allow: vec![Pattern::new("*")], ..Rules::default() }, f.clone());
+        let p = Policy::new(
+            Rules {
+                limited: true,
+                allow: vec![Pattern::new("*")],
+                ..Rules::default()
+            },
+            f.clone(),
+        );
         let mut post = dest("a.com");
         post.method = Some("POST".into());
         assert_eq!(p.decide(&post, false).await.reason, REASON_METHOD);
         assert!(p.decide(&dest("a.com"), false).await.allowed());
         let p = Policy::new(Rules::default(), f.clone());
         let d = p.decide(&dest("a.com"), false).await;
-        assert_eq!((d.verdict, d.reason.as_str()), (Verdict::Deny, REASON_NOT_ALLOWED));
-        assert_eq!(p.decide(&dest("a b"), false).await.reason, REASON_NOT_ALLOWED);
+        assert_eq!(
+            (d.verdict, d.reason.as_str()),
+            (Verdict::Deny, REASON_NOT_ALLOWED)
+        );
+        assert_eq!(
+            p.decide(&dest("a b"), false).await.reason,
+            REASON_NOT_ALLOWED
+        );
         assert_eq!(f.asks.load(Ordering::SeqCst), 0);
     }
 }

@@ -119,9 +119,16 @@ fn encode_addr(out: &mut Vec<u8>, a: SocketAddr) {
     out.extend_from_slice(&a.port().to_be_bytes());
 }
 
-async fn reply<S: AsyncWrite + Unpin>(s: &mut S, code: u8, bound: Option<SocketAddr>) -> std::io::Result<()> {
+async fn reply<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    code: u8,
+    bound: Option<SocketAddr>,
+) -> std::io::Result<()> {
     let mut out = vec![VERSION, code, 0];
-    encode_addr(&mut out, bound.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))));
+    encode_addr(
+        &mut out,
+        bound.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
+    );
     s.write_all(&out).await
 }
 
@@ -166,11 +173,20 @@ fn parse_datagram(d: &[u8]) -> Option<(String, u16, usize)> {
         return None;
     }
     let (host, at) = match d[3] {
-        1 => (Ipv4Addr::from(<[u8; 4]>::try_from(d.get(4..8)?).ok()?).to_string(), 8),
-        4 => (Ipv6Addr::from(<[u8; 16]>::try_from(d.get(4..20)?).ok()?).to_string(), 20),
+        1 => (
+            Ipv4Addr::from(<[u8; 4]>::try_from(d.get(4..8)?).ok()?).to_string(),
+            8,
+        ),
+        4 => (
+            Ipv6Addr::from(<[u8; 16]>::try_from(d.get(4..20)?).ok()?).to_string(),
+            20,
+        ),
         3 => {
             let n = usize::from(*d.get(4)?);
-            (String::from_utf8_lossy(d.get(5..5 + n)?).into_owned(), 5 + n)
+            (
+                String::from_utf8_lossy(d.get(5..5 + n)?).into_owned(),
+                5 + n,
+            )
         }
         _ => return None,
     };
@@ -189,7 +205,10 @@ where
         let _ = reply(&mut s, REP_FAILURE, None).await;
         return;
     };
-    if reply(&mut s, REP_OK, relay.local_addr().ok()).await.is_err() {
+    if reply(&mut s, REP_OK, relay.local_addr().ok())
+        .await
+        .is_err()
+    {
         return;
     }
     // Destinations decided in this association: (host, port) → where to send.
@@ -255,7 +274,11 @@ mod tests {
         n.extend_from_slice(b"a.b");
         n.extend_from_slice(&[0, 80]);
         assert_eq!(parse_datagram(&n), Some(("a.b".into(), 80, 10)));
-        assert_eq!(parse_datagram(&[0, 0, 1, 1, 8, 8, 8, 8, 0, 53]), None, "fragments dropped");
+        assert_eq!(
+            parse_datagram(&[0, 0, 1, 1, 8, 8, 8, 8, 0, 53]),
+            None,
+            "fragments dropped"
+        );
         assert_eq!(parse_datagram(&[0, 0, 0, 3, 9, b'a']), None, "short name");
         assert_eq!(parse_datagram(&[0, 0, 0, 9]), None);
     }

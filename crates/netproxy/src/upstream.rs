@@ -36,7 +36,8 @@ pub async fn resolve(host_name: &str, port: u16) -> Target {
         };
     }
     let addrs: Vec<SocketAddr> =
-        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host_name, port))).await
+        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host_name, port)))
+            .await
         {
             Ok(Ok(a)) => a.collect(),
             _ => vec![],

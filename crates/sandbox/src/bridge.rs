@@ -162,7 +162,10 @@ mod tests {
             "proxyrouted:8080=/dev/exec-server-netproxy/http.sock,1080=/dev/exec-server-netproxy/socks.sock"
         );
         let p = parse(m.strip_prefix(MODE_PREFIX).unwrap()).unwrap();
-        assert_eq!(p[1], (1080, PathBuf::from("/dev/exec-server-netproxy/socks.sock")));
+        assert_eq!(
+            p[1],
+            (1080, PathBuf::from("/dev/exec-server-netproxy/socks.sock"))
+        );
         assert!(parse("").is_none() && parse("x=/a").is_none() && parse("1").is_none());
     }
 }

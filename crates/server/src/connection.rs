@@ -7,8 +7,8 @@
 
 use crate::ServerState;
 use exec_server_protocol::{encode_error, methods, ErrorObject, Message, RequestId};
-use exec_server_rpc::router::{Mode, Reply};
 use exec_server_rpc::pending::PendingCalls;
+use exec_server_rpc::router::{Mode, Reply};
 use exec_server_rpc::{Connection, Inbound, Outbound};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};

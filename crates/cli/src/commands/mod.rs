@@ -3,9 +3,9 @@
 
 pub mod fs;
 pub mod info;
+mod network;
 pub mod run;
 pub mod shell;
-mod network;
 mod terminal;
 
 use clap::Args;

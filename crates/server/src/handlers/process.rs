@@ -118,7 +118,9 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     }
     if p.enforce_managed_network && p.sandbox.is_none() {
         // Ours: the reference ignores it, leaving the proxy advisory only.
-        return Err(ErrorObject::invalid_params(crate::network::ENFORCE_NEEDS_SANDBOX));
+        return Err(ErrorObject::invalid_params(
+            crate::network::ENFORCE_NEEDS_SANDBOX,
+        ));
     }
     let cwd = crate::fs::native(&p.cwd)?;
     let mut confine = crate::sandbox::for_start(

@@ -29,7 +29,8 @@ pub const MAX_REASON_BYTES: usize = 1024;
 
 /// -32602 text of `enforceManagedNetwork` without a `sandbox` (ours: the
 /// reference silently ignores the flag then).
-pub const ENFORCE_NEEDS_SANDBOX: &str = "enforceManagedNetwork requires a sandbox: without one the \
+pub const ENFORCE_NEEDS_SANDBOX: &str =
+    "enforceManagedNetwork requires a sandbox: without one the \
      command could bypass the network proxy (refused rather than run unenforced)";
 
 /// A process's running proxy: the listeners, and for a sandboxed process
@@ -72,15 +73,23 @@ pub async fn start(
     link: Arc<Link>,
     routed: bool,
 ) -> Result<RunningProxy, ErrorObject> {
-    let failed = |e: std::io::Error| ErrorObject::internal(format!("cannot start the network proxy: {e}"));
+    let failed =
+        |e: std::io::Error| ErrorObject::internal(format!("cannot start the network proxy: {e}"));
     let timeout = Duration::from_millis(cfg.policy_decision_timeout_ms.unwrap_or(0));
     let decider = Arc::new(ClientDecider::new(link, process_id.to_string(), timeout));
     let mut l = launch(cfg);
-    let dir = if routed { Some(SocketDir::create().map_err(failed)?) } else { None };
+    let dir = if routed {
+        Some(SocketDir::create().map_err(failed)?)
+    } else {
+        None
+    };
     l.unix_dir = dir.as_ref().map(|d| d.0.clone());
     let proxy = Proxy::start(l, decider).await.map_err(failed)?;
     let route = dir.as_ref().map(|d| {
-        let mut ports = vec![(proxy.http_addr().port(), exec_server_netproxy::HTTP_SOCKET.to_string())];
+        let mut ports = vec![(
+            proxy.http_addr().port(),
+            exec_server_netproxy::HTTP_SOCKET.to_string(),
+        )];
         if let Some(s) = proxy.socks_addr() {
             ports.push((s.port(), exec_server_netproxy::SOCKS_SOCKET.to_string()));
         }
@@ -157,7 +166,9 @@ pub fn parse_answer(v: serde_json::Value) -> Result<Answer, AskFailure> {
     };
     if let Some(r) = &reason {
         if r.len() > MAX_REASON_BYTES || r.chars().any(char::is_control) {
-            return Err(AskFailure::Invalid("decision reason too long or has control characters".into()));
+            return Err(AskFailure::Invalid(
+                "decision reason too long or has control characters".into(),
+            ));
         }
     }
     Ok(Answer { verdict, reason })
@@ -176,8 +187,12 @@ impl Decider for ClientDecider {
         let link = self.link.clone();
         let timeout = self.timeout;
         Box::pin(async move {
-            let params = serde_json::to_value(params).map_err(|e| AskFailure::Invalid(e.to_string()))?;
-            match link.call(methods::NETWORK_POLICY_REQUEST, &params, timeout).await {
+            let params =
+                serde_json::to_value(params).map_err(|e| AskFailure::Invalid(e.to_string()))?;
+            match link
+                .call(methods::NETWORK_POLICY_REQUEST, &params, timeout)
+                .await
+            {
                 Ok(v) => parse_answer(v),
                 Err(CallError::TimedOut) => Err(AskFailure::TimedOut),
                 Err(CallError::Closed) => Err(AskFailure::Unavailable),
@@ -228,8 +243,16 @@ mod tests {
     #[test]
     fn answers_are_validated() {
         let ok = parse_answer(json!({"decision": {"type": "deny", "reason": "policy"}})).unwrap();
-        assert_eq!((ok.verdict, ok.reason.as_deref()), (Verdict::Deny, Some("policy")));
-        assert_eq!(parse_answer(json!({"decision": {"type": "allow"}})).unwrap().verdict, Verdict::Allow);
+        assert_eq!(
+            (ok.verdict, ok.reason.as_deref()),
+            (Verdict::Deny, Some("policy"))
+        );
+        assert_eq!(
+            parse_answer(json!({"decision": {"type": "allow"}}))
+                .unwrap()
+                .verdict,
+            Verdict::Allow
+        );
         for bad in [
             json!({"decision": {"type": "deny", "reason": "a\u{1}b"}}),
             json!({"decision": {"type": "ask", "reason": "x".repeat(1025)}}),
@@ -238,7 +261,9 @@ mod tests {
         ] {
             assert!(matches!(parse_answer(bad), Err(AskFailure::Invalid(_))));
         }
-        assert!(parse_answer(json!({"decision": {"type": "deny", "reason": "x".repeat(1024)}})).is_ok());
+        assert!(
+            parse_answer(json!({"decision": {"type": "deny", "reason": "x".repeat(1024)}})).is_ok()
+        );
     }
 
     #[test]
