@@ -36,16 +36,13 @@ async fn associate(socks: SocketAddr) -> (TcpStream, Option<SocketAddr>, u8) {
     c.write_all(&[5, 3, 0, 1, 0, 0, 0, 0, 0, 0]).await.unwrap();
     let mut r = [0u8; 10];
     c.read_exact(&mut r).await.unwrap();
-    let relay = (r[1] == 0).then(|| {
-        SocketAddr::from(([r[4], r[5], r[6], r[7]], u16::from_be_bytes([r[8], r[9]])))
-    });
+    let relay = (r[1] == 0)
+        .then(|| SocketAddr::from(([r[4], r[5], r[6], r[7]], u16::from_be_bytes([r[8], r[9]]))));
     (c, relay, r[1])
 }
 
 fn wrap(to: SocketAddr, data: &[u8]) -> Vec<u8> {
-    let SocketAddr::V4(v4) = to else {
-        panic!("v4")
-    };
+    let SocketAddr::V4(v4) = to else { panic!("v4") };
     let mut d = vec![0, 0, 0, 1];
     d.extend_from_slice(&v4.ip().octets());
     d.extend_from_slice(&v4.port().to_be_bytes());
@@ -89,7 +86,9 @@ async fn udp_associate_relays_only_allowed_destinations() {
     assert_eq!(&b[..n], wrap(echo_addr, b"ping").as_slice());
     // A denied destination: nothing comes back, and the denial is audited.
     let denied: SocketAddr = format!("127.0.0.2:{}", echo_addr.port()).parse().unwrap();
-    me.send_to(&wrap(denied, b"x"), relay.unwrap()).await.unwrap();
+    me.send_to(&wrap(denied, b"x"), relay.unwrap())
+        .await
+        .unwrap();
     assert!(
         tokio::time::timeout(Duration::from_millis(500), me.recv_from(&mut b))
             .await
@@ -102,5 +101,9 @@ async fn udp_associate_relays_only_allowed_destinations() {
         .contains(&("socks5_udp".into(), "deny".into())));
     let off = Proxy::start(launch(false), audit).await.unwrap();
     let (_c, relay, code) = associate(off.socks_addr().unwrap()).await;
-    assert_eq!((relay, code), (None, 7), "UDP ASSOCIATE refused when not enabled");
+    assert_eq!(
+        (relay, code),
+        (None, 7),
+        "UDP ASSOCIATE refused when not enabled"
+    );
 }
