@@ -40,6 +40,15 @@ pub(crate) struct Cli {
         value_name = "FORMAT"
     )]
     log_format: LogFormat,
+    /// Export spans (requests, processes, and a client command's own span)
+    /// to this OpenTelemetry collector, over OTLP/HTTP protobuf; `/v1/traces`
+    /// is appended. Off by default. The standard variables work too:
+    /// OTEL_EXPORTER_OTLP_ENDPOINT (a base URL, like this flag),
+    /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the full URL), OTEL_BSP_* (batching),
+    /// OTEL_SDK_DISABLED=true (off). A request's `trace` member (W3C trace
+    /// context) makes its span a child of the caller's.
+    #[arg(long, global = true, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     #[command(flatten)]
     serve: serve::ServeArgs,
 }
@@ -85,23 +94,49 @@ const VERSION: &str = concat!(
     " (protocol: Codex exec-server 0.169.0)"
 );
 
-/// Installs the stderr log subscriber. Secrets (tokens, header values from
-/// `valueEnvVar`) are never put in events or span fields, in either format.
-fn init_logging(format: LogFormat) {
+/// Installs the stderr log subscriber and, when an OTLP endpoint is set, the
+/// span exporter (whose guard must live until exit so the last spans are
+/// sent). Secrets (tokens, header values from `valueEnvVar`) are never put in
+/// events or span fields, in either format.
+fn init_logging(
+    format: LogFormat,
+    otlp_flag: Option<&str>,
+) -> Option<exec_server_telemetry::otlp::OtlpGuard> {
     use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(filter);
-    match format {
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
-        LogFormat::Json => builder
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).boxed(),
+        LogFormat::Json => fmt
             .json()
             .with_current_span(true)
             .with_span_list(true)
-            .init(),
-    }
+            .boxed(),
+    };
+    let mut guard = None;
+    // The log filter (RUST_LOG, default `warn`) must not hide the info-level
+    // request and process spans from the exporter: each layer filters alone.
+    let otel = exec_server_telemetry::otlp::traces_endpoint(otlp_flag).and_then(|endpoint| {
+        match exec_server_telemetry::otlp::layer(&endpoint, "exec-server") {
+            Ok((layer, g)) => {
+                guard = Some(g);
+                Some(layer.with_filter(tracing_subscriber::filter::LevelFilter::INFO))
+            }
+            Err(e) => {
+                eprintln!("exec-server: spans are not exported to {endpoint}: {e}");
+                None
+            }
+        }
+    });
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(otel)
+        .init();
+    guard
 }
 
 fn main() {
@@ -122,7 +157,7 @@ fn main() {
         std::process::exit(exec_server::sandbox::fs_helper::serve());
     }
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let otlp = init_logging(cli.log_format, cli.otlp_endpoint.as_deref());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -148,6 +183,9 @@ fn main() {
         }
     });
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    // Flushes the last batch of spans (outside the runtime: the exporter's
+    // HTTP client is a blocking one).
+    drop(otlp);
     std::process::exit(code);
 }
 

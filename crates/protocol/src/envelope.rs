@@ -3,6 +3,7 @@
 
 use crate::decode::{from_slice_bounded, MAX_JSONRPC_VALUE_NODES};
 use crate::error::ErrorObject;
+use crate::trace::TraceContext;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fmt;
@@ -41,6 +42,9 @@ pub struct Request {
     pub method: String,
     /// Raw params; `Null` when absent.
     pub params: Value,
+    /// The optional `trace` member (W3C trace context); a malformed one is
+    /// `None`, never an error.
+    pub trace: Option<TraceContext>,
 }
 
 /// A notification: `{method, params?}`.
@@ -123,7 +127,13 @@ impl Message {
             let params = obj.remove("params").unwrap_or(Value::Null);
             if has_id {
                 let id = take_id(&mut obj)?;
-                return Ok(Message::Request(Request { id, method, params }));
+                let trace = obj.get("trace").and_then(TraceContext::from_value);
+                return Ok(Message::Request(Request {
+                    id,
+                    method,
+                    params,
+                    trace,
+                }));
             }
             return Ok(Message::Notification(Notification { method, params }));
         }
@@ -143,7 +153,9 @@ impl Message {
     /// Encodes the message as the reference does (no `jsonrpc` member).
     pub fn encode(&self) -> String {
         match self {
-            Message::Request(r) => encode_request(&r.id, &r.method, &r.params),
+            Message::Request(r) => {
+                encode_request_traced(&r.id, &r.method, &r.params, r.trace.as_ref())
+            }
             Message::Notification(n) => encode_notification(&n.method, &n.params),
             Message::Response(r) => encode_response(&r.id, &r.result),
             Message::Error(e) => encode_error(&e.id, &e.error),
@@ -197,6 +209,16 @@ fn push_json<T: Serialize + ?Sized>(out: &mut String, v: &T) {
 
 /// `{"id":ID,"method":M,"params":P}` (params omitted when null).
 pub fn encode_request(id: &RequestId, method: &str, params: &Value) -> String {
+    encode_request_traced(id, method, params, None)
+}
+
+/// As [`encode_request`], with a `trace` member after `params` when given.
+pub fn encode_request_traced(
+    id: &RequestId,
+    method: &str,
+    params: &Value,
+    trace: Option<&TraceContext>,
+) -> String {
     let mut s = String::with_capacity(64);
     s.push_str("{\"id\":");
     push_json(&mut s, id);
@@ -205,6 +227,10 @@ pub fn encode_request(id: &RequestId, method: &str, params: &Value) -> String {
     if !params.is_null() {
         s.push_str(",\"params\":");
         push_json(&mut s, params);
+    }
+    if let Some(t) = trace {
+        s.push_str(",\"trace\":");
+        push_json(&mut s, &t.to_value());
     }
     s.push('}');
     s
@@ -253,6 +279,24 @@ pub fn encode_error(id: &RequestId, error: &ErrorObject) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn trace_member_is_read_leniently_and_written_back() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let text = format!(r#"{{"id":1,"method":"m","trace":{{"traceparent":"{tp}"}}}}"#);
+        let Ok(Message::Request(r)) = Message::decode(text.as_bytes()) else {
+            panic!("a request");
+        };
+        assert_eq!(r.trace.as_ref().map(|t| t.traceparent.as_str()), Some(tp));
+        assert_eq!(Message::Request(r).encode(), text);
+        // A malformed trace never fails the request.
+        let Ok(Message::Request(r)) =
+            Message::decode(br#"{"id":1,"method":"m","trace":{"traceparent":7}}"#)
+        else {
+            panic!("still a request");
+        };
+        assert_eq!(r.trace, None);
+    }
 
     #[test]
     fn classification_order() {

@@ -21,16 +21,18 @@ pub mod envelope;
 pub mod error;
 pub mod methods;
 pub mod path;
+pub mod trace;
 pub mod types;
 
 pub use bytes::ByteChunk;
 pub use decode::{from_slice_bounded, MAX_JSONRPC_VALUE_NODES};
 pub use envelope::{
-    encode_error, encode_notification, encode_request, encode_response, DecodeError, ErrorResponse,
-    Message, Notification, Request, RequestId, Response,
+    encode_error, encode_notification, encode_request, encode_request_traced, encode_response,
+    DecodeError, ErrorResponse, Message, Notification, Request, RequestId, Response,
 };
 pub use error::ErrorObject;
 pub use path::PathUri;
+pub use trace::TraceContext;
 
 /// Largest WebSocket message (and frame) either side accepts: 128 MiB. Larger
 /// ones close the connection with status 1009 (message too big). Enough for

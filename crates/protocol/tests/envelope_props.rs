@@ -32,8 +32,14 @@ fn request_id() -> impl Strategy<Value = RequestId> {
 
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        (request_id(), "[a-z/]{1,20}", json_value())
-            .prop_map(|(id, method, params)| Message::Request(Request { id, method, params })),
+        (request_id(), "[a-z/]{1,20}", json_value()).prop_map(|(id, method, params)| {
+            Message::Request(Request {
+                id,
+                method,
+                params,
+                trace: None,
+            })
+        }),
         ("[a-z/]{1,20}", json_value())
             .prop_map(|(method, params)| Message::Notification(Notification { method, params })),
         (request_id(), json_value())

@@ -6,12 +6,31 @@ use crate::admission::{AdmissionGuard, InboundAdmission};
 use crate::pending::{CallError, PendingCalls};
 use crate::transport::{Connection, Inbound, Outbound};
 use exec_server_protocol::{
-    encode_error, encode_notification, encode_request, encode_response, ErrorObject, Message,
-    RequestId,
+    encode_error, encode_notification, encode_request_traced, encode_response, ErrorObject,
+    Message, RequestId, TraceContext,
 };
 use serde_json::Value;
+use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+
+/// Gives the trace context of the code making a call (e.g. the current
+/// OpenTelemetry span), or `None`.
+pub type TraceSource = fn() -> Option<TraceContext>;
+
+static TRACE_SOURCE: OnceLock<TraceSource> = OnceLock::new();
+
+/// Installs, once per process, where [`RpcPeer::call`] takes the `trace`
+/// member of each request it sends. Returns `false` if one was already set
+/// (the first stays). Without a source requests carry no `trace`.
+pub fn set_trace_source(source: TraceSource) -> bool {
+    TRACE_SOURCE.set(source).is_ok()
+}
+
+/// The trace context for a request sent now, from the installed source.
+pub fn current_trace() -> Option<TraceContext> {
+    TRACE_SOURCE.get().and_then(|source| source())
+}
 
 /// Something the other side sent that is not a response.
 #[derive(Debug)]
@@ -124,7 +143,8 @@ impl RpcPeer {
         )
     }
 
-    /// Calls `method` and waits for its result.
+    /// Calls `method` and waits for its result. The request carries the
+    /// caller's trace context when a [`TraceSource`] is installed.
     pub async fn call(
         &self,
         method: &str,
@@ -133,7 +153,12 @@ impl RpcPeer {
     ) -> Result<Value, CallError> {
         let call = self.pending.register()?;
         self.outbound
-            .send(encode_request(&call.id, method, &params))
+            .send(encode_request_traced(
+                &call.id,
+                method,
+                &params,
+                current_trace().as_ref(),
+            ))
             .await
             .map_err(|_| CallError::Closed)?;
         call.wait(timeout).await

@@ -134,14 +134,22 @@ pub async fn serve(
                 // params, which may carry file contents, environments or secrets.
                 let span = tracing::info_span!(
                     "request",
+                    otel.name = method.unwrap_or("other"),
+                    otel.kind = "server",
                     conn = ctx.id,
                     method = method.unwrap_or("other"),
                     id = %req.id,
+                    error_code = tracing::field::Empty,
                 );
+                // Before the span is first entered: a started span keeps its parent.
+                if let Some(t) = &req.trace {
+                    exec_server_telemetry::adopt_parent(&span, t);
+                }
                 let dispatched =
                     span.in_scope(|| server.router.dispatch(ctx.clone(), &req.method, req.params));
                 match dispatched {
                     Err(e) => {
+                        span.record("error_code", e.code);
                         span.in_scope(|| tracing::debug!(code = e.code, "refused"));
                         crate::metrics::request_done(method, started, Some(e.code));
                         if ctx.outbound.send(encode_error(&req.id, &e)).await.is_err() {
@@ -229,6 +237,9 @@ async fn reply(
     started: Instant,
 ) -> Result<(), exec_server_rpc::Closed> {
     let code = outcome.as_ref().err().map(|e| e.code);
+    if let Some(c) = code {
+        tracing::Span::current().record("error_code", c);
+    }
     crate::metrics::request_done(method, started, code);
     tracing::debug!(
         error_code = code,

@@ -76,7 +76,14 @@ pub async fn run(args: RunArgs) -> i32 {
         tty: args.tty,
         network,
     };
-    execute(client, spec).await
+    // The root of this command's trace when spans are exported
+    // (--otlp-endpoint): the server's request and process spans join it.
+    let span = tracing::info_span!(
+        "exec-server run",
+        otel.kind = "client",
+        program = spec.argv.first().map(String::as_str).unwrap_or(""),
+    );
+    tracing::Instrument::instrument(execute(client, spec), span).await
 }
 
 /// Starts `spec` on the server and relays it until it closes; returns its exit code.

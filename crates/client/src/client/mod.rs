@@ -392,6 +392,9 @@ impl ExecServerClient {
             .connect(opts.connect_timeout)
             .await
             .map_err(|e| (ClientError::Connection(e), true))?;
+        // Every request names the caller's current span (W3C trace context)
+        // when the program records spans with OpenTelemetry; else nothing.
+        exec_server_rpc::peer::set_trace_source(exec_server_telemetry::current_trace);
         let (peer, incoming) = RpcPeer::start(conn);
         tokio::spawn(incoming::dispatch(
             Arc::downgrade(&self.inner),

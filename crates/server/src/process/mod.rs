@@ -187,6 +187,16 @@ impl Process {
         crate::metrics::process_spawned();
         let confinement = started.confinement;
         let pid = started.pid;
+        // A child of the `process/start` request's span, open until the
+        // process is closed: its duration is the process's lifetime.
+        let span = tracing::info_span!(
+            "process",
+            process_id = %params.process_id,
+            pid,
+            tty = params.tty,
+            sandboxed = confinement.is_some(),
+            exit_code = tracing::field::Empty,
+        );
         let (sources, stdin_fd, tty) = match started.io {
             spawn::ChildIo::Pipes {
                 stdin,
@@ -239,7 +249,7 @@ impl Process {
             link,
             start_gate,
             on_retire,
-            confinement,
+            Held { confinement, span },
         ));
         Ok(proc)
     }
@@ -511,6 +521,14 @@ async fn stdin_writer(
     // master stays open through the pump's clone.
 }
 
+/// What the pump holds for the life of a process: the sandbox's host-side
+/// resources (released when it exits) and the process span (closed when its
+/// output is closed, so the span's duration is the process's lifetime).
+struct Held {
+    confinement: Option<crate::sandbox::Confinement>,
+    span: tracing::Span,
+}
+
 async fn pump(
     proc: Arc<Process>,
     sources: Sources,
@@ -518,8 +536,12 @@ async fn pump(
     link: Arc<Link>,
     start_gate: oneshot::Receiver<()>,
     on_retire: RetireHook,
-    mut confinement: Option<crate::sandbox::Confinement>,
+    held: Held,
 ) {
+    let Held {
+        mut confinement,
+        span,
+    } = held;
     let _ = start_gate.await;
     let mut buf_a = vec![0u8; READ_CHUNK_BYTES];
     let mut buf_b = vec![0u8; READ_CHUNK_BYTES];
@@ -540,6 +562,7 @@ async fn pump(
             send_event(&proc, &link, seq, closed_json(&proc.id, seq)).await;
             let held = proc.held.lock().unwrap_or_else(|p| p.into_inner()).take();
             drop(held);
+            drop(span);
             break;
         }
         let paused = lock(&proc.state).log.window_full();
@@ -571,6 +594,7 @@ async fn pump(
                 }
                 let code = code.unwrap_or(-1);
                 exit_code = Some(code);
+                span.record("exit_code", code);
                 crate::metrics::process_exit(code);
                 // The sandbox is gone with its last process: release what it held
                 // on the host (placeholders).
