@@ -108,11 +108,11 @@ pub struct Process {
     discarded: Notify,
     /// What lives exactly as long as the process is open (its network proxy):
     /// dropped when `process/closed` is sent; `None` once closed.
-    held: Mutex<Option<Vec<Held>>>,
+    kept: Mutex<Option<Vec<KeptUntilClosed>>>,
 }
 
 /// Something kept alive until the process closes.
-pub type Held = Box<dyn std::any::Any + Send>;
+pub type KeptUntilClosed = Box<dyn std::any::Any + Send>;
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -237,7 +237,7 @@ impl Process {
             sandboxed: confinement.is_some(),
             started: std::time::Instant::now(),
             discarded: Notify::new(),
-            held: Mutex::new(Some(Vec::new())),
+            kept: Mutex::new(Some(Vec::new())),
         });
         if let Some((_, rx, fd)) = stdin_tx {
             tokio::spawn(stdin_writer(proc.clone(), rx, fd));
@@ -256,9 +256,9 @@ impl Process {
 
     /// Keeps `v` until the process closes (all output read and the child
     /// reaped); dropped at once if it already has.
-    pub fn hold_until_closed(&self, v: Held) {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(list) = held.as_mut() {
+    pub fn hold_until_closed(&self, v: KeptUntilClosed) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = kept.as_mut() {
             list.push(v);
         }
     }
@@ -560,8 +560,9 @@ async fn pump(
             let seq = lock(&proc.state).log.push_closed();
             proc.bump();
             send_event(&proc, &link, seq, closed_json(&proc.id, seq)).await;
-            let held = proc.held.lock().unwrap_or_else(|p| p.into_inner()).take();
-            drop(held);
+            // The network proxy stops with the process.
+            let kept = proc.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
+            drop(kept);
             drop(span);
             break;
         }
