@@ -30,7 +30,10 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("shellSnapshotV2", false),
         ("windowsMxc", false),
         ("linuxRootWritePreservesDevices", sandbox_enforced),
-        ("linuxApprovedRootWritePreservesRestrictions", false),
+        (
+            "linuxApprovedRootWritePreservesRestrictions",
+            sandbox_enforced,
+        ),
         // Ours.
         ("processResize", true),
         ("processCloseStdin", true),
