@@ -3,7 +3,7 @@
 //! their notifications to (and the proxy its calls to the client), so none of
 //! them needs to know what a session is.
 
-use exec_server_protocol::encode_request;
+use exec_server_protocol::encode_request_traced;
 use exec_server_rpc::pending::PendingCalls;
 use exec_server_rpc::{CallError, Outbound};
 use serde_json::Value;
@@ -78,9 +78,16 @@ impl Link {
             .map(|a| (a.out.clone(), a.calls.clone()))
             .ok_or(CallError::Closed)?;
         let call = calls.register()?;
-        out.send(encode_request(&call.id, method, params))
-            .await
-            .map_err(|_| CallError::Closed)?;
+        // Named after the caller's span (W3C trace context) when spans are exported.
+        let trace = exec_server_telemetry::current_trace();
+        out.send(encode_request_traced(
+            &call.id,
+            method,
+            params,
+            trace.as_ref(),
+        ))
+        .await
+        .map_err(|_| CallError::Closed)?;
         call.wait(Some(timeout)).await
     }
 }

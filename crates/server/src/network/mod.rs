@@ -140,6 +140,10 @@ pub struct ClientDecider {
     link: Arc<Link>,
     process_id: String,
     timeout: Duration,
+    /// The span current when the process was started (its `process/start`
+    /// request): each question's span is its child, and the question carries
+    /// that span's trace context to the client.
+    parent: tracing::Span,
 }
 
 impl ClientDecider {
@@ -150,6 +154,7 @@ impl ClientDecider {
             link,
             process_id,
             timeout: decision_timeout.saturating_add(TRANSPORT_MARGIN),
+            parent: tracing::Span::current(),
         }
     }
 }
@@ -186,23 +191,33 @@ impl Decider for ClientDecider {
         };
         let link = self.link.clone();
         let timeout = self.timeout;
-        Box::pin(async move {
-            let params =
-                serde_json::to_value(params).map_err(|e| AskFailure::Invalid(e.to_string()))?;
-            match link
-                .call(methods::NETWORK_POLICY_REQUEST, &params, timeout)
-                .await
-            {
-                Ok(v) => parse_answer(v),
-                Err(CallError::TimedOut) => Err(AskFailure::TimedOut),
-                Err(CallError::Closed) => Err(AskFailure::Unavailable),
-                Err(CallError::PendingRequestLimitExceeded) => Err(AskFailure::Busy),
-                Err(CallError::Server(e)) => Err(AskFailure::Invalid(format!(
-                    "client answered {}: {}",
-                    e.code, e.message
-                ))),
-            }
-        })
+        let span = tracing::info_span!(
+            parent: &self.parent,
+            "network/policyRequest",
+            otel.kind = "client",
+            process_id = %self.process_id,
+            port = dest.port,
+        );
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                let params =
+                    serde_json::to_value(params).map_err(|e| AskFailure::Invalid(e.to_string()))?;
+                match link
+                    .call(methods::NETWORK_POLICY_REQUEST, &params, timeout)
+                    .await
+                {
+                    Ok(v) => parse_answer(v),
+                    Err(CallError::TimedOut) => Err(AskFailure::TimedOut),
+                    Err(CallError::Closed) => Err(AskFailure::Unavailable),
+                    Err(CallError::PendingRequestLimitExceeded) => Err(AskFailure::Busy),
+                    Err(CallError::Server(e)) => Err(AskFailure::Invalid(format!(
+                        "client answered {}: {}",
+                        e.code, e.message
+                    ))),
+                }
+            },
+            span,
+        ))
     }
 
     fn audit(&self, dest: &Destination, d: &Decision) {
