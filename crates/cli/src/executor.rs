@@ -72,6 +72,25 @@ pub(crate) fn bearer(args: &RemoteArgs, url: &str) -> Result<(String, bool), Str
     }
 }
 
+/// Counts the executor's relay streams and handshake failures in the
+/// server's Prometheus metrics.
+struct RelayMetrics;
+
+impl executor::Observer for RelayMetrics {
+    fn stream_opened(&self) {
+        exec_server::metrics::relay_stream_opened();
+    }
+    fn stream_closed(&self) {
+        exec_server::metrics::relay_stream_closed();
+    }
+    fn handshake_failed(&self) {
+        exec_server::metrics::relay_handshake_failed();
+    }
+    fn registered(&self) {
+        exec_server::metrics::relay_registered();
+    }
+}
+
 /// Runs the executor until SIGTERM/SIGINT or a fatal registration error.
 pub async fn run(args: RemoteArgs, state: Arc<ServerState>) -> i32 {
     let (Some(url), Some(env)) = (&args.remote, &args.environment_id) else {
@@ -116,6 +135,7 @@ pub async fn run(args: RemoteArgs, state: Arc<ServerState>) -> i32 {
         environment_id: env,
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
+        observer: Arc::new(RelayMetrics),
     };
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,

@@ -94,6 +94,7 @@ pub async fn run(args: ForwardArgs) -> i32 {
         environment_id: env.trim().to_string(),
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
+        observer: std::sync::Arc::new(executor::NoObserver),
     };
     tokio::select! {
         r = executor::run(config, handler) => match r {

@@ -583,3 +583,81 @@ fn tls_registry_and_relay_with_a_private_ca() {
     assert_ne!(code_or_none, Some(200));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Scrapes `http://addr/metrics` and returns `name → value` of unlabelled
+/// samples, parsed with a Prometheus text parser.
+fn scrape(addr: &str) -> std::collections::HashMap<String, f64> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).expect("metrics listener");
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    let lines = body.lines().map(|l| Ok(l.to_owned()));
+    let parsed = prometheus_parse::Scrape::parse(lines).expect("metrics parse");
+    parsed
+        .samples
+        .into_iter()
+        .filter_map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => {
+                Some((s.metric, v))
+            }
+            prometheus_parse::Value::Untyped(v) => Some((s.metric, v)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn relay_streams_and_registrations_are_counted_in_metrics() {
+    let exec_tokens = temp_file("metrics-exec", "devbox executor-secret\n");
+    let harness_tokens = temp_file("metrics-harness", "harness-secret\n");
+    let (_reg, url) = start_registry(&[
+        "--executor-tokens",
+        exec_tokens.to_str().unwrap(),
+        "--harness-tokens",
+        harness_tokens.to_str().unwrap(),
+    ]);
+    // A free loopback port for the metrics listener (the executor prints no URL).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(BIN)
+        .args(["--remote", &url, "--environment-id", "devbox"])
+        .args(["--registration-bearer-stdin", "--metrics-listen", &addr])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start executor");
+    writeln!(child.stdin.take().unwrap(), "executor-secret").unwrap();
+    let _exec = Proc(child);
+    wait_ready(&url, "devbox", "harness-secret");
+    let out = run_cli(&url, "devbox", "harness-secret", &["sh", "-c", "exit 4"]);
+    assert_eq!(out.status.code(), Some(4));
+    // Both runs' streams were opened and, once their clients exited, closed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = scrape(&addr);
+        if m.get("exec_server_relay_streams_open") == Some(&0.0) {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "streams still open: {m:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(m["exec_server_relay_streams_total"] >= 2.0, "{m:?}");
+    assert!(m["exec_server_relay_registrations_total"] >= 1.0, "{m:?}");
+    assert_eq!(
+        m["exec_server_relay_handshake_failures_total"], 0.0,
+        "{m:?}"
+    );
+    for p in [exec_tokens, harness_tokens] {
+        let _ = std::fs::remove_dir_all(p.parent().unwrap());
+    }
+}

@@ -537,6 +537,62 @@ async fn capabilities_tell_the_truth() {
         info["capabilities"]["linuxRootWritePreservesDevices"], true,
         "{info}"
     );
+    assert_eq!(
+        info["capabilities"]["linuxApprovedRootWritePreservesRestrictions"], true,
+        "{info}"
+    );
+}
+
+/// `linuxApprovedRootWritePreservesRestrictions`: an approval that escalates a
+/// restricted profile to root write keeps its denies, including a deny named
+/// through a symlink (the target stays denied, through either name), and the
+/// devices; a write to a denied file's directory still reaches the host.
+#[tokio::test]
+async fn approved_root_write_keeps_denies_named_through_symlinks() {
+    let s = Server::start(&[]);
+    let f = fixture("approvedroot");
+    let secret = f.out.join("secret.txt");
+    // The deny names the symlink <ws>/escape_file → <out>/secret.txt.
+    let escalated = sandbox(
+        &f.ws,
+        vec![
+            special("root", "write"),
+            path_entry(&f.ws.join("escape_file"), "deny"),
+        ],
+        "restricted",
+    );
+    let mut c = Conn::open(&s.url, None).await;
+    for (id, path) in [
+        ("via-target", secret.clone()),
+        ("via-link", f.ws.join("escape_file")),
+    ] {
+        let r = run(
+            &mut c,
+            id,
+            &f.ws,
+            &format!("cat {} ; echo changed > {}", path.display(), path.display()),
+            Some(escalated.clone()),
+        )
+        .await;
+        assert!(!r.out.lines().any(|l| l == "secret"), "{id}: {r:?}");
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "secret", "{id}");
+    }
+    let r = run(
+        &mut c,
+        "devices-and-write",
+        &f.ws,
+        &format!(
+            "echo x > /dev/null && head -c 2 /dev/zero | wc -c && echo w > {}/other.txt",
+            f.out.display()
+        ),
+        Some(escalated),
+    )
+    .await;
+    assert_eq!((r.exit, r.out.as_str()), (0, "2\n"), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(f.out.join("other.txt")).unwrap(),
+        "w\n"
+    );
 }
 
 /// `linuxRootWritePreservesDevices`: a policy that makes `/` writable but

@@ -60,6 +60,7 @@ mod connect;
 pub mod environment;
 mod error;
 mod events;
+pub mod network;
 #[cfg(feature = "relay")]
 pub mod relay;
 
@@ -72,6 +73,7 @@ pub use connect::Source;
 pub use environment::{Environment, Environments};
 pub use error::{ClientError, ConnectionError, ConnectionErrorKind, ErrorKind};
 pub use events::{FailureReason, ProcessEvent, StreamFailure, MAX_QUEUED_OUTPUT_BYTES};
+pub use network::{AllowHosts, NetworkPolicy};
 
 #[doc(inline)]
 pub use exec_server_protocol::types::{

@@ -44,6 +44,7 @@ async fn setup(env: &str) -> Setup {
         environment_id: env.into(),
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
+        observer: std::sync::Arc::new(executor::NoObserver),
     };
     tokio::spawn(executor::run(config, handler));
     let client = RegistryClient::new(&base, "harness", None, true).unwrap();

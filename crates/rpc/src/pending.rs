@@ -54,10 +54,21 @@ struct Table {
 }
 
 /// The table. Cheap to clone (shared).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct PendingCalls {
     next_id: Arc<AtomicI64>,
     table: Arc<Mutex<Table>>,
+    capacity: usize,
+}
+
+impl Default for PendingCalls {
+    fn default() -> Self {
+        PendingCalls {
+            next_id: Arc::default(),
+            table: Arc::default(),
+            capacity: MAX_PENDING_CALLS,
+        }
+    }
 }
 
 /// A registered call: its id and the receiver of its outcome.
@@ -70,9 +81,20 @@ pub struct PendingCall {
 }
 
 impl PendingCalls {
-    /// An empty table.
+    /// An empty table (ids from 0, at most [`MAX_PENDING_CALLS`] in flight).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty table whose ids start at 1 and which holds at most `capacity`
+    /// calls: the server's calls to its client (`network/policyRequest`, at
+    /// most 256 in flight as in the reference).
+    pub fn from_one(capacity: usize) -> Self {
+        PendingCalls {
+            next_id: Arc::new(AtomicI64::new(1)),
+            table: Arc::default(),
+            capacity,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -88,7 +110,7 @@ impl PendingCalls {
         if t.closed {
             return Err(CallError::Closed);
         }
-        if t.waiters.len() >= MAX_PENDING_CALLS {
+        if t.waiters.len() >= self.capacity {
             return Err(CallError::PendingRequestLimitExceeded);
         }
         let key = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -236,6 +258,18 @@ mod tests {
         assert!(t.register().is_ok());
         let e = t.complete(&RequestId::Integer(1), Err(ErrorObject::internal("x")));
         assert!(!e);
+    }
+
+    #[tokio::test]
+    async fn server_side_table_counts_from_one_with_its_own_capacity() {
+        let t = PendingCalls::from_one(2);
+        let a = t.register().unwrap();
+        assert_eq!(a.id, RequestId::Integer(1));
+        let _b = t.register().unwrap();
+        assert_eq!(
+            t.register().err(),
+            Some(CallError::PendingRequestLimitExceeded)
+        );
     }
 
     #[tokio::test]

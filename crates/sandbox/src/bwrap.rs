@@ -139,6 +139,7 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
             view,
             seccomp,
             unshare_net,
+            proxy,
         } => {
             let bwrap = runtime.bwrap.as_ref().ok_or(Error::BwrapMissing)?;
             let mut args: Vec<OsString> = Vec::with_capacity(64);
@@ -209,6 +210,13 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
             // is uid 0 inside, and some /proc files check nothing but the file
             // mode (`kernel/domainname`, `sysrq-trigger`), so as root a
             // sandboxed command could change the host. Cover them read-only.
+            if let Some(route) = &proxy {
+                push(&[
+                    "--bind".as_ref(),
+                    route.host_dir.as_ref(),
+                    crate::PROXY_DIR_INSIDE.as_ref(),
+                ]);
+            }
             push(&["--proc".as_ref(), "/proc".as_ref()]);
             for p in PROC_READ_ONLY {
                 if Path::new(p).exists() {
@@ -230,7 +238,11 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                 }
                 None => "unset".into(),
             };
-            args.extend(inner(seccomp.as_str(), pwd));
+            let mode = match &proxy {
+                Some(route) => crate::bridge::inner_mode(route),
+                None => seccomp.as_str().to_string(),
+            };
+            args.extend(inner(&mode, pwd));
             let mut command = Command::new(bwrap);
             command.args(args).current_dir(target.cwd);
             let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();

@@ -16,7 +16,8 @@ use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
 
 /// The hidden command-line flag selecting the inner stage:
-/// `<exe> --sandbox-inner-exec <restricted|vmsocket|none> <pwd> <program> <argv0> [args…]`,
+/// `<exe> --sandbox-inner-exec <restricted|vmsocket|proxyrouted:ROUTES|none> <pwd> <program> <argv0> [args…]`
+/// (`ROUTES` as [`crate::bridge::inner_mode`] writes them),
 /// where `<pwd>` is `keep`, `unset`, or `set:VALUE` (bubblewrap sets `PWD`
 /// itself; the child's environment must be exactly the one requested).
 pub const INNER_FLAG: &str = "--sandbox-inner-exec";
@@ -26,6 +27,9 @@ pub const INNER_FLAG: &str = "--sandbox-inner-exec";
 pub const EXIT_NOT_FOUND: i32 = 127;
 /// See [`EXIT_NOT_FOUND`].
 pub const EXIT_CANNOT_EXEC: i32 = 126;
+/// Exit status when the managed-network bridge cannot be set up (the
+/// reference's helper exits 101 when proxy routing fails).
+pub const EXIT_PROXY_BRIDGE: i32 = 101;
 
 fn fail(msg: &str, code: i32) -> ! {
     // "sandbox" in the text marks the failure for sandboxDenied (SANDBOX.md §2.8).
@@ -63,7 +67,20 @@ pub fn run(args: &[OsString]) -> ! {
         // SAFETY: as above.
         unsafe { std::env::set_var("PWD", std::ffi::OsStr::from_bytes(v)) };
     }
-    match mode.to_str() {
+    let mut mode = mode.to_str();
+    if let Some(spec) = mode.and_then(|m| m.strip_prefix(crate::bridge::MODE_PREFIX)) {
+        let routes = crate::bridge::parse(spec)
+            .unwrap_or_else(|| fail("inner stage: malformed proxy route", EXIT_CANNOT_EXEC));
+        // The command must find the bridge listening when it starts.
+        if let Err(e) = crate::bridge::start(&routes) {
+            fail(
+                &format!("failed to prepare the proxy routing bridge: {e}"),
+                EXIT_PROXY_BRIDGE,
+            );
+        }
+        mode = Some(SeccompMode::ProxyRouted.as_str());
+    }
+    match mode {
         Some("none") => {}
         Some(m) => match SeccompMode::parse(m) {
             Some(mode) => {

@@ -25,6 +25,7 @@
 //! | file system restricted, network enabled | yes, host network | `VmSocket` |
 //! | full write (unrestricted, root:write, `external`), network restricted | no | `Restricted` |
 //! | full write, network enabled; `disabled` | no (plain exec) | no |
+//! | any of the above routed through a managed proxy ([`route_through_proxy`]) | yes, incl. a private network namespace with the [`bridge`] | `ProxyRouted` |
 //!
 //! # What a confined child gets
 //!
@@ -76,6 +77,7 @@
 //!   server killed with SIGKILL leaves its empty placeholders behind (a clean
 //!   shutdown removes them).
 
+pub mod bridge;
 pub mod bwrap;
 pub mod denied;
 pub mod glob;
@@ -87,7 +89,7 @@ pub mod seccomp;
 
 pub use bwrap::{prepare, Guard, Prepared, Runtime, Target as Command};
 pub use denied::is_likely_denied;
-pub use plan::{resolve, Mount, Plan, View};
+pub use plan::{resolve, route_through_proxy, Mount, Plan, ProxyRoute, View, PROXY_DIR_INSIDE};
 pub use policy::{Access, FileSystem, Policy, Profile, Rule, Target};
 pub use seccomp::SeccompMode;
 

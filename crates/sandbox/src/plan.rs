@@ -63,7 +63,47 @@ pub enum Plan {
         seccomp: SeccompMode,
         /// A private network namespace (network restricted).
         unshare_net: bool,
+        /// Managed network: the only way out of the namespace is this proxy.
+        proxy: Option<ProxyRoute>,
     },
+}
+
+/// Where a proxy-routed sandbox's traffic goes (`enforceManagedNetwork`): the
+/// executor's proxy listens on Unix sockets in `host_dir`; inside the
+/// sandbox's own network namespace a bridge listens on `127.0.0.1:PORT` for
+/// each `(PORT, socket file name)` and forwards each connection to that
+/// socket. Nothing else leaves the namespace (it has only a loopback).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyRoute {
+    /// Host directory holding the proxy's sockets (bound into the sandbox at
+    /// [`PROXY_DIR_INSIDE`]).
+    pub host_dir: PathBuf,
+    /// Loopback port inside → socket file name in `host_dir`.
+    pub ports: Vec<(u16, String)>,
+}
+
+/// Where [`ProxyRoute::host_dir`] appears inside the sandbox.
+pub const PROXY_DIR_INSIDE: &str = "/dev/exec-server-netproxy";
+
+/// Routes `plan` through `route`: a private network namespace whose only
+/// exit is the bridge, and the [`SeccompMode::ProxyRouted`] filter (inet
+/// sockets allowed: only loopback exists). A plan without namespaces (full
+/// write, or `disabled`) gets them, with the whole host writable as before.
+pub fn route_through_proxy(plan: Plan, route: ProxyRoute) -> Plan {
+    let view = match plan {
+        Plan::Confined { view, .. } => view,
+        Plan::Direct | Plan::Seccomp(_) => View {
+            full_read: true,
+            mounts: vec![Mount::Writable(PathBuf::from("/"))],
+            placeholders: Vec::new(),
+        },
+    };
+    Plan::Confined {
+        view,
+        seccomp: SeccompMode::ProxyRouted,
+        unshare_net: true,
+        proxy: Some(route),
+    }
 }
 
 /// Resolves `policy`. `extra_readable` are paths the child needs whatever the
@@ -102,6 +142,7 @@ pub fn resolve(policy: &Policy, extra_readable: &[PathBuf]) -> Result<Plan, Erro
             SeccompMode::VmSocket
         },
         unshare_net: net,
+        proxy: None,
     })
 }
 
@@ -343,6 +384,7 @@ mod tests {
             view,
             seccomp,
             unshare_net,
+            ..
         }) = resolve(&p, &[])
         else {
             panic!("confined");

@@ -19,6 +19,10 @@ pub enum SeccompMode {
     Restricted,
     /// Network enabled: only `AF_VSOCK` sockets and `io_uring_*`.
     VmSocket,
+    /// Managed network (the namespace holds only a loopback and the bridge
+    /// to the proxy): sockets other than `AF_UNIX`, `AF_INET`, `AF_INET6`,
+    /// `ptrace`, `process_vm_*`, `io_uring_*`.
+    ProxyRouted,
 }
 
 impl SeccompMode {
@@ -27,6 +31,7 @@ impl SeccompMode {
         match self {
             SeccompMode::Restricted => "restricted",
             SeccompMode::VmSocket => "vmsocket",
+            SeccompMode::ProxyRouted => "proxyrouted",
         }
     }
 
@@ -35,6 +40,7 @@ impl SeccompMode {
         match s {
             "restricted" => Some(SeccompMode::Restricted),
             "vmsocket" => Some(SeccompMode::VmSocket),
+            "proxyrouted" => Some(SeccompMode::ProxyRouted),
             _ => None,
         }
     }
@@ -104,6 +110,24 @@ pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
             };
             rules.insert(libc::SYS_socket, not_unix()?);
             rules.insert(libc::SYS_socketpair, not_unix()?);
+        }
+        SeccompMode::ProxyRouted => {
+            for call in [
+                libc::SYS_ptrace,
+                libc::SYS_process_vm_readv,
+                libc::SYS_process_vm_writev,
+            ] {
+                rules.insert(call, vec![]);
+            }
+            // One rule, all conditions: the family is none of the three.
+            rules.insert(
+                libc::SYS_socket,
+                vec![rule(vec![
+                    cond(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?,
+                    cond(0, SeccompCmpOp::Ne, libc::AF_INET as u64)?,
+                    cond(0, SeccompCmpOp::Ne, libc::AF_INET6 as u64)?,
+                ])?],
+            );
         }
         SeccompMode::VmSocket => {
             rules.insert(

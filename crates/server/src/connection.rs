@@ -7,6 +7,7 @@
 
 use crate::ServerState;
 use exec_server_protocol::{encode_error, methods, ErrorObject, Message, RequestId};
+use exec_server_rpc::pending::PendingCalls;
 use exec_server_rpc::router::{Mode, Reply};
 use exec_server_rpc::{Connection, Inbound, Outbound};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,6 +18,9 @@ use tracing::Instrument;
 /// Spawned (detached) requests one connection may have running at once (long-polls,
 /// HTTP); further ones are refused with -32600 rather than stalling the connection.
 pub const MAX_DETACHED_REQUESTS_PER_CONNECTION: usize = 1024;
+
+/// Server→client requests one connection may have in flight: 256 (the reference's limit).
+pub const MAX_SERVER_CALLS: usize = 256;
 
 /// Where a connection is in the handshake.
 #[derive(Clone)]
@@ -37,6 +41,10 @@ pub struct ConnCtx {
     pub id: u64,
     /// Sending handle.
     pub outbound: Outbound,
+    /// The server's own calls to this client (`network/policyRequest`): ids
+    /// from 1, at most [`MAX_SERVER_CALLS`] in flight; failed with `Closed`
+    /// when the connection ends.
+    pub calls: PendingCalls,
     /// Handshake phase.
     pub phase: Mutex<Phase>,
 }
@@ -61,7 +69,8 @@ impl ConnCtx {
 
 /// Serves `conn` until it closes or sends something connection-fatal: a
 /// notification other than `initialized` (or `initialized` before `initialize`),
-/// or a response, since this server never sends requests of its own.
+/// or a response to no call of ours (the server's only calls are the proxy's
+/// `network/policyRequest`).
 /// With a `handshake_timeout`, a connection that has not completed the handshake
 /// (`initialize` answered and `initialized` received) within it is closed, so a
 /// socket that never speaks cannot keep a connection slot.
@@ -75,6 +84,7 @@ pub async fn serve(
         id: server.next_connection_id(),
         server: server.clone(),
         outbound: conn.outbound.clone(),
+        calls: PendingCalls::from_one(MAX_SERVER_CALLS),
         phase: Mutex::new(Phase::Fresh),
     });
     let _counted = crate::metrics::connection_opened();
@@ -195,14 +205,23 @@ pub async fn serve(
                 tracing::debug!(conn = ctx.id, method = %n.method, "unexpected notification; closing");
                 break;
             }
-            Message::Response(_) | Message::Error(_) => {
-                // This server has no requests of its own outstanding.
-                tracing::debug!(conn = ctx.id, "unsolicited response; closing");
-                break;
+            Message::Response(r) => {
+                if !ctx.calls.complete(&r.id, Ok(r.result)) {
+                    tracing::debug!(conn = ctx.id, "unsolicited response; closing");
+                    break;
+                }
+            }
+            Message::Error(e) => {
+                if !ctx.calls.complete(&e.id, Err(e.error)) {
+                    tracing::debug!(conn = ctx.id, "unsolicited error response; closing");
+                    break;
+                }
             }
         }
     }
     ctx.outbound.close();
+    // Pending asks of the proxy end now (a deny), never left hanging.
+    ctx.calls.close_all();
     if let Some(s) = ctx.session() {
         server.sessions.detach(&s, ctx.id);
     }

@@ -16,8 +16,8 @@ pub const EXECUTOR_VERSION: &str = "0.169.0";
 pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
     [
         // Reference keys.
-        ("networkProxyLaunch", false),
-        ("networkProxyReviewDomains", false),
+        ("networkProxyLaunch", true),
+        ("networkProxyReviewDomains", true),
         ("credentialMasking", false),
         ("credentialMaskingCustomProviders", false),
         ("capabilityDiscoverySandbox", sandbox_enforced),
@@ -30,7 +30,10 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("shellSnapshotV2", false),
         ("windowsMxc", false),
         ("linuxRootWritePreservesDevices", sandbox_enforced),
-        ("linuxApprovedRootWritePreservesRestrictions", false),
+        (
+            "linuxApprovedRootWritePreservesRestrictions",
+            sandbox_enforced,
+        ),
         // Ours.
         ("processResize", true),
         ("processCloseStdin", true),

@@ -29,6 +29,7 @@ pub mod http;
 pub mod link;
 pub mod listen;
 pub mod metrics;
+pub mod network;
 pub mod process;
 pub mod sandbox;
 pub mod session;

@@ -3,6 +3,7 @@
 
 pub mod fs;
 pub mod info;
+mod network;
 pub mod run;
 pub mod shell;
 mod terminal;
@@ -42,6 +43,15 @@ pub struct ConnectArgs {
 impl ConnectArgs {
     /// A client for these arguments, named `name` to the server.
     fn client(&self, name: &str) -> Result<ExecServerClient, String> {
+        self.client_with(name, None)
+    }
+
+    /// As [`ConnectArgs::client`], answering `network/policyRequest`s with `policy`.
+    fn client_with(
+        &self,
+        name: &str,
+        policy: Option<exec_server_client::network::SharedNetworkPolicy>,
+    ) -> Result<ExecServerClient, String> {
         let token = match &self.token_file {
             Some(p) => Some(
                 std::fs::read_to_string(p)
@@ -64,6 +74,7 @@ impl ConnectArgs {
         };
         let mut opts = ClientOptions::new(source);
         opts.client_name = name.into();
+        opts.network_policy = policy;
         Ok(ExecServerClient::new(opts))
     }
 }

@@ -28,6 +28,15 @@ pub struct RunArgs {
     /// matching *KEY*, *SECRET*, *TOKEN*).
     #[arg(long)]
     pub clean_env: bool,
+    /// Route the command's network traffic through a managed proxy on the
+    /// server that allows HOST (repeatable; every other host is denied).
+    /// Enforced when the server confines the command; advisory otherwise.
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allow_host: Vec<String>,
+    /// Route the command's traffic through a managed proxy; with no
+    /// `--allow-host` and a terminal on stdin, ask there about each new host.
+    #[arg(long)]
+    pub network_proxy: bool,
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -40,6 +49,8 @@ pub struct Spec {
     pub env: Vec<String>,
     pub clean_env: bool,
     pub tty: bool,
+    /// The managed network launch, when asked for.
+    pub network: Option<exec_server_protocol::types::RemoteNetworkProxyLaunchConfig>,
 }
 
 /// Exit code of a program that does not exist (as a shell answers).
@@ -49,7 +60,11 @@ const EXIT_NOT_EXECUTABLE: i32 = 126;
 
 /// Runs `run`; returns the remote exit code (128+N for signal N).
 pub async fn run(args: RunArgs) -> i32 {
-    let client = match args.conn.client("exec-server run") {
+    let policy = (args.network_proxy || !args.allow_host.is_empty())
+        .then(|| super::network::CliPolicy::new(&args.allow_host));
+    let network = policy.as_ref().map(|p| p.launch());
+    let shared = policy.map(|p| std::sync::Arc::new(p) as _);
+    let client = match args.conn.client_with("exec-server run", shared) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
@@ -59,6 +74,7 @@ pub async fn run(args: RunArgs) -> i32 {
         env: args.env,
         clean_env: args.clean_env,
         tty: args.tty,
+        network,
     };
     // The root of this command's trace when spans are exported
     // (--otlp-endpoint): the server's request and process spans join it.
@@ -132,6 +148,7 @@ async fn exec_params(client: &ExecServerClient, spec: &Spec) -> Result<ExecParam
         include_only: vec![],
     });
     params.pty_size = if spec.tty { terminal_size() } else { None };
+    params.network_proxy = spec.network.clone();
     Ok(params)
 }
 

@@ -31,6 +31,7 @@ pub async fn shell(args: ShellArgs) -> i32 {
         env: vec![],
         clean_env: false,
         tty: true,
+        network: None,
     };
     execute(client, spec).await
 }

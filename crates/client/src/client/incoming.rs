@@ -36,11 +36,33 @@ pub(super) async fn dispatch(
                 }
                 on_notification(&inner, &method, params)
             }
-            Incoming::Request { id, method, .. } => {
-                // No network proxy runs on our behalf: refuse anything else asked.
-                let _ = peer
-                    .respond(&id, Err(ErrorObject::method_not_found(&method)))
-                    .await;
+            Incoming::Request {
+                id,
+                method,
+                params,
+                guard,
+            } => {
+                let policy = inner.opts.network_policy.clone();
+                let peer = peer.clone();
+                // Answered on a task of its own: a slow decision (a person at a
+                // terminal) must not hold the process streams behind it.
+                tokio::spawn(async move {
+                    let outcome = match (method.as_str(), policy) {
+                        (m::NETWORK_POLICY_REQUEST, Some(policy)) => {
+                            match serde_json::from_value::<NetworkPolicyRequestParams>(params) {
+                                Ok(req) => {
+                                    let decision = policy.decide(req).await;
+                                    serde_json::to_value(NetworkPolicyRequestResult { decision })
+                                        .map_err(|e| ErrorObject::internal(e.to_string()))
+                                }
+                                Err(e) => Err(ErrorObject::invalid_params(e.to_string())),
+                            }
+                        }
+                        _ => Err(ErrorObject::method_not_found(&method)),
+                    };
+                    let _ = peer.respond(&id, outcome).await;
+                    drop(guard);
+                });
             }
         }
     }

@@ -34,7 +34,7 @@ pub const RECOVERY_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 pub const ACK_EVERY_BYTES: usize = 1024 * 1024;
 
 /// Client settings.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ClientOptions {
     /// Where to connect.
     pub source: Source,
@@ -46,6 +46,23 @@ pub struct ClientOptions {
     pub call_timeout: Option<Duration>,
     /// How long to try resuming after a drop.
     pub recovery_timeout: Duration,
+    /// Answers the server's `network/policyRequest`s (processes started with
+    /// a `networkProxy`); `None` refuses them (-32601), which the server
+    /// takes as a deny.
+    pub network_policy: Option<crate::network::SharedNetworkPolicy>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("source", &self.source)
+            .field("client_name", &self.client_name)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("recovery_timeout", &self.recovery_timeout)
+            .field("network_policy", &self.network_policy.is_some())
+            .finish()
+    }
 }
 
 impl ClientOptions {
@@ -57,6 +74,7 @@ impl ClientOptions {
             connect_timeout: Duration::from_secs(10),
             call_timeout: None,
             recovery_timeout: SESSION_RECOVERY_TIMEOUT,
+            network_policy: None,
         }
     }
 }

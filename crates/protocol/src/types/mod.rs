@@ -3,6 +3,7 @@
 pub mod discovery;
 pub mod fs;
 pub mod http;
+pub mod network;
 pub mod process;
 pub mod sandbox;
 pub mod session;
@@ -10,6 +11,7 @@ pub mod session;
 pub use discovery::*;
 pub use fs::*;
 pub use http::*;
+pub use network::*;
 pub use process::*;
 pub use sandbox::*;
 pub use session::*;

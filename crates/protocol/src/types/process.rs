@@ -2,6 +2,7 @@
 
 use crate::bytes::ByteChunk;
 use crate::path::PathUri;
+use crate::types::network::RemoteNetworkProxyLaunchConfig;
 use crate::types::sandbox::FileSystemSandboxContext;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -70,15 +71,17 @@ pub struct ExecParams {
     /// `sandbox`: portable sandbox intent (SANDBOX.md); absent = no sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<FileSystemSandboxContext>,
-    /// Managed network enforcement (accepted, not enforced).
+    /// `enforceManagedNetwork`: with a `sandbox` and a `networkProxy`, the
+    /// command's only way out is the proxy; without a proxy (or without a
+    /// sandbox) the start is refused.
     #[serde(default)]
     pub enforce_managed_network: bool,
     /// Advanced reference fields, accepted and ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub managed_network: Option<Value>,
-    /// Advanced reference field, accepted and ignored.
+    /// `networkProxy`: start an executor-local proxy for this process (SANDBOX.md §3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network_proxy: Option<Value>,
+    pub network_proxy: Option<RemoteNetworkProxyLaunchConfig>,
     /// Advanced reference field, accepted and ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shell_snapshot: Option<Value>,

@@ -40,7 +40,30 @@ pub struct Config {
     pub keepalive: Duration,
     /// Silence tolerated after a ping.
     pub pong_timeout: Duration,
+    /// Told of streams and handshake failures (for metrics); [`NoObserver`]
+    /// when nobody counts.
+    pub observer: Arc<dyn Observer>,
 }
+
+/// What an executor tells its owner as it works, e.g. to count it in
+/// metrics. Called on the executor's task: keep each call short.
+pub trait Observer: Send + Sync {
+    /// A stream passed its handshake and validation and was handed to the
+    /// stream handler.
+    fn stream_opened(&self) {}
+    /// A stream that was opened ended (reset, error, or the handler closed it).
+    fn stream_closed(&self) {}
+    /// A stream's handshake or validation failed (counted toward the pause of
+    /// new handshakes).
+    fn handshake_failed(&self) {}
+    /// Registered (or registered again) with the registry.
+    fn registered(&self) {}
+}
+
+/// An [`Observer`] that ignores everything.
+pub struct NoObserver;
+
+impl Observer for NoObserver {}
 
 /// Why a relay socket ended (logged, never fatal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +88,7 @@ pub(crate) struct Ctx {
     pub handler: StreamHandler,
     pub keepalive: Duration,
     pub pong_timeout: Duration,
+    pub observer: Arc<dyn Observer>,
 }
 
 /// A fatal executor error (registration refused or malformed).
@@ -108,6 +132,7 @@ async fn register(
 pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorError> {
     let identity = Identity::generate(&mut OsRandom);
     let mut reg = register(&config, &identity).await?;
+    config.observer.registered();
     tracing::info!(environment = %config.environment_id, "registered with the environment registry");
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -143,6 +168,7 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
                     handler: handler.clone(),
                     keepalive: config.keepalive,
                     pong_timeout: config.pong_timeout,
+                    observer: config.observer.clone(),
                 });
                 let why = mux::serve(ws, &ctx).await;
                 tracing::warn!(reason = ?why, "relay connection lost");
@@ -166,7 +192,10 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
         }
         if reregister {
             match register(&config, &identity).await {
-                Ok(r) => reg = r,
+                Ok(r) => {
+                    config.observer.registered();
+                    reg = r;
+                }
                 Err(e) if e.is_retryable() => tracing::warn!("registering again failed: {e}"),
                 Err(e) => return Err(ExecutorError(e)),
             }

@@ -3,7 +3,7 @@
 //! each handed to the program as a [`Channel`]. Every frame rule of the
 //! reference (REMOTE.md (g)) is applied here.
 
-use super::{Ctx, Disconnect};
+use super::{Ctx, Disconnect, Observer};
 use crate::api::ValidateRequest;
 use crate::frame::{Body, Frame, RESET_PROTOCOL_ERROR};
 use crate::keys::prologue;
@@ -39,6 +39,24 @@ struct Active {
     id: u64,
     recv: RecvHalf,
     inbound: mpsc::Sender<Vec<u8>>,
+    /// Tells the observer the stream closed when the entry goes, whichever
+    /// of the several removal paths takes it.
+    _counted: OpenStream,
+}
+
+struct OpenStream(Arc<dyn Observer>);
+
+impl OpenStream {
+    fn new(observer: Arc<dyn Observer>) -> OpenStream {
+        observer.stream_opened();
+        OpenStream(observer)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.stream_closed();
+    }
 }
 
 enum Event {
@@ -72,6 +90,7 @@ impl Mux<'_> {
     }
 
     fn charge(&mut self) {
+        self.ctx.observer.handshake_failed();
         self.failures += 1;
         if self.failures >= MAX_FAILED_HANDSHAKES {
             self.failures = 0;
@@ -200,6 +219,7 @@ impl Mux<'_> {
                 id,
                 recv,
                 inbound: in_tx,
+                _counted: OpenStream::new(self.ctx.observer.clone()),
             },
         );
         (self.ctx.handler)(Channel {

@@ -108,19 +108,49 @@ async fn start(ctx: Ctx, p: ExecParams) -> Result<Reply, ErrorObject> {
     r
 }
 
-async fn start_process(ctx: Ctx, p: ExecParams) -> Result<Reply, ErrorObject> {
+async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject> {
     if p.argv.is_empty() {
         return Err(ErrorObject::invalid_params("argv must not be empty"));
     }
+    if let Some(np) = &p.network_proxy {
+        np.validate(&p.process_id)
+            .map_err(ErrorObject::invalid_params)?;
+    }
+    if p.enforce_managed_network && p.sandbox.is_none() {
+        // Ours: the reference ignores it, leaving the proxy advisory only.
+        return Err(ErrorObject::invalid_params(
+            crate::network::ENFORCE_NEEDS_SANDBOX,
+        ));
+    }
     let cwd = crate::fs::native(&p.cwd)?;
-    let confine = crate::sandbox::for_start(
+    let mut confine = crate::sandbox::for_start(
         p.sandbox.as_ref(),
         p.enforce_managed_network,
+        p.network_proxy.is_some(),
         &cwd,
         &ctx.server.sandbox,
     )?;
     let sandbox_type = crate::sandbox::sandbox_type(confine.as_ref());
     let session = session_of(&ctx)?;
+    let proxy = match &p.network_proxy {
+        Some(np) => {
+            let routed = confine.as_ref().is_some_and(|c| c.routed());
+            let running =
+                crate::network::start(np, &p.process_id, session.link.clone(), routed).await?;
+            if let (Some(c), Some(route)) = (confine.as_mut(), running.route.clone()) {
+                c.set_route(route);
+            }
+            Some(running)
+        }
+        None => None,
+    };
+    if let Some(running) = &proxy {
+        let vars = running.proxy.child_env();
+        match p.env_policy.as_mut() {
+            Some(policy) => policy.set.extend(vars),
+            None => p.env.extend(vars),
+        }
+    }
     // The pump sends nothing before this fires, so the response comes first.
     let (gate_tx, gate_rx) = oneshot::channel();
     let weak = Arc::downgrade(&session);
@@ -140,6 +170,9 @@ async fn start_process(ctx: Ctx, p: ExecParams) -> Result<Reply, ErrorObject> {
             ctx.server.spool.clone(),
         )
     })?;
+    if let Some(proxy) = proxy {
+        proc.hold_until_closed(Box::new(proxy));
+    }
     let mut reply = Reply::of(&ExecResponse {
         process_id: p.process_id,
         sandbox_type: sandbox_type.into(),

@@ -18,8 +18,12 @@ async fn initialize(ctx: Ctx, p: InitializeParams) -> Result<Reply, ErrorObject>
     }
     let server = &ctx.server;
     let session = match &p.resume_session_id {
-        Some(id) => server.sessions.resume(id, ctx.id, ctx.outbound.clone())?,
-        None => server.sessions.create(ctx.id, ctx.outbound.clone()),
+        Some(id) => server
+            .sessions
+            .resume(id, ctx.id, ctx.outbound.clone(), ctx.calls.clone())?,
+        None => server
+            .sessions
+            .create(ctx.id, ctx.outbound.clone(), ctx.calls.clone()),
     };
     *ctx.phase() = Phase::Initializing(session.clone());
     tracing::info!(conn = ctx.id, session = %session.id, client = %p.client_name, resumed = p.resume_session_id.is_some(), "initialized");

@@ -53,6 +53,10 @@ pub struct Metrics {
     file_written_bytes: Counter,
     spool_bytes: Gauge,
     http_requests: Family<Labels, Counter>,
+    relay_streams_open: Gauge,
+    relay_streams: Counter,
+    relay_handshake_failures: Counter,
+    relay_registrations: Counter,
 }
 
 /// The process-wide metrics (created, and registered, on first use).
@@ -141,7 +145,35 @@ impl Metrics {
             "http/request calls by outcome (ok, error)",
             http_requests.clone(),
         );
+        let relay_streams_open = Gauge::default();
+        registry.register(
+            "relay_streams_open",
+            "Remote mode: relay streams open now (each is also a connection)",
+            relay_streams_open.clone(),
+        );
+        let relay_streams = Counter::default();
+        registry.register(
+            "relay_streams",
+            "Remote mode: relay streams opened (Noise handshake and validation passed)",
+            relay_streams.clone(),
+        );
+        let relay_handshake_failures = Counter::default();
+        registry.register(
+            "relay_handshake_failures",
+            "Remote mode: relay stream handshakes or validations that failed",
+            relay_handshake_failures.clone(),
+        );
+        let relay_registrations = Counter::default();
+        registry.register(
+            "relay_registrations",
+            "Remote mode: successful registrations with the environment registry",
+            relay_registrations.clone(),
+        );
         Metrics {
+            relay_streams_open,
+            relay_streams,
+            relay_handshake_failures,
+            relay_registrations,
             connections_open,
             connections,
             sessions,
@@ -263,6 +295,28 @@ pub fn http_request(ok: bool) {
         .http_requests
         .get_or_create(&[("outcome", outcome)])
         .inc();
+}
+
+/// Remote mode: a relay stream was opened.
+pub fn relay_stream_opened() {
+    let m = metrics();
+    m.relay_streams.inc();
+    m.relay_streams_open.inc();
+}
+
+/// Remote mode: a relay stream opened earlier ended.
+pub fn relay_stream_closed() {
+    metrics().relay_streams_open.dec();
+}
+
+/// Remote mode: a relay stream's handshake or validation failed.
+pub fn relay_handshake_failed() {
+    metrics().relay_handshake_failures.inc();
+}
+
+/// Remote mode: registered with the registry.
+pub fn relay_registered() {
+    metrics().relay_registrations.inc();
 }
 
 #[cfg(test)]

@@ -113,7 +113,13 @@ pub struct Process {
     /// Fired when the record leaves its session early (session end, or
     /// retired to make room): the pump stops keeping it.
     discarded: Notify,
+    /// What lives exactly as long as the process is open (its network proxy):
+    /// dropped when `process/closed` is sent; `None` once closed.
+    kept: Mutex<Option<Vec<KeptUntilClosed>>>,
 }
+
+/// Something kept alive until the process closes.
+pub type KeptUntilClosed = Box<dyn std::any::Any + Send>;
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -238,6 +244,7 @@ impl Process {
             sandboxed: confinement.is_some(),
             started: std::time::Instant::now(),
             discarded: Notify::new(),
+            kept: Mutex::new(Some(Vec::new())),
         });
         if let Some((_, rx, fd)) = stdin_tx {
             tokio::spawn(stdin_writer(proc.clone(), rx, fd));
@@ -252,6 +259,15 @@ impl Process {
             Held { confinement, span },
         ));
         Ok(proc)
+    }
+
+    /// Keeps `v` until the process closes (all output read and the child
+    /// reaped); dropped at once if it already has.
+    pub fn hold_until_closed(&self, v: KeptUntilClosed) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = kept.as_mut() {
+            list.push(v);
+        }
     }
 
     /// The child's OS pid (also its process group id).
@@ -551,6 +567,9 @@ async fn pump(
             let seq = lock(&proc.state).log.push_closed();
             proc.bump();
             send_event(&proc, &link, seq, closed_json(&proc.id, seq)).await;
+            // The network proxy stops with the process.
+            let kept = proc.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
+            drop(kept);
             drop(span);
             break;
         }

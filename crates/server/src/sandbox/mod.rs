@@ -21,7 +21,7 @@ use exec_server_protocol::types::{
 use exec_server_protocol::PathUri;
 pub use exec_server_sandbox::inner::{run as run_inner_stage, INNER_FLAG};
 use exec_server_sandbox::{
-    Access, FileSystem, Guard, Policy, Prepared, Profile, Rule, Runtime, Target,
+    Access, FileSystem, Guard, Policy, Prepared, Profile, ProxyRoute, Rule, Runtime, Target,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -159,27 +159,37 @@ fn target(p: &PermissionPath) -> ExecResult<Target> {
 pub struct StartSandbox {
     policy: Policy,
     runtime: Runtime,
+    /// The start has a `networkProxy`: the command's network namespace
+    /// reaches only that proxy (SANDBOX.md §3.3).
+    routed: bool,
+    /// Where the proxy listens for the sandbox, once started.
+    route: Option<ProxyRoute>,
 }
 
 /// Decides a `process/start`: `Ok(None)` runs unconfined (no `sandbox`, or
 /// the operator's opt-out where enforcement is impossible); errors are the
 /// refusals ([`ErrorKind::PermissionDenied`](crate::error::ErrorKind), -32603 on
 /// the wire) and the policy's path errors (`InvalidInput`, -32600).
+///
+/// With `network_proxy` (the start has a `networkProxy`) the sandbox is
+/// routed: its own network namespace, whose only exit is that proxy; this
+/// needs bubblewrap whatever the file-system policy, and is never run
+/// unconfined. `enforce_managed_network` without a proxy is refused (the
+/// reference fails closed too: nothing to route through).
 pub fn for_start(
     sandbox: Option<&FileSystemSandboxContext>,
     enforce_managed_network: bool,
+    network_proxy: bool,
     cwd: &Path,
     support: &Support,
 ) -> ExecResult<Option<StartSandbox>> {
     let Some(ctx) = sandbox else {
         return Ok(None);
     };
-    if enforce_managed_network {
-        // The reference fails closed here too (no proxy to route through);
-        // this server has no managed proxy at all yet.
+    if enforce_managed_network && !network_proxy {
         return Err(ExecError::permission_denied(
-            "sandbox refused: enforceManagedNetwork needs a managed network proxy, which this \
-             exec-server does not provide; the command was not started",
+            "sandbox refused: enforceManagedNetwork needs a managed network proxy \
+             (networkProxy) to route through; the command was not started",
         ));
     }
     let policy = to_policy(ctx, cwd)?;
@@ -188,9 +198,25 @@ pub fn for_start(
             exec_server_sandbox::Error::LegacyLandlock.to_string(),
         ));
     }
+    if network_proxy {
+        return match &support.runtime {
+            Some(r) if r.bwrap.is_some() => Ok(Some(StartSandbox {
+                policy,
+                runtime: r.clone(),
+                routed: true,
+                route: None,
+            })),
+            _ => Err(ExecError::permission_denied(
+                "sandbox refused: routing a sandboxed command through the network proxy needs \
+                 bubblewrap and the helper executable; the command was not started",
+            )),
+        };
+    }
     Ok(support.runtime_for(&policy)?.map(|r| StartSandbox {
         policy,
         runtime: r.clone(),
+        routed: false,
+        route: None,
     }))
 }
 
@@ -204,6 +230,16 @@ pub fn sandbox_type(s: Option<&StartSandbox>) -> &'static str {
 }
 
 impl StartSandbox {
+    /// True when the command must reach the network only through its proxy.
+    pub fn routed(&self) -> bool {
+        self.routed
+    }
+
+    /// Where the proxy listens for this sandbox (set once it started).
+    pub fn set_route(&mut self, route: ProxyRoute) {
+        self.route = Some(route);
+    }
+
     /// The command that runs `program` confined, for the child environment
     /// `env` (its `TMPDIR` is what `tmpdir` entries name). Errors are the
     /// sandbox crate's refusals, as I/O errors for the spawn path (-32603).
@@ -217,9 +253,16 @@ impl StartSandbox {
     ) -> std::io::Result<Prepared> {
         let mut policy = self.policy.clone();
         policy.tmpdir = env.get("TMPDIR").map(PathBuf::from);
-        let plan =
+        let mut plan =
             exec_server_sandbox::resolve(&policy, std::slice::from_ref(&self.runtime.helper))
                 .map_err(std::io::Error::other)?;
+        if self.routed {
+            // Fail closed: a routed start without its route never runs.
+            let route = self.route.clone().ok_or_else(|| {
+                std::io::Error::other("sandbox refused: the network proxy route is missing")
+            })?;
+            plan = exec_server_sandbox::route_through_proxy(plan, route);
+        }
         exec_server_sandbox::prepare(
             &self.runtime,
             plan,
@@ -296,11 +339,11 @@ mod tests {
             }),
             allow_unsandboxed: allow,
         };
-        let e = for_start(Some(&ro()), false, Path::new("/"), &no_bwrap(false)).unwrap_err();
+        let e = for_start(Some(&ro()), false, false, Path::new("/"), &no_bwrap(false)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::PermissionDenied);
         assert!(e.message().contains("bubblewrap"), "{e}");
         assert!(
-            for_start(Some(&ro()), false, Path::new("/"), &no_bwrap(true))
+            for_start(Some(&ro()), false, false, Path::new("/"), &no_bwrap(true))
                 .unwrap()
                 .is_none()
         );
@@ -309,7 +352,7 @@ mod tests {
             json!({"windowsSandboxLevel": "disabled", "permissions": {"type": "external", "network": "restricted"}}),
         );
         assert!(
-            for_start(Some(&full), false, Path::new("/"), &no_bwrap(false))
+            for_start(Some(&full), false, false, Path::new("/"), &no_bwrap(false))
                 .unwrap()
                 .is_some()
         );
@@ -318,12 +361,12 @@ mod tests {
             allow_unsandboxed: false,
         };
         assert_eq!(
-            for_start(Some(&ro()), false, Path::new("/"), &none)
+            for_start(Some(&ro()), false, false, Path::new("/"), &none)
                 .unwrap_err()
                 .kind(),
             ErrorKind::PermissionDenied
         );
-        assert!(for_start(None, false, Path::new("/"), &none)
+        assert!(for_start(None, false, false, Path::new("/"), &none)
             .unwrap()
             .is_none());
         assert!(!no_bwrap(false).enforced());

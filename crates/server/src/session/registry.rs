@@ -2,6 +2,7 @@
 
 use super::{Session, DETACHED_SESSION_TTL};
 use crate::error::{ExecError, ExecResult};
+use exec_server_rpc::pending::PendingCalls;
 use exec_server_rpc::Outbound;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -33,11 +34,12 @@ impl SessionRegistry {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Opens a new session attached to connection `conn`.
-    pub fn create(&self, conn: u64, out: Outbound) -> Arc<Session> {
+    /// Opens a new session attached to connection `conn` (`calls`: that
+    /// connection's table of the server's own calls to the client).
+    pub fn create(&self, conn: u64, out: Outbound, calls: PendingCalls) -> Arc<Session> {
         let id = uuid::Uuid::new_v4().to_string();
         let s = Arc::new(Session::new(id.clone()));
-        s.link.attach(conn, out);
+        s.link.attach(conn, out, calls);
         self.lock().insert(id, s.clone());
         s
     }
@@ -46,7 +48,13 @@ impl SessionRegistry {
     /// Errors: [`UnknownId`](crate::error::ErrorKind::UnknownId) `unknown session
     /// id <id>`; [`Attached`](crate::error::ErrorKind::Attached) when attached to
     /// another connection.
-    pub fn resume(&self, id: &str, conn: u64, out: Outbound) -> ExecResult<Arc<Session>> {
+    pub fn resume(
+        &self,
+        id: &str,
+        conn: u64,
+        out: Outbound,
+        calls: PendingCalls,
+    ) -> ExecResult<Arc<Session>> {
         let sessions = self.lock();
         let Some(s) = sessions.get(id).cloned() else {
             return Err(ExecError::unknown_id(format!("unknown session id {id}")));
@@ -58,7 +66,7 @@ impl SessionRegistry {
             ));
         }
         s.generation.fetch_add(1, Ordering::SeqCst);
-        s.link.attach(conn, out);
+        s.link.attach(conn, out, calls);
         Ok(s)
     }
 

@@ -1,0 +1,190 @@
+//! `exec-server-netproxy`: the executor-local managed network proxy
+//! (SANDBOX.md §3). One [`Proxy`] per process: an HTTP listener (CONNECT and
+//! absolute-URI plain requests, served with hyper) and, when asked, a SOCKS5
+//! listener (TCP `CONNECT`; `UDP ASSOCIATE` when enabled), on ephemeral
+//! 127.0.0.1 ports, plus optionally the same listeners on Unix sockets (the
+//! sandbox's bridge connects to those). Each destination is decided by the
+//! [`policy`] (local/private check, `domains`, review, then a [`Decider`]); the
+//! proxy knows nothing of JSON-RPC: the server implements [`Decider`].
+//!
+//! Dropping the [`Proxy`] closes the listeners and ends every connection and
+//! tunnel it carried.
+
+pub mod env;
+pub mod host;
+mod http;
+pub mod policy;
+mod socks;
+mod upstream;
+
+pub use policy::{
+    Answer, AskFailure, BoxFuture, Decider, Decision, Destination, Pattern, Policy, Protocol,
+    Rules, Source, Verdict,
+};
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// What to start.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// The decision rules.
+    pub rules: Rules,
+    /// Start the SOCKS5 listener.
+    pub socks5: bool,
+    /// Accept SOCKS5 `UDP ASSOCIATE`.
+    pub socks5_udp: bool,
+    /// Also listen on `http.sock` (and `socks.sock`) in this existing directory.
+    pub unix_dir: Option<PathBuf>,
+}
+
+/// File name of the HTTP listener's Unix socket in [`Launch::unix_dir`].
+pub const HTTP_SOCKET: &str = "http.sock";
+/// File name of the SOCKS5 listener's Unix socket in [`Launch::unix_dir`].
+pub const SOCKS_SOCKET: &str = "socks.sock";
+
+pub(crate) struct Shared {
+    pub policy: Policy,
+    pub socks5_udp: bool,
+    pub stop: watch::Receiver<()>,
+}
+
+impl Shared {
+    /// Resolves when the proxy is dropped.
+    pub async fn stopped(&self) {
+        let mut s = self.stop.clone();
+        while s.changed().await.is_ok() {}
+    }
+}
+
+/// A running proxy. Dropping it stops it.
+pub struct Proxy {
+    http: SocketAddr,
+    socks: Option<SocketAddr>,
+    allow_local_binding: bool,
+    tasks: Vec<JoinHandle<()>>,
+    _stop: watch::Sender<()>,
+}
+
+impl Proxy {
+    /// Binds the listeners (127.0.0.1, ephemeral ports) and starts serving.
+    /// Errors: the OS's bind errors.
+    pub async fn start(launch: Launch, decider: Arc<dyn Decider>) -> std::io::Result<Proxy> {
+        let (stop_tx, stop) = watch::channel(());
+        let allow_local_binding = launch.rules.allow_local_binding;
+        let shared = Arc::new(Shared {
+            policy: Policy::new(launch.rules, decider),
+            socks5_udp: launch.socks5_udp,
+            stop,
+        });
+        let mut tasks = Vec::new();
+        let http_l = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let http = http_l.local_addr()?;
+        tasks.push(tokio::spawn(accept_tcp(http_l, shared.clone(), Kind::Http)));
+        let mut socks = None;
+        if launch.socks5 {
+            let l = TcpListener::bind(("127.0.0.1", 0)).await?;
+            socks = Some(l.local_addr()?);
+            tasks.push(tokio::spawn(accept_tcp(l, shared.clone(), Kind::Socks)));
+        }
+        if let Some(dir) = &launch.unix_dir {
+            let l = UnixListener::bind(dir.join(HTTP_SOCKET))?;
+            tasks.push(tokio::spawn(accept_unix(l, shared.clone(), Kind::Http)));
+            if launch.socks5 {
+                let l = UnixListener::bind(dir.join(SOCKS_SOCKET))?;
+                tasks.push(tokio::spawn(accept_unix(l, shared.clone(), Kind::Socks)));
+            }
+        }
+        Ok(Proxy {
+            http,
+            socks,
+            allow_local_binding,
+            tasks,
+            _stop: stop_tx,
+        })
+    }
+
+    /// The HTTP listener's address (127.0.0.1:PORT).
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    /// The SOCKS5 listener's address, when started.
+    pub fn socks_addr(&self) -> Option<SocketAddr> {
+        self.socks
+    }
+
+    /// The child environment pointing at this proxy (SANDBOX.md §3.1).
+    pub fn child_env(&self) -> Vec<(String, String)> {
+        env::child_env(self.http, self.socks, self.allow_local_binding)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Http,
+    Socks,
+}
+
+async fn accept_tcp(l: TcpListener, shared: Arc<Shared>, kind: Kind) {
+    loop {
+        match l.accept().await {
+            Ok((s, peer)) => {
+                let _ = s.set_nodelay(true);
+                spawn_conn(s, Some(peer), shared.clone(), kind);
+            }
+            Err(e) => backoff(e).await,
+        }
+    }
+}
+
+async fn accept_unix(l: UnixListener, shared: Arc<Shared>, kind: Kind) {
+    loop {
+        match l.accept().await {
+            Ok((s, _)) => spawn_conn(s, None, shared.clone(), kind),
+            Err(e) => backoff(e).await,
+        }
+    }
+}
+
+/// A failed accept (usually out of descriptors) is retried after a pause.
+async fn backoff(e: std::io::Error) {
+    tracing::warn!("network proxy: accept failed: {e}");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+}
+
+fn spawn_conn<S>(s: S, peer: Option<SocketAddr>, shared: Arc<Shared>, kind: Kind)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let stop = shared.clone();
+        tokio::select! {
+            _ = async {
+                match kind {
+                    Kind::Http => http::serve(s, peer, shared).await,
+                    Kind::Socks => socks::serve(s, peer, shared).await,
+                }
+            } => {}
+            _ = stop.stopped() => {}
+        }
+    });
+}
+
+/// Removes the Unix sockets of a [`Launch::unix_dir`] (best effort).
+pub fn remove_sockets(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join(HTTP_SOCKET));
+    let _ = std::fs::remove_file(dir.join(SOCKS_SOCKET));
+}

@@ -1,0 +1,298 @@
+//! The server side of `networkProxy` (SANDBOX.md §3): turning the wire's
+//! launch config into the proxy crate's [`Launch`], and [`ClientDecider`],
+//! the proxy's [`Decider`] that asks the session's client with the
+//! server→client request `network/policyRequest` and reports each decision
+//! with the notification `network/policyDecision`. The proxy itself lives in
+//! `exec-server-netproxy`.
+
+use crate::link::Link;
+use exec_server_netproxy::{
+    Answer, AskFailure, BoxFuture, Decider, Decision, Destination, Launch, Pattern, Proxy, Rules,
+    Verdict,
+};
+use exec_server_protocol::types::{
+    DomainPermission, NetworkDecision, NetworkMode, NetworkPolicyDecisionNotification,
+    NetworkPolicyRequestParams, NetworkPolicyRequestResult, NetworkRequestInfo,
+    RemoteNetworkProxyLaunchConfig,
+};
+use exec_server_protocol::{encode_notification, methods, ErrorObject};
+use exec_server_rpc::CallError;
+use exec_server_sandbox::ProxyRoute;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Added to `policyDecisionTimeoutMs` for the transport: 5 s (the reference's margin).
+pub const TRANSPORT_MARGIN: Duration = Duration::from_secs(5);
+/// Longest decision reason accepted from the client: 1024 bytes.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// -32602 text of `enforceManagedNetwork` without a `sandbox` (ours: the
+/// reference silently ignores the flag then).
+pub const ENFORCE_NEEDS_SANDBOX: &str =
+    "enforceManagedNetwork requires a sandbox: without one the \
+     command could bypass the network proxy (refused rather than run unenforced)";
+
+/// A process's running proxy: the listeners, and for a sandboxed process
+/// the private directory of its Unix sockets (removed when dropped, after
+/// the proxy).
+pub struct RunningProxy {
+    /// The proxy.
+    pub proxy: Proxy,
+    /// How the sandbox reaches it, when routed.
+    pub route: Option<ProxyRoute>,
+    _dir: Option<SocketDir>,
+}
+
+/// A private (0700) directory for the proxy's Unix sockets.
+struct SocketDir(PathBuf);
+
+impl SocketDir {
+    fn create() -> std::io::Result<SocketDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let p = std::env::temp_dir().join(format!("exec-server-netproxy-{}", uuid::Uuid::new_v4()));
+        std::fs::DirBuilder::new().mode(0o700).create(&p)?;
+        Ok(SocketDir(p))
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        exec_server_netproxy::remove_sockets(&self.0);
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Starts the proxy of process `process_id` (its decider asks the client of
+/// `link`); `routed`: the process runs in a sandbox whose only exit is this
+/// proxy, so it also listens on Unix sockets for the sandbox's bridge.
+/// Errors: -32603 when the listeners cannot be bound.
+pub async fn start(
+    cfg: &RemoteNetworkProxyLaunchConfig,
+    process_id: &str,
+    link: Arc<Link>,
+    routed: bool,
+) -> Result<RunningProxy, ErrorObject> {
+    let failed =
+        |e: std::io::Error| ErrorObject::internal(format!("cannot start the network proxy: {e}"));
+    let timeout = Duration::from_millis(cfg.policy_decision_timeout_ms.unwrap_or(0));
+    let decider = Arc::new(ClientDecider::new(link, process_id.to_string(), timeout));
+    let mut l = launch(cfg);
+    let dir = if routed {
+        Some(SocketDir::create().map_err(failed)?)
+    } else {
+        None
+    };
+    l.unix_dir = dir.as_ref().map(|d| d.0.clone());
+    let proxy = Proxy::start(l, decider).await.map_err(failed)?;
+    let route = dir.as_ref().map(|d| {
+        let mut ports = vec![(
+            proxy.http_addr().port(),
+            exec_server_netproxy::HTTP_SOCKET.to_string(),
+        )];
+        if let Some(s) = proxy.socks_addr() {
+            ports.push((s.port(), exec_server_netproxy::SOCKS_SOCKET.to_string()));
+        }
+        ProxyRoute {
+            host_dir: d.0.clone(),
+            ports,
+        }
+    });
+    Ok(RunningProxy {
+        proxy,
+        route,
+        _dir: dir,
+    })
+}
+
+/// The proxy launch for a validated wire config.
+pub fn launch(cfg: &RemoteNetworkProxyLaunchConfig) -> Launch {
+    let p = &cfg.proxy;
+    let mut rules = Rules {
+        allow_local_binding: p.allow_local_binding,
+        ask: cfg.policy_decision_timeout_ms.is_some(),
+        limited: p.mode == NetworkMode::Limited,
+        ..Rules::default()
+    };
+    for (pattern, perm) in p.domains.iter().flatten() {
+        match perm {
+            DomainPermission::Allow => rules.allow.push(Pattern::new(pattern)),
+            DomainPermission::Deny => rules.deny.push(Pattern::new(pattern)),
+            DomainPermission::None => {}
+        }
+    }
+    rules.review = p
+        .review_domains
+        .iter()
+        .flatten()
+        .map(|d| Pattern::new(d))
+        .collect();
+    Launch {
+        rules,
+        socks5: p.enable_socks5,
+        socks5_udp: p.enable_socks5 && p.enable_socks5_udp,
+        unix_dir: None,
+    }
+}
+
+/// Asks the client of `link` about destinations, for one process.
+pub struct ClientDecider {
+    link: Arc<Link>,
+    process_id: String,
+    timeout: Duration,
+    /// The span current when the process was started (its `process/start`
+    /// request): each question's span is its child, and the question carries
+    /// that span's trace context to the client.
+    parent: tracing::Span,
+}
+
+impl ClientDecider {
+    /// A decider for `process_id`; `decision_timeout` is `policyDecisionTimeoutMs`
+    /// (the call waits it plus [`TRANSPORT_MARGIN`]).
+    pub fn new(link: Arc<Link>, process_id: String, decision_timeout: Duration) -> Self {
+        ClientDecider {
+            link,
+            process_id,
+            timeout: decision_timeout.saturating_add(TRANSPORT_MARGIN),
+            parent: tracing::Span::current(),
+        }
+    }
+}
+
+/// Checks a client's result (SANDBOX.md §3.2): the shape, and a reason of at
+/// most [`MAX_REASON_BYTES`] with no control characters.
+pub fn parse_answer(v: serde_json::Value) -> Result<Answer, AskFailure> {
+    let r: NetworkPolicyRequestResult = serde_json::from_value(v)
+        .map_err(|e| AskFailure::Invalid(format!("malformed decision: {e}")))?;
+    let (verdict, reason) = match r.decision {
+        NetworkDecision::Allow => (Verdict::Allow, None),
+        NetworkDecision::Deny { reason } => (Verdict::Deny, reason),
+        NetworkDecision::Ask { reason } => (Verdict::Ask, reason),
+    };
+    if let Some(r) = &reason {
+        if r.len() > MAX_REASON_BYTES || r.chars().any(char::is_control) {
+            return Err(AskFailure::Invalid(
+                "decision reason too long or has control characters".into(),
+            ));
+        }
+    }
+    Ok(Answer { verdict, reason })
+}
+
+impl Decider for ClientDecider {
+    fn ask(&self, dest: &Destination) -> BoxFuture<Result<Answer, AskFailure>> {
+        let params = NetworkPolicyRequestParams {
+            process_id: self.process_id.clone(),
+            request: NetworkRequestInfo {
+                protocol: dest.protocol.as_str().into(),
+                host: dest.host.clone(),
+                port: dest.port,
+            },
+        };
+        let link = self.link.clone();
+        let timeout = self.timeout;
+        let span = tracing::info_span!(
+            parent: &self.parent,
+            "network/policyRequest",
+            otel.kind = "client",
+            process_id = %self.process_id,
+            port = dest.port,
+        );
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                let params =
+                    serde_json::to_value(params).map_err(|e| AskFailure::Invalid(e.to_string()))?;
+                match link
+                    .call(methods::NETWORK_POLICY_REQUEST, &params, timeout)
+                    .await
+                {
+                    Ok(v) => parse_answer(v),
+                    Err(CallError::TimedOut) => Err(AskFailure::TimedOut),
+                    Err(CallError::Closed) => Err(AskFailure::Unavailable),
+                    Err(CallError::PendingRequestLimitExceeded) => Err(AskFailure::Busy),
+                    Err(CallError::Server(e)) => Err(AskFailure::Invalid(format!(
+                        "client answered {}: {}",
+                        e.code, e.message
+                    ))),
+                }
+            },
+            span,
+        ))
+    }
+
+    fn audit(&self, dest: &Destination, d: &Decision) {
+        let Some(out) = self.link.outbound() else {
+            return;
+        };
+        let n = NetworkPolicyDecisionNotification {
+            process_id: self.process_id.clone(),
+            timestamp: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+            scope: "domain".into(),
+            decision: d.verdict.as_str().into(),
+            source: d.source.as_str().into(),
+            reason: d.reason.clone(),
+            protocol: dest.protocol.as_str().into(),
+            host: dest.host.clone(),
+            port: dest.port,
+            method: dest.method.clone(),
+            client: dest.client.map(|c| c.to_string()),
+            policy_override: d.policy_override,
+        };
+        let Ok(params) = serde_json::to_value(n) else {
+            return;
+        };
+        let text = encode_notification(methods::NETWORK_POLICY_DECISION, &params);
+        tokio::spawn(async move {
+            let _ = out.send(text).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn answers_are_validated() {
+        let ok = parse_answer(json!({"decision": {"type": "deny", "reason": "policy"}})).unwrap();
+        assert_eq!(
+            (ok.verdict, ok.reason.as_deref()),
+            (Verdict::Deny, Some("policy"))
+        );
+        assert_eq!(
+            parse_answer(json!({"decision": {"type": "allow"}}))
+                .unwrap()
+                .verdict,
+            Verdict::Allow
+        );
+        for bad in [
+            json!({"decision": {"type": "deny", "reason": "a\u{1}b"}}),
+            json!({"decision": {"type": "ask", "reason": "x".repeat(1025)}}),
+            json!({"decision": "allow"}),
+            json!({}),
+        ] {
+            assert!(matches!(parse_answer(bad), Err(AskFailure::Invalid(_))));
+        }
+        assert!(
+            parse_answer(json!({"decision": {"type": "deny", "reason": "x".repeat(1024)}})).is_ok()
+        );
+    }
+
+    #[test]
+    fn launch_maps_the_rules() {
+        let cfg: RemoteNetworkProxyLaunchConfig = serde_json::from_value(json!({"proxy": {
+            "enabled": true, "enableSocks5": false, "enableSocks5Udp": true, "allowUpstreamProxy": false,
+            "dangerouslyAllowAllUnixSockets": false, "mode": "limited", "allowLocalBinding": true,
+            "domains": {"a.com": "allow", "b.com": "deny", "c.com": "none"}, "reviewDomains": ["r.com"]}}))
+        .unwrap();
+        let l = launch(&cfg);
+        assert_eq!(l.rules.allow, vec![Pattern::new("a.com")]);
+        assert_eq!(l.rules.deny, vec![Pattern::new("b.com")]);
+        assert_eq!(l.rules.review, vec![Pattern::new("r.com")]);
+        assert!(l.rules.limited && l.rules.allow_local_binding && !l.rules.ask);
+        assert!(!l.socks5 && !l.socks5_udp, "UDP needs the SOCKS listener");
+    }
+}
