@@ -68,7 +68,11 @@ async fn run_through_random_cuts_is_exact() {
             out.stdout.len(),
             want.len()
         );
-        assert_eq!(proxy.cuts(), cuts, "every planned cut happened");
+        // The last planned cuts may not happen: once the output is complete
+        // the connection carries too few bytes to reach a budget (a faster
+        // server finishes sooner). Output was exact through those that did.
+        let happened = proxy.cuts();
+        assert!((1..=cuts).contains(&happened), "{happened} of {cuts} cuts");
     }
 }
 
@@ -110,8 +114,16 @@ async fn library_stream_through_random_cuts_is_exact() {
         }
         assert_eq!(exit, Some(0));
         assert_eq!(first_difference(&got, &want), None, "{cuts} cuts");
-        assert_eq!(proxy.cuts(), cuts);
-        assert_eq!(c.recoveries() as usize, cuts);
+        // As above, the last planned cuts may not happen; every one that did
+        // was recovered from (a cut after the last event may still be
+        // recovering now, hence one less at most).
+        let happened = proxy.cuts();
+        assert!((1..=cuts).contains(&happened), "{happened} of {cuts} cuts");
+        let recovered = c.recoveries() as usize;
+        assert!(
+            recovered == happened || recovered + 1 == happened,
+            "{recovered} recoveries for {happened} cuts"
+        );
         c.close().await;
     }
 }
