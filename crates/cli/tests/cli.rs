@@ -315,3 +315,48 @@ fn signed_bearer_token_auth() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// `exec-server run … | head -c 4` with stdin still open: when the reader of
+/// its stdout goes away, `run` ends at once (without waiting for stdin's end
+/// or for the command) and stops the command on the server.
+#[tokio::test]
+async fn run_ends_when_its_stdout_reader_goes_away_even_with_stdin_open() {
+    let marker = format!("stdout-gone-{}", std::process::id());
+    let mut child = Command::new(BIN)
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!("head -c 100000 /dev/zero; sleep 30; : {marker}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut first = [0u8; 4];
+    out.read_exact(&mut first).unwrap();
+    assert_eq!(first, [0u8; 4]);
+    drop(out);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    drop(stdin);
+    assert!(
+        status.is_some(),
+        "run still running 10 s after its reader left"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || pids_matching(&marker).is_empty()).await,
+        "the command was left running"
+    );
+}
