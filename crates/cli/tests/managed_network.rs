@@ -196,6 +196,13 @@ fn blocked(o: &Outcome) -> Value {
     serde_json::from_str(body).unwrap_or_else(|_| panic!("JSON 403 body: {body:?}"))
 }
 
+/// What an error message must be.
+enum Text {
+    Is(&'static str),
+    Has(&'static str),
+    Any,
+}
+
 #[tokio::test]
 async fn n7_launch_validation_and_enforcement_without_proxy_or_sandbox() {
     let s = Server::start(&[]);
@@ -208,80 +215,58 @@ async fn n7_launch_validation_and_enforcement_without_proxy_or_sandbox() {
         }
         p
     };
-    let r = c
-        .call(
-            "process/start",
-            start(
-                "n7a",
-                json!({"networkProxy": {"proxy": proxy(json!({})), "policyDecisionTimeoutMs": 0}}),
-            ),
-        )
-        .await;
-    assert_eq!(r["error"]["code"], -32602, "{r}");
-    assert_eq!(
-        r["error"]["message"],
-        "network policy decision callback timeout must be nonzero"
-    );
-    let r = c
-        .call(
-            "process/start",
-            start(
-                "",
-                json!({"networkProxy": {"proxy": proxy(json!({})), "policyDecisionTimeoutMs": 10}}),
-            ),
-        )
-        .await;
-    assert_eq!(r["error"]["code"], -32602, "{r}");
-    assert_eq!(
-        r["error"]["message"],
-        "callback-enabled process ID must be non-empty and at most 256 bytes"
-    );
-    let r = c
-        .call(
-            "process/start",
-            start(
-                "n7c",
-                json!({"networkProxy": {"proxy": proxy(json!({"enabled": false}))}}),
-            ),
-        )
-        .await;
-    assert_eq!(r["error"]["code"], -32602, "{r}");
-    let r = c
-        .call(
-            "process/start",
-            start("n7d", json!({"networkProxy": {"proxy": {"enabled": true}}})),
-        )
-        .await;
-    assert_eq!(r["error"]["code"], -32602, "missing required fields: {r}");
-    // Ours: enforcement without a sandbox is refused, not ignored.
-    let r = c
-        .call(
-            "process/start",
-            start(
-                "n7e",
-                json!({"enforceManagedNetwork": true, "networkProxy": {"proxy": proxy(json!({}))}}),
-            ),
-        )
-        .await;
-    assert_eq!(r["error"]["code"], -32602, "{r}");
-    assert!(
-        r["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("requires a sandbox"),
-        "{r}"
-    );
-    // S24: with a sandbox but no proxy the command never runs.
-    let r = c
-        .call(
-            "process/start",
-            start(
-                "n7f",
-                json!({"enforceManagedNetwork": true, "sandbox": ww(&d)}),
-            ),
-        )
-        .await;
-    assert_eq!(r["error"]["code"], -32603, "{r}");
+    // (process id, extra params, code, what the message must be or contain)
+    let cases = [
+        (
+            "n7a",
+            json!({"networkProxy": {"proxy": proxy(json!({})), "policyDecisionTimeoutMs": 0}}),
+            -32602,
+            Text::Is("network policy decision callback timeout must be nonzero"),
+        ),
+        (
+            "",
+            json!({"networkProxy": {"proxy": proxy(json!({})), "policyDecisionTimeoutMs": 10}}),
+            -32602,
+            Text::Is("callback-enabled process ID must be non-empty and at most 256 bytes"),
+        ),
+        (
+            "n7c",
+            json!({"networkProxy": {"proxy": proxy(json!({"enabled": false}))}}),
+            -32602,
+            Text::Any,
+        ),
+        // Missing required fields.
+        (
+            "n7d",
+            json!({"networkProxy": {"proxy": {"enabled": true}}}),
+            -32602,
+            Text::Any,
+        ),
+        // Ours: enforcement without a sandbox is refused, not ignored.
+        (
+            "n7e",
+            json!({"enforceManagedNetwork": true, "networkProxy": {"proxy": proxy(json!({}))}}),
+            -32602,
+            Text::Has("requires a sandbox"),
+        ),
+        // S24: with a sandbox but no proxy the command never runs.
+        (
+            "n7f",
+            json!({"enforceManagedNetwork": true, "sandbox": ww(&d)}),
+            -32603,
+            Text::Any,
+        ),
+    ];
+    for (id, extra, code, text) in cases {
+        let r = c.call("process/start", start(id, extra)).await;
+        assert_eq!(r["error"]["code"], code, "{id:?}: {r}");
+        let message = r["error"]["message"].as_str().unwrap_or("");
+        match text {
+            Text::Is(t) => assert_eq!(message, t, "{id:?}"),
+            Text::Has(t) => assert!(message.contains(t), "{id:?}: {r}"),
+            Text::Any => {}
+        }
+    }
     let caps = c.ok("environment/info", json!({})).await;
     let caps = if caps["capabilities"].is_object() {
         caps["capabilities"].clone()

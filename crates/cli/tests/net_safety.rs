@@ -242,14 +242,8 @@ async fn unix_socket_refuses_a_line_above_max_message_bytes_and_keeps_serving() 
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let s = Server {
-        child,
-        url: line.trim().into(),
-    };
+    let url = first_stdout_line(&mut child);
+    let s = Server { child, url };
     let pid = s.pid();
     let (written, peak_kib) = tokio::task::spawn_blocking({
         let sock = sock.clone();

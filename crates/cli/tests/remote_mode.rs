@@ -33,16 +33,18 @@ fn start_registry(extra: &[&str]) -> (Proc, String) {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start registry");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.starts_with("http://127.0.0.1:"), "{line:?}");
-    (Proc(child), line.trim().to_string())
+    let url = first_stdout_line(&mut child);
+    assert!(url.starts_with("http://127.0.0.1:"), "{url:?}");
+    (Proc(child), url)
 }
 
 /// Starts our executor registered as `env` at `url` with bearer `token`.
 fn start_executor(url: &str, env: &str, token: &str) -> Proc {
+    start_executor_with(url, env, token, &[])
+}
+
+/// As [`start_executor`], with `extra` flags.
+fn start_executor_with(url: &str, env: &str, token: &str, extra: &[&str]) -> Proc {
     let mut child = Command::new(BIN)
         .args([
             "--remote",
@@ -51,6 +53,7 @@ fn start_executor(url: &str, env: &str, token: &str) -> Proc {
             env,
             "--registration-bearer-stdin",
         ])
+        .args(extra)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -360,14 +363,8 @@ fn forward_bridges_a_listening_server() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        targets.push(Server {
-            child,
-            url: line.trim().to_string(),
-        });
+        let url = first_stdout_line(&mut child);
+        targets.push(Server { child, url });
     }
     for (i, target) in targets.iter().enumerate() {
         let (_reg, url) = start_registry(&[]);
@@ -513,12 +510,8 @@ fn tls_registry_and_relay_with_a_private_ca() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let url = first_stdout_line(&mut child);
     let _reg = Proc(child);
-    let url = line.trim().to_string();
     assert!(url.starts_with("https://127.0.0.1:"), "{url:?}");
     // The executor trusts the certificate through SSL_CERT_FILE.
     let mut child = Command::new(BIN)
@@ -628,16 +621,12 @@ fn relay_streams_and_registrations_are_counted_in_metrics() {
         .map(|a| a.port())
         .unwrap();
     let addr = format!("127.0.0.1:{port}");
-    let mut child = Command::new(BIN)
-        .args(["--remote", &url, "--environment-id", "devbox"])
-        .args(["--registration-bearer-stdin", "--metrics-listen", &addr])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start executor");
-    writeln!(child.stdin.take().unwrap(), "executor-secret").unwrap();
-    let _exec = Proc(child);
+    let _exec = start_executor_with(
+        &url,
+        "devbox",
+        "executor-secret",
+        &["--metrics-listen", &addr],
+    );
     wait_ready(&url, "devbox", "harness-secret");
     let out = run_cli(&url, "devbox", "harness-secret", &["sh", "-c", "exit 4"]);
     assert_eq!(out.status.code(), Some(4));

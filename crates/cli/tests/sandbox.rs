@@ -10,7 +10,7 @@ mod common;
 use common::sandbox::*;
 use common::*;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -380,12 +380,9 @@ async fn s25_no_user_namespaces_fails_closed() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("unshare");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.starts_with("ws://"), "{line:?}");
-    let mut c = Conn::open(line.trim(), None).await;
+    let url = first_stdout_line(&mut child);
+    assert!(url.starts_with("ws://"), "{url:?}");
+    let mut c = Conn::open(&url, None).await;
     let r = run(&mut c, "s25", &f.ws, "touch made25", Some(ww(&f.ws))).await;
     assert_eq!(r.sandbox_type, "linuxSeccomp");
     assert_ne!(r.exit, 0, "{r:?}");

@@ -127,10 +127,7 @@ impl Proc {
     }
 
     fn first_line(&mut self) -> String {
-        let mut line = String::new();
-        let out = self.0.stdout.take().expect("stdout");
-        BufReader::new(out).read_line(&mut line).expect("url line");
-        line.trim().to_owned()
+        common::first_stdout_line(&mut self.0)
     }
 }
 

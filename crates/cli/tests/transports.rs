@@ -98,11 +98,7 @@ async fn unix_socket_mode_0600_and_stale_file() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), url);
+    assert_eq!(first_stdout_line(&mut child), url);
     assert_eq!(
         std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
         0o600
@@ -157,14 +153,8 @@ async fn codex_client_paths() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let server = Server {
-        child,
-        url: line.trim().to_string(),
-    };
+    let url = first_stdout_line(&mut child);
+    let server = Server { child, url };
     let d = tmpdir("codex");
     let mut c = Conn::open(&server.url, None).await;
     let mut p = start_params("env", &["/usr/bin/env"], &d, false, false);

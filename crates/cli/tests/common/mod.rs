@@ -28,6 +28,16 @@ pub fn unb64(v: &Value) -> Vec<u8> {
         .unwrap_or_default()
 }
 
+/// The first line `child` writes on its piped stdout (a server's URL),
+/// without its line end; the rest of stdout is left unread.
+pub fn first_stdout_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout piped"))
+        .read_line(&mut line)
+        .expect("a first line on stdout");
+    line.trim().to_string()
+}
+
 /// A server process; killed (by PID) when dropped.
 pub struct Server {
     pub child: Child,
@@ -57,18 +67,12 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start exec-server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let line = first_stdout_line(&mut child);
         assert!(
             line.starts_with("ws://127.0.0.1:"),
             "first stdout line: {line:?}"
         );
-        Server {
-            child,
-            url: line.trim().to_string(),
-        }
+        Server { child, url: line }
     }
 
     pub fn pid(&self) -> u32 {
