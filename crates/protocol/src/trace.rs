@@ -64,6 +64,11 @@ impl TraceContext {
         &self.traceparent[36..52]
     }
 
+    /// The 8 trace flags (bit 0: sampled).
+    pub fn flags(&self) -> u8 {
+        u8::from_str_radix(&self.traceparent[53..55], 16).unwrap_or(0)
+    }
+
     /// The member's value, `{"traceparent":…,"tracestate"?:…}`.
     pub fn to_value(&self) -> Value {
         let mut m = Map::new();
@@ -106,6 +111,7 @@ mod tests {
             .expect("valid");
         assert_eq!(t.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(t.parent_id(), "00f067aa0ba902b7");
+        assert_eq!(t.flags(), 1);
         assert_eq!(t.tracestate.as_deref(), Some("a=1,b=2"));
         assert_eq!(TraceContext::from_value(&t.to_value()), Some(t));
     }

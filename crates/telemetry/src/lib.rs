@@ -32,13 +32,18 @@ pub fn adopt_parent(span: &tracing::Span, trace: &TraceContext) {
     ) else {
         return;
     };
-    let flags = u8::from_str_radix(&trace.traceparent[53..55], 16).unwrap_or(0);
     let state = trace
         .tracestate
         .as_deref()
         .and_then(|s| TraceState::from_str(s).ok())
         .unwrap_or_default();
-    let remote = SpanContext::new(trace_id, span_id, TraceFlags::new(flags), true, state);
+    let remote = SpanContext::new(
+        trace_id,
+        span_id,
+        TraceFlags::new(trace.flags()),
+        true,
+        state,
+    );
     let cx = opentelemetry::Context::new().with_remote_span_context(remote);
     // Refused when the layer is absent or the span is filtered out: then there
     // is no trace to join, which is fine.

@@ -208,6 +208,10 @@ pub struct ExecServerClient {
 impl ExecServerClient {
     /// A client for `opts`; nothing happens until the first call.
     pub fn new(opts: ClientOptions) -> Self {
+        // Every request names the caller's current span (W3C trace context)
+        // when the program records spans with OpenTelemetry; else nothing.
+        // Once per process: later clients find it set.
+        exec_server_rpc::peer::set_trace_source(exec_server_telemetry::current_trace);
         let n = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -392,9 +396,6 @@ impl ExecServerClient {
             .connect(opts.connect_timeout)
             .await
             .map_err(|e| (ClientError::Connection(e), true))?;
-        // Every request names the caller's current span (W3C trace context)
-        // when the program records spans with OpenTelemetry; else nothing.
-        exec_server_rpc::peer::set_trace_source(exec_server_telemetry::current_trace);
         let (peer, incoming) = RpcPeer::start(conn);
         tokio::spawn(incoming::dispatch(
             Arc::downgrade(&self.inner),
