@@ -361,5 +361,11 @@ mod tests {
             "allowUpstreamProxy": false, "dangerouslyAllowAllUnixSockets": false,
             "mode": "full", "allowLocalBinding": false, "transparentTcp": 12345}});
         assert!(serde_json::from_value::<RemoteNetworkProxyLaunchConfig>(bad).is_err());
+        // 0.171.0's loopbackPorts (shape unknown here) is tolerated, as every unknown key.
+        let extra = json!({"proxy": {
+            "enabled": true, "enableSocks5": false, "enableSocks5Udp": false,
+            "allowUpstreamProxy": false, "dangerouslyAllowAllUnixSockets": false,
+            "mode": "full", "allowLocalBinding": false, "loopbackPorts": [8080]}});
+        assert!(serde_json::from_value::<RemoteNetworkProxyLaunchConfig>(extra).is_ok());
     }
 }
