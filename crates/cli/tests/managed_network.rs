@@ -785,13 +785,24 @@ async fn echo(
 }
 
 /// A program that ignores every proxy variable: connects straight to
-/// `ip:port`, sends `ping`, prints `TAG got <reply>` or `TAG err <errno>`.
+/// `ip:port`, sends `ping`, prints `TAG got <reply>` or `TAG err <errno>`;
+/// once connected, connects again and prints `TAG again <errno>`.
 fn raw_tcp(tag: &str, ip: &str, port: u16) -> String {
-    format!(
-        "python3 -c 'import socket\ntry:\n s=socket.create_connection((\"{ip}\",{port}),timeout=5); \
-         s.sendall(b\"ping\"); print(\"{tag} got\", s.recv(100).decode())\n\
-         except OSError as e: print(\"{tag} err\", e.errno)'"
-    )
+    let py = [
+        "import socket".to_string(),
+        "try:".into(),
+        format!(" s = socket.create_connection((\"{ip}\", {port}), timeout=5)"),
+        " s.sendall(b\"ping\")".into(),
+        format!(" print(\"{tag} got\", s.recv(100).decode())"),
+        "except OSError as e:".into(),
+        format!(" print(\"{tag} err\", e.errno)"),
+        "else:".into(),
+        " try:".into(),
+        format!("  s.connect((\"{ip}\", {port}))"),
+        " except OSError as e:".into(),
+        format!("  print(\"{tag} again\", e.errno)"),
+    ];
+    format!("python3 -c '{}'", py.join("\n"))
 }
 
 /// A one-shot-per-connection HTTP CONNECT proxy on 127.0.0.1: records each
@@ -862,6 +873,12 @@ async fn transparent_tcp_carries_raw_connects_through_the_policy() {
         raw_tcp("denied", "8.8.4.4", denied),
         raw_tcp("asked1", "1.1.1.1", asked),
         raw_tcp("asked2", "1.1.1.1", asked),
+        // From a thread other than the main one (the notification names the thread).
+        format!(
+            "python3 -c 'import socket,threading\ndef f():\n s=socket.create_connection((\"8.8.8.8\",{allowed}),timeout=5); \
+             s.sendall(b\"ping\"); print(\"thread got\", s.recv(100).decode())\n\
+             t=threading.Thread(target=f); t.start(); t.join()'"
+        ),
         format!("curl -sS --max-time 5 --noproxy '*' http://8.8.8.8:{http}/; echo; echo curl=$?"),
     ]
     .join("; ");
@@ -879,6 +896,11 @@ async fn transparent_tcp_carries_raw_connects_through_the_policy() {
     )
     .await;
     assert!(o.out.contains("allowed got ping"), "{o:?}");
+    assert!(o.out.contains("thread got ping"), "{o:?}");
+    assert!(
+        o.out.contains(&format!("allowed again {}", libc::EISCONN)),
+        "a carried socket is connected for the program too: {o:?}"
+    );
     assert!(
         o.out
             .contains(&format!("denied err {}", libc::ECONNREFUSED)),
@@ -898,7 +920,7 @@ async fn transparent_tcp_carries_raw_connects_through_the_policy() {
         json!({"protocol": "socks5_tcp", "host": "1.1.1.1", "port": asked})
     );
     use std::sync::atomic::Ordering::SeqCst;
-    assert_eq!(allowed_n.load(SeqCst), 1);
+    assert_eq!(allowed_n.load(SeqCst), 2);
     assert_eq!(denied_n.load(SeqCst), 0, "the denied upstream saw nothing");
     assert_eq!(asked_n.load(SeqCst), 2);
     assert!(

@@ -292,7 +292,7 @@ impl Supervisor {
         if dest.ip().is_loopback() || dest.ip().is_unspecified() {
             return None;
         }
-        if !is_stream(req.pid, fd) {
+        if !unconnected_stream(req.pid, fd) {
             return None;
         }
         Some(Call {
@@ -367,8 +367,15 @@ fn parse_sockaddr(b: &[u8]) -> Option<SocketAddr> {
     }
 }
 
-/// Whether `fd` of `pid` is a stream (TCP) socket.
-fn is_stream(pid: u32, fd: RawFd) -> bool {
+/// Whether `fd` of thread `tid` is a stream (TCP) socket not yet connected
+/// (a second `connect()` on a carried socket must get the kernel's
+/// `EISCONN`, not a new connection).
+fn unconnected_stream(tid: u32, fd: RawFd) -> bool {
+    // pidfd_open takes a process, not a thread (before Linux 6.9); the
+    // descriptor table is the process's.
+    let Some(pid) = thread_group(tid) else {
+        return false;
+    };
     // SAFETY: plain syscalls; each returned descriptor is owned at once.
     unsafe {
         let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0);
@@ -383,15 +390,34 @@ fn is_stream(pid: u32, fd: RawFd) -> bool {
         let dup = OwnedFd::from_raw_fd(dup as RawFd);
         let mut ty: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        libc::getsockopt(
+        let stream = libc::getsockopt(
             dup.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_TYPE,
             (&mut ty as *mut libc::c_int).cast(),
             &mut len,
         ) == 0
-            && ty == libc::SOCK_STREAM
+            && ty == libc::SOCK_STREAM;
+        let mut peer: libc::sockaddr_storage = std::mem::zeroed();
+        let mut plen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let connected = libc::getpeername(
+            dup.as_raw_fd(),
+            (&mut peer as *mut libc::sockaddr_storage).cast(),
+            &mut plen,
+        ) == 0;
+        stream && !connected
     }
+}
+
+/// The process (thread group) of thread `tid`, from its status file.
+fn thread_group(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// (`O_NONBLOCK`, close-on-exec) of `fd` in `pid`, from its fdinfo.
