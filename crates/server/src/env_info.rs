@@ -27,7 +27,7 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("httpHeaderEnvVars", true),
         ("sandboxedFileStreaming", sandbox_enforced),
         ("fileWriteStreaming", true),
-        ("shellSnapshotV2", false),
+        ("shellSnapshotV2", true),
         ("windowsMxc", false),
         ("linuxRootWritePreservesDevices", sandbox_enforced),
         // 0.171.0's key: `proxy.transparentTcp` routes an enforced sandbox's
