@@ -274,6 +274,15 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 2;
         }
     };
+    if args.linux_sandbox_transparent_tcp
+        && !exec_server::network::TransparentTcpConfig::supported()
+    {
+        eprintln!(
+            "exec-server: --linux-sandbox-transparent-tcp needs Linux 5.9 or later (seccomp user \
+             notification); every managed sandbox would fail to start here"
+        );
+        return 2;
+    }
     let auth = match auth_from(&args) {
         Ok(a) => a,
         Err(e) => {

@@ -64,6 +64,31 @@ pub const MAX_CONNECTIONS: usize = 512;
 /// Longest the SOCKS5 exchange (including the policy decision) may take: 5 min.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Oldest kernel with everything used here (`SECCOMP_IOCTL_NOTIF_ADDFD`): 5.9.
+pub const MIN_KERNEL: (u32, u32) = (5, 9);
+
+/// Whether this kernel is new enough ([`MIN_KERNEL`], from `uname`). Where it
+/// is not, a transparent start fails closed (exit 101) rather than run.
+pub fn supported() -> bool {
+    // SAFETY: utsname is plain data uname fills.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return false;
+    }
+    // SAFETY: uname NUL-terminates the release.
+    let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) };
+    kernel_at_least(&release.to_string_lossy(), MIN_KERNEL)
+}
+
+fn kernel_at_least(release: &str, (major, minor): (u32, u32)) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (a, b) >= (major, minor)
+}
+
 #[cfg(target_arch = "x86_64")]
 const AUDIT_ARCH: u32 = 0xC000_003E;
 #[cfg(target_arch = "aarch64")]
@@ -477,6 +502,15 @@ fn socks_connect(socks: &Path, dest: SocketAddr) -> Result<UnixStream, i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_versions_compare() {
+        assert!(kernel_at_least("6.18.44-fc-v669", (5, 9)));
+        assert!(kernel_at_least("5.9.0", (5, 9)));
+        assert!(!kernel_at_least("5.8.18-generic", (5, 9)));
+        assert!(!kernel_at_least("4.19", (5, 9)));
+        assert!(!kernel_at_least("garbage", (5, 9)));
+    }
 
     #[test]
     fn sockaddrs_parse() {

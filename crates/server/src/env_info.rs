@@ -32,7 +32,10 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("linuxRootWritePreservesDevices", sandbox_enforced),
         // 0.171.0's key: `proxy.transparentTcp` routes an enforced sandbox's
         // raw TCP through the proxy (only with a sandbox to enforce it).
-        ("networkProxyTransparentTcp", sandbox_enforced),
+        (
+            "networkProxyTransparentTcp",
+            sandbox_enforced && crate::network::TransparentTcpConfig::supported(),
+        ),
         (
             "linuxApprovedRootWritePreservesRestrictions",
             sandbox_enforced,

@@ -52,6 +52,12 @@ pub struct TransparentTcpConfig {
 }
 
 impl TransparentTcpConfig {
+    /// Whether this host can route transparent TCP (Linux 5.9+); a server
+    /// asked to do it by default where it cannot refuses to start.
+    pub fn supported() -> bool {
+        exec_server_sandbox::transparent::supported()
+    }
+
     /// Whether a process with `cfg`, routed or not, gets transparent TCP.
     pub fn enabled_for(&self, cfg: &RemoteNetworkProxyLaunchConfig, routed: bool) -> bool {
         routed && cfg.proxy.transparent_tcp.unwrap_or(self.default_on)
