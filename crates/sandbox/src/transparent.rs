@@ -61,6 +61,8 @@ use std::time::Duration;
 pub const SOCKET: &str = "tcp.sock";
 /// Connections carried at once; more fail with `ECONNREFUSED`: 512.
 pub const MAX_CONNECTIONS: usize = 512;
+/// Foreign connections to the relay skipped while pairing one: 64.
+const MAX_STRANGERS: usize = 64;
 /// Longest the SOCKS5 exchange (including the policy decision) may take: 5 min.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -361,12 +363,20 @@ impl Supervisor {
     }
 
     /// A connected loopback TCP pair: (the end given to the program, ours).
+    /// The relay port is reachable from inside the sandbox too: a connection
+    /// that is not our own is dropped (at most [`MAX_STRANGERS`] per pair).
     fn relay_pair(&self) -> Option<(TcpStream, TcpStream)> {
         let relay = self.relay.lock().ok()?;
         let client = TcpStream::connect(relay.local_addr().ok()?).ok()?;
-        let (server, _) = relay.accept().ok()?;
-        let _ = server.set_nodelay(true);
-        Some((client, server))
+        let ours = client.local_addr().ok()?;
+        for _ in 0..=MAX_STRANGERS {
+            let (server, peer) = relay.accept().ok()?;
+            if peer == ours {
+                let _ = server.set_nodelay(true);
+                return Some((client, server));
+            }
+        }
+        None
     }
 }
 
