@@ -71,13 +71,13 @@ pub fn encode(kind: Kind, head: &str, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Splits a frame into its kind, head text and payload. The payload keeps the
-/// frame's buffer (the header and head are moved out of its front).
+/// Splits a frame into its kind, head text and payload (borrowed: the caller
+/// copies the payload once, where it keeps it).
 ///
 /// # Errors
 /// [`FrameError`] for an unknown kind, a frame shorter than its header or
 /// head, a head longer than [`MAX_HEAD_BYTES`], or a head that is not UTF-8.
-pub fn decode(mut frame: Vec<u8>) -> Result<(Kind, String, Vec<u8>), FrameError> {
+pub fn decode(frame: &[u8]) -> Result<(Kind, &str, &[u8]), FrameError> {
     let kind = match frame.first() {
         Some(1) => Kind::ParamsChunk,
         Some(2) => Kind::ResultChunk,
@@ -95,11 +95,9 @@ pub fn decode(mut frame: Vec<u8>) -> Result<(Kind, String, Vec<u8>), FrameError>
     let Some(head) = frame.get(HEADER_BYTES..end) else {
         return Err(FrameError("binary frame shorter than its head"));
     };
-    let head = std::str::from_utf8(head)
-        .map_err(|_| FrameError("binary frame head is not UTF-8"))?
-        .to_owned();
-    frame.drain(..end);
-    Ok((kind, head, frame))
+    let head =
+        std::str::from_utf8(head).map_err(|_| FrameError("binary frame head is not UTF-8"))?;
+    Ok((kind, head, &frame[end..]))
 }
 
 /// Decodes a whole frame: the head as a JSON-RPC message (same bounded
@@ -109,7 +107,7 @@ pub fn decode(mut frame: Vec<u8>) -> Result<(Kind, String, Vec<u8>), FrameError>
 ///
 /// # Errors
 /// The fault's text, for a -32600 answer with id -1.
-pub fn decode_message(frame: Vec<u8>) -> Result<(crate::Message, Vec<u8>), String> {
+pub fn decode_message(frame: &[u8]) -> Result<(crate::Message, Vec<u8>), String> {
     use crate::Message;
     let (kind, head, payload) = decode(frame).map_err(|e| e.to_string())?;
     let msg = Message::decode(head.as_bytes()).map_err(|e| e.to_string())?;
@@ -121,7 +119,7 @@ pub fn decode_message(frame: Vec<u8>) -> Result<(crate::Message, Vec<u8>), Strin
     if !fits {
         return Err("binary frame kind does not match its head".into());
     }
-    Ok((msg, payload))
+    Ok((msg, payload.to_vec()))
 }
 
 /// Puts an empty `chunk` member into `obj` (the params or result object of a
@@ -184,11 +182,11 @@ mod tests {
         for payload in [&b""[..], b"\0\xff raw \n bytes", &[7u8; 70_000]] {
             let f = encode(Kind::ParamsChunk, head, payload);
             assert!(looks_binary(&f));
-            let (k, h, p) = decode(f).unwrap();
-            assert_eq!((k, h.as_str(), p.as_slice()), (Kind::ParamsChunk, head, payload));
+            let (k, h, p) = decode(&f).unwrap();
+            assert_eq!((k, h, p), (Kind::ParamsChunk, head, payload));
         }
         let f = encode(Kind::ResultChunk, "{}", b"x");
-        assert_eq!(decode(f).unwrap().0, Kind::ResultChunk);
+        assert_eq!(decode(&f).unwrap().0, Kind::ResultChunk);
         assert!(!looks_binary(b"{\"id\":1}"));
         assert!(!looks_binary(b" {}"));
         let bad: [&[u8]; 6] = [
@@ -200,7 +198,7 @@ mod tests {
             b"\x01\0\0\0\x02\xff\xfe",
         ];
         for f in bad {
-            assert!(decode(f.to_vec()).is_err(), "{f:?}");
+            assert!(decode(f).is_err(), "{f:?}");
         }
     }
 

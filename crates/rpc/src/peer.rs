@@ -94,9 +94,9 @@ impl RpcPeer {
                     }
                     // A frame only our servers send, and only once agreed.
                     Inbound::Binary(frame) if binary::looks_binary(&frame) => {
-                        binary::decode_message(frame).map(|(m, p)| (m, Some(p)))
+                        binary::decode_message(&frame).map(|(m, p)| (m, Some(p)))
                     }
-                    Inbound::Binary(frame) => match String::from_utf8(frame) {
+                    Inbound::Binary(frame) => match String::from_utf8(Vec::from(frame)) {
                         Ok(text) => Message::decode(text.as_bytes())
                             .map(|m| (m, None))
                             .map_err(|e| e.to_string()),

@@ -44,7 +44,7 @@ pub enum Inbound {
     /// One whole WebSocket binary message. Until binary frames were agreed
     /// for the connection, its bytes are read as a text message (as the
     /// reference does).
-    Binary(Vec<u8>),
+    Binary(tokio_tungstenite::tungstenite::Bytes),
     /// A message that is not valid UTF-8 text; answered as undecodable.
     Invalid(String),
 }
@@ -248,7 +248,7 @@ where
                 },
                 // Read as text by the connection until binary frames are on
                 // (the reference treats a binary frame's bytes as a message too).
-                Ok(WsMessage::Binary(b)) => Inbound::Binary(Vec::from(b)),
+                Ok(WsMessage::Binary(b)) => Inbound::Binary(b),
                 Ok(WsMessage::Close(_)) => break,
                 Ok(_) => continue, // ping/pong handled by tungstenite
                 Err(tokio_tungstenite::tungstenite::Error::Capacity(e)) => {

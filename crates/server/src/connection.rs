@@ -113,14 +113,14 @@ pub async fn serve(
             // Agreed in `initialize`: a binary frame carries a request's
             // `params.chunk` raw (docs/binary-frames.md).
             Inbound::Binary(frame) if ctx.outbound.binary_frames() => {
-                match exec_server_protocol::binary::decode_message(frame) {
+                match exec_server_protocol::binary::decode_message(&frame) {
                     Ok((Message::Request(r), payload)) => Ok((Message::Request(r), Some(payload))),
                     Ok(_) => Err("a binary frame from a client must be a request".into()),
                     Err(e) => Err(e),
                 }
             }
             // Otherwise its bytes are a text message, as in the reference.
-            Inbound::Binary(frame) => match String::from_utf8(frame) {
+            Inbound::Binary(frame) => match String::from_utf8(Vec::from(frame)) {
                 Ok(text) => Message::decode(text.as_bytes())
                     .map(|m| (m, None))
                     .map_err(|e| e.to_string()),
@@ -388,6 +388,18 @@ mod tests {
             .await
             .expect("the loop ends")
             .unwrap();
+    }
+
+    /// A line transport never agrees to binary frames, even when asked.
+    #[tokio::test]
+    async fn binary_frames_are_not_offered_on_lines() {
+        let (mut w, mut r, _task) = connect().await;
+        w.write_all(b"{\"id\":1,\"method\":\"initialize\",\"params\":{\"clientName\":\"t\",\"extensions\":{\"binaryFrames\":1}}}\n")
+            .await
+            .unwrap();
+        let ok = next(&mut r).await.unwrap();
+        assert!(ok["result"]["sessionId"].is_string(), "{ok}");
+        assert!(ok["result"].get("binaryFrames").is_none(), "{ok}");
     }
 
     #[tokio::test]
