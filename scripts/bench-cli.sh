@@ -57,8 +57,8 @@ check_count() {
 local_stream() { check_count head -c "$BYTES" /dev/zero; }
 ours_stream() { check_count "$BIN" run --connect "$URL" -- head -c "$BYTES" /dev/zero; }
 local_cp() { cp "$WORK/src" "$WORK/cp.out"; }
-ours_put() { "$BIN" fs --connect "$URL" put "$WORK/src" "$WORK/put.out" >/dev/null; }
-ours_get() { "$BIN" fs --connect "$URL" get "$WORK/put.out" "$WORK/get.out" >/dev/null; }
+ours_put() { "$BIN" fs --connect "$URL" put "$WORK/src" "$WORK/put.out" >/dev/null 2>&1; }
+ours_get() { "$BIN" fs --connect "$URL" get "$WORK/put.out" "$WORK/get.out" >/dev/null 2>&1; }
 
 printf '%-8s %12s %12s %12s %12s %12s\n' run "head|wc" "run|wc" cp "fs put" "fs get"
 for r in $(seq "$RUNS"); do

@@ -260,6 +260,12 @@ async fn relay_output(proc: &mut ProcessHandle) -> Result<Option<i32>, String> {
             .ok()
             .map(std::fs::File::from)
     };
+    if let Some(f) = &raw_stdout {
+        // A pipe as large as an output chunk (128 KiB) takes each chunk in one
+        // write instead of two with a wake-up of the reader between them.
+        // Refused for anything but a pipe; harmless then.
+        let _ = nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_SETPIPE_SZ(256 * 1024));
+    }
     let mut code = None;
     while let Some(ev) = proc.next_event().await {
         match ev {
