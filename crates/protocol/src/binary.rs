@@ -130,22 +130,40 @@ pub fn decode_message(frame: &[u8]) -> Result<(crate::Message, Vec<u8>), String>
 /// When `obj` is not an object, or already has a `chunk` (the bytes would be
 /// given twice).
 pub fn add_empty_chunk(obj: &mut Value) -> Result<(), &'static str> {
+    add_empty_member(obj, PAYLOAD_MEMBER)
+}
+
+/// [`add_empty_chunk`] for a member of another name (`dataBase64`).
+///
+/// # Errors
+/// As [`add_empty_chunk`].
+pub fn add_empty_member(obj: &mut Value, member: &str) -> Result<(), &'static str> {
     match obj {
         Value::Object(m) => {
-            if m.contains_key(PAYLOAD_MEMBER) {
-                return Err("`chunk` given both in the head and as the binary payload");
+            if m.contains_key(member) {
+                return Err("the bytes are given both in the params and as the payload");
             }
-            m.insert(PAYLOAD_MEMBER.into(), Value::String(String::new()));
+            m.insert(member.into(), Value::String(String::new()));
             Ok(())
         }
-        _ => Err("a binary frame's params or result must be an object"),
+        _ => Err("params carrying a payload must be an object"),
     }
 }
 
-/// Types whose `chunk` member can come from a binary frame's payload.
+/// Types whose bytes member can come apart from the JSON: as a binary
+/// frame's payload, or decoded straight out of the message buffer.
 pub trait WithPayload {
-    /// Replaces the (empty) chunk with the payload.
+    /// The member's wire name (`chunk`, or `dataBase64` for `fs/writeFile`).
+    const MEMBER: &'static str = PAYLOAD_MEMBER;
+    /// Replaces the (empty) member with the bytes.
     fn set_payload(&mut self, bytes: Vec<u8>);
+}
+
+impl WithPayload for crate::types::WriteFileParams {
+    const MEMBER: &'static str = "dataBase64";
+    fn set_payload(&mut self, bytes: Vec<u8>) {
+        self.data_base64.0 = bytes;
+    }
 }
 
 impl WithPayload for crate::types::WriteParams {

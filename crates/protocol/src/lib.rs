@@ -20,6 +20,7 @@ pub mod bytes;
 pub mod decode;
 pub mod envelope;
 pub mod error;
+pub mod hot;
 pub mod methods;
 pub mod path;
 pub mod trace;

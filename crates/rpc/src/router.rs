@@ -7,7 +7,7 @@
 //! future. Whether that future is awaited in line or spawned is the caller's choice,
 //! guided by the [`Mode`] the method was registered with.
 
-use exec_server_protocol::binary::{add_empty_chunk, WithPayload};
+use exec_server_protocol::binary::{add_empty_member, WithPayload};
 use exec_server_protocol::{decode_params, ErrorObject};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -137,8 +137,9 @@ impl<C: Send + 'static> Router<C> {
         self
     }
 
-    /// Registers a handler whose params' `chunk` may also come as a binary
-    /// frame's payload (then `params` must not hold one: -32602).
+    /// Registers a handler whose params' bytes member (`P::MEMBER`) may also
+    /// come apart as raw bytes (a binary frame's payload, or decoded out of
+    /// the message buffer); then `params` must not hold it (-32602).
     pub fn request_with_payload<P, R, F, Fut>(
         &mut self,
         method: &'static str,
@@ -157,7 +158,8 @@ impl<C: Send + 'static> Router<C> {
                 mode,
                 Box::new(move |ctx, mut params, payload| {
                     if payload.is_some() {
-                        add_empty_chunk(&mut params).map_err(ErrorObject::invalid_params)?;
+                        add_empty_member(&mut params, P::MEMBER)
+                            .map_err(ErrorObject::invalid_params)?;
                     }
                     let mut p: P = decode_params(params).map_err(ErrorObject::invalid_params)?;
                     if let Some(bytes) = payload {

@@ -45,7 +45,7 @@ fn read_file_reply(p: &ReadFileParams) -> Result<(Reply, usize), ExecError> {
 pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
     // Whole-path operations: confined by the sandbox helper, or the blocking
     // call in-process when the policy allows it anyway.
-    r.request(
+    r.request_with_payload(
         m::FS_WRITE_FILE,
         fs_mode,
         |ctx: Ctx, p: WriteFileParams| async move {
