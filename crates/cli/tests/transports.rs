@@ -446,7 +446,11 @@ mod raw {
         if let Some(r) = resume {
             p["resumeSessionId"] = json!(r);
         }
-        text(&mut ws, json!({"id": 1, "method": "initialize", "params": p})).await;
+        text(
+            &mut ws,
+            json!({"id": 1, "method": "initialize", "params": p}),
+        )
+        .await;
         let (init, _) = answer(&mut ws, 1).await;
         text(&mut ws, json!({"method": "initialized"})).await;
         (ws, init.json)
@@ -468,16 +472,27 @@ async fn binary_frames_negotiated_and_exact() {
     for announce in [None, Some(json!("yes")), Some(json!({"binaryFrames": 0}))] {
         let (mut ws, init) = open(&s.url, announce.clone(), None).await;
         assert!(init["result"]["sessionId"].is_string(), "{init}");
-        assert!(init["result"].get("binaryFrames").is_none(), "{announce:?}: {init}");
+        assert!(
+            init["result"].get("binaryFrames").is_none(),
+            "{announce:?}: {init}"
+        );
         assert_eq!(
             init["result"]["environmentInfo"]["capabilities"]["binaryFrames"],
             json!(true)
         );
-        binary(&mut ws, br#"{"id":2,"method":"environment/status"}"#.to_vec()).await;
+        binary(
+            &mut ws,
+            br#"{"id":2,"method":"environment/status"}"#.to_vec(),
+        )
+        .await;
         let (g, _) = answer(&mut ws, 2).await;
         assert_eq!(g.json["result"]["status"], "ready");
-        text(&mut ws, json!({"id": 3, "method": "process/start",
-            "params": start_params("t", &["printf", "abc"], &d, false, false)})).await;
+        text(
+            &mut ws,
+            json!({"id": 3, "method": "process/start",
+            "params": start_params("t", &["printf", "abc"], &d, false, false)}),
+        )
+        .await;
         let (_, mut seen) = answer(&mut ws, 3).await;
         while !seen.iter().any(|g| g.json["method"] == "process/closed") {
             seen.push(next(&mut ws).await);
@@ -497,8 +512,12 @@ async fn binary_frames_negotiated_and_exact() {
     let session = init["result"]["sessionId"].as_str().unwrap().to_string();
 
     // stdin raw in, output raw out, in seq order, every byte value.
-    text(&mut ws, json!({"id": 10, "method": "process/start",
-        "params": start_params("cat", &["cat"], &d, false, true)})).await;
+    text(
+        &mut ws,
+        json!({"id": 10, "method": "process/start",
+        "params": start_params("cat", &["cat"], &d, false, true)}),
+    )
+    .await;
     answer(&mut ws, 10).await;
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     let head = json!({"id": 11, "method": "process/write",
@@ -506,8 +525,12 @@ async fn binary_frames_negotiated_and_exact() {
     binary(&mut ws, frame(1, &head, &data)).await;
     let (g, mut seen) = answer(&mut ws, 11).await;
     assert_eq!(g.json["result"]["status"], "accepted", "{:?}", g.json);
-    text(&mut ws, json!({"id": 12, "method": "process/closeStdin",
-        "params": {"processId": "cat"}})).await;
+    text(
+        &mut ws,
+        json!({"id": 12, "method": "process/closeStdin",
+        "params": {"processId": "cat"}}),
+    )
+    .await;
     let mut out = Vec::new();
     let mut last_seq = 0;
     loop {
@@ -538,8 +561,12 @@ async fn binary_frames_negotiated_and_exact() {
 
     // Block write raw, block read raw (result kind 2), contents on the host.
     let f = d.join("blocks.bin");
-    text(&mut ws, json!({"id": 20, "method": "fs/open",
-        "params": {"path": uri(&f), "handleId": "h", "mode": "replace"}})).await;
+    text(
+        &mut ws,
+        json!({"id": 20, "method": "fs/open",
+        "params": {"path": uri(&f), "handleId": "h", "mode": "replace"}}),
+    )
+    .await;
     let (g, _) = answer(&mut ws, 20).await;
     assert!(g.json.get("error").is_none(), "{:?}", g.json);
     let head = json!({"id": 21, "method": "fs/writeBlock",
@@ -547,14 +574,26 @@ async fn binary_frames_negotiated_and_exact() {
     binary(&mut ws, frame(1, &head, &data)).await;
     let (g, _) = answer(&mut ws, 21).await;
     assert!(g.json.get("error").is_none(), "{:?}", g.json);
-    text(&mut ws, json!({"id": 22, "method": "fs/close", "params": {"handleId": "h"}})).await;
+    text(
+        &mut ws,
+        json!({"id": 22, "method": "fs/close", "params": {"handleId": "h"}}),
+    )
+    .await;
     answer(&mut ws, 22).await;
     assert!(std::fs::read(&f).unwrap() == data);
-    text(&mut ws, json!({"id": 23, "method": "fs/open",
-        "params": {"path": uri(&f), "handleId": "r", "mode": "read"}})).await;
+    text(
+        &mut ws,
+        json!({"id": 23, "method": "fs/open",
+        "params": {"path": uri(&f), "handleId": "r", "mode": "read"}}),
+    )
+    .await;
     answer(&mut ws, 23).await;
-    text(&mut ws, json!({"id": 24, "method": "fs/readBlock",
-        "params": {"handleId": "r", "offset": 1000, "len": 5000}})).await;
+    text(
+        &mut ws,
+        json!({"id": 24, "method": "fs/readBlock",
+        "params": {"handleId": "r", "offset": 1000, "len": 5000}}),
+    )
+    .await;
     let (g, _) = answer(&mut ws, 24).await;
     let (kind, bytes) = g.binary.expect("readBlock as a binary frame");
     assert_eq!((kind, g.json["result"]["eof"].clone()), (2, json!(false)));
@@ -574,7 +613,10 @@ async fn binary_frames_negotiated_and_exact() {
     binary(&mut ws, frame(2, &json!({"id": 5, "result": {}}), b"x")).await;
     assert_eq!(answer(&mut ws, -1).await.0.json["error"]["code"], -32600);
     text(&mut ws, json!({"id": 32, "method": "environment/status"})).await;
-    assert_eq!(answer(&mut ws, 32).await.0.json["result"]["status"], "ready");
+    assert_eq!(
+        answer(&mut ws, 32).await.0.json["result"]["status"],
+        "ready"
+    );
 
     // A process that runs while the client is away: the resumed connection
     // reads what it missed (process/read, JSON), then gets pushes raw.
@@ -582,7 +624,10 @@ async fn binary_frames_negotiated_and_exact() {
         "params": start_params("late", &["sh", "-c", "printf one; read x; printf two"], &d, false, true)})).await;
     answer(&mut ws, 40).await;
     let first = next(&mut ws).await;
-    assert_eq!(first.binary.as_ref().map(|b| b.1.as_slice()), Some(&b"one"[..]));
+    assert_eq!(
+        first.binary.as_ref().map(|b| b.1.as_slice()),
+        Some(&b"one"[..])
+    );
     drop(ws);
     let mut resumed = None;
     for _ in 0..250 {
@@ -596,8 +641,12 @@ async fn binary_frames_negotiated_and_exact() {
     }
     let (mut ws, init) = resumed.expect("the session resumed within 5 s");
     assert_eq!(init["result"]["sessionId"], json!(session));
-    text(&mut ws, json!({"id": 41, "method": "process/read",
-        "params": {"processId": "late", "afterSeq": 0}})).await;
+    text(
+        &mut ws,
+        json!({"id": 41, "method": "process/read",
+        "params": {"processId": "late", "afterSeq": 0}}),
+    )
+    .await;
     let (g, _) = answer(&mut ws, 41).await;
     assert!(g.binary.is_none());
     assert_eq!(unb64(&g.json["result"]["chunks"][0]["chunk"]), b"one");
@@ -608,7 +657,13 @@ async fn binary_frames_negotiated_and_exact() {
     while !seen.iter().any(|g| g.json["method"] == "process/output") {
         seen.push(next(&mut ws).await);
     }
-    let two = seen.iter().find(|g| g.json["method"] == "process/output").unwrap();
-    assert_eq!(two.binary.as_ref().map(|b| b.1.as_slice()), Some(&b"two"[..]));
+    let two = seen
+        .iter()
+        .find(|g| g.json["method"] == "process/output")
+        .unwrap();
+    assert_eq!(
+        two.binary.as_ref().map(|b| b.1.as_slice()),
+        Some(&b"two"[..])
+    );
     let _ = std::fs::remove_dir_all(&d);
 }

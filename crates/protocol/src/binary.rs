@@ -113,8 +113,10 @@ pub fn decode_message(frame: &[u8]) -> Result<(crate::Message, Vec<u8>), String>
     let msg = Message::decode(head.as_bytes()).map_err(|e| e.to_string())?;
     let fits = matches!(
         (kind, &msg),
-        (Kind::ParamsChunk, Message::Request(_) | Message::Notification(_))
-            | (Kind::ResultChunk, Message::Response(_))
+        (
+            Kind::ParamsChunk,
+            Message::Request(_) | Message::Notification(_)
+        ) | (Kind::ResultChunk, Message::Response(_))
     );
     if !fits {
         return Err("binary frame kind does not match its head".into());
@@ -196,7 +198,8 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_bad_ones_are_named() {
-        let head = r#"{"method":"process/output","params":{"processId":"p","seq":3,"stream":"stdout"}}"#;
+        let head =
+            r#"{"method":"process/output","params":{"processId":"p","seq":3,"stream":"stdout"}}"#;
         for payload in [&b""[..], b"\0\xff raw \n bytes", &[7u8; 70_000]] {
             let f = encode(Kind::ParamsChunk, head, payload);
             assert!(looks_binary(&f));

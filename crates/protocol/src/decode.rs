@@ -287,7 +287,10 @@ mod lifting_tests {
         let (v, lifted) = from_slice_lifting(text, 100, &["chunk"], 4).unwrap();
         assert_eq!(lifted.len(), 1);
         let l = &lifted[0];
-        assert_eq!((l.key.as_str(), &text[l.start..l.end]), ("chunk", &b"QUJD"[..]));
+        assert_eq!(
+            (l.key.as_str(), &text[l.start..l.end]),
+            ("chunk", &b"QUJD"[..])
+        );
         assert_eq!(v["params"]["chunk"], "");
         assert_eq!(v["params"]["other"], "QUJD");
         assert_eq!(v["params"]["n"]["chunk"], "QUJD");
@@ -297,7 +300,10 @@ mod lifting_tests {
         assert!(lifted.is_empty());
         assert_eq!(v["params"]["chunk"], "QUJD");
         let esc = br#"{"params":{"chunk":"QU\u004aD"}}"#;
-        assert!(from_slice_lifting(esc, 100, &["chunk"], 1).unwrap().1.is_empty());
+        assert!(from_slice_lifting(esc, 100, &["chunk"], 1)
+            .unwrap()
+            .1
+            .is_empty());
         // Same budget and duplicate rule as without lifting.
         let dup = br#"{"params":{"chunk":"QUJD","chunk":"QUJD"}}"#;
         assert!(from_slice_lifting(dup, 100, &["chunk"], 1).is_err());

@@ -34,9 +34,13 @@ pub const LIFT_MIN_BYTES: usize = 16 * 1024;
 /// As [`Message::decode`].
 pub fn decode_text(text: String) -> Result<(Message, Option<Vec<u8>>), DecodeError> {
     let members = ["dataBase64", "chunk"];
-    let (value, lifted) =
-        from_slice_lifting(text.as_bytes(), MAX_JSONRPC_VALUE_NODES, &members, LIFT_MIN_BYTES)
-            .map_err(|e| DecodeError(e.to_string()))?;
+    let (value, lifted) = from_slice_lifting(
+        text.as_bytes(),
+        MAX_JSONRPC_VALUE_NODES,
+        &members,
+        LIFT_MIN_BYTES,
+    )
+    .map_err(|e| DecodeError(e.to_string()))?;
     let mut msg = Message::from_value(value)?;
     if lifted.is_empty() {
         return Ok((msg, None));
@@ -49,11 +53,9 @@ pub fn decode_text(text: String) -> Result<(Message, Option<Vec<u8>>), DecodeErr
         _ => None,
     };
     let hot = match (wanted, lifted.as_slice()) {
-        (Some(member), [one]) if one.key == member => {
-            base64_simd::STANDARD
-                .check(&text.as_bytes()[one.start..one.end])
-                .is_ok()
-        }
+        (Some(member), [one]) if one.key == member => base64_simd::STANDARD
+            .check(&text.as_bytes()[one.start..one.end])
+            .is_ok(),
         _ => false,
     };
     if !hot {
@@ -88,7 +90,10 @@ fn restore(msg: &mut Message, text: &str, lifted: &[Lifted]) {
     };
     if let Value::Object(m) = params {
         for l in lifted {
-            m.insert(l.key.clone(), Value::String(text[l.start..l.end].to_owned()));
+            m.insert(
+                l.key.clone(),
+                Value::String(text[l.start..l.end].to_owned()),
+            );
         }
     }
 }
@@ -99,7 +104,9 @@ mod tests {
     use crate::ByteChunk;
 
     fn request(method: &str, member: &str, b64: &str) -> String {
-        format!(r#"{{"id":7,"method":"{method}","params":{{"processId":"p","{member}":"{b64}","writeId":"w"}}}}"#)
+        format!(
+            r#"{{"id":7,"method":"{method}","params":{{"processId":"p","{member}":"{b64}","writeId":"w"}}}}"#
+        )
     }
 
     #[test]
@@ -115,7 +122,9 @@ mod tests {
             assert_eq!(r.params["writeId"], "w");
             // Without lifting: the same message with the member in place.
             let plain = Message::decode(text.as_bytes()).unwrap();
-            let Message::Request(mut p) = plain else { panic!() };
+            let Message::Request(mut p) = plain else {
+                panic!()
+            };
             p.params.as_object_mut().unwrap().remove(member);
             assert_eq!(p.params, r.params);
         }
@@ -132,7 +141,8 @@ mod tests {
             assert_eq!(msg, Message::decode(text.as_bytes()).unwrap());
         }
         // Errors are the decoder's.
-        let dup = format!(r#"{{"id":1,"id":2,"method":"process/write","params":{{"chunk":"{b64}"}}}}"#);
+        let dup =
+            format!(r#"{{"id":1,"id":2,"method":"process/write","params":{{"chunk":"{b64}"}}}}"#);
         assert_eq!(
             decode_text(dup.clone()).unwrap_err().to_string(),
             Message::decode(dup.as_bytes()).unwrap_err().to_string()

@@ -89,9 +89,9 @@ impl RpcPeer {
         tokio::spawn(async move {
             while let Some(item) = inbound.recv().await {
                 let decoded = match item {
-                    Inbound::Message(text) => {
-                        Message::decode(text.as_bytes()).map(|m| (m, None)).map_err(|e| e.to_string())
-                    }
+                    Inbound::Message(text) => Message::decode(text.as_bytes())
+                        .map(|m| (m, None))
+                        .map_err(|e| e.to_string()),
                     // A frame only our servers send, and only once agreed.
                     Inbound::Binary(frame) if binary::looks_binary(&frame) => {
                         binary::decode_message(&frame).map(|(m, p)| (m, Some(p)))

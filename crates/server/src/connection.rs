@@ -165,9 +165,12 @@ pub async fn serve(
                     exec_server_telemetry::adopt_parent(&span, t);
                 }
                 let dispatched = span.in_scope(|| {
-                    server
-                        .router
-                        .dispatch_with_payload(ctx.clone(), &req.method, req.params, payload)
+                    server.router.dispatch_with_payload(
+                        ctx.clone(),
+                        &req.method,
+                        req.params,
+                        payload,
+                    )
                 });
                 match dispatched {
                     Err(e) => {

@@ -218,7 +218,9 @@ impl ExecServerClient {
                     queue.push_back(tokio::spawn(async move {
                         let params = serde_json::to_value(&p)
                             .map_err(|e| ClientError::protocol(m::FS_READ_BLOCK, e))?;
-                        let answer = me.call_chunked(m::FS_READ_BLOCK, params, None, true).await?;
+                        let answer = me
+                            .call_chunked(m::FS_READ_BLOCK, params, None, true)
+                            .await?;
                         super::with_chunk::<ReadBlockResponse>(m::FS_READ_BLOCK, answer)
                     }));
                     if queue.len() == 1 && next_offset == BLOCK {

@@ -36,10 +36,7 @@ fn read_file_reply(p: &ReadFileParams) -> Result<(Reply, usize), ExecError> {
         }
     })?;
     s.push_str(READ_FILE_TAIL);
-    Ok((
-        Reply::json(s),
-        n,
-    ))
+    Ok((Reply::json(s), n))
 }
 
 pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {

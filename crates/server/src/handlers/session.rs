@@ -35,7 +35,10 @@ async fn initialize(ctx: Ctx, p: InitializeParams) -> Result<Reply, ErrorObject>
         .is_some_and(|v| v >= exec_server_protocol::binary::VERSION)
         && ctx.outbound.enable_binary();
     let binary_member = if binary {
-        format!(",\"binaryFrames\":{}", exec_server_protocol::binary::VERSION)
+        format!(
+            ",\"binaryFrames\":{}",
+            exec_server_protocol::binary::VERSION
+        )
     } else {
         String::new()
     };
