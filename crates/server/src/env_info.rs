@@ -27,9 +27,12 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("httpHeaderEnvVars", true),
         ("sandboxedFileStreaming", sandbox_enforced),
         ("fileWriteStreaming", true),
-        ("shellSnapshotV2", false),
+        ("shellSnapshotV2", true),
         ("windowsMxc", false),
         ("linuxRootWritePreservesDevices", sandbox_enforced),
+        // 0.171.0's key: `proxy.transparentTcp` routes an enforced sandbox's
+        // raw TCP through the proxy (only with a sandbox to enforce it).
+        ("networkProxyTransparentTcp", sandbox_enforced),
         (
             "linuxApprovedRootWritePreservesRestrictions",
             sandbox_enforced,

@@ -77,6 +77,9 @@ pub struct ServerConfig {
     /// (output past [`process::output_log::RETAINED_OUTPUT_BYTES_PER_PROCESS`]
     /// is then dropped once delivered, as in the reference).
     pub output_spool: Option<OutputSpoolConfig>,
+    /// The managed network's transparent TCP (`--linux-sandbox-transparent-tcp`,
+    /// `--tcp-upstream-proxy`).
+    pub transparent_tcp: network::TransparentTcpConfig,
 }
 
 /// Settings of the output spool (see [`process::spool`]).
@@ -136,6 +139,7 @@ impl Default for ServerConfig {
             sandbox_helper: None,
             prepend_path: Vec::new(),
             output_spool: Some(OutputSpoolConfig::default()),
+            transparent_tcp: network::TransparentTcpConfig::default(),
         }
     }
 }

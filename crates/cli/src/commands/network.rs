@@ -52,6 +52,7 @@ impl CliPolicy {
                 domains: None,
                 unix_sockets: None,
                 review_domains: None,
+                transparent_tcp: None,
             },
             audit_metadata: None,
             environment_id: None,

@@ -403,7 +403,7 @@ impl ExecServerClient {
             incoming,
         ));
         // Binary frames are announced only where the transport carries them.
-        let extensions = peer.binary_capable().then(|| ClientExtensions {
+        let extensions = peer.binary_capable().then_some(ClientExtensions {
             binary_frames: Some(exec_server_protocol::binary::VERSION),
         });
         let params = InitializeParams {

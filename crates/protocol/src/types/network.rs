@@ -58,6 +58,13 @@ pub struct RemoteNetworkProxyConfig {
     /// `reviewDomains`: patterns always asked of the client (`networkProxyReviewDomains`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review_domains: Option<Vec<String>>,
+    /// `transparentTcp` (0.171.0, `networkProxyTransparentTcp`): in an
+    /// enforced sandbox, raw TCP connections of programs that ignore the
+    /// proxy variables go through the proxy's SOCKS5 policy too. Absent: the
+    /// server's `--linux-sandbox-transparent-tcp` decides. A non-boolean is
+    /// refused (-32602), as by 0.171.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transparent_tcp: Option<bool>,
 }
 
 /// `mode` of a [`RemoteNetworkProxyConfig`].

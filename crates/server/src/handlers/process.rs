@@ -135,8 +135,14 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     let proxy = match &p.network_proxy {
         Some(np) => {
             let routed = confine.as_ref().is_some_and(|c| c.routed());
-            let running =
-                crate::network::start(np, &p.process_id, session.link.clone(), routed).await?;
+            let running = crate::network::start(
+                np,
+                &p.process_id,
+                session.link.clone(),
+                routed,
+                &ctx.server.config.transparent_tcp,
+            )
+            .await?;
             if let (Some(c), Some(route)) = (confine.as_mut(), running.route.clone()) {
                 c.set_route(route);
             }
@@ -151,6 +157,12 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
             None => p.env.extend(vars),
         }
     }
+    let snapshot = session
+        .shell_snapshots
+        .apply(&mut p, &cwd, confine.as_ref())
+        .await
+        .map_err(|e| ErrorObject::invalid_params(e.to_string()))?;
+    tracing::debug!(?snapshot, "shell snapshot");
     // The pump sends nothing before this fires, so the response comes first.
     let (gate_tx, gate_rx) = oneshot::channel();
     let weak = Arc::downgrade(&session);
