@@ -3,6 +3,7 @@
 
 use super::session_of;
 use crate::connection::Ctx;
+use crate::error::ExecError;
 use crate::process::Process;
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, ErrorObject};
@@ -150,16 +151,24 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
         }
         None => None,
     };
+    let mut volatile = std::collections::BTreeSet::new();
     if let Some(running) = &proxy {
         let vars = running.proxy.child_env();
+        volatile.extend(vars.iter().map(|(k, _)| k.clone()));
         match p.env_policy.as_mut() {
             Some(policy) => policy.set.extend(vars),
             None => p.env.extend(vars),
         }
     }
+    if p.shell_snapshot.is_some() && session.process(&p.process_id).is_some() {
+        // Before a capture that may take seconds, for nothing.
+        return Err(
+            ExecError::already_exists(format!("process {} already exists", p.process_id)).into(),
+        );
+    }
     let snapshot = session
         .shell_snapshots
-        .apply(&mut p, &cwd, confine.as_ref())
+        .apply(&mut p, &cwd, confine.as_ref(), &volatile)
         .await
         .map_err(|e| ErrorObject::invalid_params(e.to_string()))?;
     tracing::debug!(?snapshot, "shell snapshot");
