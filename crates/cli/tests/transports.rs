@@ -360,3 +360,310 @@ async fn connection_limit_refuses_with_503() {
         other => panic!("third connection: {:?}", other.map(|_| ())),
     }
 }
+
+/// A raw WebSocket driver that sees text and binary frames as they come.
+mod raw {
+    use futures_util::{SinkExt, StreamExt};
+    use serde_json::{json, Value};
+    use std::time::Duration;
+    use tokio_tungstenite::tungstenite::Message as Ws;
+
+    pub type Socket = tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >;
+
+    /// One message: its JSON (the head, for a binary frame) and, for a
+    /// binary frame, its kind byte and payload.
+    #[derive(Debug)]
+    pub struct Got {
+        pub json: Value,
+        pub binary: Option<(u8, Vec<u8>)>,
+    }
+
+    pub fn frame(kind: u8, head: &Value, payload: &[u8]) -> Vec<u8> {
+        let head = head.to_string();
+        let mut f = vec![kind];
+        f.extend_from_slice(&(head.len() as u32).to_be_bytes());
+        f.extend_from_slice(head.as_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    pub async fn next(ws: &mut Socket) -> Got {
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(10), ws.next())
+                .await
+                .expect("a message within 10 s")
+                .expect("connection open")
+                .expect("read");
+            match m {
+                Ws::Text(t) => {
+                    return Got {
+                        json: serde_json::from_str(t.as_str()).unwrap(),
+                        binary: None,
+                    }
+                }
+                Ws::Binary(b) => {
+                    let n = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
+                    return Got {
+                        json: serde_json::from_slice(&b[5..5 + n]).unwrap(),
+                        binary: Some((b[0], b[5 + n..].to_vec())),
+                    };
+                }
+                _ => continue,
+            }
+        }
+    }
+
+    /// The answer to request `id`, skipping (and returning) other messages.
+    pub async fn answer(ws: &mut Socket, id: i64) -> (Got, Vec<Got>) {
+        let mut others = Vec::new();
+        for _ in 0..10_000 {
+            let g = next(ws).await;
+            if g.json["id"] == json!(id) {
+                return (g, others);
+            }
+            others.push(g);
+        }
+        panic!("no answer to {id}");
+    }
+
+    pub async fn text(ws: &mut Socket, v: Value) {
+        ws.send(Ws::text(v.to_string())).await.unwrap();
+    }
+
+    pub async fn binary(ws: &mut Socket, f: Vec<u8>) {
+        ws.send(Ws::binary(f)).await.unwrap();
+    }
+
+    /// Connects and initializes, announcing binary frames when `announce`.
+    pub async fn open(url: &str, announce: Option<Value>, resume: Option<&str>) -> (Socket, Value) {
+        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        let mut p = json!({"clientName": "raw"});
+        if let Some(a) = announce {
+            p["extensions"] = a;
+        }
+        if let Some(r) = resume {
+            p["resumeSessionId"] = json!(r);
+        }
+        text(
+            &mut ws,
+            json!({"id": 1, "method": "initialize", "params": p}),
+        )
+        .await;
+        let (init, _) = answer(&mut ws, 1).await;
+        text(&mut ws, json!({"method": "initialized"})).await;
+        (ws, init.json)
+    }
+}
+
+/// Binary frames (docs/binary-frames.md): a client that does not announce
+/// them sees the reference dialect (a binary frame of JSON is still a text
+/// message); one that does gets output and block reads raw, sends stdin and
+/// block writes raw, in seq order, with bad frames refused by code and the
+/// connection kept; a resumed session reads what it missed with process/read.
+#[tokio::test]
+async fn binary_frames_negotiated_and_exact() {
+    use raw::*;
+    let s = Server::start(&[]);
+    let d = tmpdir("binframes");
+
+    // Not announced (or announced in a shape we do not know): nothing changes.
+    for announce in [None, Some(json!("yes")), Some(json!({"binaryFrames": 0}))] {
+        let (mut ws, init) = open(&s.url, announce.clone(), None).await;
+        assert!(init["result"]["sessionId"].is_string(), "{init}");
+        assert!(
+            init["result"].get("binaryFrames").is_none(),
+            "{announce:?}: {init}"
+        );
+        assert_eq!(
+            init["result"]["environmentInfo"]["capabilities"]["binaryFrames"],
+            json!(true)
+        );
+        binary(
+            &mut ws,
+            br#"{"id":2,"method":"environment/status"}"#.to_vec(),
+        )
+        .await;
+        let (g, _) = answer(&mut ws, 2).await;
+        assert_eq!(g.json["result"]["status"], "ready");
+        text(
+            &mut ws,
+            json!({"id": 3, "method": "process/start",
+            "params": start_params("t", &["printf", "abc"], &d, false, false)}),
+        )
+        .await;
+        let (_, mut seen) = answer(&mut ws, 3).await;
+        while !seen.iter().any(|g| g.json["method"] == "process/closed") {
+            seen.push(next(&mut ws).await);
+        }
+        assert!(seen.iter().all(|g| g.binary.is_none()), "{seen:?}");
+        let out: Vec<u8> = seen
+            .iter()
+            .filter(|g| g.json["method"] == "process/output")
+            .flat_map(|g| unb64(&g.json["params"]["chunk"]))
+            .collect();
+        assert_eq!(out, b"abc");
+    }
+
+    // Announced: the result says so.
+    let (mut ws, init) = open(&s.url, Some(json!({"binaryFrames": 1})), None).await;
+    assert_eq!(init["result"]["binaryFrames"], json!(1), "{init}");
+    let session = init["result"]["sessionId"].as_str().unwrap().to_string();
+
+    // stdin raw in, output raw out, in seq order, every byte value.
+    text(
+        &mut ws,
+        json!({"id": 10, "method": "process/start",
+        "params": start_params("cat", &["cat"], &d, false, true)}),
+    )
+    .await;
+    answer(&mut ws, 10).await;
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let head = json!({"id": 11, "method": "process/write",
+        "params": {"processId": "cat", "writeId": "w1"}});
+    binary(&mut ws, frame(1, &head, &data)).await;
+    let (g, mut seen) = answer(&mut ws, 11).await;
+    assert_eq!(g.json["result"]["status"], "accepted", "{:?}", g.json);
+    text(
+        &mut ws,
+        json!({"id": 12, "method": "process/closeStdin",
+        "params": {"processId": "cat"}}),
+    )
+    .await;
+    let mut out = Vec::new();
+    let mut last_seq = 0;
+    loop {
+        let g = match seen.is_empty() {
+            true => next(&mut ws).await,
+            false => seen.remove(0),
+        };
+        if g.json["id"] == json!(12) {
+            continue;
+        }
+        let seq = g.json["params"]["seq"].as_u64().unwrap();
+        assert!(seq > last_seq, "seq {seq} after {last_seq}");
+        last_seq = seq;
+        match g.json["method"].as_str() {
+            Some("process/output") => {
+                let (kind, bytes) = g.binary.expect("output as a binary frame");
+                assert_eq!(kind, 1);
+                assert!(g.json["params"].get("chunk").is_none());
+                assert_eq!(g.json["params"]["stream"], "stdout");
+                out.extend(bytes);
+            }
+            Some("process/exited") => assert!(g.binary.is_none()),
+            Some("process/closed") => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(out == data, "output differs ({} bytes)", out.len());
+
+    // Block write raw, block read raw (result kind 2), contents on the host.
+    let f = d.join("blocks.bin");
+    text(
+        &mut ws,
+        json!({"id": 20, "method": "fs/open",
+        "params": {"path": uri(&f), "handleId": "h", "mode": "replace"}}),
+    )
+    .await;
+    let (g, _) = answer(&mut ws, 20).await;
+    assert!(g.json.get("error").is_none(), "{:?}", g.json);
+    let head = json!({"id": 21, "method": "fs/writeBlock",
+        "params": {"handleId": "h", "offset": 0}});
+    binary(&mut ws, frame(1, &head, &data)).await;
+    let (g, _) = answer(&mut ws, 21).await;
+    assert!(g.json.get("error").is_none(), "{:?}", g.json);
+    text(
+        &mut ws,
+        json!({"id": 22, "method": "fs/close", "params": {"handleId": "h"}}),
+    )
+    .await;
+    answer(&mut ws, 22).await;
+    assert!(std::fs::read(&f).unwrap() == data);
+    text(
+        &mut ws,
+        json!({"id": 23, "method": "fs/open",
+        "params": {"path": uri(&f), "handleId": "r", "mode": "read"}}),
+    )
+    .await;
+    answer(&mut ws, 23).await;
+    text(
+        &mut ws,
+        json!({"id": 24, "method": "fs/readBlock",
+        "params": {"handleId": "r", "offset": 1000, "len": 5000}}),
+    )
+    .await;
+    let (g, _) = answer(&mut ws, 24).await;
+    let (kind, bytes) = g.binary.expect("readBlock as a binary frame");
+    assert_eq!((kind, g.json["result"]["eof"].clone()), (2, json!(false)));
+    assert_eq!(bytes, &data[1000..6000]);
+
+    // Refusals keep the connection: chunk given twice, bytes for a method
+    // that takes none, a malformed frame, a response kind from a client.
+    let twice = json!({"id": 30, "method": "process/write",
+        "params": {"processId": "cat", "writeId": "w2", "chunk": "AA=="}});
+    binary(&mut ws, frame(1, &twice, b"x")).await;
+    assert_eq!(answer(&mut ws, 30).await.0.json["error"]["code"], -32602);
+    let status = json!({"id": 31, "method": "environment/status"});
+    binary(&mut ws, frame(1, &status, b"x")).await;
+    assert_eq!(answer(&mut ws, 31).await.0.json["error"]["code"], -32602);
+    binary(&mut ws, vec![1, 0, 0, 0, 50, b'{']).await;
+    assert_eq!(answer(&mut ws, -1).await.0.json["error"]["code"], -32600);
+    binary(&mut ws, frame(2, &json!({"id": 5, "result": {}}), b"x")).await;
+    assert_eq!(answer(&mut ws, -1).await.0.json["error"]["code"], -32600);
+    text(&mut ws, json!({"id": 32, "method": "environment/status"})).await;
+    assert_eq!(
+        answer(&mut ws, 32).await.0.json["result"]["status"],
+        "ready"
+    );
+
+    // A process that runs while the client is away: the resumed connection
+    // reads what it missed (process/read, JSON), then gets pushes raw.
+    text(&mut ws, json!({"id": 40, "method": "process/start",
+        "params": start_params("late", &["sh", "-c", "printf one; read x; printf two"], &d, false, true)})).await;
+    answer(&mut ws, 40).await;
+    let first = next(&mut ws).await;
+    assert_eq!(
+        first.binary.as_ref().map(|b| b.1.as_slice()),
+        Some(&b"one"[..])
+    );
+    drop(ws);
+    let mut resumed = None;
+    for _ in 0..250 {
+        let (ws, init) = open(&s.url, Some(json!({"binaryFrames": 1})), Some(&session)).await;
+        if init.get("error").is_none() {
+            resumed = Some((ws, init));
+            break;
+        }
+        // The old connection's detach may not have landed yet (-32010).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (mut ws, init) = resumed.expect("the session resumed within 5 s");
+    assert_eq!(init["result"]["sessionId"], json!(session));
+    text(
+        &mut ws,
+        json!({"id": 41, "method": "process/read",
+        "params": {"processId": "late", "afterSeq": 0}}),
+    )
+    .await;
+    let (g, _) = answer(&mut ws, 41).await;
+    assert!(g.binary.is_none());
+    assert_eq!(unb64(&g.json["result"]["chunks"][0]["chunk"]), b"one");
+    let head = json!({"id": 42, "method": "process/write",
+        "params": {"processId": "late", "writeId": "w3"}});
+    binary(&mut ws, frame(1, &head, b"\n")).await;
+    let (_, mut seen) = answer(&mut ws, 42).await;
+    while !seen.iter().any(|g| g.json["method"] == "process/output") {
+        seen.push(next(&mut ws).await);
+    }
+    let two = seen
+        .iter()
+        .find(|g| g.json["method"] == "process/output")
+        .unwrap();
+    assert_eq!(
+        two.binary.as_ref().map(|b| b.1.as_slice()),
+        Some(&b"two"[..])
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -128,6 +128,10 @@ pub fn connection_from_channel(ch: Channel) -> Connection {
                 _ = closer.notified() => None,
             };
             let Some(m) = m else { break };
+            // Binary frames are never agreed on a channel (`enable_binary` refuses).
+            let exec_server_rpc::Outgoing::Text(m) = m else {
+                break;
+            };
             if outbound.send(m.into_bytes()).await.is_err() {
                 break;
             }

@@ -23,23 +23,73 @@ pub const MAX_JSONRPC_VALUE_NODES: usize = 256 * 1024;
 /// ``duplicate JSON object key `id` at line 1 column 12`` or
 /// `JSON-RPC message exceeds the limit of 262144 JSON values at line 1 column N`.
 pub fn from_slice_bounded(text: &[u8], max_nodes: usize) -> Result<Value, serde_json::Error> {
+    from_slice_lifting(text, max_nodes, &[], usize::MAX).map(|(v, _)| v)
+}
+
+/// A string of the input left out of the parsed value: the member `key` of
+/// the top-level `params` object, whose value (without quotes, no escapes)
+/// is `text[start..end]`. The value holds an empty string in its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lifted {
+    /// The member's name (one of the names asked for).
+    pub key: String,
+    /// Byte offset of the string's first character in the input.
+    pub start: usize,
+    /// Byte offset one past its last character.
+    pub end: usize,
+}
+
+/// As [`from_slice_bounded`] (same budget, same duplicate-key rule, same
+/// errors), but a member of the top-level `params` object named in `members`
+/// whose value is a string of at least `min_len` bytes without escapes is not
+/// copied into the value: it is left as an empty string there and its place
+/// in `text` returned, so a caller can decode a large base64 member straight
+/// out of the message buffer (at most one per name: keys are unique).
+pub fn from_slice_lifting(
+    text: &[u8],
+    max_nodes: usize,
+    members: &[&str],
+    min_len: usize,
+) -> Result<(Value, Vec<Lifted>), serde_json::Error> {
     let budget = Budget {
         remaining: Cell::new(max_nodes),
         limit: max_nodes,
+        base: text.as_ptr() as usize,
+        members,
+        min_len,
+        lifted: std::cell::RefCell::new(Vec::new()),
     };
     let mut de = serde_json::Deserializer::from_slice(text);
     // Deep nesting is already bounded by serde_json's recursion limit (128).
-    let value = ValueSeed(&budget).deserialize(&mut de)?;
+    let value = ValueSeed(&budget, Spot::Root).deserialize(&mut de)?;
     de.end()?;
-    Ok(value)
+    Ok((value, budget.lifted.into_inner()))
 }
 
-struct Budget {
+/// Where a value sits, as far as lifting cares.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Spot {
+    /// The message itself.
+    Root,
+    /// The top-level `params` object.
+    Params,
+    /// A member of `params` that may be lifted (its index in `members`).
+    Member(usize),
+    /// Anywhere else.
+    Elsewhere,
+}
+
+struct Budget<'m> {
     remaining: Cell<usize>,
     limit: usize,
+    /// Address of the input's first byte (borrowed strings point into it).
+    base: usize,
+    members: &'m [&'m str],
+    min_len: usize,
+    lifted: std::cell::RefCell<Vec<Lifted>>,
 }
 
-impl Budget {
+impl Budget<'_> {
     #[inline]
     fn take<E: de::Error>(&self) -> Result<(), E> {
         let left = self.remaining.get();
@@ -54,18 +104,18 @@ impl Budget {
     }
 }
 
-struct ValueSeed<'a>(&'a Budget);
+struct ValueSeed<'a, 'm>(&'a Budget<'m>, Spot);
 
-impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
+impl<'de> DeserializeSeed<'de> for ValueSeed<'_, '_> {
     type Value = Value;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        d.deserialize_any(ValueVisitor(self.0))
+        d.deserialize_any(ValueVisitor(self.0, self.1))
     }
 }
 
-struct ValueVisitor<'a>(&'a Budget);
+struct ValueVisitor<'a, 'm>(&'a Budget<'m>, Spot);
 
-impl<'de> Visitor<'de> for ValueVisitor<'_> {
+impl<'de> Visitor<'de> for ValueVisitor<'_, '_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -91,6 +141,22 @@ impl<'de> Visitor<'de> for ValueVisitor<'_> {
         self.0.take()?;
         Ok(Value::String(v.to_owned()))
     }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Value, E> {
+        if let Spot::Member(i) = self.1 {
+            if v.len() >= self.0.min_len {
+                self.0.take()?;
+                // Borrowed from the input slice, so it lies inside it.
+                let start = (v.as_ptr() as usize).wrapping_sub(self.0.base);
+                self.0.lifted.borrow_mut().push(Lifted {
+                    key: self.0.members[i].to_owned(),
+                    start,
+                    end: start + v.len(),
+                });
+                return Ok(Value::String(String::new()));
+            }
+        }
+        self.visit_str(v)
+    }
     fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
         self.0.take()?;
         Ok(Value::String(v))
@@ -105,7 +171,7 @@ impl<'de> Visitor<'de> for ValueVisitor<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         self.0.take()?;
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-        while let Some(v) = seq.next_element_seed(ValueSeed(self.0))? {
+        while let Some(v) = seq.next_element_seed(ValueSeed(self.0, Spot::Elsewhere))? {
             out.push(v);
         }
         Ok(Value::Array(out))
@@ -114,7 +180,17 @@ impl<'de> Visitor<'de> for ValueVisitor<'_> {
         self.0.take()?;
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
-            let value = map.next_value_seed(ValueSeed(self.0))?;
+            let spot = match self.1 {
+                Spot::Root if key == "params" => Spot::Params,
+                Spot::Params => self
+                    .0
+                    .members
+                    .iter()
+                    .position(|m| *m == key)
+                    .map_or(Spot::Elsewhere, Spot::Member),
+                _ => Spot::Elsewhere,
+            };
+            let value = map.next_value_seed(ValueSeed(self.0, spot))?;
             if out.contains_key(&key) {
                 return Err(de::Error::custom(format_args!(
                     "duplicate JSON object key `{key}`"
@@ -198,5 +274,41 @@ mod tests {
         let a = from_slice_bounded(text, 100).unwrap();
         let b: Value = serde_json::from_slice(text).unwrap();
         assert_eq!(a, b);
+    }
+}
+
+#[cfg(test)]
+mod lifting_tests {
+    use super::*;
+
+    #[test]
+    fn only_params_members_are_lifted_and_checks_still_apply() {
+        let text = br#"{"id":1,"method":"m","params":{"chunk":"QUJD","other":"QUJD","n":{"chunk":"QUJD"}},"chunk":"QUJD"}"#;
+        let (v, lifted) = from_slice_lifting(text, 100, &["chunk"], 4).unwrap();
+        assert_eq!(lifted.len(), 1);
+        let l = &lifted[0];
+        assert_eq!(
+            (l.key.as_str(), &text[l.start..l.end]),
+            ("chunk", &b"QUJD"[..])
+        );
+        assert_eq!(v["params"]["chunk"], "");
+        assert_eq!(v["params"]["other"], "QUJD");
+        assert_eq!(v["params"]["n"]["chunk"], "QUJD");
+        assert_eq!(v["chunk"], "QUJD");
+        // Short strings and strings with escapes stay in the value.
+        let (v, lifted) = from_slice_lifting(text, 100, &["chunk"], 5).unwrap();
+        assert!(lifted.is_empty());
+        assert_eq!(v["params"]["chunk"], "QUJD");
+        let esc = br#"{"params":{"chunk":"QU\u004aD"}}"#;
+        assert!(from_slice_lifting(esc, 100, &["chunk"], 1)
+            .unwrap()
+            .1
+            .is_empty());
+        // Same budget and duplicate rule as without lifting.
+        let dup = br#"{"params":{"chunk":"QUJD","chunk":"QUJD"}}"#;
+        assert!(from_slice_lifting(dup, 100, &["chunk"], 1).is_err());
+        assert!(from_slice_lifting(text, 8, &["chunk"], 1).is_err());
+        assert!(from_slice_lifting(text, 9, &["chunk"], 1).is_ok());
+        assert!(from_slice_bounded(text, 8).is_err());
     }
 }

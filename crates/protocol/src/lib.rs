@@ -15,10 +15,12 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod binary;
 pub mod bytes;
 pub mod decode;
 pub mod envelope;
 pub mod error;
+pub mod hot;
 pub mod methods;
 pub mod path;
 pub mod trace;

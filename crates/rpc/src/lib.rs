@@ -28,4 +28,4 @@ pub mod router;
 pub mod transport;
 
 pub use pending::CallError;
-pub use transport::{Closed, Connection, Inbound, Outbound};
+pub use transport::{Closed, Connection, Inbound, Outbound, Outgoing};

@@ -6,7 +6,7 @@ use crate::admission::{AdmissionGuard, InboundAdmission};
 use crate::pending::{CallError, PendingCalls};
 use crate::transport::{Connection, Inbound, Outbound};
 use exec_server_protocol::{
-    encode_error, encode_notification, encode_request_traced, encode_response, ErrorObject,
+    binary, encode_error, encode_notification, encode_request_traced, encode_response, ErrorObject,
     Message, RequestId, TraceContext,
 };
 use serde_json::Value;
@@ -41,6 +41,9 @@ pub enum Incoming {
         method: String,
         /// Params (`Null` when absent).
         params: Value,
+        /// The raw bytes of `params.chunk` when the notification came as a
+        /// binary frame (then `chunk` is absent from `params`).
+        payload: Option<Vec<u8>>,
     },
     /// A request to answer with [`RpcPeer::respond`] (the guard frees its id).
     Request {
@@ -85,10 +88,23 @@ impl RpcPeer {
         let reader_out = outbound.clone();
         tokio::spawn(async move {
             while let Some(item) = inbound.recv().await {
-                let Inbound::Message(text) = item else {
-                    continue;
+                let decoded = match item {
+                    Inbound::Message(text) => Message::decode(text.as_bytes())
+                        .map(|m| (m, None))
+                        .map_err(|e| e.to_string()),
+                    // A frame only our servers send, and only once agreed.
+                    Inbound::Binary(frame) if binary::looks_binary(&frame) => {
+                        binary::decode_message(&frame).map(|(m, p)| (m, Some(p)))
+                    }
+                    Inbound::Binary(frame) => match String::from_utf8(Vec::from(frame)) {
+                        Ok(text) => Message::decode(text.as_bytes())
+                            .map(|m| (m, None))
+                            .map_err(|e| e.to_string()),
+                        Err(_) => Err("message is not valid UTF-8".into()),
+                    },
+                    Inbound::Invalid(_) => continue,
                 };
-                let msg = match Message::decode(text.as_bytes()) {
+                let (msg, payload) = match decoded {
                     Ok(m) => m,
                     Err(e) => {
                         tracing::warn!("undecodable message from server: {e}");
@@ -96,9 +112,14 @@ impl RpcPeer {
                     }
                 };
                 match msg {
-                    Message::Response(r) => {
-                        reader_pending.complete(&r.id, Ok(r.result));
-                    }
+                    Message::Response(r) => match payload {
+                        Some(p) => {
+                            reader_pending.complete_with_payload(&r.id, r.result, p);
+                        }
+                        None => {
+                            reader_pending.complete(&r.id, Ok(r.result));
+                        }
+                    },
                     Message::Error(e) => {
                         reader_pending.complete(&e.id, Err(e.error));
                     }
@@ -106,6 +127,7 @@ impl RpcPeer {
                         let item = Incoming::Notification {
                             method: n.method,
                             params: n.params,
+                            payload,
                         };
                         if in_tx.send(item).await.is_err() {
                             // Owner stopped listening; keep serving responses.
@@ -162,6 +184,53 @@ impl RpcPeer {
             .await
             .map_err(|_| CallError::Closed)?;
         call.wait(timeout).await
+    }
+
+    /// Calls `method` with `params` (which must not hold `chunk`) and
+    /// `payload` as its `chunk`: as one binary frame once binary frames are on
+    /// ([`Outbound::enable_binary`]), else as base64 in the JSON text. The
+    /// result's `chunk` is apart when it came as a binary frame's payload.
+    pub async fn call_with_payload(
+        &self,
+        method: &str,
+        params: Value,
+        payload: Option<&[u8]>,
+        timeout: Option<Duration>,
+    ) -> Result<(Value, Option<Vec<u8>>), CallError> {
+        let call = self.pending.register()?;
+        let trace = current_trace();
+        let sent = match payload {
+            Some(bytes) if self.outbound.binary_frames() => {
+                let head = encode_request_traced(&call.id, method, &params, trace.as_ref());
+                let frame = binary::encode(binary::Kind::ParamsChunk, &head, bytes);
+                self.outbound.send_binary(frame).await
+            }
+            _ => {
+                let mut params = params;
+                if let (Some(bytes), Value::Object(m)) = (payload, &mut params) {
+                    m.insert(
+                        binary::PAYLOAD_MEMBER.into(),
+                        Value::String(exec_server_protocol::ByteChunk::encode(bytes)),
+                    );
+                }
+                let text = encode_request_traced(&call.id, method, &params, trace.as_ref());
+                self.outbound.send(text).await
+            }
+        };
+        sent.map_err(|_| CallError::Closed)?;
+        call.wait_with_payload(timeout).await
+    }
+
+    /// Turns binary frames on for this connection (the server agreed in
+    /// `initialize`); false when the transport cannot carry them.
+    pub fn enable_binary(&self) -> bool {
+        self.outbound.enable_binary()
+    }
+
+    /// True when the transport could carry binary frames (a WebSocket), so
+    /// announcing them in `initialize` makes sense.
+    pub fn binary_capable(&self) -> bool {
+        self.outbound.binary_capable()
     }
 
     /// Sends a notification.

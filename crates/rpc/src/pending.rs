@@ -45,7 +45,10 @@ impl std::fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
-type Waiter = oneshot::Sender<Result<Value, CallError>>;
+/// A result, and the raw bytes of its `chunk` when it came in a binary frame.
+type Answer = Result<(Value, Option<Vec<u8>>), CallError>;
+
+type Waiter = oneshot::Sender<Answer>;
 
 #[derive(Default)]
 struct Table {
@@ -75,7 +78,7 @@ impl Default for PendingCalls {
 pub struct PendingCall {
     /// The id to put in the request.
     pub id: RequestId,
-    rx: oneshot::Receiver<Result<Value, CallError>>,
+    rx: oneshot::Receiver<Answer>,
     key: i64,
     table: PendingCalls,
 }
@@ -127,13 +130,23 @@ impl PendingCalls {
     /// Delivers a response or error for `id`. Returns false if no call waits for it
     /// (an unsolicited response).
     pub fn complete(&self, id: &RequestId, outcome: Result<Value, ErrorObject>) -> bool {
+        self.deliver(id, outcome.map(|v| (v, None)).map_err(CallError::Server))
+    }
+
+    /// Delivers a result whose `chunk` came as a binary frame's payload
+    /// (`result` is the head's, without `chunk`). False as [`Self::complete`].
+    pub fn complete_with_payload(&self, id: &RequestId, result: Value, payload: Vec<u8>) -> bool {
+        self.deliver(id, Ok((result, Some(payload))))
+    }
+
+    fn deliver(&self, id: &RequestId, answer: Answer) -> bool {
         let RequestId::Integer(key) = id else {
             return false;
         };
         let waiter = self.lock().waiters.remove(key);
         match waiter {
             Some(w) => {
-                let _ = w.send(outcome.map_err(CallError::Server));
+                let _ = w.send(answer);
                 true
             }
             None => false,
@@ -169,7 +182,27 @@ impl PendingCalls {
 
 impl PendingCall {
     /// Waits for the outcome; on timeout the entry is removed and `TimedOut` returned.
-    pub async fn wait(mut self, timeout: Option<Duration>) -> Result<Value, CallError> {
+    /// A result that came with a binary payload gets it back as a base64
+    /// `chunk` member, so a caller that expects the JSON form still sees it.
+    pub async fn wait(self, timeout: Option<Duration>) -> Result<Value, CallError> {
+        let (mut value, payload) = self.wait_with_payload(timeout).await?;
+        if let Some(bytes) = payload {
+            if let Value::Object(m) = &mut value {
+                m.insert(
+                    exec_server_protocol::binary::PAYLOAD_MEMBER.into(),
+                    Value::String(exec_server_protocol::ByteChunk::encode(&bytes)),
+                );
+            }
+        }
+        Ok(value)
+    }
+
+    /// As [`Self::wait`], with the result's `chunk` apart when it came as a
+    /// binary frame's payload (then absent from the value).
+    pub async fn wait_with_payload(
+        mut self,
+        timeout: Option<Duration>,
+    ) -> Result<(Value, Option<Vec<u8>>), CallError> {
         let outcome = match timeout {
             Some(d) => match tokio::time::timeout(d, &mut self.rx).await {
                 Ok(r) => r,

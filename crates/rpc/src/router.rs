@@ -7,6 +7,7 @@
 //! future. Whether that future is awaited in line or spawned is the caller's choice,
 //! guided by the [`Mode`] the method was registered with.
 
+use exec_server_protocol::binary::{add_empty_member, WithPayload};
 use exec_server_protocol::{decode_params, ErrorObject};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -23,14 +24,24 @@ pub struct Reply {
     pub result_json: String,
     /// Run after the response is queued.
     pub after_send: Option<Box<dyn FnOnce() + Send>>,
+    /// The result's `chunk` as raw bytes, to be sent as a binary frame's
+    /// payload (`result_json` then has no `chunk`). Only set by handlers that
+    /// checked the connection agreed to binary frames.
+    pub payload: Option<Vec<u8>>,
 }
 
 impl Reply {
     /// Encodes `value` as the result.
     pub fn of<T: Serialize>(value: &T) -> Reply {
+        Reply::json(serde_json::to_string(value).unwrap_or_else(|_| "null".into()))
+    }
+
+    /// A result already encoded as JSON text.
+    pub fn json(result_json: String) -> Reply {
         Reply {
-            result_json: serde_json::to_string(value).unwrap_or_else(|_| "null".into()),
+            result_json,
             after_send: None,
+            payload: None,
         }
     }
 }
@@ -48,7 +59,8 @@ pub enum Mode {
     Detached,
 }
 
-type Handler<C> = Box<dyn Fn(C, Value) -> Result<HandlerFuture, ErrorObject> + Send + Sync>;
+type Handler<C> =
+    Box<dyn Fn(C, Value, Option<Vec<u8>>) -> Result<HandlerFuture, ErrorObject> + Send + Sync>;
 type Gate<C> = Box<dyn Fn(&C, &str) -> Result<(), ErrorObject> + Send + Sync>;
 
 /// Method table for a context type `C` (cloned into each handler call).
@@ -93,7 +105,8 @@ impl<C: Send + 'static> Router<C> {
             method,
             (
                 mode,
-                Box::new(move |ctx, params| {
+                Box::new(move |ctx, params, payload| {
+                    refuse_payload(&payload)?;
                     let p: P = decode_params(params).map_err(ErrorObject::invalid_params)?;
                     let fut = f(ctx, p);
                     Ok(Box::pin(async move { fut.await.map(|r| Reply::of(&r)) }) as HandlerFuture)
@@ -114,9 +127,46 @@ impl<C: Send + 'static> Router<C> {
             method,
             (
                 mode,
-                Box::new(move |ctx, params| {
+                Box::new(move |ctx, params, payload| {
+                    refuse_payload(&payload)?;
                     let p: P = decode_params(params).map_err(ErrorObject::invalid_params)?;
                     Ok(Box::pin(f(ctx, p)) as HandlerFuture)
+                }),
+            ),
+        );
+        self
+    }
+
+    /// Registers a handler whose params' bytes member (`P::MEMBER`) may also
+    /// come apart as raw bytes (a binary frame's payload, or decoded out of
+    /// the message buffer); then `params` must not hold it (-32602).
+    pub fn request_with_payload<P, R, F, Fut>(
+        &mut self,
+        method: &'static str,
+        mode: Mode,
+        f: F,
+    ) -> &mut Self
+    where
+        P: DeserializeOwned + WithPayload + Send + 'static,
+        R: Serialize + 'static,
+        F: Fn(C, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, ErrorObject>> + Send + 'static,
+    {
+        self.handlers.insert(
+            method,
+            (
+                mode,
+                Box::new(move |ctx, mut params, payload| {
+                    if payload.is_some() {
+                        add_empty_member(&mut params, P::MEMBER)
+                            .map_err(ErrorObject::invalid_params)?;
+                    }
+                    let mut p: P = decode_params(params).map_err(ErrorObject::invalid_params)?;
+                    if let Some(bytes) = payload {
+                        p.set_payload(bytes);
+                    }
+                    let fut = f(ctx, p);
+                    Ok(Box::pin(async move { fut.await.map(|r| Reply::of(&r)) }) as HandlerFuture)
                 }),
             ),
         );
@@ -136,17 +186,39 @@ impl<C: Send + 'static> Router<C> {
         method: &str,
         params: Value,
     ) -> Result<(Mode, HandlerFuture), ErrorObject> {
+        self.dispatch_with_payload(ctx, method, params, None)
+    }
+
+    /// As [`Self::dispatch`] for a request that came as a binary frame:
+    /// `payload` is its `params.chunk`. A method that takes no bytes answers
+    /// -32602.
+    pub fn dispatch_with_payload(
+        &self,
+        ctx: C,
+        method: &str,
+        params: Value,
+        payload: Option<Vec<u8>>,
+    ) -> Result<(Mode, HandlerFuture), ErrorObject> {
         let Some((mode, handler)) = self.handlers.get(method) else {
             return Err(ErrorObject::method_not_found(method));
         };
         // The handler decodes first so that bad params win over the gate, as in the
         // reference; the gate therefore runs inside a wrapper.
         let gate_result = self.gate.as_ref().map(|g| g(&ctx, method));
-        let fut = handler(ctx, params)?;
+        let fut = handler(ctx, params, payload)?;
         if let Some(Err(e)) = gate_result {
             return Err(e);
         }
         Ok((*mode, fut))
+    }
+}
+
+fn refuse_payload(payload: &Option<Vec<u8>>) -> Result<(), ErrorObject> {
+    match payload {
+        Some(_) => Err(ErrorObject::invalid_params(
+            "this method takes no binary payload",
+        )),
+        None => Ok(()),
     }
 }
 

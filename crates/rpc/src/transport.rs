@@ -4,9 +4,11 @@
 //! the program by channels, so a peer never touches a socket: it receives
 //! [`Inbound`] items and sends encoded messages through an [`Outbound`] handle.
 //! One message is one WebSocket text frame, or one `\n`-terminated line on stdio and
-//! on a Unix socket.
+//! on a Unix socket. A WebSocket also carries binary frames
+//! (`exec_server_protocol::binary`) once both ends agreed to use them.
 
 use futures_util::{SinkExt, StreamExt};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
@@ -39,16 +41,53 @@ pub const MAX_LINE_BYTES: usize = 512 * 1024 * 1024;
 pub enum Inbound {
     /// One whole message (text).
     Message(String),
-    /// A frame that is not text (binary WebSocket frame); answered as undecodable.
+    /// One whole WebSocket binary message. Until binary frames were agreed
+    /// for the connection, its bytes are read as a text message (as the
+    /// reference does).
+    Binary(tokio_tungstenite::tungstenite::Bytes),
+    /// A message that is not valid UTF-8 text; answered as undecodable.
     Invalid(String),
+}
+
+/// One queued outbound message.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// A JSON text message.
+    Text(String),
+    /// A binary frame (`exec_server_protocol::binary`); only sent once
+    /// [`Outbound::enable_binary`] succeeded.
+    Binary(Vec<u8>),
+}
+
+impl Outgoing {
+    /// The message's length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Outgoing::Text(s) => s.len(),
+            Outgoing::Binary(b) => b.len(),
+        }
+    }
+    /// True for an empty message.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether a connection carries binary frames: `capable` is the transport's
+/// (WebSocket only), `on` is set once both ends agreed.
+#[derive(Debug)]
+struct BinaryFrames {
+    capable: bool,
+    on: AtomicBool,
 }
 
 /// A handle for queueing encoded messages on a connection. Cloneable; sending
 /// waits while the queue is full and fails once the connection is gone.
 #[derive(Debug, Clone)]
 pub struct Outbound {
-    tx: mpsc::Sender<String>,
+    tx: mpsc::Sender<Outgoing>,
     closer: Arc<Notify>,
+    binary: Arc<BinaryFrames>,
 }
 
 /// The connection is closed; nothing more can be sent on it.
@@ -66,7 +105,31 @@ impl std::error::Error for Closed {}
 impl Outbound {
     /// Queues one encoded message, waiting while the queue is full.
     pub async fn send(&self, msg: String) -> Result<(), Closed> {
-        self.tx.send(msg).await.map_err(|_| Closed)
+        self.tx.send(Outgoing::Text(msg)).await.map_err(|_| Closed)
+    }
+    /// Queues one binary frame, waiting while the queue is full. The caller
+    /// checks [`Outbound::binary_frames`] first.
+    pub async fn send_binary(&self, frame: Vec<u8>) -> Result<(), Closed> {
+        self.tx
+            .send(Outgoing::Binary(frame))
+            .await
+            .map_err(|_| Closed)
+    }
+    /// Turns binary frames on for this connection (both ends agreed); false,
+    /// and nothing changes, when the transport cannot carry them.
+    pub fn enable_binary(&self) -> bool {
+        if self.binary.capable {
+            self.binary.on.store(true, Ordering::Release);
+        }
+        self.binary.capable
+    }
+    /// True when the transport can carry binary frames (a WebSocket).
+    pub fn binary_capable(&self) -> bool {
+        self.binary.capable
+    }
+    /// True once binary frames are on for this connection.
+    pub fn binary_frames(&self) -> bool {
+        self.binary.on.load(Ordering::Acquire)
     }
     /// True once the writer has stopped.
     pub fn is_closed(&self) -> bool {
@@ -100,7 +163,7 @@ where
 {
     let (mut sink, mut stream) = ws.split();
     let (in_tx, in_rx) = mpsc::channel(64);
-    let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE_MESSAGES);
+    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MESSAGES);
     let closer = Arc::new(Notify::new());
     let writer_closer = closer.clone();
     // Set by the reader when it must refuse the peer with a close frame.
@@ -126,15 +189,15 @@ where
                         // Large messages go out as continuation frames: the WebSocket
                         // library buffers a whole frame and shifts its buffer after
                         // each partial write, which is quadratic in the frame size.
-                        let bytes = tokio_tungstenite::tungstenite::Bytes::from(msg.into_bytes());
+                        let (first, bytes) = match msg {
+                            Outgoing::Text(t) => (Data::Text, t.into_bytes()),
+                            Outgoing::Binary(b) => (Data::Binary, b),
+                        };
+                        let bytes = tokio_tungstenite::tungstenite::Bytes::from(bytes);
                         let mut offset = 0;
                         while offset < bytes.len() {
                             let end = (offset + WS_FRAGMENT_BYTES).min(bytes.len());
-                            let opcode = if offset == 0 {
-                                Data::Text
-                            } else {
-                                Data::Continue
-                            };
+                            let opcode = if offset == 0 { first } else { Data::Continue };
                             let frame = Frame::message(
                                 bytes.slice(offset..end),
                                 OpCode::Data(opcode),
@@ -144,7 +207,11 @@ where
                             offset = end;
                         }
                     } else {
-                        sink.feed(WsMessage::text(msg)).await?;
+                        sink.feed(match msg {
+                            Outgoing::Text(t) => WsMessage::text(t),
+                            Outgoing::Binary(b) => WsMessage::binary(b),
+                        })
+                        .await?;
                     }
                     batch = out_rx.try_recv().ok();
                 }
@@ -179,11 +246,9 @@ where
                     Ok(s) => Inbound::Message(s),
                     Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
                 },
-                // The reference treats a binary frame's bytes as a message too.
-                Ok(WsMessage::Binary(b)) => match String::from_utf8(b.to_vec()) {
-                    Ok(s) => Inbound::Message(s),
-                    Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
-                },
+                // Read as text by the connection until binary frames are on
+                // (the reference treats a binary frame's bytes as a message too).
+                Ok(WsMessage::Binary(b)) => Inbound::Binary(b),
                 Ok(WsMessage::Close(_)) => break,
                 Ok(_) => continue, // ping/pong handled by tungstenite
                 Err(tokio_tungstenite::tungstenite::Error::Capacity(e)) => {
@@ -224,8 +289,21 @@ where
     });
     Connection {
         inbound: in_rx,
-        outbound: Outbound { tx: out_tx, closer },
+        outbound: Outbound::new(out_tx, closer, true),
         peer,
+    }
+}
+
+impl Outbound {
+    fn new(tx: mpsc::Sender<Outgoing>, closer: Arc<Notify>, binary_capable: bool) -> Self {
+        Outbound {
+            tx,
+            closer,
+            binary: Arc::new(BinaryFrames {
+                capable: binary_capable,
+                on: AtomicBool::new(false),
+            }),
+        }
     }
 }
 
@@ -305,7 +383,7 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (in_tx, in_rx) = mpsc::channel(64);
-    let (out_tx, mut out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE_MESSAGES);
+    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MESSAGES);
     let closer = Arc::new(Notify::new());
     let writer_closer = closer.clone();
     let writer_task = tokio::spawn(async move {
@@ -318,6 +396,10 @@ where
             let mut batch = Some(first);
             let result = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
                 while let Some(msg) = batch.take() {
+                    let Outgoing::Text(msg) = msg else {
+                        // Never agreed on a line transport (`enable_binary` refuses).
+                        return Err(std::io::Error::other("binary frame on a line transport"));
+                    };
                     w.write_all(msg.as_bytes()).await?;
                     w.write_all(b"\n").await?;
                     batch = out_rx.try_recv().ok();
@@ -376,7 +458,7 @@ where
     });
     Connection {
         inbound: in_rx,
-        outbound: Outbound { tx: out_tx, closer },
+        outbound: Outbound::new(out_tx, closer, false),
         peer,
     }
 }
@@ -386,7 +468,8 @@ pub struct ChannelEnd {
     /// Feed the connection's inbound messages here; dropping it is end of input.
     pub inbound: mpsc::Sender<Inbound>,
     /// What the connection sends; `None` once every [`Outbound`] clone is gone.
-    pub outbound: mpsc::Receiver<String>,
+    /// Text only: a channel does not carry binary frames.
+    pub outbound: mpsc::Receiver<Outgoing>,
     /// Notified when [`Outbound::close`] is called: stop and drop both ends.
     pub closer: Arc<Notify>,
 }
@@ -395,15 +478,12 @@ pub struct ChannelEnd {
 /// caller moves messages between the [`ChannelEnd`] and wherever they travel.
 pub fn channel(peer: String) -> (Connection, ChannelEnd) {
     let (in_tx, in_rx) = mpsc::channel(64);
-    let (out_tx, out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE_MESSAGES);
+    let (out_tx, out_rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MESSAGES);
     let closer = Arc::new(Notify::new());
     (
         Connection {
             inbound: in_rx,
-            outbound: Outbound {
-                tx: out_tx,
-                closer: closer.clone(),
-            },
+            outbound: Outbound::new(out_tx, closer.clone(), false),
             peer,
         },
         ChannelEnd {

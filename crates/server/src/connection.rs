@@ -107,10 +107,29 @@ pub async fn serve(
         };
         let Some(item) = item else { break };
         let decoded = match item {
-            Inbound::Message(text) => Message::decode(text.as_bytes()).map_err(|e| e.to_string()),
+            // A hot request's base64 is decoded in the message's own buffer.
+            Inbound::Message(text) => {
+                exec_server_protocol::hot::decode_text(text).map_err(|e| e.to_string())
+            }
+            // Agreed in `initialize`: a binary frame carries a request's
+            // `params.chunk` raw (docs/binary-frames.md).
+            Inbound::Binary(frame) if ctx.outbound.binary_frames() => {
+                match exec_server_protocol::binary::decode_message(&frame) {
+                    Ok((Message::Request(r), payload)) => Ok((Message::Request(r), Some(payload))),
+                    Ok(_) => Err("a binary frame from a client must be a request".into()),
+                    Err(e) => Err(e),
+                }
+            }
+            // Otherwise its bytes are a text message, as in the reference.
+            Inbound::Binary(frame) => match String::from_utf8(Vec::from(frame)) {
+                Ok(text) => Message::decode(text.as_bytes())
+                    .map(|m| (m, None))
+                    .map_err(|e| e.to_string()),
+                Err(_) => Err("message is not valid UTF-8".into()),
+            },
             Inbound::Invalid(why) => Err(why),
         };
-        let msg = match decoded {
+        let (msg, payload) = match decoded {
             Ok(m) => m,
             Err(why) => {
                 let e = crate::handlers::undecodable(&parse_context, &why);
@@ -145,8 +164,14 @@ pub async fn serve(
                 if let Some(t) = &req.trace {
                     exec_server_telemetry::adopt_parent(&span, t);
                 }
-                let dispatched =
-                    span.in_scope(|| server.router.dispatch(ctx.clone(), &req.method, req.params));
+                let dispatched = span.in_scope(|| {
+                    server.router.dispatch_with_payload(
+                        ctx.clone(),
+                        &req.method,
+                        req.params,
+                        payload,
+                    )
+                });
                 match dispatched {
                     Err(e) => {
                         span.record("error_code", e.code);
@@ -250,6 +275,25 @@ async fn reply(
         Ok(Reply {
             result_json,
             after_send,
+            payload: Some(bytes),
+        }) => {
+            let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+            let head = format!("{{\"id\":{id_json},\"result\":{result_json}}}");
+            let frame = exec_server_protocol::binary::encode(
+                exec_server_protocol::binary::Kind::ResultChunk,
+                &head,
+                &bytes,
+            );
+            let r = out.send_binary(frame).await;
+            if let Some(f) = after_send {
+                f();
+            }
+            r
+        }
+        Ok(Reply {
+            result_json,
+            after_send,
+            payload: None,
         }) => {
             // Spliced by hand: the result is already JSON text (often large, from
             // the byte-carrying hot paths), so it is never parsed back into a value.
@@ -348,6 +392,18 @@ mod tests {
             .await
             .expect("the loop ends")
             .unwrap();
+    }
+
+    /// A line transport never agrees to binary frames, even when asked.
+    #[tokio::test]
+    async fn binary_frames_are_not_offered_on_lines() {
+        let (mut w, mut r, _task) = connect().await;
+        w.write_all(b"{\"id\":1,\"method\":\"initialize\",\"params\":{\"clientName\":\"t\",\"extensions\":{\"binaryFrames\":1}}}\n")
+            .await
+            .unwrap();
+        let ok = next(&mut r).await.unwrap();
+        assert!(ok["result"]["sessionId"].is_string(), "{ok}");
+        assert!(ok["result"].get("binaryFrames").is_none(), "{ok}");
     }
 
     #[tokio::test]

@@ -48,6 +48,9 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("processTreeKill", true),
         ("fsWatch", true),
         ("sandboxEnforced", sandbox_enforced),
+        // Binary frames (`docs/binary-frames.md`): offered to a client that
+        // announces them in `initialize`, on WebSocket connections.
+        ("binaryFrames", true),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

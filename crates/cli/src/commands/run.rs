@@ -249,16 +249,36 @@ async fn forward_signals(client: ExecServerClient, id: String, tty: bool) {
 async fn relay_output(proc: &mut ProcessHandle) -> Result<Option<i32>, String> {
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
+    // Chunks go to descriptor 1 as they are: the standard handle is line
+    // buffered, and scanning every chunk for a line end cost more than the
+    // copy (each chunk is flushed at once anyway).
+    let mut raw_stdout = {
+        use std::os::fd::AsFd;
+        stdout
+            .as_fd()
+            .try_clone_to_owned()
+            .ok()
+            .map(std::fs::File::from)
+    };
+    if let Some(f) = &raw_stdout {
+        // A pipe as large as an output chunk (128 KiB) takes each chunk in one
+        // write instead of two with a wake-up of the reader between them.
+        // Refused for anything but a pipe; harmless then.
+        let _ = nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_SETPIPE_SZ(256 * 1024));
+    }
     let mut code = None;
     while let Some(ev) = proc.next_event().await {
         match ev {
             ProcessEvent::Output { stream, data, .. } => {
                 let r = match stream {
                     OutputStream::Stderr => stderr.lock().write_all(&data),
-                    _ => {
-                        let mut out = stdout.lock();
-                        out.write_all(&data).and_then(|_| out.flush())
-                    }
+                    _ => match raw_stdout.as_mut() {
+                        Some(f) => f.write_all(&data),
+                        None => {
+                            let mut out = stdout.lock();
+                            out.write_all(&data).and_then(|_| out.flush())
+                        }
+                    },
                 };
                 if r.is_err() {
                     // Local stdout closed (e.g. `| head`): stop the remote command.

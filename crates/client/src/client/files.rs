@@ -216,8 +216,12 @@ impl ExecServerClient {
                     };
                     next_offset += BLOCK;
                     queue.push_back(tokio::spawn(async move {
-                        me.call::<_, ReadBlockResponse>(m::FS_READ_BLOCK, &p, true)
-                            .await
+                        let params = serde_json::to_value(&p)
+                            .map_err(|e| ClientError::protocol(m::FS_READ_BLOCK, e))?;
+                        let answer = me
+                            .call_chunked(m::FS_READ_BLOCK, params, None, true)
+                            .await?;
+                        super::with_chunk::<ReadBlockResponse>(m::FS_READ_BLOCK, answer)
                     }));
                     if queue.len() == 1 && next_offset == BLOCK {
                         break; // learn the size class from the first block before fanning out
@@ -296,11 +300,12 @@ impl ExecServerClient {
                 let p = WriteBlockParams {
                     handle_id: handle.clone(),
                     offset,
-                    chunk: exec_server_protocol::ByteChunk(buf),
+                    chunk: exec_server_protocol::ByteChunk::default(),
                 };
+                let params = super::without_chunk(m::FS_WRITE_BLOCK, &p)?;
                 offset += n as u64;
                 queue.push_back(tokio::spawn(async move {
-                    me.call::<_, Value>(m::FS_WRITE_BLOCK, &p, true)
+                    me.call_chunked(m::FS_WRITE_BLOCK, params, Some(&buf), true)
                         .await
                         .map(|_| n as u64)
                 }));

@@ -20,7 +20,11 @@ pub(super) async fn dispatch(
     while let Some(item) = incoming.recv().await {
         let Some(inner) = weak.upgrade() else { return };
         match item {
-            Incoming::Notification { method, params } => {
+            Incoming::Notification {
+                method,
+                params,
+                payload,
+            } => {
                 if method == m::PROCESS_OUTPUT {
                     // Backpressure: a consumer that is behind holds the reader.
                     let room = params["processId"]
@@ -30,11 +34,11 @@ pub(super) async fn dispatch(
                         drop(inner);
                         room.wait().await;
                         let Some(again) = weak.upgrade() else { return };
-                        on_notification(&again, &method, params);
+                        on_notification(&again, &method, params, payload);
                         continue;
                     }
                 }
-                on_notification(&inner, &method, params)
+                on_notification(&inner, &method, params, payload)
             }
             Incoming::Request {
                 id,
@@ -84,10 +88,12 @@ pub(super) async fn dispatch(
     }
 }
 
-fn on_notification(inner: &Arc<Inner>, method: &str, params: Value) {
+/// `payload`: the raw `params.chunk` of a notification that came as a binary frame.
+fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Option<Vec<u8>>) {
     match method {
         m::PROCESS_OUTPUT => {
-            let Ok(n) = serde_json::from_value::<ProcessOutputNotification>(params) else {
+            let Ok(n) = super::with_chunk::<ProcessOutputNotification>(method, (params, payload))
+            else {
                 return;
             };
             let mut procs = lock(&inner.procs);

@@ -402,9 +402,14 @@ impl ExecServerClient {
             peer.clone(),
             incoming,
         ));
+        // Binary frames are announced only where the transport carries them.
+        let extensions = peer.binary_capable().then_some(ClientExtensions {
+            binary_frames: Some(exec_server_protocol::binary::VERSION),
+        });
         let params = InitializeParams {
             client_name: opts.client_name.clone(),
             resume_session_id: resume,
+            extensions,
         };
         let value = serde_json::to_value(&params).unwrap_or_default();
         let init = peer
@@ -421,6 +426,12 @@ impl ExecServerClient {
             })?;
         let init: InitializeResponse = serde_json::from_value(init)
             .map_err(|e| (ClientError::protocol(m::INITIALIZE, e), false))?;
+        if init
+            .binary_frames
+            .is_some_and(|v| v == exec_server_protocol::binary::VERSION)
+        {
+            peer.enable_binary();
+        }
         peer.notify(m::INITIALIZED, Value::Null)
             .await
             .map_err(|e| (ClientError::from(e), true))?;
@@ -468,6 +479,36 @@ impl ExecServerClient {
         }
     }
 
+    /// Calls `method` whose params' or result's `chunk` holds bytes:
+    /// `params` without `chunk`, `payload` as its bytes. On a connection with
+    /// binary frames the bytes travel raw; otherwise as base64. The result's
+    /// `chunk`, when it came raw, is returned apart. `retry` as [`Self::call`].
+    pub(crate) async fn call_chunked(
+        &self,
+        method: &str,
+        params: Value,
+        payload: Option<&[u8]>,
+        retry: bool,
+    ) -> Result<(Value, Option<Vec<u8>>), ClientError> {
+        let mut attempt = 0;
+        loop {
+            let peer = self.peer().await?;
+            match peer
+                .call_with_payload(
+                    method,
+                    params.clone(),
+                    payload,
+                    self.inner.opts.call_timeout,
+                )
+                .await
+            {
+                Ok(v) => return Ok(v),
+                Err(CallError::Closed) if retry && attempt == 0 => attempt += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// `http/request`. With `streamResponse`, the body arrives on the returned receiver.
     pub async fn http_request(
         &self,
@@ -486,6 +527,31 @@ impl ExecServerClient {
         }
         Ok((r?, rx))
     }
+}
+
+/// `params` as a JSON object without its `chunk` (which travels apart).
+fn without_chunk<P: Serialize>(method: &str, params: &P) -> Result<Value, ClientError> {
+    let mut v = serde_json::to_value(params).map_err(|e| ClientError::protocol(method, e))?;
+    if let Value::Object(m) = &mut v {
+        m.remove(exec_server_protocol::binary::PAYLOAD_MEMBER);
+    }
+    Ok(v)
+}
+
+/// Decodes a result whose `chunk` may have come apart as raw bytes.
+fn with_chunk<R: DeserializeOwned + exec_server_protocol::binary::WithPayload>(
+    method: &str,
+    (mut value, payload): (Value, Option<Vec<u8>>),
+) -> Result<R, ClientError> {
+    if payload.is_some() {
+        exec_server_protocol::binary::add_empty_chunk(&mut value)
+            .map_err(|e| ClientError::protocol(method, std::io::Error::other(e)))?;
+    }
+    let mut r: R = serde_json::from_value(value).map_err(|e| ClientError::protocol(method, e))?;
+    if let Some(bytes) = payload {
+        r.set_payload(bytes);
+    }
+    Ok(r)
 }
 
 #[cfg(all(test, feature = "embedded"))]

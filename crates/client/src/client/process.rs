@@ -187,10 +187,15 @@ impl ExecServerClient {
         let n = self.inner.next_write.fetch_add(1, Ordering::Relaxed);
         let params = WriteParams {
             process_id: process_id.into(),
-            chunk: exec_server_protocol::ByteChunk(data),
+            chunk: exec_server_protocol::ByteChunk::default(),
             write_id: format!("{}-{n}", self.inner.write_prefix),
         };
-        let r: WriteResponse = self.call(m::PROCESS_WRITE, &params, true).await?;
+        let params = super::without_chunk(m::PROCESS_WRITE, &params)?;
+        let (v, _) = self
+            .call_chunked(m::PROCESS_WRITE, params, Some(&data), true)
+            .await?;
+        let r: WriteResponse =
+            serde_json::from_value(v).map_err(|e| ClientError::protocol(m::PROCESS_WRITE, e))?;
         Ok(r.status)
     }
 

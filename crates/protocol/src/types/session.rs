@@ -13,6 +13,33 @@ pub struct InitializeParams {
     /// Resume this detached session instead of opening a new one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_session_id: Option<String>,
+    /// Ours, optional: extensions the client can use (wire name `extensions`).
+    /// Ignored by the reference; a value of any other shape is ignored here
+    /// too, so no client that does not know it sees a change.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_extensions"
+    )]
+    pub extensions: Option<ClientExtensions>,
+}
+
+/// What a client announces in `initialize` `extensions` (ours).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientExtensions {
+    /// The highest binary-frame version the client speaks (wire name
+    /// `binaryFrames`; 1 = `docs/binary-frames.md`), absent or 0 for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary_frames: Option<u32>,
+}
+
+/// `extensions` of an unexpected shape reads as absent, never as an error.
+fn lenient_extensions<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<ClientExtensions>, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
 }
 
 /// Result of `initialize`.
@@ -24,6 +51,11 @@ pub struct InitializeResponse {
     /// Same object as `environment/info` (optional for older servers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_info: Option<EnvironmentInfo>,
+    /// Ours: the binary-frame version this connection now uses in both
+    /// directions (wire name `binaryFrames`); present only when the client
+    /// announced one and the transport carries binary frames.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary_frames: Option<u32>,
 }
 
 /// The shell the executor would use.

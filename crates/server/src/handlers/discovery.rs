@@ -16,10 +16,7 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         Mode::Inline,
         |ctx: Ctx, _: ()| async move {
             // Encoded once at start: nothing in it changes while the server runs.
-            Ok(Reply {
-                result_json: ctx.server.env_info_json.clone(),
-                after_send: None,
-            })
+            Ok(Reply::json(ctx.server.env_info_json.clone()))
         },
     );
     r.request(

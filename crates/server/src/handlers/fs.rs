@@ -36,19 +36,13 @@ fn read_file_reply(p: &ReadFileParams) -> Result<(Reply, usize), ExecError> {
         }
     })?;
     s.push_str(READ_FILE_TAIL);
-    Ok((
-        Reply {
-            result_json: s,
-            after_send: None,
-        },
-        n,
-    ))
+    Ok((Reply::json(s), n))
 }
 
 pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
     // Whole-path operations: confined by the sandbox helper, or the blocking
     // call in-process when the policy allows it anyway.
-    r.request(
+    r.request_with_payload(
         m::FS_WRITE_FILE,
         fs_mode,
         |ctx: Ctx, p: WriteFileParams| async move {
@@ -115,6 +109,12 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
             let session = session_of(&ctx)?;
             let block = blocking(move || fs::read_block(&p, &session.files)).await?;
             crate::metrics::file_read(block.chunk.0.len());
+            if ctx.outbound.binary_frames() {
+                // The bytes go raw in a binary frame after `{"eof":…}`.
+                let mut reply = Reply::json(format!("{{\"eof\":{}}}", block.eof));
+                reply.payload = Some(block.chunk.0);
+                return Ok(reply);
+            }
             let tail = if block.eof {
                 "\",\"eof\":true}"
             } else {
@@ -123,7 +123,7 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
             Ok(raw_bytes_reply("{\"chunk\":\"", &block.chunk.0, tail))
         },
     );
-    r.request(
+    r.request_with_payload(
         m::FS_WRITE_BLOCK,
         fs_mode,
         |ctx: Ctx, p: WriteBlockParams| async move {

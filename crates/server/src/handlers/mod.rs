@@ -141,10 +141,7 @@ fn raw_bytes_reply(head: &str, data: &[u8], tail: &str) -> Reply {
     s.push_str(head);
     bytes::encode_into(data, &mut s);
     s.push_str(tail);
-    Reply {
-        result_json: s,
-        after_send: None,
-    }
+    Reply::json(s)
 }
 
 /// Params that carry a `sandbox`, and what the method needs from it.

@@ -23,7 +23,7 @@ pub(super) fn register(r: &mut Router<Ctx>) {
             Ok(proc.read(p.after_seq.unwrap_or(0), p.max_bytes, wait).await)
         },
     );
-    r.request(
+    r.request_with_payload(
         m::PROCESS_WRITE,
         Mode::Inline,
         |ctx: Ctx, p: WriteParams| async move {

@@ -26,16 +26,29 @@ async fn initialize(ctx: Ctx, p: InitializeParams) -> Result<Reply, ErrorObject>
             .create(ctx.id, ctx.outbound.clone(), ctx.calls.clone()),
     };
     *ctx.phase() = Phase::Initializing(session.clone());
+    // Binary frames only for a client that asked, on a transport that carries
+    // them; on from here, so a resumed session's output may use them at once.
+    let binary = p
+        .extensions
+        .as_ref()
+        .and_then(|e| e.binary_frames)
+        .is_some_and(|v| v >= exec_server_protocol::binary::VERSION)
+        && ctx.outbound.enable_binary();
+    let binary_member = if binary {
+        format!(
+            ",\"binaryFrames\":{}",
+            exec_server_protocol::binary::VERSION
+        )
+    } else {
+        String::new()
+    };
     tracing::info!(conn = ctx.id, session = %session.id, client = %p.client_name, resumed = p.resume_session_id.is_some(), "initialized");
     // Spliced from the environment info encoded once at start: every connection
     // pays for this reply, and re-encoding it showed in the connect benchmark.
-    Ok(Reply {
-        result_json: format!(
-            "{{\"sessionId\":\"{}\",\"environmentInfo\":{}}}",
-            session.id, server.env_info_json
-        ),
-        after_send: None,
-    })
+    Ok(Reply::json(format!(
+        "{{\"sessionId\":\"{}\",\"environmentInfo\":{}{binary_member}}}",
+        session.id, server.env_info_json
+    )))
 }
 
 /// The group name used in handshake errors, as the reference words them.

@@ -682,8 +682,18 @@ async fn emit_one(proc: &Process, link: &Link, stream: OutputStream, data: &[u8]
     crate::metrics::output_bytes(data.len());
     let seq = lock(&proc.state).log.push_output(stream, data.to_vec());
     proc.bump();
-    let msg = encode_output_notification(&proc.id, seq, stream, data);
-    send_event(proc, link, seq, msg).await;
+    let Some(out) = link.outbound() else { return };
+    // Raw bytes in a binary frame when the client agreed to them.
+    let sent = if out.binary_frames() {
+        let frame = notify::encode_output_frame(&proc.id, seq, stream, data);
+        out.send_binary(frame).await
+    } else {
+        out.send(encode_output_notification(&proc.id, seq, stream, data))
+            .await
+    };
+    if sent.is_ok() {
+        lock(&proc.state).log.delivered_by_push(seq);
+    }
 }
 
 async fn send_event(proc: &Process, link: &Link, seq: u64, msg: String) {

@@ -29,6 +29,26 @@ pub fn encode_output_notification(
     s
 }
 
+/// The binary-frame form of a `process/output` notification
+/// (`docs/binary-frames.md`): the head without `chunk`, then the raw bytes.
+pub fn encode_output_frame(
+    process_id: &str,
+    seq: u64,
+    stream: OutputStream,
+    data: &[u8],
+) -> Vec<u8> {
+    use exec_server_protocol::binary;
+    let mut head = String::with_capacity(96 + process_id.len());
+    head.push_str("{\"method\":\"process/output\",\"params\":{\"processId\":");
+    head.push_str(&serde_json::to_string(process_id).unwrap_or_else(|_| "\"\"".into()));
+    head.push_str(",\"seq\":");
+    head.push_str(&seq.to_string());
+    head.push_str(",\"stream\":\"");
+    head.push_str(stream.as_str());
+    head.push_str("\"}}");
+    binary::encode(binary::Kind::ParamsChunk, &head, data)
+}
+
 pub(super) fn exited_json(id: &str, seq: u64, code: i32, sandbox_denied: bool) -> String {
     exec_server_protocol::encode_notification(
         methods::PROCESS_EXITED,

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Throughput of our CLI through a server over loopback WebSocket against the
+# same work done locally (issue 15): `run -- head -c SIZE /dev/zero | wc -c`
+# vs `head | wc`, and `fs put` / `fs get` of a SIZE file vs `cp` (page cache
+# warm). Prints MiB/s per run and the server's peak RSS (VmHWM).
+#
+#   scripts/bench-cli.sh [BINARY] [SIZE_MIB] [RUNS]
+#   scripts/bench-cli.sh target/release/exec-server 1024 3
+#
+# Set SERVER_CMD to measure another server with our CLI as the client, e.g.
+# SERVER_CMD="codex-ref exec-server --listen ws://127.0.0.1:0".
+set -euo pipefail
+
+BIN=${1:-target/release/exec-server}
+MIB=${2:-1024}
+RUNS=${3:-3}
+BYTES=$((MIB * 1024 * 1024))
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench-cli.XXXXXX")
+SERVER_CMD=${SERVER_CMD:-"$BIN --listen ws://127.0.0.1:0"}
+
+$SERVER_CMD >"$WORK/url" 2>"$WORK/server.log" &
+SERVER=$!
+cleanup() {
+    kill "$SERVER" 2>/dev/null || true
+    wait "$SERVER" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+for _ in $(seq 100); do
+    [ -s "$WORK/url" ] && break
+    sleep 0.05
+done
+URL=$(head -1 "$WORK/url")
+
+head -c "$BYTES" /dev/urandom >"$WORK/src"
+cat "$WORK/src" >/dev/null # warm the page cache
+
+# Seconds a command takes (wall clock, nanosecond clock).
+secs() {
+    local t0 t1
+    t0=$(date +%s%N)
+    "$@"
+    t1=$(date +%s%N)
+    echo "scale=4; ($t1 - $t0) / 1000000000" | bc
+}
+rate() { echo "scale=1; $MIB / $1" | bc; }
+
+check_count() {
+    local n
+    n=$("$@" | wc -c)
+    [ "$n" -eq "$BYTES" ] || {
+        echo "wrong byte count: $n" >&2
+        exit 1
+    }
+}
+
+local_stream() { check_count head -c "$BYTES" /dev/zero; }
+ours_stream() { check_count "$BIN" run --connect "$URL" -- head -c "$BYTES" /dev/zero; }
+local_cp() { cp "$WORK/src" "$WORK/cp.out"; }
+ours_put() { "$BIN" fs --connect "$URL" put "$WORK/src" "$WORK/put.out" >/dev/null 2>&1; }
+ours_get() { "$BIN" fs --connect "$URL" get "$WORK/put.out" "$WORK/get.out" >/dev/null 2>&1; }
+
+printf '%-8s %12s %12s %12s %12s %12s\n' run "head|wc" "run|wc" cp "fs put" "fs get"
+for r in $(seq "$RUNS"); do
+    a=$(secs local_stream)
+    b=$(secs ours_stream)
+    rm -f "$WORK/cp.out"
+    c=$(secs local_cp)
+    rm -f "$WORK/cp.out"
+    d=$(secs ours_put)
+    e=$(secs ours_get)
+    cmp -s "$WORK/src" "$WORK/get.out" || {
+        echo "fs get: contents differ" >&2
+        exit 1
+    }
+    rm -f "$WORK/put.out" "$WORK/get.out"
+    printf '%-8s %12s %12s %12s %12s %12s\n' "$r" "$(rate "$a")" "$(rate "$b")" "$(rate "$c")" "$(rate "$d")" "$(rate "$e")"
+done
+echo "MiB/s; server peak RSS: $(awk '/VmHWM/ {printf "%.1f MiB", $2/1024}' "/proc/$SERVER/status")"
