@@ -12,6 +12,7 @@
 
 pub mod env;
 pub mod host;
+pub mod mask;
 mod http;
 pub mod policy;
 mod socks;
