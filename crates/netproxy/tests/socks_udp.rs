@@ -70,6 +70,7 @@ async fn udp_associate_relays_only_allowed_destinations() {
         socks5: true,
         socks5_udp: udp,
         unix_dir: None,
+        ..Launch::default()
     };
     let proxy = Proxy::start(launch(true), audit.clone()).await.unwrap();
     let (_ctl, relay, code) = associate(proxy.socks_addr().unwrap()).await;

@@ -132,11 +132,23 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     )?;
     let sandbox_type = crate::sandbox::sandbox_type(confine.as_ref());
     let session = session_of(&ctx)?;
+    // Masking resolves the child's environment into `p.env` first, so the
+    // secrets it would inherit are replaced before it exists.
+    let masking = crate::network::masking::mask_start_env(&mut p);
     let proxy = match &p.network_proxy {
         Some(np) => {
             let routed = confine.as_ref().is_some_and(|c| c.routed());
-            let running =
-                crate::network::start(np, &p.process_id, session.link.clone(), routed).await?;
+            let mask = masking.clone().map(|m| (m, &p.env));
+            let roots = &ctx.server.config.netproxy_upstream_roots;
+            let running = crate::network::start(
+                np,
+                &p.process_id,
+                session.link.clone(),
+                routed,
+                mask,
+                roots,
+            )
+            .await?;
             if let (Some(c), Some(route)) = (confine.as_mut(), running.route.clone()) {
                 c.set_route(route);
             }
@@ -145,7 +157,7 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
         None => None,
     };
     if let Some(running) = &proxy {
-        let vars = running.proxy.child_env();
+        let vars = running.child_env();
         match p.env_policy.as_mut() {
             Some(policy) => policy.set.extend(vars),
             None => p.env.extend(vars),
