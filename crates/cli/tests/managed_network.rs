@@ -255,6 +255,31 @@ async fn n7_launch_validation_and_enforcement_without_proxy_or_sandbox() {
             -32602,
             Text::Has("requires a sandbox"),
         ),
+        // Credential masking's wire, as the reference 0.169.0 checks it.
+        (
+            "n7g",
+            json!({"networkProxy": {"proxy": proxy(json!({"credentialProviders": {"x": 5}}))}}),
+            -32602,
+            Text::Has("expected struct CredentialProviderConfig"),
+        ),
+        (
+            "n7h",
+            json!({"networkProxy": {"proxy": proxy(json!({"credentialProviders": {"x": {"secret_env_var": "A"}}}))}}),
+            -32602,
+            Text::Has("unknown field `secret_env_var`, expected one of `env`, `patterns`, `url_prefixes`, `url_prefix_from_env`, `auth`, `header`, `prefix`"),
+        ),
+        (
+            "n7i",
+            json!({"networkProxy": {"proxy": proxy(json!({"credentialMasking": 5}))}}),
+            -32602,
+            Text::Has("expected a boolean"),
+        ),
+        (
+            "n7j",
+            json!({"networkProxy": {"proxy": proxy(json!({"credentialProviders": {"x": {"auth": ["digest"]}}}))}}),
+            -32602,
+            Text::Has("unknown variant `digest`"),
+        ),
         // S24: with a sandbox but no proxy the command never runs.
         (
             "n7f",
@@ -273,6 +298,10 @@ async fn n7_launch_validation_and_enforcement_without_proxy_or_sandbox() {
             Text::Any => {}
         }
     }
+    // An empty provider is accepted (it masks nothing).
+    let ok = json!({"networkProxy": {"proxy": proxy(json!({"credentialMasking": true,
+        "credentialProviders": {"x": {}}}))}});
+    c.ok("process/start", start("n7ok", ok)).await;
     let caps = c.ok("environment/info", json!({})).await;
     let caps = if caps["capabilities"].is_object() {
         caps["capabilities"].clone()
@@ -281,6 +310,8 @@ async fn n7_launch_validation_and_enforcement_without_proxy_or_sandbox() {
     };
     assert_eq!(caps["networkProxyLaunch"], true, "{caps}");
     assert_eq!(caps["networkProxyReviewDomains"], true, "{caps}");
+    assert_eq!(caps["credentialMasking"], true, "{caps}");
+    assert_eq!(caps["credentialMaskingCustomProviders"], true, "{caps}");
 }
 
 #[tokio::test]
@@ -922,4 +953,58 @@ async fn m1_credential_masking_puts_secrets_back_only_for_their_provider() {
     for t in [t1, t2, t3] {
         t.abort();
     }
+}
+
+#[tokio::test]
+async fn m2_masking_inside_an_enforced_sandbox_and_over_plain_http() {
+    private_internet();
+    let f = fixture("m2");
+    let (ca_pem, tls) = test_tls("8.8.8.8");
+    let ca_file = f.ws.join("upstream-ca.pem");
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    let s = Server::start(&["--netproxy-upstream-root", ca_file.to_str().unwrap()]);
+    let mut c = Conn::open(&s.url, None).await;
+    let (tls_port, t1, tls_heads) = recording_upstream("8.8.8.8", Some(tls)).await;
+    let (plain_port, t2, plain_heads) = recording_upstream("8.8.4.4", None).await;
+    let real = "tok_0123456789abcdef";
+    // A provider allowed over plain http too (an explicit http:// prefix),
+    // sending the secret in a header of its own.
+    let np = json!({"proxy": proxy(json!({
+        "domains": {"8.8.8.8": "allow", "8.8.4.4": "allow"},
+        "credentialMasking": true,
+        "credentialProviders": {"svc": {
+            "env": ["SVC_KEY"], "patterns": ["tok_[0-9a-f]{16}"],
+            "url_prefixes": [format!("https://8.8.8.8:{tls_port}/api"), format!("http://8.8.4.4:{plain_port}")],
+            "auth": ["header"], "header": "X-Svc-Key"}}}))});
+    let script = format!(
+        "printenv SVC_KEY; \
+         curl -sS --max-time 10 -H \"X-Svc-Key: $SVC_KEY\" https://8.8.8.8:{tls_port}/api/x; echo \" rc=$?\"; \
+         curl -sS --max-time 10 -H \"X-Svc-Key: $SVC_KEY\" https://8.8.8.8:{tls_port}/other; echo \" rc=$?\"; \
+         curl -sS --max-time 10 -H \"X-Svc-Key: $SVC_KEY\" http://8.8.4.4:{plain_port}/; echo \" rc=$?\""
+    );
+    let mut p = start_params("m2", &["/bin/sh", "-c", &script], &f.ws, false, false);
+    p["networkProxy"] = np;
+    p["env"]["SVC_KEY"] = json!(real);
+    p["enforceManagedNetwork"] = json!(true);
+    p["sandbox"] = ww(&f.ws);
+    let o = run_start(&mut c, "m2", p, Reply::Silence).await;
+    let lines: Vec<&str> = o.out.lines().collect();
+    assert!(lines.len() >= 4, "{o:?}");
+    let ph = lines[0];
+    assert!(ph.starts_with("tok_") && ph.len() == real.len() && ph != real, "{o:?}");
+    assert!(!o.out.contains(real), "responses do not echo the header: {o:?}");
+    let tls_got = tls_heads.lock().unwrap().clone();
+    assert_eq!(tls_got.len(), 2, "{tls_got:?}");
+    // Inside the path prefix: the secret; outside it: the placeholder.
+    let lower = |h: &str| h.to_ascii_lowercase();
+    assert!(lower(&tls_got[0]).contains(&format!("x-svc-key: {real}")), "{tls_got:?}");
+    assert!(lower(&tls_got[1]).contains(&format!("x-svc-key: {ph}")), "{tls_got:?}");
+    let plain_got = plain_heads.lock().unwrap().clone();
+    assert_eq!(plain_got.len(), 1, "{plain_got:?}");
+    assert!(lower(&plain_got[0]).contains(&format!("x-svc-key: {real}")), "{plain_got:?}");
+    for l in &lines[1..4] {
+        assert!(l.ends_with(" rc=0"), "{o:?}");
+    }
+    t1.abort();
+    t2.abort();
 }

@@ -13,6 +13,7 @@
 //! the request's custom ones ([`CustomProvider`]).
 
 pub mod dest;
+mod generate;
 mod placeholder;
 
 pub use dest::{Dest, Scheme};
@@ -304,7 +305,7 @@ impl Masking {
             let matches = env.get(key).is_some_and(|v| full(v.trim()));
             if matches {
                 self.mask(env, key, &c.p.name, dests.clone(), |real| {
-                    placeholder::matching(real, full)
+                    placeholder::matching(real, &c.p.patterns, |v| full(v) && usable(v))
                 });
             }
         }

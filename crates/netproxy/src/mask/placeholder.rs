@@ -1,6 +1,8 @@
-//! Placeholders: random values shaped like the secret they stand for (same
-//! length, same character classes, punctuation kept, a known prefix kept), so
-//! a client that checks a key's shape before using it still accepts them.
+//! Placeholders: random values shaped like the secret they stand for, so a
+//! client that checks a key's shape before using it still accepts them. A
+//! built-in provider's keeps the key kind's public prefix (`ghp_`,
+//! `sk-proj-`) and the secret's length and character classes; a custom
+//! provider's is generated from its pattern.
 
 use ring::rand::{SecureRandom, SystemRandom};
 
@@ -56,21 +58,19 @@ pub fn openai(real: &str) -> Option<String> {
     shaped(real, prefix, 51)
 }
 
-/// Most prefix lengths tried for a custom provider's placeholder.
-const MAX_KEPT_PREFIX: usize = 16;
-/// Attempts per prefix length.
-const ATTEMPTS: usize = 4;
+/// Attempts per pattern.
+const ATTEMPTS: usize = 16;
 
-/// A custom provider's placeholder: the shortest kept prefix of `real` (up to
-/// [`MAX_KEPT_PREFIX`] bytes) for which a shaped value satisfies `accept`
-/// (it matches one of the provider's patterns) and differs from `real`.
-pub fn matching(real: &str, accept: impl Fn(&str) -> bool) -> Option<String> {
-    for keep in 0..=real.len().min(MAX_KEPT_PREFIX) {
-        if !real.is_char_boundary(keep) {
-            continue;
-        }
+/// A custom provider's placeholder: a value generated from one of its
+/// `patterns` (never from `real`, so it reveals nothing of the secret) that
+/// `accept`s (matches a pattern in full, is usable in a header) and differs
+/// from `real`.
+pub fn matching(real: &str, patterns: &[String], accept: impl Fn(&str) -> bool) -> Option<String> {
+    for p in patterns {
         for _ in 0..ATTEMPTS {
-            let c = shaped(real, &real[..keep], 0)?;
+            let Some(c) = super::generate::generate(p) else {
+                break;
+            };
             if c != real && accept(&c) {
                 return Some(c);
             }
@@ -97,9 +97,10 @@ mod tests {
         assert!(p.starts_with("sk-"), "{p}");
         let re = regex::Regex::new("^vendor_[a-z]{24}$").unwrap();
         let real = format!("vendor_{}", "q".repeat(24));
-        let p = matching(&real, |c| re.is_match(c)).unwrap();
+        let pats = ["vendor_[a-z]{24}".to_string()];
+        let p = matching(&real, &pats, |c| re.is_match(c)).unwrap();
         assert!(re.is_match(&p) && p != real, "{p}");
-        assert!(matching("abc", |_| false).is_none());
+        assert!(matching("abc", &pats, |_| false).is_none());
         assert!(shaped("é", "", 0).is_some(), "non-ASCII copied whole");
     }
 }

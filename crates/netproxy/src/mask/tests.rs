@@ -116,6 +116,7 @@ fn custom_provider_masks_matching_values_for_its_prefixes() {
     assert_eq!(m.records().len(), 1);
     let ph = e["VENDOR_TOKEN"].clone();
     assert!(ph.starts_with("vendor_") && ph.len() == real.len() && ph != real);
+    assert_ne!(&ph[7..], &real[7..]);
     assert_eq!(e["VENDOR_KEY"], "not-a-vendor-token", "no pattern match");
     assert!(m.intercepts("eu.vendor.example", 8443), "from VENDOR_URL");
     let mut h = HeaderMap::new();

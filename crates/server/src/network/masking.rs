@@ -82,25 +82,48 @@ pub fn mask_start_env(p: &mut ExecParams) -> Option<Arc<Masking>> {
     Some(Arc::new(masking))
 }
 
-/// The CA bundle of one process: a private (0700) directory holding
-/// `ca-bundle.pem` (0600); removed when dropped.
+/// The CA bundle of one process, `ca-bundle.pem` (0600) in a private (0700)
+/// directory: the proxy's socket directory when the process is sandboxed
+/// (bound into the sandbox, so the child sees it at
+/// [`exec_server_sandbox::PROXY_DIR_INSIDE`]), else one of its own. Removed
+/// when dropped.
 pub struct CaBundle {
-    dir: PathBuf,
     file: PathBuf,
+    child_path: PathBuf,
+    own_dir: Option<PathBuf>,
 }
 
+/// The bundle's file name.
+pub const CA_BUNDLE_FILE: &str = "ca-bundle.pem";
+
 impl CaBundle {
-    /// Writes `ca_pem` after the roots the child trusted so far: the file its
-    /// `SSL_CERT_FILE` names (when readable), else the host's bundle. Errors:
-    /// the directory or file cannot be written.
-    pub fn write(ca_pem: &str, env: &BTreeMap<String, String>) -> std::io::Result<CaBundle> {
+    /// Writes `ca_pem` after the roots the child trusted so far (the file its
+    /// `SSL_CERT_FILE` names when readable, else the host's bundle), into
+    /// `socket_dir` (a sandboxed process's proxy directory) or a new private
+    /// directory. Errors: the directory or file cannot be written.
+    pub fn write(
+        ca_pem: &str,
+        env: &BTreeMap<String, String>,
+        socket_dir: Option<&Path>,
+    ) -> std::io::Result<CaBundle> {
         use std::io::Write;
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        let dir = std::env::temp_dir().join(format!("exec-server-ca-{}", uuid::Uuid::new_v4()));
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        let bundle = CaBundle {
-            file: dir.join("ca-bundle.pem"),
-            dir,
+        let bundle = match socket_dir {
+            Some(d) => CaBundle {
+                file: d.join(CA_BUNDLE_FILE),
+                child_path: Path::new(exec_server_sandbox::PROXY_DIR_INSIDE).join(CA_BUNDLE_FILE),
+                own_dir: None,
+            },
+            None => {
+                let dir =
+                    std::env::temp_dir().join(format!("exec-server-ca-{}", uuid::Uuid::new_v4()));
+                std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+                CaBundle {
+                    file: dir.join(CA_BUNDLE_FILE),
+                    child_path: dir.join(CA_BUNDLE_FILE),
+                    own_dir: Some(dir),
+                }
+            }
         };
         let mut text = existing_roots(env).unwrap_or_default();
         if !text.is_empty() && !text.ends_with('\n') {
@@ -116,14 +139,14 @@ impl CaBundle {
         Ok(bundle)
     }
 
-    /// The bundle's path.
-    pub fn path(&self) -> &Path {
-        &self.file
+    /// The bundle's path as the child sees it.
+    pub fn child_path(&self) -> &Path {
+        &self.child_path
     }
 
     /// The variables naming the bundle.
     pub fn child_env(&self) -> Vec<(String, String)> {
-        let p = self.file.to_string_lossy().into_owned();
+        let p = self.child_path.to_string_lossy().into_owned();
         CA_ENV_KEYS
             .iter()
             .map(|k| (k.to_string(), p.clone()))
@@ -134,7 +157,9 @@ impl CaBundle {
 impl Drop for CaBundle {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.file);
-        let _ = std::fs::remove_dir(&self.dir);
+        if let Some(d) = &self.own_dir {
+            let _ = std::fs::remove_dir(d);
+        }
     }
 }
 

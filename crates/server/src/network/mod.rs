@@ -113,7 +113,10 @@ pub async fn start(
         .collect();
     let proxy = Proxy::start(l, decider).await.map_err(failed)?;
     let ca = match (proxy.ca_pem(), env) {
-        (Some(pem), Some(env)) => Some(masking::CaBundle::write(pem, env).map_err(failed)?),
+        (Some(pem), Some(env)) => {
+            let socket_dir = dir.as_ref().map(|d| d.0.as_path());
+            Some(masking::CaBundle::write(pem, env, socket_dir).map_err(failed)?)
+        }
         _ => None,
     };
     let route = dir.as_ref().map(|d| {
