@@ -26,6 +26,10 @@ fn local_blocking(sc: Scenario) -> Result<Outcome, String> {
     use std::io::Read;
     match sc {
         Scenario::Connect | Scenario::IdleConns => Err("no local equivalent".into()),
+        Scenario::ShellSnapshot => {
+            let (plain, login) = crate::snapshot::latencies_local()?;
+            Ok(Outcome::of(vec![plain, login]))
+        }
         Scenario::SpawnSandboxed => {
             let lat = crate::sandboxed::bwrap_latencies_local(300)?;
             Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))

@@ -13,6 +13,7 @@ mod local;
 mod sandboxed;
 mod scenarios;
 mod server;
+mod snapshot;
 mod svg;
 mod wire;
 
@@ -33,7 +34,7 @@ struct Args {
     runs: usize,
     /// Comma-separated scenarios, or `all`: connect, spawn, spawn-concurrent,
     /// spawn-pipelined, stream, fsread, fswrite, fsread-blocks, fswrite-blocks,
-    /// many-procs, idle-conns.
+    /// many-procs, idle-conns, spawn-sandboxed, shell-snapshot.
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Include the local limit (the same work without a server).

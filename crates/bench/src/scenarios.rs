@@ -26,10 +26,11 @@ pub enum Scenario {
     ManyProcs,
     IdleConns,
     SpawnSandboxed,
+    ShellSnapshot,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::Connect,
         Scenario::Spawn,
         Scenario::SpawnConcurrent,
@@ -42,6 +43,7 @@ impl Scenario {
         Scenario::ManyProcs,
         Scenario::IdleConns,
         Scenario::SpawnSandboxed,
+        Scenario::ShellSnapshot,
     ];
 
     pub fn parse(s: &str) -> Result<Scenario, String> {
@@ -66,6 +68,7 @@ impl Scenario {
             Scenario::ManyProcs => "many-procs",
             Scenario::IdleConns => "idle-conns",
             Scenario::SpawnSandboxed => "spawn-sandboxed",
+            Scenario::ShellSnapshot => "shell-snapshot",
         }
     }
 
@@ -80,6 +83,7 @@ impl Scenario {
             | Scenario::FsWriteBlocks => &["MiB/s", "server peak RSS MiB"],
             Scenario::ManyProcs => &["wall ms", "server peak RSS MiB"],
             Scenario::IdleConns => &["KiB RSS / connection"],
+            Scenario::ShellSnapshot => &["snapshot p50 ms", "login shell p50 ms"],
         }
     }
 }
@@ -165,6 +169,11 @@ pub(crate) fn pattern(n: usize) -> Vec<u8> {
 pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
     let url = srv.url.clone();
     match sc {
+        Scenario::ShellSnapshot => {
+            let c = Conn::open(&url).await?;
+            let (snapshot, login) = crate::snapshot::latencies(&c).await?;
+            Ok(Outcome::of(vec![snapshot, login]))
+        }
         Scenario::SpawnSandboxed => {
             let c = Conn::open(&url).await?;
             let lat = crate::sandboxed::spawn_latencies(&c, 300).await?;

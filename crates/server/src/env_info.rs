@@ -27,7 +27,7 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("httpHeaderEnvVars", true),
         ("sandboxedFileStreaming", sandbox_enforced),
         ("fileWriteStreaming", true),
-        ("shellSnapshotV2", false),
+        ("shellSnapshotV2", true),
         ("windowsMxc", false),
         ("linuxRootWritePreservesDevices", sandbox_enforced),
         (

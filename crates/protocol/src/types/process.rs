@@ -45,6 +45,29 @@ pub struct PtySize {
     pub rows: u16,
 }
 
+/// `process/start.shellSnapshot`: which login shell's state to capture, and the
+/// scope within which that capture is reused.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShellSnapshotRequest {
+    /// `scopeId`: commands of one scope (within one session, cwd, env policy
+    /// and sandbox) share one capture; 1..=256 bytes, else -32602.
+    pub scope_id: String,
+    /// `shell`: the shell whose state is captured.
+    pub shell: SnapshotShell,
+}
+
+/// `shellSnapshot.shell`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SnapshotShell {
+    /// `name`: `bash`, `zsh` or `sh`; another name is refused with -32602 when
+    /// the command is one the snapshot applies to.
+    pub name: String,
+    /// `path`: the shell's program; the snapshot applies only to a command whose
+    /// `argv[0]` is exactly this string and whose `argv[1]` is `-lc`.
+    pub path: String,
+}
+
 /// Params of `process/start`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -82,9 +105,11 @@ pub struct ExecParams {
     /// `networkProxy`: start an executor-local proxy for this process (SANDBOX.md §3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_proxy: Option<RemoteNetworkProxyLaunchConfig>,
-    /// Advanced reference field, accepted and ignored.
+    /// `shellSnapshot`: run a `<shell> -lc <script>` command with the user's
+    /// login-shell state captured once per scope instead of re-reading the
+    /// startup files (CAPABILITIES.md §8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shell_snapshot: Option<Value>,
+    pub shell_snapshot: Option<ShellSnapshotRequest>,
     /// Advanced reference field, accepted and ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,

@@ -163,6 +163,12 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
             None => p.env.extend(vars),
         }
     }
+    let snapshot = session
+        .shell_snapshots
+        .apply(&mut p, &cwd, confine.as_ref())
+        .await
+        .map_err(|e| ErrorObject::invalid_params(e.to_string()))?;
+    tracing::debug!(?snapshot, "shell snapshot");
     // The pump sends nothing before this fires, so the response comes first.
     let (gate_tx, gate_rx) = oneshot::channel();
     let weak = Arc::downgrade(&session);

@@ -9,6 +9,7 @@ pub mod kill;
 mod notify;
 pub mod output_log;
 pub mod reaper;
+pub mod snapshot;
 pub mod spawn;
 pub mod spawn_error;
 pub mod spool;

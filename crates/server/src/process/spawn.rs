@@ -52,20 +52,36 @@ pub fn build_env(
         EnvInherit::None => BTreeMap::new(),
     };
     out.retain(|k, _| !NON_INHERITABLE_ENV_VARS.contains(&k.as_str()));
-    if !policy.ignore_default_excludes {
-        out.retain(|k, _| !DEFAULT_EXCLUDES.iter().any(|p| wildcard_match(p, k)));
-    }
-    out.retain(|k, _| !policy.exclude.iter().any(|p| wildcard_match(p, k)));
+    exclude_by_policy(&mut out, policy);
     for (k, v) in &policy.set {
         out.insert(k.clone(), v.clone());
     }
-    if !policy.include_only.is_empty() {
-        out.retain(|k, _| policy.include_only.iter().any(|p| wildcard_match(p, k)));
-    }
+    keep_only_by_policy(&mut out, policy);
     for (k, v) in env {
         out.insert(k.clone(), v.clone());
     }
     out
+}
+
+/// Drops the variables `policy` excludes (its default excludes unless
+/// `ignoreDefaultExcludes`, its `exclude` patterns), then keeps only those its
+/// `includeOnly` names, when that list is not empty.
+pub fn apply_policy_filters(vars: &mut BTreeMap<String, String>, policy: &EnvPolicy) {
+    exclude_by_policy(vars, policy);
+    keep_only_by_policy(vars, policy);
+}
+
+fn exclude_by_policy(vars: &mut BTreeMap<String, String>, policy: &EnvPolicy) {
+    if !policy.ignore_default_excludes {
+        vars.retain(|k, _| !DEFAULT_EXCLUDES.iter().any(|p| wildcard_match(p, k)));
+    }
+    vars.retain(|k, _| !policy.exclude.iter().any(|p| wildcard_match(p, k)));
+}
+
+fn keep_only_by_policy(vars: &mut BTreeMap<String, String>, policy: &EnvPolicy) {
+    if !policy.include_only.is_empty() {
+        vars.retain(|k, _| policy.include_only.iter().any(|p| wildcard_match(p, k)));
+    }
 }
 
 /// Resolves `program` like `execvp` would, in the child's PATH then [`DEFAULT_PATH`].

@@ -40,6 +40,8 @@ pub struct Session {
     pub watches: crate::fs::watch::WatchTable,
     /// `fs/watchMissing` watches.
     pub missing_watches: crate::fs::watch::missing::MissingWatchTable,
+    /// `shellSnapshot` captures, per scope.
+    pub shell_snapshots: crate::process::snapshot::ShellSnapshots,
     /// Cgroups of retired processes that still hold live descendants
     /// (double-forked daemons): killed when the session ends.
     leftovers: Mutex<Vec<crate::process::cgroup::ProcessCgroup>>,
@@ -56,6 +58,7 @@ impl Session {
             files: HandleTable::default(),
             watches: Default::default(),
             missing_watches: Default::default(),
+            shell_snapshots: Default::default(),
             leftovers: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
         }

@@ -1,0 +1,333 @@
+//! `process/start.shellSnapshot` (capability `shellSnapshotV2`): a command
+//! `[<shell>, "-lc", <script>, …]` runs with the user's login-shell state
+//! captured once per scope, instead of the shell re-reading its startup files
+//! for every command.
+//!
+//! Per session, a scope's capture is keyed by the request (scope id, shell
+//! name and path), the command's cwd, its env policy and its sandbox: a
+//! command that would start its login shell differently gets its own capture.
+//! The capture runs exactly as the command would (environment, cwd, sandbox),
+//! so it sees what the command could see and nothing more.
+//!
+//! The command then runs as `<shell> -pc` (bash; `-c` for sh, `-fc` for zsh:
+//! no startup files) with a prologue that `eval`s the captured options,
+//! functions and aliases. The captured environment is merged under the
+//! request's own variables, which win (so a client's PATH with its tool
+//! directories stays first). A failed capture is retried at most
+//! [`MAX_ATTEMPTS`] times, [`RETRY_BACKOFF`] apart; meanwhile and after, the
+//! command runs unchanged, as a plain login shell.
+
+mod capture;
+
+pub use capture::{CaptureError, Snapshot, CAPTURE_TIMEOUT, MAX_CAPTURE_BYTES};
+use exec_server_protocol::types::{
+    EnvPolicy, ExecParams, FileSystemSandboxContext, ShellSnapshotRequest,
+};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
+
+/// Longest `scopeId`: 256 bytes.
+pub const MAX_SCOPE_BYTES: usize = 256;
+/// Captures kept per session (least recently used evicted): 16.
+pub const MAX_CACHED: usize = 16;
+/// Captures tried per cache entry before giving up on it: 3.
+pub const MAX_ATTEMPTS: u32 = 3;
+/// Wait after a failed capture before the next command may try again: 1 s.
+pub const RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// The captured state is passed in variables of at most this size (64 KiB):
+/// Linux refuses a single argument or variable over 128 KiB.
+const STATE_CHUNK_BYTES: usize = 64 * 1024;
+/// Prefix of those variables; the prologue unsets them before anything else.
+const STATE_VAR_PREFIX: &str = "EXEC_SERVER_SHELL_SNAPSHOT_";
+
+/// Shells whose state can be captured (`shellSnapshot.shell.name`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShellKind {
+    /// `bash`.
+    Bash,
+    /// `zsh`.
+    Zsh,
+    /// `sh` (POSIX: options and aliases; it cannot print functions).
+    Sh,
+}
+
+impl ShellKind {
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "bash" => Some(Self::Bash),
+            "zsh" => Some(Self::Zsh),
+            "sh" => Some(Self::Sh),
+            _ => None,
+        }
+    }
+
+    /// The flag that runs a command string without startup files, and what
+    /// the command string starts with.
+    fn restore_flag_and_preamble(self) -> (&'static str, &'static str) {
+        match self {
+            // Privileged mode keeps bash from reading $BASH_ENV and importing
+            // functions from the environment; it is turned off at once.
+            ShellKind::Bash => ("-pc", "set +o privileged\n"),
+            ShellKind::Zsh => ("-fc", ""),
+            ShellKind::Sh => ("-c", ""),
+        }
+    }
+}
+
+/// A `shellSnapshot` the server refuses (-32602).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SnapshotError {
+    /// `scopeId` empty or over [`MAX_SCOPE_BYTES`].
+    #[error("shell snapshot scope must be non-empty and at most {MAX_SCOPE_BYTES} bytes")]
+    Scope,
+    /// `shell.name` is not one of [`ShellKind`]'s.
+    #[error("shell snapshots are unsupported for shell `{0}`")]
+    UnsupportedShell(String),
+}
+
+/// What [`ShellSnapshots::apply`] did to a start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// No `shellSnapshot` in the request.
+    NotRequested,
+    /// The command is not `[shell.path, "-lc", script, …]`: unchanged.
+    NotApplicable,
+    /// No snapshot could be captured: unchanged (a plain login shell).
+    CaptureFailed,
+    /// The command now restores the snapshot instead of reading startup files.
+    Restored,
+}
+
+#[derive(PartialEq)]
+struct Key {
+    request: ShellSnapshotRequest,
+    cwd: std::path::PathBuf,
+    env_policy: Option<EnvPolicy>,
+    sandbox: Option<FileSystemSandboxContext>,
+}
+
+/// A capture, or the earliest time a failed one may be retried.
+type Cell = Arc<OnceCell<Result<Arc<Snapshot>, Instant>>>;
+
+struct Entry {
+    key: Key,
+    attempts: u32,
+    cell: Cell,
+}
+
+/// A session's captures, most recently used last.
+#[derive(Default)]
+pub struct ShellSnapshots {
+    entries: Mutex<VecDeque<Entry>>,
+}
+
+impl ShellSnapshots {
+    /// Rewrites `params` (argv and environment) to restore the scope's
+    /// snapshot, capturing it first if this scope has none yet. `cwd` is the
+    /// native cwd; `sandbox` confines the capture as it will the command.
+    /// Errors: only a refused request; a failed capture leaves `params` as is.
+    pub async fn apply(
+        &self,
+        params: &mut ExecParams,
+        cwd: &Path,
+        sandbox: Option<&crate::sandbox::StartSandbox>,
+    ) -> Result<Outcome, SnapshotError> {
+        let Some(request) = params.shell_snapshot.clone() else {
+            return Ok(Outcome::NotRequested);
+        };
+        if request.scope_id.is_empty() || request.scope_id.len() > MAX_SCOPE_BYTES {
+            return Err(SnapshotError::Scope);
+        }
+        if params.argv.len() < 3 || params.argv[0] != request.shell.path || params.argv[1] != "-lc"
+        {
+            return Ok(Outcome::NotApplicable);
+        }
+        let kind = ShellKind::from_name(&request.shell.name)
+            .ok_or_else(|| SnapshotError::UnsupportedShell(request.shell.name.clone()))?;
+        let key = Key {
+            request,
+            cwd: cwd.to_path_buf(),
+            env_policy: params.env_policy.clone(),
+            sandbox: params.sandbox.clone(),
+        };
+        let cell = self.cell_for(key);
+        let captured = cell
+            .get_or_init(|| async {
+                match capture::capture(kind, params, cwd, sandbox).await {
+                    Ok(snapshot) => Ok(Arc::new(snapshot)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "shell snapshot capture failed; the command runs as a login shell");
+                        Err(Instant::now() + RETRY_BACKOFF)
+                    }
+                }
+            })
+            .await;
+        match captured {
+            Ok(snapshot) => {
+                restore(kind, snapshot, params);
+                Ok(Outcome::Restored)
+            }
+            Err(_) => Ok(Outcome::CaptureFailed),
+        }
+    }
+
+    /// The cell for `key`, made most recently used; a failed cell whose
+    /// backoff is over is replaced (while attempts remain).
+    fn cell_for(&self, key: Key) -> Cell {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = entries.iter().position(|e| e.key == key) {
+            if let Some(mut entry) = entries.remove(i) {
+                let retry_due = matches!(entry.cell.get(), Some(Err(at)) if Instant::now() >= *at);
+                if retry_due && entry.attempts < MAX_ATTEMPTS {
+                    entry.attempts += 1;
+                    entry.cell = Arc::default();
+                }
+                let cell = entry.cell.clone();
+                entries.push_back(entry);
+                return cell;
+            }
+        }
+        let cell = Cell::default();
+        entries.push_back(Entry {
+            key,
+            attempts: 1,
+            cell: cell.clone(),
+        });
+        while entries.len() > MAX_CACHED {
+            entries.pop_front();
+        }
+        cell
+    }
+}
+
+/// Makes `params` run its script after restoring `snapshot`.
+fn restore(kind: ShellKind, snapshot: &Snapshot, params: &mut ExecParams) {
+    let mut env =
+        crate::process::spawn::build_env(&params.env, params.env_policy.as_ref(), std::env::vars());
+    // The request's own variables (and its policy's `set`) win over what the
+    // startup files exported.
+    let mut overrides: BTreeMap<String, String> = params
+        .env_policy
+        .as_ref()
+        .map(|p| p.set.clone())
+        .unwrap_or_default();
+    overrides.extend(params.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.extend(snapshot.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.extend(overrides);
+    env.retain(|k, _| !k.starts_with(STATE_VAR_PREFIX));
+
+    let mut names = Vec::new();
+    let mut rest = snapshot.state.as_str();
+    while !rest.is_empty() {
+        let mut end = rest.len().min(STATE_CHUNK_BYTES);
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        let (chunk, tail) = rest.split_at(end);
+        let name = format!("{STATE_VAR_PREFIX}{}", names.len());
+        env.insert(name.clone(), chunk.to_owned());
+        names.push(name);
+        rest = tail;
+    }
+    let expansion: String = names.iter().map(|n| format!("${{{n}}}")).collect();
+    let (flag, preamble) = kind.restore_flag_and_preamble();
+    let prologue = if names.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "if ! eval \"unset {}\n{expansion}\" >/dev/null; then \
+             printf 'failed to restore shell snapshot\\n' >&2; fi\n",
+            names.join(" ")
+        )
+    };
+    params.argv[1] = flag.to_owned();
+    params.argv[2] = format!("{preamble}{prologue}{}", params.argv[2]);
+    params.env = env;
+    params.env_policy = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use exec_server_protocol::types::SnapshotShell;
+
+    fn params(argv: &[&str]) -> ExecParams {
+        let cwd = exec_server_protocol::PathUri::parse("file:///tmp").unwrap();
+        let mut p = ExecParams::new(
+            "p",
+            argv.iter().map(|s| s.to_string()).collect(),
+            cwd,
+            BTreeMap::from([("PATH".into(), "/req/bin".into())]),
+        );
+        p.shell_snapshot = Some(ShellSnapshotRequest {
+            scope_id: "s".into(),
+            shell: SnapshotShell {
+                name: "bash".into(),
+                path: "/bin/bash".into(),
+            },
+        });
+        p
+    }
+
+    #[test]
+    fn restore_keeps_request_variables_first_and_splits_large_state() {
+        let mut p = params(&["/bin/bash", "-lc", "echo hi", "zero"]);
+        let state = "x".repeat(STATE_CHUNK_BYTES + 10);
+        let snapshot = Snapshot {
+            state: state.clone(),
+            env: BTreeMap::from([
+                ("PATH".into(), "/profile/bin:/req/bin".into()),
+                ("FROM_PROFILE".into(), "1".into()),
+            ]),
+        };
+        restore(ShellKind::Bash, &snapshot, &mut p);
+        assert_eq!(p.argv[0], "/bin/bash");
+        assert_eq!(p.argv[1], "-pc");
+        assert_eq!(p.argv[3], "zero");
+        assert!(p.argv[2].starts_with("set +o privileged\n"));
+        assert!(p.argv[2].ends_with("\necho hi"));
+        assert_eq!(p.env["PATH"], "/req/bin");
+        assert_eq!(p.env["FROM_PROFILE"], "1");
+        let chunks = format!("{STATE_VAR_PREFIX}0");
+        assert_eq!(p.env[&chunks].len(), STATE_CHUNK_BYTES);
+        assert_eq!(p.env[&format!("{STATE_VAR_PREFIX}1")].len(), 10);
+        assert!(p.env_policy.is_none());
+    }
+
+    #[tokio::test]
+    async fn refused_and_inapplicable_requests() {
+        let cache = ShellSnapshots::default();
+        let mut p = params(&["/bin/bash", "-c", "echo"]);
+        let cwd = Path::new("/tmp");
+        assert_eq!(
+            cache.apply(&mut p, cwd, None).await,
+            Ok(Outcome::NotApplicable)
+        );
+        let mut p = params(&["bash", "-lc", "echo"]);
+        assert_eq!(
+            cache.apply(&mut p, cwd, None).await,
+            Ok(Outcome::NotApplicable)
+        );
+        let mut p = params(&["/bin/bash", "-lc", "echo"]);
+        p.shell_snapshot.as_mut().unwrap().scope_id = String::new();
+        assert_eq!(
+            cache.apply(&mut p, cwd, None).await,
+            Err(SnapshotError::Scope)
+        );
+        let mut p = params(&["/bin/bash", "-lc", "echo"]);
+        p.shell_snapshot.as_mut().unwrap().shell.name = "fish".into();
+        assert_eq!(
+            cache.apply(&mut p, cwd, None).await,
+            Err(SnapshotError::UnsupportedShell("fish".into()))
+        );
+        let mut p = params(&["/bin/bash", "-lc", "echo"]);
+        p.shell_snapshot = None;
+        assert_eq!(
+            cache.apply(&mut p, cwd, None).await,
+            Ok(Outcome::NotRequested)
+        );
+    }
+}
