@@ -991,17 +991,32 @@ async fn m2_masking_inside_an_enforced_sandbox_and_over_plain_http() {
     let lines: Vec<&str> = o.out.lines().collect();
     assert!(lines.len() >= 4, "{o:?}");
     let ph = lines[0];
-    assert!(ph.starts_with("tok_") && ph.len() == real.len() && ph != real, "{o:?}");
-    assert!(!o.out.contains(real), "responses do not echo the header: {o:?}");
+    assert!(
+        ph.starts_with("tok_") && ph.len() == real.len() && ph != real,
+        "{o:?}"
+    );
+    assert!(
+        !o.out.contains(real),
+        "responses do not echo the header: {o:?}"
+    );
     let tls_got = tls_heads.lock().unwrap().clone();
     assert_eq!(tls_got.len(), 2, "{tls_got:?}");
     // Inside the path prefix: the secret; outside it: the placeholder.
     let lower = |h: &str| h.to_ascii_lowercase();
-    assert!(lower(&tls_got[0]).contains(&format!("x-svc-key: {real}")), "{tls_got:?}");
-    assert!(lower(&tls_got[1]).contains(&format!("x-svc-key: {ph}")), "{tls_got:?}");
+    assert!(
+        lower(&tls_got[0]).contains(&format!("x-svc-key: {real}")),
+        "{tls_got:?}"
+    );
+    assert!(
+        lower(&tls_got[1]).contains(&format!("x-svc-key: {ph}")),
+        "{tls_got:?}"
+    );
     let plain_got = plain_heads.lock().unwrap().clone();
     assert_eq!(plain_got.len(), 1, "{plain_got:?}");
-    assert!(lower(&plain_got[0]).contains(&format!("x-svc-key: {real}")), "{plain_got:?}");
+    assert!(
+        lower(&plain_got[0]).contains(&format!("x-svc-key: {real}")),
+        "{plain_got:?}"
+    );
     for l in &lines[1..4] {
         assert!(l.ends_with(" rc=0"), "{o:?}");
     }

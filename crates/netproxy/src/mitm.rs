@@ -228,7 +228,9 @@ async fn forward(
     crate::http::strip_hop_headers(&mut parts.headers);
     // Requests inside a tunnel are origin-form already; keep it so.
     if parts.uri.scheme().is_some() {
-        parts.uri = path.parse().unwrap_or_else(|_| hyper::Uri::from_static("/"));
+        parts.uri = path
+            .parse()
+            .unwrap_or_else(|_| hyper::Uri::from_static("/"));
     }
     match s.send_request(Request::from_parts(parts, body)).await {
         Ok(resp) => {

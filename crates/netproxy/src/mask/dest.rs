@@ -92,7 +92,10 @@ impl Dest {
             let close = authority.find(']').ok_or_else(bad)?;
             match &authority[close + 1..] {
                 "" => (&authority[..=close], None),
-                p => (&authority[..=close], Some(p.strip_prefix(':').ok_or_else(bad)?)),
+                p => (
+                    &authority[..=close],
+                    Some(p.strip_prefix(':').ok_or_else(bad)?),
+                ),
             }
         } else if authority.matches(':').count() == 1 {
             let (h, p) = authority.split_once(':').ok_or_else(bad)?;

@@ -75,7 +75,10 @@ fn walk(h: &Hir, rng: &Rng, out: &mut String) -> Option<()> {
         }
         HirKind::Class(Class::Bytes(_)) => return None,
         HirKind::Repetition(r) => {
-            let max = r.max.unwrap_or(u32::MAX).min(r.min.saturating_add(MAX_EXTRA_REPEAT));
+            let max = r
+                .max
+                .unwrap_or(u32::MAX)
+                .min(r.min.saturating_add(MAX_EXTRA_REPEAT));
             let n = r.min + u32::try_from(rng.below(u64::from(max - r.min) + 1)?).ok()?;
             for _ in 0..n {
                 walk(&r.sub, rng, out)?;

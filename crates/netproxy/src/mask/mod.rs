@@ -191,7 +191,10 @@ impl CustomProvider {
                     .size_limit(1 << 20)
                     .build()
                     .map_err(|e| format!("invalid credential pattern: {e}"))?;
-                need(!re.is_match(""), "credential pattern matches an empty value")?;
+                need(
+                    !re.is_match(""),
+                    "credential pattern matches an empty value",
+                )?;
                 Ok(re)
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -285,13 +288,12 @@ impl Masking {
 
     fn mask_custom(&mut self, env: &mut BTreeMap<String, String>, c: &Compiled<'_>) {
         let mut dests = c.dests.clone();
-        let dynamic = c
-            .p
-            .url_prefix_from_env
-            .as_ref()
-            .and_then(|k| env.get(k))
-            .and_then(|v| Dest::parse(v).ok())
-            .filter(|d| !d.is_wildcard());
+        let dynamic =
+            c.p.url_prefix_from_env
+                .as_ref()
+                .and_then(|k| env.get(k))
+                .and_then(|v| Dest::parse(v).ok())
+                .filter(|d| !d.is_wildcard());
         if let Some(d) = dynamic {
             if !dests.contains(&d) {
                 dests.push(d);
@@ -309,6 +311,47 @@ impl Masking {
                 });
             }
         }
+    }
+
+    /// After something added variables to an already masked `env` (a shell
+    /// snapshot's exports; `before`: the names present when it was masked):
+    /// an added provider variable (built-in, or one of `custom`'s) holding a
+    /// masked secret gets that secret's placeholder; holding anything else it
+    /// is removed, since it can no longer be masked. Returns the names removed.
+    pub fn scrub_added(
+        &self,
+        before: &std::collections::BTreeSet<String>,
+        custom: &[CustomProvider],
+        env: &mut BTreeMap<String, String>,
+    ) -> Vec<String> {
+        let keys = BUILTIN_ENV[..5]
+            .iter()
+            .map(|k| k.to_string())
+            .chain(custom.iter().flat_map(|p| p.env.iter().cloned()));
+        let mut removed = Vec::new();
+        for k in keys {
+            if before.contains(&k) {
+                continue;
+            }
+            let Some(v) = env.get(&k).map(|v| v.trim().to_string()) else {
+                continue;
+            };
+            let known = self
+                .records
+                .iter()
+                .filter(|r| r.real == v)
+                .min_by_key(|r| r.env_var != k);
+            match known {
+                Some(r) => {
+                    env.insert(k, r.placeholder.clone());
+                }
+                None => {
+                    env.remove(&k);
+                    removed.push(k);
+                }
+            }
+        }
+        removed
     }
 
     /// The masked variables.

@@ -90,7 +90,9 @@ mod tests {
         assert!(p.starts_with("ghp_") && p.len() == 40, "{p}");
         assert_ne!(p, github(real).unwrap(), "random");
         assert_eq!(&p[10..11], "-", "punctuation kept: {p}");
-        assert!(p[4..7].bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_lowercase()));
+        assert!(p[4..7]
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_lowercase()));
         let p = openai("sk-proj-abcdefghijklmnop").unwrap();
         assert!(p.starts_with("sk-proj-") && p.len() == 51, "{p}");
         let p = openai("weird").unwrap();

@@ -211,3 +211,24 @@ fn invalid_custom_providers_are_skipped_with_a_reason() {
         assert!(skipped[0].reason.contains(why), "{why}: {skipped:?}");
     }
 }
+
+#[test]
+fn variables_added_after_masking_are_masked_or_dropped() {
+    let mut e = env(&[("OPENAI_API_KEY", OAI), ("PATH", "/bin")]);
+    let (m, _) = Masking::mask_env(&[vendor()], &mut e);
+    let before: std::collections::BTreeSet<String> = e.keys().cloned().collect();
+    let ph = e["OPENAI_API_KEY"].clone();
+    // A shell snapshot exported these.
+    e.insert("GH_TOKEN".into(), GH.into());
+    e.insert("GITHUB_TOKEN".into(), format!(" {OAI}"));
+    e.insert("VENDOR_TOKEN".into(), "anything".into());
+    e.insert("OTHER".into(), GH.into());
+    let removed = m.scrub_added(&before, &[vendor()], &mut e);
+    assert_eq!(
+        removed,
+        vec!["GH_TOKEN".to_string(), "VENDOR_TOKEN".to_string()]
+    );
+    assert_eq!(e["GITHUB_TOKEN"], ph, "a known secret gets its placeholder");
+    assert_eq!(e["OPENAI_API_KEY"], ph);
+    assert_eq!(e["OTHER"], GH, "no provider names it");
+}

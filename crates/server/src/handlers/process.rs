@@ -140,15 +140,9 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
             let routed = confine.as_ref().is_some_and(|c| c.routed());
             let mask = masking.clone().map(|m| (m, &p.env));
             let roots = &ctx.server.config.netproxy_upstream_roots;
-            let running = crate::network::start(
-                np,
-                &p.process_id,
-                session.link.clone(),
-                routed,
-                mask,
-                roots,
-            )
-            .await?;
+            let running =
+                crate::network::start(np, &p.process_id, session.link.clone(), routed, mask, roots)
+                    .await?;
             if let (Some(c), Some(route)) = (confine.as_mut(), running.route.clone()) {
                 c.set_route(route);
             }
@@ -163,11 +157,17 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
             None => p.env.extend(vars),
         }
     }
+    let masked_names: Option<std::collections::BTreeSet<String>> =
+        masking.as_ref().map(|_| p.env.keys().cloned().collect());
     let snapshot = session
         .shell_snapshots
         .apply(&mut p, &cwd, confine.as_ref())
         .await
         .map_err(|e| ErrorObject::invalid_params(e.to_string()))?;
+    // A snapshot may export secrets the startup files set: masked too.
+    if let (Some(m), Some(before)) = (&masking, &masked_names) {
+        crate::network::masking::scrub_added(m, before, &mut p);
+    }
     tracing::debug!(?snapshot, "shell snapshot");
     // The pump sends nothing before this fires, so the response comes first.
     let (gate_tx, gate_rx) = oneshot::channel();

@@ -82,6 +82,24 @@ pub fn mask_start_env(p: &mut ExecParams) -> Option<Arc<Masking>> {
     Some(Arc::new(masking))
 }
 
+/// After a shell snapshot merged its exports into the masked `p.env`
+/// (`before`: the names present when it was masked): provider variables it
+/// added are masked with a known placeholder or dropped (with a warning).
+pub fn scrub_added(
+    masking: &Masking,
+    before: &std::collections::BTreeSet<String>,
+    p: &mut ExecParams,
+) {
+    let customs = p
+        .network_proxy
+        .as_ref()
+        .map(|np| custom_providers(&np.proxy))
+        .unwrap_or_default();
+    for name in masking.scrub_added(before, &customs, &mut p.env) {
+        tracing::warn!(%name, "credential masking: dropped a secret the shell snapshot exported");
+    }
+}
+
 /// The CA bundle of one process, `ca-bundle.pem` (0600) in a private (0700)
 /// directory: the proxy's socket directory when the process is sandboxed
 /// (bound into the sandbox, so the child sees it at
@@ -180,9 +198,7 @@ fn existing_roots(env: &BTreeMap<String, String>) -> Option<String> {
     {
         return Some(own);
     }
-    SYSTEM_BUNDLES
-        .iter()
-        .find_map(|p| read_small(Path::new(p)))
+    SYSTEM_BUNDLES.iter().find_map(|p| read_small(Path::new(p)))
 }
 
 /// The certificates (DER) of the `CERTIFICATE` blocks of a PEM text; other

@@ -91,7 +91,10 @@ pub async fn start(
     process_id: &str,
     link: Arc<Link>,
     routed: bool,
-    mask: Option<(Arc<exec_server_netproxy::mask::Masking>, &std::collections::BTreeMap<String, String>)>,
+    mask: Option<(
+        Arc<exec_server_netproxy::mask::Masking>,
+        &std::collections::BTreeMap<String, String>,
+    )>,
     upstream_roots: &[Vec<u8>],
 ) -> Result<RunningProxy, ErrorObject> {
     let failed =
