@@ -1023,3 +1023,34 @@ async fn m2_masking_inside_an_enforced_sandbox_and_over_plain_http() {
     t1.abort();
     t2.abort();
 }
+
+#[tokio::test]
+async fn m3_secrets_exported_by_a_shell_snapshot_are_masked_or_dropped() {
+    let s = Server::start(&[]);
+    let mut c = Conn::open(&s.url, None).await;
+    let home = tmpdir("m3");
+    let gh = "ghp_0123456789abcdefghijABCDEFGHIJ012345";
+    let oai = format!("sk-proj-{}", "Z9y8X7w6".repeat(6));
+    std::fs::write(
+        home.join(".bash_profile"),
+        format!("export GITHUB_TOKEN={gh}\nexport OPENAI_API_KEY={oai}\nexport KEEP=1\n"),
+    )
+    .unwrap();
+    let script = "echo gh=$GH_TOKEN; echo ghb=$GITHUB_TOKEN; echo oai=${OPENAI_API_KEY-unset}; echo keep=$KEEP";
+    let mut p = start_params("m3", &["/bin/bash", "-lc", script], &home, false, false);
+    p["env"]["HOME"] = json!(home.to_str().unwrap());
+    p["env"]["GH_TOKEN"] = json!(gh);
+    p["shellSnapshot"] = json!({"scopeId": "m3", "shell": {"name": "bash", "path": "/bin/bash"}});
+    p["networkProxy"] = json!({"proxy": proxy(json!({"credentialMasking": true}))});
+    let o = run_start(&mut c, "m3", p, Reply::Silence).await;
+    let lines: Vec<&str> = o.out.lines().collect();
+    assert_eq!(lines.len(), 4, "{o:?}");
+    let ph = lines[0].strip_prefix("gh=").unwrap();
+    assert!(ph.starts_with("ghp_") && ph != gh, "{o:?}");
+    // The profile exported the same token: it gets the same placeholder; the
+    // OpenAI key it exported cannot be masked any more, so it is dropped.
+    assert_eq!(lines[1], format!("ghb={ph}"), "{o:?}");
+    assert_eq!(lines[2], "oai=unset", "{o:?}");
+    assert_eq!(lines[3], "keep=1", "the snapshot applied: {o:?}");
+    assert!(!o.out.contains(gh) && !o.out.contains(&oai), "{o:?}");
+}
