@@ -110,7 +110,7 @@ async fn connect(
         if intercept {
             let (host, shared) = (dest.host, stop.clone());
             tokio::select! {
-                _ = crate::mitm::serve(down, up, host, port, shared) => {}
+                _ = crate::mitm::serve(down, up, host, port, target.addrs, shared) => {}
                 _ = stop.stopped() => {}
             }
             return;

@@ -25,6 +25,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, Serve
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex as AsyncMutex;
@@ -150,10 +151,45 @@ impl Authority {
 
 type Sender = hyper::client::conn::http1::SendRequest<Incoming>;
 
+/// The upstream side of one intercepted tunnel: where it goes, and the
+/// current HTTP/1.1 connection (or why there is none).
+struct Upstream {
+    host: String,
+    addrs: Vec<SocketAddr>,
+    sender: Result<Sender, String>,
+}
+
+impl Upstream {
+    /// The connection for the next request: the current one while it is
+    /// open, else a new one to the same addresses (the server closed the
+    /// previous one, e.g. `Connection: close`, while the child keeps its
+    /// tunnel alive since that header is hop-by-hop).
+    async fn ready(&mut self, auth: &Authority) -> Result<&mut Sender, String> {
+        let usable = match &mut self.sender {
+            Ok(s) => s.ready().await.is_ok(),
+            Err(_) => false,
+        };
+        if !usable {
+            self.sender = match crate::upstream::connect(&self.addrs).await {
+                Ok(up) => upstream(auth, up, &self.host).await,
+                Err(e) => Err(e.to_string()),
+            };
+        }
+        self.sender.as_mut().map_err(|e| e.clone())
+    }
+}
+
 /// Serves one intercepted tunnel: `down` is the child's side (after the
-/// `200` to its `CONNECT`), `up` the TCP connection to `host:port`.
-pub(crate) async fn serve<S>(down: S, up: TcpStream, host: String, port: u16, shared: Arc<Shared>)
-where
+/// `200` to its `CONNECT`), `up` the TCP connection to `host:port` (one of
+/// `addrs`, the addresses the policy checked).
+pub(crate) async fn serve<S>(
+    down: S,
+    up: TcpStream,
+    host: String,
+    port: u16,
+    addrs: Vec<SocketAddr>,
+    shared: Arc<Shared>,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let Some(auth) = shared.mitm.clone() else {
@@ -176,10 +212,14 @@ where
     // The upstream handshake comes after the child's, so a failure can be
     // told to the child as a 502 rather than a broken TLS connection.
     let sender = upstream(&auth, up, &host).await;
-    let sender = Arc::new(AsyncMutex::new(sender));
+    let up = Arc::new(AsyncMutex::new(Upstream {
+        host: host.clone(),
+        addrs,
+        sender,
+    }));
     let svc = hyper::service::service_fn(move |req| {
-        let (sender, shared, host) = (sender.clone(), shared.clone(), host.clone());
-        async move { Ok::<_, Infallible>(forward(req, &sender, &shared, &host, port).await) }
+        let (up, shared, host, auth) = (up.clone(), shared.clone(), host.clone(), auth.clone());
+        async move { Ok::<_, Infallible>(forward(req, &up, &auth, &shared, &host, port).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
@@ -205,15 +245,16 @@ async fn upstream(auth: &Authority, up: TcpStream, host: &str) -> Result<Sender,
 
 async fn forward(
     req: Request<Incoming>,
-    sender: &AsyncMutex<Result<Sender, String>>,
+    up: &AsyncMutex<Upstream>,
+    auth: &Authority,
     shared: &Shared,
     host: &str,
     port: u16,
 ) -> Response<crate::http::Body> {
-    let mut sender = sender.lock().await;
-    let s = match sender.as_mut() {
+    let mut up = up.lock().await;
+    let s = match up.ready(auth).await {
         Ok(s) => s,
-        Err(e) => return crate::http::bad_gateway_text(host, port, e),
+        Err(e) => return crate::http::bad_gateway_text(host, port, &e),
     };
     let (mut parts, body) = req.into_parts();
     let path = parts
