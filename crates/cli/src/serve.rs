@@ -70,6 +70,26 @@ pub struct ServeArgs {
     #[arg(long)]
     pub allow_unsandboxed: bool,
 
+    /// Route managed Linux sandbox TCP through the SOCKS proxy. In a sandbox
+    /// whose network is managed (`enforceManagedNetwork` with a
+    /// `networkProxy`), a program that ignores the proxy variables and
+    /// connects straight to an IP address (`curl --noproxy '*'`, a database
+    /// client, `socket.create_connection`) is carried through the process's
+    /// proxy, which allows, denies or asks the client about the address as
+    /// for any SOCKS5 request; a refused connect fails with "connection
+    /// refused". Without this flag only requests that say
+    /// `proxy.transparentTcp: true` get it; a request's explicit `false` wins.
+    #[arg(long)]
+    pub linux_sandbox_transparent_tcp: bool,
+
+    /// Require this HTTP CONNECT proxy for raw TCP from the managed SOCKS
+    /// listener: every SOCKS5 CONNECT a managed proxy allows (transparent or
+    /// explicit) is opened as `CONNECT host:port` through HOST:PORT, never
+    /// directly; if that proxy refuses or cannot be reached the connection
+    /// fails. HTTP and HTTPS requests through the HTTP listener are unaffected.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_host_port)]
+    pub tcp_upstream_proxy: Option<String>,
+
     /// Put each started process in a cgroup of its own (where a writable cgroup2
     /// exists, e.g. as root), so process/terminate and session expiry also kill
     /// daemons it double-forked. Joining costs the kernel's global cgroup
@@ -294,6 +314,10 @@ pub async fn run(args: ServeArgs) -> i32 {
         max_message_bytes: args.max_message_bytes.max(1024),
         max_http_body_bytes: args.max_http_body_bytes,
         allow_unsandboxed: args.allow_unsandboxed,
+        transparent_tcp: exec_server::network::TransparentTcpConfig {
+            default_on: args.linux_sandbox_transparent_tcp,
+            upstream_proxy: args.tcp_upstream_proxy.clone(),
+        },
         sandbox_helper: std::env::current_exe().ok(),
         prepend_path: args.prepend_path.clone(),
         netproxy_upstream_roots,
@@ -379,4 +403,17 @@ pub async fn run(args: ServeArgs) -> i32 {
         let _ = std::fs::remove_file(p);
     }
     0
+}
+
+/// `--tcp-upstream-proxy`: `HOST:PORT` with a nonzero port (IPv6 in brackets).
+fn parse_host_port(s: &str) -> Result<String, String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?} is not HOST:PORT"))?;
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && !host.is_empty() => Ok(s.to_string()),
+        _ => Err(format!(
+            "{s:?} is not HOST:PORT with a port from 1 to 65535"
+        )),
+    }
 }

@@ -53,18 +53,29 @@ pub struct Launch {
     /// Roots trusted for upstream TLS besides the Mozilla roots (DER):
     /// for tests whose fake upstream has a test CA.
     pub upstream_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+    /// Transparent TCP for a routed sandbox: also serve SOCKS5 `CONNECT` on
+    /// [`TCP_SOCKET`] in `unix_dir` (whether or not `socks5` is set; that
+    /// socket is not advertised in the child's environment).
+    pub transparent_tcp: bool,
+    /// `--tcp-upstream-proxy HOST:PORT`: SOCKS5 `CONNECT`s leave through this
+    /// HTTP CONNECT proxy instead of connecting directly.
+    pub tcp_upstream: Option<String>,
 }
 
 /// File name of the HTTP listener's Unix socket in [`Launch::unix_dir`].
 pub const HTTP_SOCKET: &str = "http.sock";
 /// File name of the SOCKS5 listener's Unix socket in [`Launch::unix_dir`].
 pub const SOCKS_SOCKET: &str = "socks.sock";
+/// File name of the transparent-TCP SOCKS5 socket in [`Launch::unix_dir`]
+/// ([`Launch::transparent_tcp`]).
+pub const TCP_SOCKET: &str = "tcp.sock";
 
 pub(crate) struct Shared {
     pub policy: Policy,
     pub masking: Option<Arc<mask::Masking>>,
     pub mitm: Option<Arc<mitm::Authority>>,
     pub socks5_udp: bool,
+    pub tcp_upstream: Option<String>,
     pub stop: watch::Receiver<()>,
 }
 
@@ -105,6 +116,7 @@ impl Proxy {
             mitm,
             policy: Policy::new(launch.rules, decider),
             socks5_udp: launch.socks5_udp,
+            tcp_upstream: launch.tcp_upstream.clone(),
             stop,
         });
         let mut tasks = Vec::new();
@@ -122,6 +134,10 @@ impl Proxy {
             tasks.push(tokio::spawn(accept_unix(l, shared.clone(), Kind::Http)));
             if launch.socks5 {
                 let l = UnixListener::bind(dir.join(SOCKS_SOCKET))?;
+                tasks.push(tokio::spawn(accept_unix(l, shared.clone(), Kind::Socks)));
+            }
+            if launch.transparent_tcp {
+                let l = UnixListener::bind(dir.join(TCP_SOCKET))?;
                 tasks.push(tokio::spawn(accept_unix(l, shared.clone(), Kind::Socks)));
             }
         }
@@ -220,4 +236,5 @@ where
 pub fn remove_sockets(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(HTTP_SOCKET));
     let _ = std::fs::remove_file(dir.join(SOCKS_SOCKET));
+    let _ = std::fs::remove_file(dir.join(TCP_SOCKET));
 }

@@ -2,7 +2,9 @@
 //! `UDP ASSOCIATE` (only when enabled) relays datagrams through a UDP socket
 //! on 127.0.0.1 for as long as the control connection stays open. Every
 //! destination is decided by the policy; a refusal is reply code 2
-//! ("connection not allowed by ruleset").
+//! ("connection not allowed by ruleset"). With [`crate::Launch::tcp_upstream`]
+//! every allowed `CONNECT` goes out through that HTTP CONNECT proxy (a
+//! refusal there is reply code 5), never directly.
 
 use crate::policy::{Destination, Protocol};
 use crate::{upstream, Shared};
@@ -148,11 +150,17 @@ where
         let _ = reply(&mut s, REP_NOT_ALLOWED, None).await;
         return;
     }
-    let mut up = match upstream::connect(&target.addrs).await {
+    let connected = match &shared.tcp_upstream {
+        Some(proxy) => upstream::connect_via(proxy, &dest.host, port).await,
+        None => upstream::connect(&target.addrs).await,
+    };
+    let mut up = match connected {
         Ok(u) => u,
         Err(e) => {
             let code = match e.kind() {
-                std::io::ErrorKind::ConnectionRefused => REP_REFUSED,
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::PermissionDenied => {
+                    REP_REFUSED
+                }
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::TimedOut => REP_HOST_UNREACHABLE,
                 _ => REP_FAILURE,
             };

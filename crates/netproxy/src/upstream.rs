@@ -5,6 +5,7 @@
 use crate::host;
 use std::net::SocketAddr;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Longest a name lookup may take: 10 s.
@@ -62,4 +63,57 @@ pub async fn connect(addrs: &[SocketAddr]) -> std::io::Result<TcpStream> {
         }
     }
     Err(last)
+}
+
+/// Largest response head accepted from an upstream CONNECT proxy: 8 KiB.
+pub const MAX_CONNECT_HEAD: usize = 8 * 1024;
+
+/// Opens a tunnel to `host:port` through the HTTP CONNECT proxy `proxy`
+/// (`HOST:PORT`, `--tcp-upstream-proxy`). Errors: the proxy cannot be
+/// reached (`ConnectionRefused`, `TimedOut`, `NotFound`), or it answered
+/// anything but a 2xx (`PermissionDenied`) or garbage (`InvalidData`). There
+/// is no fallback to a direct connection.
+pub async fn connect_via(proxy: &str, host: &str, port: u16) -> std::io::Result<TcpStream> {
+    let addrs: Vec<SocketAddr> =
+        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(proxy)).await {
+            Ok(Ok(a)) => a.collect(),
+            _ => vec![],
+        };
+    let mut s = connect(&addrs).await?;
+    let authority = match host::literal(host) {
+        Some(std::net::IpAddr::V6(v6)) => format!("[{v6}]:{port}"),
+        _ => format!("{host}:{port}"),
+    };
+    let req = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
+    let exchange = async {
+        s.write_all(req.as_bytes()).await?;
+        // Byte by byte: nothing past the head may be consumed (it is the
+        // destination's first bytes).
+        let mut head = Vec::with_capacity(128);
+        while !head.ends_with(b"\r\n\r\n") {
+            if head.len() >= MAX_CONNECT_HEAD {
+                return Err(std::io::ErrorKind::InvalidData.into());
+            }
+            head.push(s.read_u8().await?);
+        }
+        let status = head
+            .split(|b| *b == b' ')
+            .nth(1)
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .and_then(|c| c.trim().parse::<u16>().ok())
+            .ok_or(std::io::ErrorKind::InvalidData)?;
+        if !(200..300).contains(&status) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("upstream proxy answered {status}"),
+            ));
+        }
+        Ok(())
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, exchange)
+        .await
+        .map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "upstream proxy timed out")
+        })??;
+    Ok(s)
 }

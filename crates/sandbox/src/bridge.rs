@@ -19,18 +19,32 @@ use std::sync::Arc;
 
 /// Prefix of the inner stage's mode argument for a routed sandbox.
 pub const MODE_PREFIX: &str = "proxyrouted:";
+/// Prefix of the mode argument for a routed sandbox with transparent TCP
+/// ([`crate::transparent`]).
+pub const MODE_PREFIX_TCP: &str = "proxyrouted-tcp:";
 /// Connections carried at once; further ones are closed at accept: 512.
 pub const MAX_CONNECTIONS: usize = 512;
 
 /// The inner stage's mode argument for `route`:
-/// `proxyrouted:PORT=PATH[,PORT=PATH]`, paths as seen inside.
+/// `proxyrouted:PORT=PATH[,PORT=PATH]` (`proxyrouted-tcp:…` with
+/// [`ProxyRoute::transparent`]), paths as seen inside.
 pub fn inner_mode(route: &ProxyRoute) -> String {
     let pairs: Vec<String> = route
         .ports
         .iter()
         .map(|(port, name)| format!("{port}={PROXY_DIR_INSIDE}/{name}"))
         .collect();
-    format!("{MODE_PREFIX}{}", pairs.join(","))
+    let prefix = if route.transparent {
+        MODE_PREFIX_TCP
+    } else {
+        MODE_PREFIX
+    };
+    format!("{prefix}{}", pairs.join(","))
+}
+
+/// Where the transparent SOCKS socket is inside the sandbox.
+pub fn transparent_socket() -> PathBuf {
+    Path::new(PROXY_DIR_INSIDE).join(crate::transparent::SOCKET)
 }
 
 /// Parses what follows [`MODE_PREFIX`]; `None` when malformed or empty.
@@ -47,12 +61,22 @@ pub fn parse(spec: &str) -> Option<Vec<(u16, PathBuf)>> {
 
 /// Binds every listener, then forks the forwarder; returns in the parent
 /// once the ports are listening (so the command never races the bridge).
-/// Errors: a bind or fork failure.
-pub fn start(routes: &[(u16, PathBuf)]) -> std::io::Result<()> {
+/// With `transparent` (the proxy's transparent SOCKS socket) the forwarder
+/// also runs the [`crate::transparent`] supervisor, and the parent gets the
+/// channel to hand it the filter's listener over ([`crate::transparent::send_fd`]).
+/// Errors: a bind, socketpair or fork failure.
+pub fn start(
+    routes: &[(u16, PathBuf)],
+    transparent: Option<PathBuf>,
+) -> std::io::Result<Option<UnixStream>> {
     let listeners = routes
         .iter()
         .map(|(port, path)| Ok((TcpListener::bind(("127.0.0.1", *port))?, path.clone())))
         .collect::<std::io::Result<Vec<_>>>()?;
+    let channel = match &transparent {
+        Some(_) => Some(UnixStream::pair()?),
+        None => None,
+    };
     // SAFETY: the inner stage is single-threaded here; the child only runs
     // our own code (no locks held across the fork).
     match unsafe { libc::fork() } {
@@ -61,10 +85,18 @@ pub fn start(routes: &[(u16, PathBuf)]) -> std::io::Result<()> {
             detach_stdio();
             // SAFETY: prctl with integer arguments.
             unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+            if let (Some(socks), Some((_, ours))) = (transparent, channel) {
+                std::thread::spawn(move || {
+                    if let Ok(listener) = crate::transparent::recv_fd(&ours) {
+                        drop(ours);
+                        crate::transparent::supervise(listener, socks);
+                    }
+                });
+            }
             serve(listeners);
             std::process::exit(0)
         }
-        _ => Ok(()),
+        _ => Ok(channel.map(|(theirs, _)| theirs)),
     }
 }
 
@@ -118,7 +150,7 @@ fn accept(l: TcpListener, path: &Path, live: &Arc<AtomicUsize>) {
 }
 
 /// Copies both ways until both directions ended.
-fn carry(tcp: TcpStream, unix: UnixStream) {
+pub(crate) fn carry(tcp: TcpStream, unix: UnixStream) {
     let (Ok(tcp2), Ok(unix2)) = (tcp.try_clone(), unix.try_clone()) else {
         return;
     };
@@ -155,6 +187,7 @@ mod tests {
         let r = ProxyRoute {
             host_dir: "/tmp/x".into(),
             ports: vec![(8080, "http.sock".into()), (1080, "socks.sock".into())],
+            transparent: false,
         };
         let m = inner_mode(&r);
         assert_eq!(
@@ -167,5 +200,10 @@ mod tests {
             (1080, PathBuf::from("/dev/exec-server-netproxy/socks.sock"))
         );
         assert!(parse("").is_none() && parse("x=/a").is_none() && parse("1").is_none());
+        let t = ProxyRoute {
+            transparent: true,
+            ..r
+        };
+        assert!(inner_mode(&t).starts_with("proxyrouted-tcp:8080="));
     }
 }

@@ -13,10 +13,11 @@
 
 use crate::seccomp::{self, SeccompMode};
 use std::ffi::{CString, OsString};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 
 /// The hidden command-line flag selecting the inner stage:
-/// `<exe> --sandbox-inner-exec <restricted|vmsocket|proxyrouted:ROUTES|none> <pwd> <program> <argv0> [args…]`
+/// `<exe> --sandbox-inner-exec <restricted|vmsocket|proxyrouted:ROUTES|proxyrouted-tcp:ROUTES|none> <pwd> <program> <argv0> [args…]`
 /// (`ROUTES` as [`crate::bridge::inner_mode`] writes them),
 /// where `<pwd>` is `keep`, `unset`, or `set:VALUE` (bubblewrap sets `PWD`
 /// itself; the child's environment must be exactly the one requested).
@@ -68,15 +69,25 @@ pub fn run(args: &[OsString]) -> ! {
         unsafe { std::env::set_var("PWD", std::ffi::OsStr::from_bytes(v)) };
     }
     let mut mode = mode.to_str();
-    if let Some(spec) = mode.and_then(|m| m.strip_prefix(crate::bridge::MODE_PREFIX)) {
+    let routed = mode.and_then(|m| {
+        (m.strip_prefix(crate::bridge::MODE_PREFIX)
+            .map(|s| (s, false)))
+        .or_else(|| {
+            m.strip_prefix(crate::bridge::MODE_PREFIX_TCP)
+                .map(|s| (s, true))
+        })
+    });
+    let mut transparent = None;
+    if let Some((spec, tcp)) = routed {
         let routes = crate::bridge::parse(spec)
             .unwrap_or_else(|| fail("inner stage: malformed proxy route", EXIT_CANNOT_EXEC));
         // The command must find the bridge listening when it starts.
-        if let Err(e) = crate::bridge::start(&routes) {
-            fail(
+        match crate::bridge::start(&routes, tcp.then(crate::bridge::transparent_socket)) {
+            Ok(channel) => transparent = channel,
+            Err(e) => fail(
                 &format!("failed to prepare the proxy routing bridge: {e}"),
                 EXIT_PROXY_BRIDGE,
-            );
+            ),
         }
         mode = Some(SeccompMode::ProxyRouted.as_str());
     }
@@ -94,6 +105,18 @@ pub fn run(args: &[OsString]) -> ! {
             None => fail("inner stage: unknown seccomp mode", EXIT_CANNOT_EXEC),
         },
         None => fail("inner stage: unknown seccomp mode", EXIT_CANNOT_EXEC),
+    }
+    if let Some(channel) = transparent {
+        // Fail closed: without the notifier raw TCP would silently stay
+        // blocked while the client was promised it is routed.
+        let handed = crate::transparent::install_filter()
+            .and_then(|l| crate::transparent::send_fd(&channel, l.as_raw_fd()));
+        if let Err(e) = handed {
+            fail(
+                &format!("failed to prepare transparent TCP routing: {e}"),
+                EXIT_PROXY_BRIDGE,
+            );
+        }
     }
     let prog = cstring(program);
     let argv: Vec<CString> = rest.iter().map(cstring).collect();

@@ -25,7 +25,7 @@
 //! | file system restricted, network enabled | yes, host network | `VmSocket` |
 //! | full write (unrestricted, root:write, `external`), network restricted | no | `Restricted` |
 //! | full write, network enabled; `disabled` | no (plain exec) | no |
-//! | any of the above routed through a managed proxy ([`route_through_proxy`]) | yes, incl. a private network namespace with the [`bridge`] | `ProxyRouted` |
+//! | any of the above routed through a managed proxy ([`route_through_proxy`]) | yes, incl. a private network namespace with the [`bridge`] | `ProxyRouted` (+ the [`transparent`] `connect()` notifier with transparent TCP) |
 //!
 //! # What a confined child gets
 //!
@@ -86,6 +86,7 @@ pub mod plan;
 pub mod policy;
 pub mod protect;
 pub mod seccomp;
+pub mod transparent;
 
 pub use bwrap::{prepare, Guard, Prepared, Runtime, Target as Command};
 pub use denied::is_likely_denied;

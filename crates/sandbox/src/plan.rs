@@ -80,6 +80,10 @@ pub struct ProxyRoute {
     pub host_dir: PathBuf,
     /// Loopback port inside → socket file name in `host_dir`.
     pub ports: Vec<(u16, String)>,
+    /// Transparent TCP ([`crate::transparent`]): raw TCP connects to
+    /// non-loopback addresses go through the SOCKS5 socket
+    /// [`crate::transparent::SOCKET`] in `host_dir`.
+    pub transparent: bool,
 }
 
 /// Where [`ProxyRoute::host_dir`] appears inside the sandbox.

@@ -30,6 +30,9 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("shellSnapshotV2", true),
         ("windowsMxc", false),
         ("linuxRootWritePreservesDevices", sandbox_enforced),
+        // 0.171.0's key: `proxy.transparentTcp` routes an enforced sandbox's
+        // raw TCP through the proxy (only with a sandbox to enforce it).
+        ("networkProxyTransparentTcp", sandbox_enforced),
         (
             "linuxApprovedRootWritePreservesRestrictions",
             sandbox_enforced,

@@ -84,6 +84,9 @@ pub struct ServerConfig {
     /// intercepts for credential masking. For tests whose fake upstream has
     /// a test CA; empty in production.
     pub netproxy_upstream_roots: Vec<Vec<u8>>,
+    /// The managed network's transparent TCP (`--linux-sandbox-transparent-tcp`,
+    /// `--tcp-upstream-proxy`).
+    pub transparent_tcp: network::TransparentTcpConfig,
 }
 
 /// Settings of the output spool (see [`process::spool`]).
@@ -144,6 +147,7 @@ impl Default for ServerConfig {
             prepend_path: Vec::new(),
             output_spool: Some(OutputSpoolConfig::default()),
             netproxy_upstream_roots: Vec::new(),
+            transparent_tcp: network::TransparentTcpConfig::default(),
         }
     }
 }

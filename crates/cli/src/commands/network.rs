@@ -54,6 +54,7 @@ impl CliPolicy {
                 review_domains: None,
                 credential_masking: None,
                 credential_providers: None,
+                transparent_tcp: None,
             },
             audit_metadata: None,
             environment_id: None,

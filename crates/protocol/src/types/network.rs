@@ -69,6 +69,13 @@ pub struct RemoteNetworkProxyConfig {
     /// built-in ones when `credentialMasking` is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_providers: Option<BTreeMap<String, CredentialProviderConfig>>,
+    /// `transparentTcp` (0.171.0, `networkProxyTransparentTcp`): in an
+    /// enforced sandbox, raw TCP connections of programs that ignore the
+    /// proxy variables go through the proxy's SOCKS5 policy too. Absent: the
+    /// server's `--linux-sandbox-transparent-tcp` decides. A non-boolean is
+    /// refused (-32602), as by 0.171.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transparent_tcp: Option<bool>,
 }
 
 /// One custom credential provider (`CredentialProviderConfig`; wire names in

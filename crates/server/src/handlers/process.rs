@@ -139,10 +139,16 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
         Some(np) => {
             let routed = confine.as_ref().is_some_and(|c| c.routed());
             let mask = masking.clone().map(|m| (m, &p.env));
-            let roots = &ctx.server.config.netproxy_upstream_roots;
-            let running =
-                crate::network::start(np, &p.process_id, session.link.clone(), routed, mask, roots)
-                    .await?;
+            let running = crate::network::start(
+                np,
+                &p.process_id,
+                session.link.clone(),
+                routed,
+                &ctx.server.config.transparent_tcp,
+                mask,
+                &ctx.server.config.netproxy_upstream_roots,
+            )
+            .await?;
             if let (Some(c), Some(route)) = (confine.as_mut(), running.route.clone()) {
                 c.set_route(route);
             }

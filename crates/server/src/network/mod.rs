@@ -35,6 +35,31 @@ pub const ENFORCE_NEEDS_SANDBOX: &str =
     "enforceManagedNetwork requires a sandbox: without one the \
      command could bypass the network proxy (refused rather than run unenforced)";
 
+/// Server-wide transparent-TCP settings (0.171.0's flags).
+///
+/// Decision (the reference's source was not available to check): the flag
+/// is the server's default and the request's `proxy.transparentTcp` wins
+/// when present, so a client that asks gets it (the capability promises the
+/// field works) and one that says `false` keeps raw TCP blocked. It applies
+/// only to sandboxes routed through the proxy (enforced managed network);
+/// without a sandbox raw TCP is not intercepted at all.
+#[derive(Debug, Clone, Default)]
+pub struct TransparentTcpConfig {
+    /// `--linux-sandbox-transparent-tcp`: route raw TCP of routed sandboxes
+    /// whose request does not say `transparentTcp`.
+    pub default_on: bool,
+    /// `--tcp-upstream-proxy HOST:PORT`: every SOCKS5 `CONNECT` of a managed
+    /// proxy (transparent or explicit) leaves through this HTTP CONNECT proxy.
+    pub upstream_proxy: Option<String>,
+}
+
+impl TransparentTcpConfig {
+    /// Whether a process with `cfg`, routed or not, gets transparent TCP.
+    pub fn enabled_for(&self, cfg: &RemoteNetworkProxyLaunchConfig, routed: bool) -> bool {
+        routed && cfg.proxy.transparent_tcp.unwrap_or(self.default_on)
+    }
+}
+
 /// A process's running proxy: the listeners, and for a sandboxed process
 /// the private directory of its Unix sockets (removed when dropped, after
 /// the proxy).
@@ -81,9 +106,10 @@ impl Drop for SocketDir {
 
 /// Starts the proxy of process `process_id` (its decider asks the client of
 /// `link`); `routed`: the process runs in a sandbox whose only exit is this
-/// proxy, so it also listens on Unix sockets for the sandbox's bridge.
-/// `mask`: the process's credential masking ([`masking::mask_start_env`]),
-/// `env` its (masked) environment, `upstream_roots` extra upstream roots (DER).
+/// proxy, so it also listens on Unix sockets for the sandbox's bridge;
+/// `tcp`: the server's transparent-TCP settings; `mask`: the process's
+/// credential masking ([`masking::mask_start_env`]) and its (masked)
+/// environment; `upstream_roots`: extra upstream roots (DER).
 /// Errors: -32603 when the listeners cannot be bound or the CA bundle
 /// cannot be written.
 pub async fn start(
@@ -91,6 +117,7 @@ pub async fn start(
     process_id: &str,
     link: Arc<Link>,
     routed: bool,
+    tcp: &TransparentTcpConfig,
     mask: Option<(
         Arc<exec_server_netproxy::mask::Masking>,
         &std::collections::BTreeMap<String, String>,
@@ -108,6 +135,9 @@ pub async fn start(
         None
     };
     l.unix_dir = dir.as_ref().map(|d| d.0.clone());
+    let transparent = tcp.enabled_for(cfg, routed);
+    l.transparent_tcp = transparent;
+    l.tcp_upstream = tcp.upstream_proxy.clone();
     let env = mask.as_ref().map(|(_, e)| *e);
     l.masking = mask.map(|(m, _)| m);
     l.upstream_roots = upstream_roots
@@ -133,6 +163,7 @@ pub async fn start(
         ProxyRoute {
             host_dir: d.0.clone(),
             ports,
+            transparent,
         }
     });
     Ok(RunningProxy {
@@ -332,5 +363,47 @@ mod tests {
         assert_eq!(l.rules.review, vec![Pattern::new("r.com")]);
         assert!(l.rules.limited && l.rules.allow_local_binding && !l.rules.ask);
         assert!(!l.socks5 && !l.socks5_udp, "UDP needs the SOCKS listener");
+    }
+
+    #[test]
+    fn transparent_tcp_request_wins_over_the_flag() {
+        let cfg = |t: Option<bool>| -> RemoteNetworkProxyLaunchConfig {
+            let mut v = json!({"proxy": {
+                "enabled": true, "enableSocks5": false, "enableSocks5Udp": false,
+                "allowUpstreamProxy": false, "dangerouslyAllowAllUnixSockets": false,
+                "mode": "full", "allowLocalBinding": false}});
+            if let Some(t) = t {
+                v["proxy"]["transparentTcp"] = json!(t);
+            }
+            serde_json::from_value(v).unwrap()
+        };
+        let off = TransparentTcpConfig::default();
+        let on = TransparentTcpConfig {
+            default_on: true,
+            upstream_proxy: None,
+        };
+        assert!(!off.enabled_for(&cfg(None), true));
+        assert!(off.enabled_for(&cfg(Some(true)), true));
+        assert!(on.enabled_for(&cfg(None), true));
+        assert!(!on.enabled_for(&cfg(Some(false)), true));
+        assert!(
+            !on.enabled_for(&cfg(Some(true)), false),
+            "only routed sandboxes"
+        );
+        assert_eq!(
+            exec_server_netproxy::TCP_SOCKET,
+            exec_server_sandbox::transparent::SOCKET
+        );
+        let bad = json!({"proxy": {
+            "enabled": true, "enableSocks5": false, "enableSocks5Udp": false,
+            "allowUpstreamProxy": false, "dangerouslyAllowAllUnixSockets": false,
+            "mode": "full", "allowLocalBinding": false, "transparentTcp": 12345}});
+        assert!(serde_json::from_value::<RemoteNetworkProxyLaunchConfig>(bad).is_err());
+        // 0.171.0's loopbackPorts (shape unknown here) is tolerated, as every unknown key.
+        let extra = json!({"proxy": {
+            "enabled": true, "enableSocks5": false, "enableSocks5Udp": false,
+            "allowUpstreamProxy": false, "dangerouslyAllowAllUnixSockets": false,
+            "mode": "full", "allowLocalBinding": false, "loopbackPorts": [8080]}});
+        assert!(serde_json::from_value::<RemoteNetworkProxyLaunchConfig>(extra).is_ok());
     }
 }
