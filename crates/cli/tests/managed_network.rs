@@ -1299,15 +1299,17 @@ async fn m3_secrets_exported_by_a_shell_snapshot_are_masked_or_dropped() {
         format!("export GITHUB_TOKEN={gh}\nexport OPENAI_API_KEY={oai}\nexport KEEP=1\n"),
     )
     .unwrap();
-    let script = "echo gh=$GH_TOKEN; echo ghb=$GITHUB_TOKEN; echo oai=${OPENAI_API_KEY-unset}; echo keep=$KEEP";
+    let script = "echo gh=$GH_TOKEN; echo ghb=$GITHUB_TOKEN; echo oai=${OPENAI_API_KEY-unset}; echo keep=$KEEP; echo proxy=$HTTP_PROXY";
     let mut p = start_params("m3", &["/bin/bash", "-lc", script], &home, false, false);
     p["env"]["HOME"] = json!(home.to_str().unwrap());
-    p["env"]["GH_TOKEN"] = json!(gh);
+    // The secret (and a stale proxy) come through the policy, as Codex sends them.
+    p["envPolicy"] = json!({"inherit": "core", "ignoreDefaultExcludes": true, "exclude": [],
+        "set": {"GH_TOKEN": gh, "HTTP_PROXY": "http://corp.example:3128"}, "includeOnly": []});
     p["shellSnapshot"] = json!({"scopeId": "m3", "shell": {"name": "bash", "path": "/bin/bash"}});
     p["networkProxy"] = json!({"proxy": proxy(json!({"credentialMasking": true}))});
     let o = run_start(&mut c, "m3", p, Reply::Silence).await;
     let lines: Vec<&str> = o.out.lines().collect();
-    assert_eq!(lines.len(), 4, "{o:?}");
+    assert_eq!(lines.len(), 5, "{o:?}");
     let ph = lines[0].strip_prefix("gh=").unwrap();
     assert!(ph.starts_with("ghp_") && ph != gh, "{o:?}");
     // The profile exported the same token: it gets the same placeholder; the
@@ -1315,5 +1317,9 @@ async fn m3_secrets_exported_by_a_shell_snapshot_are_masked_or_dropped() {
     assert_eq!(lines[1], format!("ghb={ph}"), "{o:?}");
     assert_eq!(lines[2], "oai=unset", "{o:?}");
     assert_eq!(lines[3], "keep=1", "the snapshot applied: {o:?}");
+    assert!(
+        lines[4].starts_with("proxy=http://127.0.0.1:"),
+        "the proxy's variables win: {o:?}"
+    );
     assert!(!o.out.contains(gh) && !o.out.contains(&oai), "{o:?}");
 }

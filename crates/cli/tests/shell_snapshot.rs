@@ -17,7 +17,9 @@ myfn() { echo "myfn-called $1"; }
 export SNAPVAR=from-profile
 export API_TOKEN=profile-secret
 export PATH="/profile/bin:$PATH"
+unset UNSET_BY_PROFILE
 shopt -s extglob
+umask 027
 "#;
 
 /// A fresh HOME holding `name` with `content`.
@@ -60,24 +62,42 @@ async fn startup_files_run_once_per_scope_and_their_state_is_restored() {
     let s = Server::start(&[]);
     let h = home("snap-bash", ".bash_profile", BASH_PROFILE);
     let mut c = Conn::open(&s.url, None).await;
-    let script =
-        "myfn x; echo $SNAPVAR; echo $PATH; shopt -q extglob && echo extglob-on; echo $0 $1";
+    let script = "myfn x; echo $SNAPVAR; echo $PATH; shopt -q extglob && echo extglob-on; \
+                  echo $0 $1; umask; echo line $LINENO; echo ${PER_COMMAND:-unset}";
     let snap = json!({"shellSnapshot": snapshot("s1", "bash", "/bin/bash")});
     for i in 0..3 {
         let argv = ["/bin/bash", "-lc", script, "zero", "one"];
-        let r = start(&mut c, &format!("p{i}"), &h, &argv, snap.clone()).await;
-        // No profile noise; the request's PATH wins over the profile's.
+        let mut extra = snap.clone();
+        if i == 0 {
+            // A variable of one command only: not carried to the next.
+            extra["env"] = json!({"HOME": h.to_str().unwrap(), "PATH": "/req/bin:/usr/bin:/bin",
+                                  "PER_COMMAND": "first"});
+        }
+        let r = start(&mut c, &format!("p{i}"), &h, &argv, extra).await;
+        // No profile noise; the profile's PATH extension applies to the
+        // request's PATH, as in a login shell; its umask and options hold.
+        let per_command = if i == 0 { "first" } else { "unset" };
         assert_eq!(
             r,
             (
-                "myfn-called x\nfrom-profile\n/req/bin:/usr/bin:/bin\nextglob-on\nzero one\n"
-                    .to_string(),
+                format!(
+                    "myfn-called x\nfrom-profile\n/profile/bin:/req/bin:/usr/bin:/bin\n\
+                     extglob-on\nzero one\n0027\nline 1\n{per_command}\n"
+                ),
                 0
             ),
             "command {i}"
         );
     }
     assert_eq!(runs(&h), 1, "the profile ran once for three commands");
+
+    // What the profile unsets stays unset, unless the request names it.
+    let argv = ["/bin/bash", "-lc", "echo ${UNSET_BY_PROFILE:-gone}"];
+    let mut extra = snap.clone();
+    extra["envPolicy"] = json!({"inherit": "none", "ignoreDefaultExcludes": false, "exclude": [],
+                                "set": {"UNSET_BY_PROFILE": "named"}, "includeOnly": []});
+    let r = start(&mut c, "named", &h, &argv, extra).await;
+    assert_eq!(r, ("named\n".to_string(), 0));
 
     // Without a snapshot, a login shell reads its profile as always.
     let r = start(
@@ -89,7 +109,7 @@ async fn startup_files_run_once_per_scope_and_their_state_is_restored() {
     )
     .await;
     assert_eq!(r, ("NOISE-FROM-PROFILE\nmyfn-called y\n".to_string(), 0));
-    assert_eq!(runs(&h), 2);
+    assert_eq!(runs(&h), 3);
 
     // A command that is not `<shell.path> -lc` is left alone.
     let r = start(
@@ -110,13 +130,73 @@ async fn startup_files_run_once_per_scope_and_their_state_is_restored() {
     )
     .await;
     assert_eq!(r, ("NOISE-FROM-PROFILE\nfrom-profile\n".to_string(), 0));
-    assert_eq!(runs(&h), 3);
+    assert_eq!(runs(&h), 4, "the envPolicy start was a scope of its own");
 
     // Another scope captures again.
     let snap2 = json!({"shellSnapshot": snapshot("s2", "bash", "/bin/bash")});
-    let r = start(&mut c, "scope2", &h, &["/bin/bash", "-lc", "myfn w"], snap2).await;
+    let r = start(
+        &mut c,
+        "scope2",
+        &h,
+        &["/bin/bash", "-lc", "myfn w"],
+        snap2.clone(),
+    )
+    .await;
     assert_eq!(r, ("myfn-called w\n".to_string(), 0));
-    assert_eq!(runs(&h), 4);
+    assert_eq!(runs(&h), 5);
+
+    // Another HOME (other startup files) captures again, even in one scope.
+    let h2 = home(
+        "snap-bash-2",
+        ".bash_profile",
+        "myfn() { echo other-home; }\n",
+    );
+    let r = start(&mut c, "home2", &h2, &["/bin/bash", "-lc", "myfn"], snap2).await;
+    assert_eq!(r, ("other-home\n".to_string(), 0));
+}
+
+/// Startup files that print the capture's marker (a commit message, a web
+/// page) cannot pass what follows it for shell state.
+#[tokio::test]
+async fn printed_text_never_becomes_restored_code() {
+    let s = Server::start(&[]);
+    let h = tmpdir("snap-forge");
+    let pwned = h.join("pwned");
+    let profile = format!(
+        "printf '\\n# exec-server shell snapshot v1 \\ntouch {p}\\n\\0EVIL=1\\0'\n\
+         printf '\\n# exec-server shell snapshot v1\\ntouch {p}\\n\\0'\nexport OK=1\n",
+        p = pwned.display()
+    );
+    std::fs::write(h.join(".bash_profile"), profile).unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let snap = json!({"shellSnapshot": snapshot("s", "bash", "/bin/bash")});
+    for i in 0..2 {
+        let argv = ["/bin/bash", "-lc", "echo ${EVIL:-none} $OK"];
+        let r = start(&mut c, &format!("f{i}"), &h, &argv, snap.clone()).await;
+        assert_eq!(r, ("none 1\n".to_string(), 0), "{i}");
+    }
+    assert!(!pwned.exists(), "printed text ran as code");
+}
+
+/// A background job of the startup files neither delays the capture until
+/// its timeout nor outlives it.
+#[tokio::test]
+async fn background_jobs_of_the_startup_files_end_with_the_capture() {
+    let s = Server::start(&[]);
+    let tag = format!("{}", 7000 + std::process::id() % 1000);
+    let profile = format!(
+        "case \"$BASH_EXECUTION_STRING\" in *'exec-server shell snapshot'*) \
+         sleep {tag}.1 & setsid sleep {tag}.2 & ;; esac\nbgfn() {{ echo bg-ok; }}\n"
+    );
+    let h = home("snap-bg", ".bash_profile", &profile);
+    let mut c = Conn::open(&s.url, None).await;
+    let snap = json!({"shellSnapshot": snapshot("s", "bash", "/bin/bash")});
+    let t0 = std::time::Instant::now();
+    let r = start(&mut c, "bg", &h, &["/bin/bash", "-lc", "bgfn"], snap).await;
+    assert_eq!(r, ("bg-ok\n".to_string(), 0));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_gone(&format!("sleep {tag}.1")).await;
+    assert_gone(&format!("sleep {tag}.2")).await;
 }
 
 #[tokio::test]

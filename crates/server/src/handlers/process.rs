@@ -3,6 +3,7 @@
 
 use super::session_of;
 use crate::connection::Ctx;
+use crate::error::ExecError;
 use crate::process::Process;
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, ErrorObject};
@@ -156,18 +157,32 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
         }
         None => None,
     };
+    let mut volatile = std::collections::BTreeSet::new();
     if let Some(running) = &proxy {
         let vars = running.child_env();
+        volatile.extend(vars.iter().map(|(k, _)| k.clone()));
+        // A masked start's `env` holds the whole resolved environment and
+        // overrides the policy's `set`: the proxy's variables go there too.
         match p.env_policy.as_mut() {
-            Some(policy) => policy.set.extend(vars),
+            Some(policy) if masking.is_none() => policy.set.extend(vars),
+            Some(policy) => {
+                policy.set.extend(vars.clone());
+                p.env.extend(vars);
+            }
             None => p.env.extend(vars),
         }
     }
     let masked_names: Option<std::collections::BTreeSet<String>> =
         masking.as_ref().map(|_| p.env.keys().cloned().collect());
+    if p.shell_snapshot.is_some() && session.process(&p.process_id).is_some() {
+        // Before a capture that may take seconds, for nothing.
+        return Err(
+            ExecError::already_exists(format!("process {} already exists", p.process_id)).into(),
+        );
+    }
     let snapshot = session
         .shell_snapshots
-        .apply(&mut p, &cwd, confine.as_ref())
+        .apply(&mut p, &cwd, confine.as_ref(), &volatile)
         .await
         .map_err(|e| ErrorObject::invalid_params(e.to_string()))?;
     // A snapshot may export secrets the startup files set: masked too.

@@ -63,9 +63,11 @@ fn custom_providers(p: &RemoteNetworkProxyConfig) -> Vec<CustomProvider> {
         .collect()
 }
 
-/// When `credentialMasking` is on: resolves the child's environment into
-/// `p.env` (clearing `p.env_policy`), masks it, and returns the masking for
-/// the proxy. `None` (and `p` untouched) when masking is off.
+/// When `credentialMasking` is on: resolves the child's environment, masks
+/// it, and puts the whole of it in `p.env` (which overrides whatever
+/// `p.env_policy` would inherit, so inherited secrets are masked too; the
+/// policy stays for a shell snapshot's filters and cache key). Returns the
+/// masking for the proxy; `None` (and `p` untouched) when masking is off.
 pub fn mask_start_env(p: &mut ExecParams) -> Option<Arc<Masking>> {
     let cfg = &p.network_proxy.as_ref()?.proxy;
     if cfg.credential_masking != Some(true) {
@@ -78,7 +80,6 @@ pub fn mask_start_env(p: &mut ExecParams) -> Option<Arc<Masking>> {
         tracing::warn!(provider = %s.provider, "credential provider not used: {}", s.reason);
     }
     p.env = env;
-    p.env_policy = None;
     Some(Arc::new(masking))
 }
 

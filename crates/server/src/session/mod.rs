@@ -12,7 +12,7 @@ use crate::error::{ExecError, ExecResult};
 use crate::fs::handles::HandleTable;
 use crate::process::Process;
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -47,6 +47,9 @@ pub struct Session {
     leftovers: Mutex<Vec<crate::process::cgroup::ProcessCgroup>>,
     /// Bumped on every attach, so a stale expiry timer does nothing.
     pub(crate) generation: AtomicU64,
+    /// Set by [`Session::teardown`] under the process table's lock: no
+    /// process is started after it.
+    ended: AtomicBool,
 }
 
 impl Session {
@@ -61,6 +64,7 @@ impl Session {
             shell_snapshots: Default::default(),
             leftovers: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
+            ended: AtomicBool::new(false),
         }
     }
 
@@ -85,6 +89,11 @@ impl Session {
         start: impl FnOnce() -> std::io::Result<Arc<Process>>,
     ) -> ExecResult<Arc<Process>> {
         let mut procs = self.procs();
+        if self.ended.load(Ordering::Acquire) {
+            // Torn down (expired, or the server is stopping) while this start
+            // was on its way: a process started now would outlive its session.
+            return Err(ExecError::failed("the session has ended"));
+        }
         if procs.contains_key(id) {
             return Err(ExecError::already_exists(format!(
                 "process {id} already exists"
@@ -133,7 +142,11 @@ impl Session {
 
     /// Kills every process tree and closes every handle (session end).
     pub fn teardown(&self) {
-        let procs: Vec<_> = self.procs().drain().map(|(_, p)| p).collect();
+        let procs: Vec<_> = {
+            let mut table = self.procs();
+            self.ended.store(true, Ordering::Release);
+            table.drain().map(|(_, p)| p).collect()
+        };
         for p in procs {
             p.terminate();
             p.discard();

@@ -4,26 +4,32 @@
 //! for every command.
 //!
 //! Per session, a scope's capture is keyed by the request (scope id, shell
-//! name and path), the command's cwd, its env policy and its sandbox: a
-//! command that would start its login shell differently gets its own capture.
-//! The capture runs exactly as the command would (environment, cwd, sandbox),
-//! so it sees what the command could see and nothing more.
+//! name and path), the command's cwd, env policy and sandbox, and the
+//! variables that choose the startup files ([`STARTUP_VARS`]): a command that
+//! would start its login shell differently gets its own capture. Other
+//! variables may differ from command to command (Codex sends a tool-call id in
+//! each): a snapshot keeps only what the startup files changed
+//! ([`EnvChange`]), applied to each command's own environment. The capture
+//! runs exactly as the command would (environment, cwd, sandbox), so it sees
+//! what the command could see and nothing more.
 //!
 //! The command then runs as `<shell> -pc` (bash; `-c` for sh, `-fc` for zsh:
-//! no startup files) with a prologue that `eval`s the captured options,
-//! functions and aliases. The captured environment is merged under the
-//! request's own variables, which win (so a client's PATH with its tool
-//! directories stays first). A failed capture is retried at most
-//! [`MAX_ATTEMPTS`] times, [`RETRY_BACKOFF`] apart; meanwhile and after, the
-//! command runs unchanged, as a plain login shell.
+//! no startup files) with a one-line prologue that `eval`s the captured
+//! options, functions, aliases and umask. Of the captured environment, an
+//! extension of a variable (`PATH=/x:$PATH`) applies to the command's own
+//! value, as a login shell would; a variable set or unset outright applies
+//! unless the request names it (the request wins, as in the reference). A
+//! failed capture is retried at most [`MAX_ATTEMPTS`] times,
+//! [`RETRY_BACKOFF`] apart; meanwhile and after, the command runs unchanged,
+//! as a plain login shell.
 
 mod capture;
 
-pub use capture::{CaptureError, Snapshot, CAPTURE_TIMEOUT, MAX_CAPTURE_BYTES};
+pub use capture::{CaptureError, EnvChange, Snapshot, CAPTURE_TIMEOUT, MAX_CAPTURE_BYTES};
 use exec_server_protocol::types::{
     EnvPolicy, ExecParams, FileSystemSandboxContext, ShellSnapshotRequest,
 };
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,6 +48,9 @@ pub const RETRY_BACKOFF: Duration = Duration::from_secs(1);
 const STATE_CHUNK_BYTES: usize = 64 * 1024;
 /// Prefix of those variables; the prologue unsets them before anything else.
 const STATE_VAR_PREFIX: &str = "EXEC_SERVER_SHELL_SNAPSHOT_";
+/// Variables that decide which startup files a shell reads: part of a
+/// capture's key.
+pub const STARTUP_VARS: &[&str] = &["HOME", "ZDOTDIR", "ENV", "BASH_ENV", "XDG_CONFIG_HOME"];
 
 /// Shells whose state can be captured (`shellSnapshot.shell.name`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,9 +79,17 @@ impl ShellKind {
         match self {
             // Privileged mode keeps bash from reading $BASH_ENV and importing
             // functions from the environment; it is turned off at once.
-            ShellKind::Bash => ("-pc", "set +o privileged\n"),
+            ShellKind::Bash => ("-pc", "set +o privileged; "),
             ShellKind::Zsh => ("-fc", ""),
             ShellKind::Sh => ("-c", ""),
+        }
+    }
+
+    /// How the prologue prints, whatever functions the state defines.
+    fn printf(self) -> &'static str {
+        match self {
+            ShellKind::Sh => "command printf",
+            _ => "builtin printf",
         }
     }
 }
@@ -107,6 +124,7 @@ struct Key {
     cwd: std::path::PathBuf,
     env_policy: Option<EnvPolicy>,
     sandbox: Option<FileSystemSandboxContext>,
+    startup_vars: Vec<Option<String>>,
 }
 
 /// A capture, or the earliest time a failed one may be retried.
@@ -127,13 +145,16 @@ pub struct ShellSnapshots {
 impl ShellSnapshots {
     /// Rewrites `params` (argv and environment) to restore the scope's
     /// snapshot, capturing it first if this scope has none yet. `cwd` is the
-    /// native cwd; `sandbox` confines the capture as it will the command.
+    /// native cwd; `sandbox` confines the capture as it will the command;
+    /// `volatile` names variables the server itself sets for each process
+    /// (the network proxy's), which do not make a new capture.
     /// Errors: only a refused request; a failed capture leaves `params` as is.
     pub async fn apply(
         &self,
         params: &mut ExecParams,
         cwd: &Path,
         sandbox: Option<&crate::sandbox::StartSandbox>,
+        volatile: &BTreeSet<String>,
     ) -> Result<Outcome, SnapshotError> {
         let Some(request) = params.shell_snapshot.clone() else {
             return Ok(Outcome::NotRequested);
@@ -147,11 +168,24 @@ impl ShellSnapshots {
         }
         let kind = ShellKind::from_name(&request.shell.name)
             .ok_or_else(|| SnapshotError::UnsupportedShell(request.shell.name.clone()))?;
+        let effective = crate::process::spawn::build_env(
+            &params.env,
+            params.env_policy.as_ref(),
+            std::env::vars(),
+        );
+        let mut env_policy = params.env_policy.clone();
+        if let Some(policy) = env_policy.as_mut() {
+            policy.set.retain(|k, _| !volatile.contains(k));
+        }
         let key = Key {
             request,
             cwd: cwd.to_path_buf(),
-            env_policy: params.env_policy.clone(),
+            env_policy,
             sandbox: params.sandbox.clone(),
+            startup_vars: STARTUP_VARS
+                .iter()
+                .map(|v| effective.get(*v).cloned())
+                .collect(),
         };
         let cell = self.cell_for(key);
         let captured = cell
@@ -207,16 +241,27 @@ impl ShellSnapshots {
 fn restore(kind: ShellKind, snapshot: &Snapshot, params: &mut ExecParams) {
     let mut env =
         crate::process::spawn::build_env(&params.env, params.env_policy.as_ref(), std::env::vars());
-    // The request's own variables (and its policy's `set`) win over what the
-    // startup files exported.
-    let mut overrides: BTreeMap<String, String> = params
-        .env_policy
-        .as_ref()
-        .map(|p| p.set.clone())
-        .unwrap_or_default();
-    overrides.extend(params.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-    env.extend(snapshot.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-    env.extend(overrides);
+    let named: BTreeSet<&String> = params
+        .env
+        .keys()
+        .chain(params.env_policy.iter().flat_map(|p| p.set.keys()))
+        .collect();
+    for (name, change) in &snapshot.env {
+        match change {
+            EnvChange::Wrap { prefix, suffix } => {
+                let own = env.get(name).map(String::as_str).unwrap_or("");
+                let value = format!("{prefix}{own}{suffix}");
+                env.insert(name.clone(), value);
+            }
+            _ if named.contains(name) => {}
+            EnvChange::Set(value) => {
+                env.insert(name.clone(), value.clone());
+            }
+            EnvChange::Unset => {
+                env.remove(name);
+            }
+        }
+    }
     env.retain(|k, _| !k.starts_with(STATE_VAR_PREFIX));
 
     let mut names = Vec::new();
@@ -234,13 +279,16 @@ fn restore(kind: ShellKind, snapshot: &Snapshot, params: &mut ExecParams) {
     }
     let expansion: String = names.iter().map(|n| format!("${{{n}}}")).collect();
     let (flag, preamble) = kind.restore_flag_and_preamble();
+    // One line, so the script's own line numbers ($LINENO, error messages)
+    // are what they would be without the snapshot.
     let prologue = if names.is_empty() {
         String::new()
     } else {
         format!(
-            "if ! eval \"unset {}\n{expansion}\" >/dev/null; then \
-             printf 'failed to restore shell snapshot\\n' >&2; fi\n",
-            names.join(" ")
+            "if ! eval \"unset {}; {expansion}\" >/dev/null; then \
+             {} 'failed to restore shell snapshot\\n' >&2; fi; ",
+            names.join(" "),
+            kind.printf()
         )
     };
     params.argv[1] = flag.to_owned();
@@ -253,6 +301,7 @@ fn restore(kind: ShellKind, snapshot: &Snapshot, params: &mut ExecParams) {
 mod tests {
     use super::*;
     use exec_server_protocol::types::SnapshotShell;
+    use std::collections::BTreeMap;
 
     fn params(argv: &[&str]) -> ExecParams {
         let cwd = exec_server_protocol::PathUri::parse("file:///tmp").unwrap();
@@ -276,21 +325,37 @@ mod tests {
     fn restore_keeps_request_variables_first_and_splits_large_state() {
         let mut p = params(&["/bin/bash", "-lc", "echo hi", "zero"]);
         let state = "x".repeat(STATE_CHUNK_BYTES + 10);
+        p.env.insert("EDITOR".into(), "nano".into());
+        p.env.insert(
+            "UNSET_BY_PROFILE".into(),
+            "kept: the request names it".into(),
+        );
         let snapshot = Snapshot {
             state: state.clone(),
             env: BTreeMap::from([
-                ("PATH".into(), "/profile/bin:/req/bin".into()),
-                ("FROM_PROFILE".into(), "1".into()),
+                (
+                    "PATH".into(),
+                    EnvChange::Wrap {
+                        prefix: "/profile/bin:".into(),
+                        suffix: String::new(),
+                    },
+                ),
+                ("FROM_PROFILE".into(), EnvChange::Set("1".into())),
+                ("EDITOR".into(), EnvChange::Set("vim".into())),
+                ("UNSET_BY_PROFILE".into(), EnvChange::Unset),
             ]),
         };
         restore(ShellKind::Bash, &snapshot, &mut p);
         assert_eq!(p.argv[0], "/bin/bash");
         assert_eq!(p.argv[1], "-pc");
         assert_eq!(p.argv[3], "zero");
-        assert!(p.argv[2].starts_with("set +o privileged\n"));
-        assert!(p.argv[2].ends_with("\necho hi"));
-        assert_eq!(p.env["PATH"], "/req/bin");
+        assert!(p.argv[2].starts_with("set +o privileged; if ! eval"));
+        assert!(p.argv[2].ends_with("; fi; echo hi"));
+        assert!(!p.argv[2].contains('\n'), "{}", p.argv[2]);
+        assert_eq!(p.env["PATH"], "/profile/bin:/req/bin");
         assert_eq!(p.env["FROM_PROFILE"], "1");
+        assert_eq!(p.env["EDITOR"], "nano");
+        assert_eq!(p.env["UNSET_BY_PROFILE"], "kept: the request names it");
         let chunks = format!("{STATE_VAR_PREFIX}0");
         assert_eq!(p.env[&chunks].len(), STATE_CHUNK_BYTES);
         assert_eq!(p.env[&format!("{STATE_VAR_PREFIX}1")].len(), 10);
@@ -303,30 +368,30 @@ mod tests {
         let mut p = params(&["/bin/bash", "-c", "echo"]);
         let cwd = Path::new("/tmp");
         assert_eq!(
-            cache.apply(&mut p, cwd, None).await,
+            cache.apply(&mut p, cwd, None, &BTreeSet::new()).await,
             Ok(Outcome::NotApplicable)
         );
         let mut p = params(&["bash", "-lc", "echo"]);
         assert_eq!(
-            cache.apply(&mut p, cwd, None).await,
+            cache.apply(&mut p, cwd, None, &BTreeSet::new()).await,
             Ok(Outcome::NotApplicable)
         );
         let mut p = params(&["/bin/bash", "-lc", "echo"]);
         p.shell_snapshot.as_mut().unwrap().scope_id = String::new();
         assert_eq!(
-            cache.apply(&mut p, cwd, None).await,
+            cache.apply(&mut p, cwd, None, &BTreeSet::new()).await,
             Err(SnapshotError::Scope)
         );
         let mut p = params(&["/bin/bash", "-lc", "echo"]);
         p.shell_snapshot.as_mut().unwrap().shell.name = "fish".into();
         assert_eq!(
-            cache.apply(&mut p, cwd, None).await,
+            cache.apply(&mut p, cwd, None, &BTreeSet::new()).await,
             Err(SnapshotError::UnsupportedShell("fish".into()))
         );
         let mut p = params(&["/bin/bash", "-lc", "echo"]);
         p.shell_snapshot = None;
         assert_eq!(
-            cache.apply(&mut p, cwd, None).await,
+            cache.apply(&mut p, cwd, None, &BTreeSet::new()).await,
             Ok(Outcome::NotRequested)
         );
     }
