@@ -65,7 +65,7 @@ enum LogFormat {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve the exec-server protocol (the default).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run a command on the server; stream its output; exit with its exit code.
     Run(commands::run::RunArgs),
     /// Open an interactive shell on the server on a PTY.
@@ -171,7 +171,7 @@ fn main() {
     let code = runtime.block_on(async move {
         match cli.command {
             None => serve::run(cli.serve).await,
-            Some(Command::Serve(args)) => serve::run(args).await,
+            Some(Command::Serve(args)) => serve::run(*args).await,
             Some(Command::Run(args)) => commands::run::run(args).await,
             Some(Command::Shell(args)) => commands::shell::shell(args).await,
             Some(Command::Fs(args)) => commands::fs::fs(args).await,

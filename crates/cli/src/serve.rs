@@ -110,6 +110,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub prepend_path: Vec<PathBuf>,
 
+    /// A PEM file of CA certificates the managed network proxy also trusts
+    /// for upstream TLS when it intercepts for credential masking (besides
+    /// the Mozilla roots; repeat for several). For tests whose fake upstream
+    /// has a test CA; not needed in production.
+    #[arg(long, value_name = "PEM")]
+    pub netproxy_upstream_root: Vec<PathBuf>,
+
     /// Directory for the output spool: each process's output beyond the 1 MiB
     /// memory window goes to unnamed files here, so a client that resumes or
     /// pages with process/read late still gets every byte (up to
@@ -291,6 +298,20 @@ pub async fn run(args: ServeArgs) -> i32 {
         }
     };
 
+    let mut netproxy_upstream_roots = Vec::new();
+    for p in &args.netproxy_upstream_root {
+        match std::fs::read_to_string(p).map(|t| exec_server::netproxy_pem_certificates(&t)) {
+            Ok(certs) if !certs.is_empty() => netproxy_upstream_roots.extend(certs),
+            Ok(_) => {
+                eprintln!("exec-server: {}: no PEM certificate", p.display());
+                return 2;
+            }
+            Err(e) => {
+                eprintln!("exec-server: {}: {e}", p.display());
+                return 2;
+            }
+        }
+    }
     if args.process_cgroups == ProcessCgroups::Off {
         exec_server::process::cgroup::disable();
     }
@@ -308,6 +329,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         },
         sandbox_helper: std::env::current_exe().ok(),
         prepend_path: args.prepend_path.clone(),
+        netproxy_upstream_roots,
         output_spool: Some(exec_server::OutputSpoolConfig {
             dir: args.output_spool_dir.clone(),
             per_process_bytes: args.output_spool_bytes,

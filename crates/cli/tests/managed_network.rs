@@ -11,6 +11,9 @@ mod common;
 /// Transparent TCP (0.171.0's `networkProxyTransparentTcp`).
 #[path = "managed_network/ttcp.rs"]
 mod ttcp;
+/// Credential masking.
+#[path = "managed_network/masking.rs"]
+mod masking;
 
 use common::sandbox::*;
 use common::*;
@@ -142,6 +145,12 @@ async fn run_proxied(
         p["enforceManagedNetwork"] = json!(true);
         p["sandbox"] = s;
     }
+    run_start(c, id, p, reply).await
+}
+
+/// Sends the `process/start` `p` (process `id`), answers each policy request
+/// with `reply`, and collects everything until the close.
+async fn run_start(c: &mut Conn, id: &str, p: Value, reply: Reply) -> Outcome {
     c.ok("process/start", p).await;
     let mut o = Outcome::default();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -259,6 +268,31 @@ async fn n7_launch_validation_and_enforcement_without_proxy_or_sandbox() {
             -32602,
             Text::Has("requires a sandbox"),
         ),
+        // Credential masking's wire, as the reference 0.169.0 checks it.
+        (
+            "n7cm1",
+            json!({"networkProxy": {"proxy": proxy(json!({"credentialProviders": {"x": 5}}))}}),
+            -32602,
+            Text::Has("expected struct CredentialProviderConfig"),
+        ),
+        (
+            "n7cm2",
+            json!({"networkProxy": {"proxy": proxy(json!({"credentialProviders": {"x": {"secret_env_var": "A"}}}))}}),
+            -32602,
+            Text::Has("unknown field `secret_env_var`, expected one of `env`, `patterns`, `url_prefixes`, `url_prefix_from_env`, `auth`, `header`, `prefix`"),
+        ),
+        (
+            "n7cm3",
+            json!({"networkProxy": {"proxy": proxy(json!({"credentialMasking": 5}))}}),
+            -32602,
+            Text::Has("expected a boolean"),
+        ),
+        (
+            "n7cm4",
+            json!({"networkProxy": {"proxy": proxy(json!({"credentialProviders": {"x": {"auth": ["digest"]}}}))}}),
+            -32602,
+            Text::Has("unknown variant `digest`"),
+        ),
         // S24: with a sandbox but no proxy the command never runs.
         (
             "n7f",
@@ -277,6 +311,10 @@ async fn n7_launch_validation_and_enforcement_without_proxy_or_sandbox() {
             Text::Any => {}
         }
     }
+    // An empty provider is accepted (it masks nothing).
+    let ok = json!({"networkProxy": {"proxy": proxy(json!({"credentialMasking": true,
+        "credentialProviders": {"x": {}}}))}});
+    c.ok("process/start", start("n7ok", ok)).await;
     let caps = c.ok("environment/info", json!({})).await;
     let caps = if caps["capabilities"].is_object() {
         caps["capabilities"].clone()
@@ -286,6 +324,8 @@ async fn n7_launch_validation_and_enforcement_without_proxy_or_sandbox() {
     assert_eq!(caps["networkProxyLaunch"], true, "{caps}");
     assert_eq!(caps["networkProxyReviewDomains"], true, "{caps}");
     assert_eq!(caps["networkProxyTransparentTcp"], true, "{caps}");
+    assert_eq!(caps["credentialMasking"], true, "{caps}");
+    assert_eq!(caps["credentialMaskingCustomProviders"], true, "{caps}");
 }
 
 #[tokio::test]

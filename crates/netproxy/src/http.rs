@@ -3,6 +3,7 @@
 //! origin-form target. Blocked requests get 403 with the reference's JSON
 //! body; an allowed destination that cannot be reached gets 502.
 
+use crate::mask::Scheme;
 use crate::policy::{Decision, Destination, Protocol, REASON_LOCAL};
 use crate::{upstream, Shared};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
@@ -15,10 +16,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-type Body = BoxBody<Bytes, hyper::Error>;
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
 /// Longest a client may take to send its request headers: 30 s.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Headers meant for the proxy or for one hop only; never forwarded.
 const HOP_HEADERS: [&str; 8] = [
@@ -95,12 +96,25 @@ async fn connect(
         Ok(s) => s,
         Err(e) => return bad_gateway(&dest, &e),
     };
+    let intercept = shared.mitm.is_some()
+        && shared
+            .masking
+            .as_ref()
+            .is_some_and(|m| m.intercepts(&dest.host, port));
     let stop = shared.clone();
     tokio::spawn(async move {
         let Ok(upgraded) = hyper::upgrade::on(req).await else {
             return;
         };
         let mut down = TokioIo::new(upgraded);
+        if intercept {
+            let (host, shared) = (dest.host, stop.clone());
+            tokio::select! {
+                _ = crate::mitm::serve(down, up, host, port, target.addrs, shared) => {}
+                _ = stop.stopped() => {}
+            }
+            return;
+        }
         tokio::select! {
             _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
             _ = stop.stopped() => {}
@@ -157,8 +171,10 @@ async fn forward(
             .unwrap_or_else(|_| hyper::Uri::from_static("/")),
         None => hyper::Uri::from_static("/"),
     };
-    for h in HOP_HEADERS {
-        parts.headers.remove(h);
+    strip_hop_headers(&mut parts.headers);
+    if let Some(m) = &shared.masking {
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        m.substitute(Scheme::Http, &dest.host, port, path, &mut parts.headers);
     }
     if !parts.headers.contains_key(hyper::header::HOST) {
         if let Ok(v) = HeaderValue::from_str(auth.as_str()) {
@@ -168,12 +184,17 @@ async fn forward(
     match sender.send_request(Request::from_parts(parts, body)).await {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
-            for h in HOP_HEADERS {
-                parts.headers.remove(h);
-            }
+            strip_hop_headers(&mut parts.headers);
             Response::from_parts(parts, body.boxed())
         }
         Err(e) => bad_gateway(&dest, &e),
+    }
+}
+
+/// Removes the [`HOP_HEADERS`].
+pub(crate) fn strip_hop_headers(h: &mut hyper::HeaderMap) {
+    for name in HOP_HEADERS {
+        h.remove(name);
     }
 }
 
@@ -247,4 +268,16 @@ fn bad_gateway(dest: &Destination, e: &dyn std::fmt::Display) -> Response<Body> 
             "message": format!("cannot reach {}:{}: {e}", dest.host, dest.port),
         }),
     )
+}
+
+/// 502 for a request inside an intercepted tunnel.
+pub(crate) fn bad_gateway_text(host: &str, port: u16, e: &str) -> Response<Body> {
+    let dest = Destination {
+        protocol: Protocol::HttpsConnect,
+        host: host.to_string(),
+        port,
+        method: None,
+        client: None,
+    };
+    bad_gateway(&dest, &e)
 }

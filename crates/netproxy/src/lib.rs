@@ -13,6 +13,8 @@
 pub mod env;
 pub mod host;
 mod http;
+pub mod mask;
+mod mitm;
 pub mod policy;
 mod socks;
 mod upstream;
@@ -21,6 +23,9 @@ pub use policy::{
     Answer, AskFailure, BoxFuture, Decider, Decision, Destination, Pattern, Policy, Protocol,
     Rules, Source, Verdict,
 };
+
+/// A certificate in DER (for [`Launch::upstream_roots`]).
+pub use rustls::pki_types::CertificateDer;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -40,6 +45,14 @@ pub struct Launch {
     pub socks5_udp: bool,
     /// Also listen on `http.sock` (and `socks.sock`) in this existing directory.
     pub unix_dir: Option<PathBuf>,
+    /// Credential masking: secrets to put back into requests to their
+    /// providers. When it masked anything, `CONNECT`s to those providers'
+    /// https origins are intercepted with a CA of this proxy's own
+    /// ([`Proxy::ca_pem`]).
+    pub masking: Option<Arc<mask::Masking>>,
+    /// Roots trusted for upstream TLS besides the Mozilla roots (DER):
+    /// for tests whose fake upstream has a test CA.
+    pub upstream_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
     /// Transparent TCP for a routed sandbox: also serve SOCKS5 `CONNECT` on
     /// [`TCP_SOCKET`] in `unix_dir` (whether or not `socks5` is set; that
     /// socket is not advertised in the child's environment).
@@ -59,6 +72,8 @@ pub const TCP_SOCKET: &str = "tcp.sock";
 
 pub(crate) struct Shared {
     pub policy: Policy,
+    pub masking: Option<Arc<mask::Masking>>,
+    pub mitm: Option<Arc<mitm::Authority>>,
     pub socks5_udp: bool,
     pub tcp_upstream: Option<String>,
     pub stop: watch::Receiver<()>,
@@ -74,6 +89,7 @@ impl Shared {
 
 /// A running proxy. Dropping it stops it.
 pub struct Proxy {
+    ca_pem: Option<String>,
     http: SocketAddr,
     socks: Option<SocketAddr>,
     allow_local_binding: bool,
@@ -87,7 +103,17 @@ impl Proxy {
     pub async fn start(launch: Launch, decider: Arc<dyn Decider>) -> std::io::Result<Proxy> {
         let (stop_tx, stop) = watch::channel(());
         let allow_local_binding = launch.rules.allow_local_binding;
+        let masking = launch.masking.filter(|m| !m.is_empty());
+        let mitm = match &masking {
+            Some(_) => Some(Arc::new(
+                mitm::Authority::new(&launch.upstream_roots).map_err(std::io::Error::other)?,
+            )),
+            None => None,
+        };
+        let ca_pem = mitm.as_ref().map(|a| a.ca_pem().to_string());
         let shared = Arc::new(Shared {
+            masking,
+            mitm,
             policy: Policy::new(launch.rules, decider),
             socks5_udp: launch.socks5_udp,
             tcp_upstream: launch.tcp_upstream.clone(),
@@ -116,6 +142,7 @@ impl Proxy {
             }
         }
         Ok(Proxy {
+            ca_pem,
             http,
             socks,
             allow_local_binding,
@@ -132,6 +159,12 @@ impl Proxy {
     /// The SOCKS5 listener's address, when started.
     pub fn socks_addr(&self) -> Option<SocketAddr> {
         self.socks
+    }
+
+    /// The interception CA's certificate (PEM), when credential masking
+    /// masked anything: the child must trust it (and only this child does).
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
     }
 
     /// The child environment pointing at this proxy (SANDBOX.md §3.1).

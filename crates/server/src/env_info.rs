@@ -18,8 +18,8 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         // Reference keys.
         ("networkProxyLaunch", true),
         ("networkProxyReviewDomains", true),
-        ("credentialMasking", false),
-        ("credentialMaskingCustomProviders", false),
+        ("credentialMasking", true),
+        ("credentialMaskingCustomProviders", true),
         ("capabilityDiscoverySandbox", sandbox_enforced),
         ("fsWatchMissing", true),
         ("capabilityDiscoveryV2", true),

@@ -40,6 +40,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use network::masking::pem_certificates as netproxy_pem_certificates;
+
 /// Default for `--max-connections`: 4096 concurrent connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub use exec_server_protocol::MAX_MESSAGE_BYTES;
@@ -77,6 +79,11 @@ pub struct ServerConfig {
     /// (output past [`process::output_log::RETAINED_OUTPUT_BYTES_PER_PROCESS`]
     /// is then dropped once delivered, as in the reference).
     pub output_spool: Option<OutputSpoolConfig>,
+    /// `--netproxy-upstream-root PEM`: certificates (DER) the managed network
+    /// proxy trusts for upstream TLS besides the Mozilla roots, when it
+    /// intercepts for credential masking. For tests whose fake upstream has
+    /// a test CA; empty in production.
+    pub netproxy_upstream_roots: Vec<Vec<u8>>,
     /// The managed network's transparent TCP (`--linux-sandbox-transparent-tcp`,
     /// `--tcp-upstream-proxy`).
     pub transparent_tcp: network::TransparentTcpConfig,
@@ -139,6 +146,7 @@ impl Default for ServerConfig {
             sandbox_helper: None,
             prepend_path: Vec::new(),
             output_spool: Some(OutputSpoolConfig::default()),
+            netproxy_upstream_roots: Vec::new(),
             transparent_tcp: network::TransparentTcpConfig::default(),
         }
     }

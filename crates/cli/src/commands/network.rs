@@ -52,6 +52,8 @@ impl CliPolicy {
                 domains: None,
                 unix_sockets: None,
                 review_domains: None,
+                credential_masking: None,
+                credential_providers: None,
                 transparent_tcp: None,
             },
             audit_metadata: None,

@@ -58,6 +58,17 @@ pub struct RemoteNetworkProxyConfig {
     /// `reviewDomains`: patterns always asked of the client (`networkProxyReviewDomains`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review_domains: Option<Vec<String>>,
+    /// `credentialMasking` (`credentialMasking` capability): the child's
+    /// environment holds placeholders instead of the built-in providers'
+    /// secrets (and those of `credentialProviders`); the proxy puts the real
+    /// secret back only in requests to that provider's destinations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_masking: Option<bool>,
+    /// `credentialProviders` (`credentialMaskingCustomProviders` capability):
+    /// provider name → [`CredentialProviderConfig`], masked besides the
+    /// built-in ones when `credentialMasking` is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_providers: Option<BTreeMap<String, CredentialProviderConfig>>,
     /// `transparentTcp` (0.171.0, `networkProxyTransparentTcp`): in an
     /// enforced sandbox, raw TCP connections of programs that ignore the
     /// proxy variables go through the proxy's SOCKS5 policy too. Absent: the
@@ -65,6 +76,50 @@ pub struct RemoteNetworkProxyConfig {
     /// refused (-32602), as by 0.171.0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transparent_tcp: Option<bool>,
+}
+
+/// One custom credential provider (`CredentialProviderConfig`; wire names in
+/// snake_case, as the reference's: it is the reference's TOML provider
+/// struct). Every member is optional (`{}` is accepted; an incomplete
+/// provider masks nothing); unknown members are refused (-32602 `unknown
+/// field`), as by the reference 0.169.0.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CredentialProviderConfig {
+    /// `env`: names of the child's environment variables that may hold the secret.
+    pub env: Vec<String>,
+    /// `patterns`: regular expressions a value must match in full to be masked
+    /// (and the placeholder matches too, so clients that check the shape keep working).
+    pub patterns: Vec<String>,
+    /// `url_prefixes`: where the secret may go: `https://host[:port][/path]`,
+    /// `http://…`, or a bare host (`https` unless it is a loopback host);
+    /// a host may start with `*.` (any subdomain).
+    pub url_prefixes: Vec<String>,
+    /// `url_prefix_from_env`: the name of a child variable holding one more prefix.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url_prefix_from_env: Option<String>,
+    /// `auth`: how clients send the secret (`bearer`, `token`, `basic`, `header`).
+    pub auth: Vec<CredentialAuthMethod>,
+    /// `header`: the header name for `header` authentication.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// `prefix`: text before the secret in that header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+}
+
+/// An `auth` entry of a [`CredentialProviderConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CredentialAuthMethod {
+    /// `bearer`: `Authorization: Bearer <secret>`.
+    Bearer,
+    /// `token`: `Authorization: token <secret>`.
+    Token,
+    /// `basic`: `Authorization: Basic base64(<user>:<secret>)` (or the secret as the pair).
+    Basic,
+    /// `header`: `<header>: <prefix><secret>`.
+    Header,
 }
 
 /// `mode` of a [`RemoteNetworkProxyConfig`].

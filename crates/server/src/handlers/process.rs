@@ -133,15 +133,21 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     )?;
     let sandbox_type = crate::sandbox::sandbox_type(confine.as_ref());
     let session = session_of(&ctx)?;
+    // Masking resolves the child's environment into `p.env` first, so the
+    // secrets it would inherit are replaced before it exists.
+    let masking = crate::network::masking::mask_start_env(&mut p);
     let proxy = match &p.network_proxy {
         Some(np) => {
             let routed = confine.as_ref().is_some_and(|c| c.routed());
+            let mask = masking.clone().map(|m| (m, &p.env));
             let running = crate::network::start(
                 np,
                 &p.process_id,
                 session.link.clone(),
                 routed,
                 &ctx.server.config.transparent_tcp,
+                mask,
+                &ctx.server.config.netproxy_upstream_roots,
             )
             .await?;
             if let (Some(c), Some(route)) = (confine.as_mut(), running.route.clone()) {
@@ -153,13 +159,21 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     };
     let mut volatile = std::collections::BTreeSet::new();
     if let Some(running) = &proxy {
-        let vars = running.proxy.child_env();
+        let vars = running.child_env();
         volatile.extend(vars.iter().map(|(k, _)| k.clone()));
+        // A masked start's `env` holds the whole resolved environment and
+        // overrides the policy's `set`: the proxy's variables go there too.
         match p.env_policy.as_mut() {
-            Some(policy) => policy.set.extend(vars),
+            Some(policy) if masking.is_none() => policy.set.extend(vars),
+            Some(policy) => {
+                policy.set.extend(vars.clone());
+                p.env.extend(vars);
+            }
             None => p.env.extend(vars),
         }
     }
+    let masked_names: Option<std::collections::BTreeSet<String>> =
+        masking.as_ref().map(|_| p.env.keys().cloned().collect());
     if p.shell_snapshot.is_some() && session.process(&p.process_id).is_some() {
         // Before a capture that may take seconds, for nothing.
         return Err(
@@ -171,6 +185,10 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
         .apply(&mut p, &cwd, confine.as_ref(), &volatile)
         .await
         .map_err(|e| ErrorObject::invalid_params(e.to_string()))?;
+    // A snapshot may export secrets the startup files set: masked too.
+    if let (Some(m), Some(before)) = (&masking, &masked_names) {
+        crate::network::masking::scrub_added(m, before, &mut p);
+    }
     tracing::debug!(?snapshot, "shell snapshot");
     // The pump sends nothing before this fires, so the response comes first.
     let (gate_tx, gate_rx) = oneshot::channel();

@@ -5,6 +5,8 @@
 //! with the notification `network/policyDecision`. The proxy itself lives in
 //! `exec-server-netproxy`.
 
+pub mod masking;
+
 use crate::link::Link;
 use exec_server_netproxy::{
     Answer, AskFailure, BoxFuture, Decider, Decision, Destination, Launch, Pattern, Proxy, Rules,
@@ -72,7 +74,21 @@ pub struct RunningProxy {
     pub proxy: Proxy,
     /// How the sandbox reaches it, when routed.
     pub route: Option<ProxyRoute>,
+    /// The CA bundle naming the proxy's interception CA, when it intercepts.
+    pub ca: Option<masking::CaBundle>,
     _dir: Option<SocketDir>,
+}
+
+impl RunningProxy {
+    /// The child's variables: the proxy's (SANDBOX.md §3.1) and, when the
+    /// proxy intercepts, the CA bundle's.
+    pub fn child_env(&self) -> Vec<(String, String)> {
+        let mut v = self.proxy.child_env();
+        if let Some(ca) = &self.ca {
+            v.extend(ca.child_env());
+        }
+        v
+    }
 }
 
 /// A private (0700) directory for the proxy's Unix sockets.
@@ -97,14 +113,22 @@ impl Drop for SocketDir {
 /// Starts the proxy of process `process_id` (its decider asks the client of
 /// `link`); `routed`: the process runs in a sandbox whose only exit is this
 /// proxy, so it also listens on Unix sockets for the sandbox's bridge;
-/// `tcp`: the server's transparent-TCP settings.
-/// Errors: -32603 when the listeners cannot be bound.
+/// `tcp`: the server's transparent-TCP settings; `mask`: the process's
+/// credential masking ([`masking::mask_start_env`]) and its (masked)
+/// environment; `upstream_roots`: extra upstream roots (DER).
+/// Errors: -32603 when the listeners cannot be bound or the CA bundle
+/// cannot be written.
 pub async fn start(
     cfg: &RemoteNetworkProxyLaunchConfig,
     process_id: &str,
     link: Arc<Link>,
     routed: bool,
     tcp: &TransparentTcpConfig,
+    mask: Option<(
+        Arc<exec_server_netproxy::mask::Masking>,
+        &std::collections::BTreeMap<String, String>,
+    )>,
+    upstream_roots: &[Vec<u8>],
 ) -> Result<RunningProxy, ErrorObject> {
     let failed =
         |e: std::io::Error| ErrorObject::internal(format!("cannot start the network proxy: {e}"));
@@ -120,7 +144,20 @@ pub async fn start(
     let transparent = tcp.enabled_for(cfg, routed);
     l.transparent_tcp = transparent;
     l.tcp_upstream = tcp.upstream_proxy.clone();
+    let env = mask.as_ref().map(|(_, e)| *e);
+    l.masking = mask.map(|(m, _)| m);
+    l.upstream_roots = upstream_roots
+        .iter()
+        .map(|d| exec_server_netproxy::CertificateDer::from(d.clone()))
+        .collect();
     let proxy = Proxy::start(l, decider).await.map_err(failed)?;
+    let ca = match (proxy.ca_pem(), env) {
+        (Some(pem), Some(env)) => {
+            let socket_dir = dir.as_ref().map(|d| d.0.as_path());
+            Some(masking::CaBundle::write(pem, env, socket_dir).map_err(failed)?)
+        }
+        _ => None,
+    };
     let route = dir.as_ref().map(|d| {
         let mut ports = vec![(
             proxy.http_addr().port(),
@@ -138,6 +175,7 @@ pub async fn start(
     Ok(RunningProxy {
         proxy,
         route,
+        ca,
         _dir: dir,
     })
 }
