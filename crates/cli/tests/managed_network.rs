@@ -8,12 +8,12 @@
 //! 8.8.8.8 and 8.8.4.4, and run the server, the upstream and curl there.
 
 mod common;
-/// Transparent TCP (0.171.0's `networkProxyTransparentTcp`).
-#[path = "managed_network/ttcp.rs"]
-mod ttcp;
 /// Credential masking.
 #[path = "managed_network/masking.rs"]
 mod masking;
+/// Transparent TCP (0.171.0's `networkProxyTransparentTcp`).
+#[path = "managed_network/ttcp.rs"]
+mod ttcp;
 
 use common::sandbox::*;
 use common::*;
