@@ -632,4 +632,20 @@ async fn prepend_path_dirs_are_reported_and_hold_the_tools() {
     let out = c.collect("rg", WAIT).await;
     assert_eq!(out.exit, Some(0));
     assert_eq!(String::from_utf8_lossy(&out.bytes), "ripgrep 14.1.0\n");
+
+    // A command whose environment is the server's (what Codex sends: an
+    // `envPolicy`, no PATH) finds the tool directory first on its PATH.
+    c.ok(
+        "process/start",
+        json!({"processId": "inherit", "argv": ["sh", "-c", "command -v rg"], "cwd": uri(&tools),
+               "env": {}, "tty": false,
+               "envPolicy": {"inherit": "all", "ignoreDefaultExcludes": true, "exclude": [],
+                             "set": {}, "includeOnly": []}}),
+    )
+    .await;
+    let out = c.collect("inherit", WAIT).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.bytes),
+        format!("{}\n", rg.display())
+    );
 }

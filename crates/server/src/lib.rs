@@ -180,6 +180,13 @@ impl ServerState {
         let sandbox =
             sandbox::Support::new(config.sandbox_helper.clone(), config.allow_unsandboxed);
         let env_info = env_info::environment_info(sandbox.enforced(), &config.prepend_path);
+        process::spawn::set_tool_dirs(
+            env_info
+                .prepend_path_dirs
+                .iter()
+                .filter_map(|d| d.to_path().ok())
+                .collect(),
+        );
         let fs_mode = if config.concurrent_requests > 1 {
             Mode::Detached
         } else {

@@ -74,7 +74,11 @@ pub fn mask_start_env(p: &mut ExecParams) -> Option<Arc<Masking>> {
         return None;
     }
     let customs = custom_providers(cfg);
-    let mut env = crate::process::spawn::build_env(&p.env, p.env_policy.as_ref(), std::env::vars());
+    let mut env = crate::process::spawn::build_env(
+        &p.env,
+        p.env_policy.as_ref(),
+        crate::process::spawn::server_env(),
+    );
     let (masking, skipped) = Masking::mask_env(&customs, &mut env);
     for s in skipped {
         tracing::warn!(provider = %s.provider, "credential provider not used: {}", s.reason);

@@ -29,6 +29,43 @@ pub const DEFAULT_EXCLUDES: &[&str] = &["*KEY*", "*SECRET*", "*TOKEN*"];
 pub const NON_INHERITABLE_ENV_VARS: &[&str] =
     &["CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "EXEC_SERVER_TOKEN"];
 
+/// The reported `prependPathDirs`, put in front of the server's own `PATH`
+/// where a child's environment starts from the server's (`envPolicy`), as the
+/// reference's bundled tool directory is: so a Codex command finds `rg` there
+/// (the client does not add these directories itself). Process-wide: the
+/// first server of the process sets it.
+static TOOL_DIRS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+
+/// Sets the directories of [`server_env`] (once per process; later calls do
+/// nothing).
+pub fn set_tool_dirs(dirs: Vec<PathBuf>) {
+    let _ = TOOL_DIRS.set(dirs);
+}
+
+/// The server's environment as children inherit it: its `PATH` led by the
+/// tool directories it lacks.
+pub fn server_env() -> impl Iterator<Item = (String, String)> {
+    let dirs = TOOL_DIRS.get();
+    std::env::vars().map(move |(k, v)| {
+        if k != "PATH" {
+            return (k, v);
+        }
+        let Some(dirs) = dirs else {
+            return (k, v);
+        };
+        let mut parts: Vec<String> = dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .filter(|d| !v.split(':').any(|p| p == d))
+            .collect();
+        if parts.is_empty() {
+            return (k, v);
+        }
+        parts.push(v);
+        (k, parts.join(":"))
+    })
+}
+
 /// Case-insensitive glob match with `*` and `?`.
 pub fn wildcard_match(pattern: &str, name: &str) -> bool {
     exec_server_sandbox::glob::matches(&pattern.to_ascii_uppercase(), &name.to_ascii_uppercase())
@@ -171,7 +208,7 @@ pub fn start(
     sandbox: Option<&crate::sandbox::StartSandbox>,
 ) -> std::io::Result<Started> {
     let cgroup_fd = cgroup.map(|f| f.as_raw_fd());
-    let env = build_env(&params.env, params.env_policy.as_ref(), std::env::vars());
+    let env = build_env(&params.env, params.env_policy.as_ref(), server_env());
     let meta = std::fs::metadata(cwd).map_err(|e| tag(Stage::Cwd, cwd, e))?;
     if !meta.is_dir() {
         let e = std::io::Error::from_raw_os_error(libc::ENOTDIR);

@@ -139,7 +139,11 @@ pub async fn capture(
     run.argv = vec![params.argv[0].clone(), "-lc".into(), script(kind, &marker)];
     run.tty = false;
     run.pipe_stdin = false;
-    let given = spawn::build_env(&params.env, params.env_policy.as_ref(), std::env::vars());
+    let given = spawn::build_env(
+        &params.env,
+        params.env_policy.as_ref(),
+        crate::process::spawn::server_env(),
+    );
     let group = cgroup::ProcessCgroup::create();
     let join = group.as_ref().and_then(|g| g.join_handle().ok());
     let started = spawn::start(&run, cwd, join.as_ref(), sandbox).map_err(CaptureError::Spawn)?;

@@ -171,7 +171,7 @@ impl ShellSnapshots {
         let effective = crate::process::spawn::build_env(
             &params.env,
             params.env_policy.as_ref(),
-            std::env::vars(),
+            crate::process::spawn::server_env(),
         );
         let mut env_policy = params.env_policy.clone();
         if let Some(policy) = env_policy.as_mut() {
@@ -239,8 +239,11 @@ impl ShellSnapshots {
 
 /// Makes `params` run its script after restoring `snapshot`.
 fn restore(kind: ShellKind, snapshot: &Snapshot, params: &mut ExecParams) {
-    let mut env =
-        crate::process::spawn::build_env(&params.env, params.env_policy.as_ref(), std::env::vars());
+    let mut env = crate::process::spawn::build_env(
+        &params.env,
+        params.env_policy.as_ref(),
+        crate::process::spawn::server_env(),
+    );
     let named: BTreeSet<&String> = params
         .env
         .keys()
