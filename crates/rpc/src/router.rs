@@ -101,19 +101,10 @@ impl<C: Send + 'static> Router<C> {
         F: Fn(C, P) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, ErrorObject>> + Send + 'static,
     {
-        self.handlers.insert(
-            method,
-            (
-                mode,
-                Box::new(move |ctx, params, payload| {
-                    refuse_payload(&payload)?;
-                    let p: P = decode_params(params).map_err(ErrorObject::invalid_params)?;
-                    let fut = f(ctx, p);
-                    Ok(Box::pin(async move { fut.await.map(|r| Reply::of(&r)) }) as HandlerFuture)
-                }),
-            ),
-        );
-        self
+        self.request_reply(method, mode, move |ctx, p: P| {
+            let fut = f(ctx, p);
+            async move { fut.await.map(|r| Reply::of(&r)) }
+        })
     }
 
     /// Registers a handler that builds its own [`Reply`].

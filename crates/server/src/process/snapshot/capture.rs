@@ -124,13 +124,15 @@ pub fn script(kind: ShellKind, marker: &str) -> String {
 
 /// Runs `params`' shell with the capture script in place of the command's, in
 /// the same cwd, environment and sandbox as the command, and parses the
-/// result. `argv` of `params` is `[shell, "-lc", script, args…]`. Whatever the
+/// result. `argv` of `params` is `[shell, "-lc", script, args…]`; `given`
+/// is the environment `params` builds (what the startup files start from). Whatever the
 /// startup files leave running (background jobs, daemons) is killed when the
 /// capture ends: by the capture's cgroup where there is one, else by its
 /// process group.
 pub async fn capture(
     kind: ShellKind,
     params: &ExecParams,
+    given: &BTreeMap<String, String>,
     cwd: &Path,
     sandbox: Option<&crate::sandbox::StartSandbox>,
 ) -> Result<Snapshot, CaptureError> {
@@ -139,11 +141,6 @@ pub async fn capture(
     run.argv = vec![params.argv[0].clone(), "-lc".into(), script(kind, &marker)];
     run.tty = false;
     run.pipe_stdin = false;
-    let given = spawn::build_env(
-        &params.env,
-        params.env_policy.as_ref(),
-        crate::process::spawn::server_env(),
-    );
     let group = cgroup::ProcessCgroup::create();
     let join = group.as_ref().and_then(|g| g.join_handle().ok());
     let started = spawn::start(&run, cwd, join.as_ref(), sandbox).map_err(CaptureError::Spawn)?;
@@ -197,7 +194,7 @@ pub async fn capture(
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
         });
     }
-    parse(&out, &marker, &given, params.env_policy.as_ref())
+    parse(&out, &marker, given, params.env_policy.as_ref())
 }
 
 /// Reads `fd` (keeping at most `limit` bytes) until its end, or until the

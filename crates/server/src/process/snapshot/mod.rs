@@ -29,7 +29,7 @@ pub use capture::{CaptureError, EnvChange, Snapshot, CAPTURE_TIMEOUT, MAX_CAPTUR
 use exec_server_protocol::types::{
     EnvPolicy, ExecParams, FileSystemSandboxContext, ShellSnapshotRequest,
 };
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -190,7 +190,7 @@ impl ShellSnapshots {
         let cell = self.cell_for(key);
         let captured = cell
             .get_or_init(|| async {
-                match capture::capture(kind, params, cwd, sandbox).await {
+                match capture::capture(kind, params, &effective, cwd, sandbox).await {
                     Ok(snapshot) => Ok(Arc::new(snapshot)),
                     Err(e) => {
                         tracing::warn!(error = %e, "shell snapshot capture failed; the command runs as a login shell");
@@ -201,7 +201,7 @@ impl ShellSnapshots {
             .await;
         match captured {
             Ok(snapshot) => {
-                restore(kind, snapshot, params);
+                restore(kind, snapshot, effective, params);
                 Ok(Outcome::Restored)
             }
             Err(_) => Ok(Outcome::CaptureFailed),
@@ -237,13 +237,14 @@ impl ShellSnapshots {
     }
 }
 
-/// Makes `params` run its script after restoring `snapshot`.
-fn restore(kind: ShellKind, snapshot: &Snapshot, params: &mut ExecParams) {
-    let mut env = crate::process::spawn::build_env(
-        &params.env,
-        params.env_policy.as_ref(),
-        crate::process::spawn::server_env(),
-    );
+/// Makes `params` run its script after restoring `snapshot`; `env` is the
+/// command's environment as `params` would build it.
+fn restore(
+    kind: ShellKind,
+    snapshot: &Snapshot,
+    mut env: BTreeMap<String, String>,
+    params: &mut ExecParams,
+) {
     let named: BTreeSet<&String> = params
         .env
         .keys()
@@ -304,7 +305,6 @@ fn restore(kind: ShellKind, snapshot: &Snapshot, params: &mut ExecParams) {
 mod tests {
     use super::*;
     use exec_server_protocol::types::SnapshotShell;
-    use std::collections::BTreeMap;
 
     fn params(argv: &[&str]) -> ExecParams {
         let cwd = exec_server_protocol::PathUri::parse("file:///tmp").unwrap();
@@ -348,7 +348,8 @@ mod tests {
                 ("UNSET_BY_PROFILE".into(), EnvChange::Unset),
             ]),
         };
-        restore(ShellKind::Bash, &snapshot, &mut p);
+        let env = crate::process::spawn::build_env(&p.env, None, std::iter::empty());
+        restore(ShellKind::Bash, &snapshot, env, &mut p);
         assert_eq!(p.argv[0], "/bin/bash");
         assert_eq!(p.argv[1], "-pc");
         assert_eq!(p.argv[3], "zero");
