@@ -223,13 +223,18 @@ async fn read_until_exit(
                 keep(&mut kept, &buf[..n]);
             }
             code = &mut *exit => {
-                // Everything the shell wrote is in the pipe by now.
+                // Everything the shell wrote is in the pipe by now. Read with
+                // the system call itself: `try_read` answers "would block"
+                // from the runtime's cached readiness, without looking, when
+                // the pipe's readiness event has not been seen yet.
+                use std::os::fd::AsFd;
                 loop {
-                    match rx.try_read(&mut buf) {
+                    match nix::unistd::read(rx.as_fd(), &mut buf) {
                         Ok(0) => break,
                         Ok(n) => keep(&mut kept, &buf[..n]),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                        Err(e) => return Err(e),
+                        Err(nix::errno::Errno::EAGAIN) => break,
+                        Err(nix::errno::Errno::EINTR) => {}
+                        Err(e) => return Err(e.into()),
                     }
                 }
                 return Ok((kept, code.ok()));
