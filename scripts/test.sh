@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# The whole test suite: unit and integration tests and both fuzzers for a
+# The whole test suite: unit and integration tests and the fuzzers for a
 # bounded time. Everything here needs only this checkout. When the public
 # conformance suite is beside it (../shared, or SHARED_DIR=...), as in CI, it
-# runs too, against the release binary.
+# runs too, against the binary the tests used.
+#
+# Profile `ci` (Cargo.toml): release semantics, less optimisation, so the
+# many test programs build in about half the time. PROFILE=release runs the
+# same suite against the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PROFILE=${PROFILE:-ci}
+OUT=${CARGO_TARGET_DIR:-target}/$PROFILE
 
-# One profile for everything: the tests reuse the release build of the binary.
-cargo build --release --workspace --all-targets
-cargo test --release --workspace --no-fail-fast
+# Unit and integration tests, and the binaries they start. Examples are not
+# built here: the client's examples run inside its `examples` test, and
+# clippy --all-targets (.ci/run) checks that every example compiles.
+cargo test --profile "$PROFILE" --workspace --lib --bins --tests --no-run
+cargo test --profile "$PROFILE" --workspace --lib --bins --tests --no-fail-fast
+cargo test --profile "$PROFILE" --workspace --doc
 
-# The fuzzers, briefly (run them for longer by hand: --seconds 600).
+# The fuzzers, briefly (run them for longer by hand: --seconds 600). They are
+# built once with the workspace's features; `cargo run -p` would build a
+# second copy of the dependencies with one package's features.
 FUZZ_SECONDS=${FUZZ_SECONDS:-15}
-# They were built above with the workspace's features; `cargo run -p` would
-# build a second copy of the dependencies with one package's features.
-for fuzzer in fuzz_decode fuzz_router fuzz_relay; do
-  "target/release/examples/$fuzzer" --seconds "$FUZZ_SECONDS"
+fuzzers=(fuzz_decode fuzz_router fuzz_relay)
+cargo build --profile "$PROFILE" --workspace "${fuzzers[@]/#/--example=}"
+for fuzzer in "${fuzzers[@]}"; do
+  "$OUT/examples/$fuzzer" --seconds "$FUZZ_SECONDS"
 done
 
 shared=${SHARED_DIR:-../shared}
@@ -24,7 +35,7 @@ if [ -f "$shared/conformance/run.py" ]; then
     python3 -m pip install --quiet websockets
   fi
   python3 "$shared/conformance/run.py" \
-    --server-cmd "target/release/exec-server --listen ws://127.0.0.1:0" \
+    --server-cmd "$OUT/exec-server --listen ws://127.0.0.1:0" \
     "$shared/conformance/cases"
 else
   echo "note: no conformance suite at $shared/conformance; skipped (set SHARED_DIR to run it)" >&2

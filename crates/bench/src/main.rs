@@ -69,6 +69,7 @@ fn raise_fd_limit() {
 
 #[tokio::main]
 async fn main() {
+    tune_allocator();
     let args = Args::parse();
     raise_fd_limit();
     let servers: Vec<server::Target> = match args
@@ -250,5 +251,17 @@ fn fmt(v: f64) -> String {
         format!("{v:.1}")
     } else {
         format!("{v:.2}")
+    }
+}
+
+/// The driver's own allocations (a message of up to 171 KiB per output chunk)
+/// reuse memory instead of faulting in fresh pages each time, as the server
+/// under test does (`crates/cli/src/alloc.rs`): the same for every server.
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt changes allocator parameters only.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 16 << 20);
     }
 }

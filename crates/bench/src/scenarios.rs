@@ -3,7 +3,7 @@
 
 pub use crate::local::local;
 use crate::server::Running;
-use crate::wire::{b64d, b64e, start_params, wait_closed, Conn};
+use crate::wire::{b64d, b64e_into, start_params, wait_closed, Conn, Response};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -242,10 +242,10 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
                     .await
                     .map_err(|_| "timeout")?
                     .ok_or("closed")?;
-                if n["method"] == "process/exited" && n["params"]["exitCode"] != json!(0) {
-                    return Err(format!("bad exit: {n}"));
+                if n.method == "process/exited" && n.exit_code != Some(0) {
+                    return Err(format!("bad exit: {n:?}"));
                 }
-                if n["method"] == "process/closed" {
+                if n.method == "process/closed" {
                     closed += 1;
                     if started < total {
                         pending.push(
@@ -261,9 +261,7 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
             }
             for p in pending {
                 let r = p.await.map_err(|_| "closed")?;
-                if r.get("error").is_some() {
-                    return Err(r.to_string());
-                }
+                r.result_text()?;
             }
             Ok(Outcome::of(vec![total as f64 / t0.elapsed().as_secs_f64()]))
         }
@@ -299,8 +297,8 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
             let (got, peak) = with_peak_rss(srv, async {
                 let t0 = Instant::now();
                 let got = if sc == Scenario::FsRead {
-                    let r = c.call("fs/readFile", json!({"path": uri})).await?;
-                    b64d(&r["dataBase64"])
+                    let r = c.call_raw("fs/readFile", json!({"path": uri})).await?;
+                    read_file_data(&r)?
                 } else {
                     read_blocks(&c, &uri).await?
                 };
@@ -327,11 +325,18 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
             let (r, peak) = with_peak_rss(srv, async {
                 let t0 = Instant::now();
                 if sc == Scenario::FsWrite {
-                    c.call(
-                        "fs/writeFile",
-                        json!({"path": uri, "dataBase64": b64e(&data)}),
-                    )
-                    .await?;
+                    let path = json!(uri).to_string();
+                    let rx = c
+                        .send_with("fs/writeFile", |id| {
+                            let mut text = format!(
+                                "{{\"id\":{id},\"method\":\"fs/writeFile\",\"params\":{{\"path\":{path},\"dataBase64\":\""
+                            );
+                            b64e_into(&data, &mut text);
+                            text.push_str("\"}}");
+                            text
+                        })
+                        .await?;
+                    rx.await.map_err(|_| "closed")?.result_text()?;
                 } else {
                     write_blocks(&c, &uri, &data).await?;
                 }
@@ -371,12 +376,10 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
                                 .await
                                 .map_err(|_| "timeout")?
                                 .ok_or("closed")?;
-                            if n["method"] == "process/exited"
-                                && n["params"]["exitCode"] != json!(0)
-                            {
-                                return Err(format!("bad exit {n}"));
+                            if n.method == "process/exited" && n.exit_code != Some(0) {
+                                return Err(format!("bad exit {n:?}"));
                             }
-                            if n["method"] == "process/closed" {
+                            if n.method == "process/closed" {
                                 closed += 1;
                             }
                         }
@@ -413,6 +416,25 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
     }
 }
 
+/// An `fs/readBlock` result, borrowed from the response text.
+#[derive(serde::Deserialize)]
+struct Block<'a> {
+    chunk: &'a str,
+    #[serde(default)]
+    eof: bool,
+}
+
+/// The bytes of an `fs/readFile` response (parsed borrowing from its text).
+fn read_file_data(r: &Response) -> Result<Vec<u8>, String> {
+    #[derive(serde::Deserialize)]
+    struct Data<'a> {
+        #[serde(rename = "dataBase64")]
+        data_base64: &'a str,
+    }
+    let d: Data = serde_json::from_str(r.result_text()?).map_err(|e| format!("readFile: {e}"))?;
+    b64d(d.data_base64).ok_or_else(|| "readFile: dataBase64 is not base64".to_string())
+}
+
 async fn read_blocks(c: &Conn, uri: &str) -> Result<Vec<u8>, String> {
     c.call("fs/open", json!({"handleId": "b", "path": uri}))
         .await?;
@@ -431,11 +453,10 @@ async fn read_blocks(c: &Conn, uri: &str) -> Result<Vec<u8>, String> {
     }
     while let Some(rx) = queue.pop_front() {
         let r = rx.await.map_err(|_| "closed")?;
-        let chunk = r["result"]["chunk"]
-            .as_str()
-            .ok_or_else(|| format!("readBlock: {r}"))?;
-        out.extend(b64d(&Value::String(chunk.to_string())));
-        if r["result"]["eof"] == json!(true) {
+        let block: Block =
+            serde_json::from_str(r.result_text()?).map_err(|e| format!("readBlock: {e}"))?;
+        out.extend(b64d(block.chunk).ok_or("readBlock: chunk is not base64")?);
+        if block.eof {
             break;
         }
         queue.push_back(
@@ -460,29 +481,28 @@ async fn write_blocks(c: &Conn, uri: &str, data: &[u8]) -> Result<(), String> {
         json!({"handleId": "w", "path": uri, "mode": "replace"}),
     )
     .await?;
-    let mut queue: std::collections::VecDeque<tokio::sync::oneshot::Receiver<Value>> =
+    let mut queue: std::collections::VecDeque<tokio::sync::oneshot::Receiver<Response>> =
         std::collections::VecDeque::new();
     for (i, block) in data.chunks(BLOCK).enumerate() {
         if queue.len() == 4 {
             let Some(rx) = queue.pop_front() else { break };
-            let r: Value = rx.await.map_err(|_| "closed")?;
-            if r.get("error").is_some() {
-                return Err(r.to_string());
-            }
+            rx.await.map_err(|_| "closed")?.result_text()?;
         }
         queue.push_back(
-            c.send(
-                "fs/writeBlock",
-                json!({"handleId": "w", "offset": i * BLOCK, "chunk": b64e(block)}),
-            )
+            c.send_with("fs/writeBlock", |id| {
+                let mut text = format!(
+                    "{{\"id\":{id},\"method\":\"fs/writeBlock\",\"params\":{{\"handleId\":\"w\",\"offset\":{},\"chunk\":\"",
+                    i * BLOCK
+                );
+                b64e_into(block, &mut text);
+                text.push_str("\"}}");
+                text
+            })
             .await?,
         );
     }
     for rx in queue {
-        let r = rx.await.map_err(|_| "closed")?;
-        if r.get("error").is_some() {
-            return Err(r.to_string());
-        }
+        rx.await.map_err(|_| "closed")?.result_text()?;
     }
     c.call("fs/close", json!({"handleId": "w"})).await?;
     Ok(())

@@ -1,5 +1,6 @@
 //! The `exec-server` binary: the server (default), and client commands.
 
+mod alloc;
 mod commands;
 mod executor;
 mod forward;
@@ -156,6 +157,7 @@ fn main() {
     {
         std::process::exit(exec_server::sandbox::fs_helper::serve());
     }
+    alloc::tune();
     let cli = Cli::parse();
     let otlp = init_logging(cli.log_format, cli.otlp_endpoint.as_deref());
     let runtime = match tokio::runtime::Builder::new_multi_thread()

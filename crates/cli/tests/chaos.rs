@@ -1,6 +1,6 @@
 //! Chaos and soak tests, bounded in count and time, loopback only.
 
-mod common;
+use crate::common;
 use common::*;
 use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
 use serde_json::json;

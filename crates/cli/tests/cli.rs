@@ -1,6 +1,6 @@
 //! The `exec-server` command line, driven as a user would.
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -324,9 +324,9 @@ async fn run_ends_when_its_stdout_reader_goes_away_even_with_stdin_open() {
     let marker = format!("stdout-gone-{}", std::process::id());
     let mut child = Command::new(BIN)
         .args(["run", "--", "sh", "-c"])
-        // More than the 256 KiB stdout pipe `run` asks for: the reader leaves
+        // Well over the 1 MiB stdout pipe `run` asks for: the reader leaves
         // while output is still pending.
-        .arg(format!("head -c 2000000 /dev/zero; sleep 30; : {marker}"))
+        .arg(format!("head -c 4000000 /dev/zero; sleep 30; : {marker}"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -5,7 +5,7 @@
 //! there is none the server falls back to the process-group kill and these
 //! tests say so and stop.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::json;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! its expected value as the assertion: output, exit and close, resume, signals,
 //! bytes. The rest (stdin, jobs, exit codes, cleanup) are in `field_cases_exit.rs`.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::json;
 use std::time::{Duration, Instant};

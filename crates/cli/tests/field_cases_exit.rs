@@ -2,7 +2,7 @@
 //! jobs on a PTY, big output, exit codes, short-lived processes, zombies and the
 //! session TTL, signals, PTY output.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::json;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 //! followed ancestor link is the named path, not an escape).
 //! `FS_FUZZ_OPS` and `FS_FUZZ_SEED` change the run (the seed is printed).
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

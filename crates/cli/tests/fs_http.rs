@@ -1,6 +1,6 @@
 //! File system, HTTP and discovery methods over WebSocket against the real binary.
 
-mod common;
+use crate::common;
 use common::loopback_http::http_server;
 use common::*;
 use serde_json::{json, Value};
@@ -290,6 +290,34 @@ async fn read_file_cap_names_fs_open_and_large_block_reads() {
     }
     assert_eq!(n, 300);
     c.ok("fs/close", json!({"handleId": "b"})).await;
+}
+
+/// `fs/readFile` over a WebSocket is sent while the file is read: the server
+/// never holds the file's base64 (4/3 of it; the whole reply peaked above the
+/// file's size before), and the bytes arrive exact.
+#[tokio::test]
+async fn a_whole_file_read_is_streamed_not_held() {
+    use base64::Engine;
+    const SIZE: usize = 24 * 1024 * 1024;
+    let s = Server::start(&[]);
+    let d = tmpdir("streamed");
+    let f = d.join("f");
+    let data: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&f, &data).unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let r = c.ok("fs/readFile", json!({"path": uri(&f)})).await;
+    let got = base64::engine::general_purpose::STANDARD
+        .decode(r["dataBase64"].as_str().unwrap())
+        .unwrap();
+    assert!(got == data, "read {} bytes, not the file", got.len());
+    let peak_kib = proc_status_kib(s.pid(), "VmHWM");
+    assert!(
+        peak_kib < 24 * 1024,
+        "server peaked at {peak_kib} KiB reading a 24 MiB file (32 MiB of base64)"
+    );
+    // The connection goes on serving.
+    c.ok("fs/getMetadata", json!({"path": uri(&f)})).await;
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[tokio::test]

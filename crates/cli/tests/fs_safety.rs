@@ -2,7 +2,7 @@
 //! and nothing else. Each test builds a tree in a temp dir it owns, drives the
 //! real binary, and checks the host afterwards.
 
-mod common;
+use crate::common;
 use common::*;
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{mkdirat, Mode};

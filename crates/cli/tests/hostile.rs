@@ -1,7 +1,7 @@
 //! Hostile and careless clients (from an adversarial review): each case is a
 //! resource a client must not be able to exhaust, or data it must not destroy.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@
 //! make (`unshare(CLONE_NEWNET)`, root only), give its loopback the addresses
 //! 8.8.8.8 and 8.8.4.4, and run the server, the upstream and curl there.
 
-mod common;
+use crate::common;
 /// Credential masking.
 #[path = "managed_network/masking.rs"]
 mod masking;

@@ -3,7 +3,7 @@
 //! fds, threads and inotify instances stay bounded, errors say what happened.
 //! HTTP goes only to a loopback server this test starts.
 
-mod common;
+use crate::common;
 use common::loopback_http::http_server;
 use common::*;
 use serde_json::{json, Value};

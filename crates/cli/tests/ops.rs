@@ -1,6 +1,6 @@
 //! Operability: Prometheus metrics, log formats (and no secrets in them).
 
-mod common;
+use crate::common;
 
 use common::{start_params, Conn, BIN};
 use serde_json::json;

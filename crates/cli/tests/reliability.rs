@@ -4,7 +4,7 @@
 //! consumer, and a client that never acknowledges paging through the spool.
 //! Loopback only; every loop bounded in count and time.
 
-mod common;
+use crate::common;
 use common::cut_proxy::CutProxy;
 use common::*;
 use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};

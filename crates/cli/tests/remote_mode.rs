@@ -2,7 +2,7 @@
 //! (the real binary with `--remote`), our client — and what hostile or broken
 //! peers get.
 
-mod common;
+use crate::common;
 use common::*;
 use exec_server_client::relay::RelaySource;
 use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};

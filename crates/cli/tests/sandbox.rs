@@ -5,7 +5,7 @@
 //! are never changed (S25 disables user namespaces inside a user namespace the
 //! test made).
 
-mod common;
+use crate::common;
 
 use common::sandbox::*;
 use common::*;

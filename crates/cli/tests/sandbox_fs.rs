@@ -1,7 +1,7 @@
 //! The sandbox on the server's own file-system methods (SANDBOX.md §2.7,
 //! cases S16–S22, and streams): outcomes checked on the host.
 
-mod common;
+use crate::common;
 
 use common::sandbox::*;
 use common::*;

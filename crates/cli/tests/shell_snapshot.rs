@@ -3,7 +3,7 @@
 //! its own HOME with startup files that count their runs in a file, and checks
 //! the commands' exact output and that count on the host.
 
-mod common;
+use crate::common;
 
 use common::sandbox::*;
 use common::*;

@@ -3,7 +3,7 @@
 //! run` sends its own span's context, all checked at an OTLP/HTTP receiver on
 //! loopback that decodes the exported protobuf.
 
-mod common;
+use crate::common;
 
 use common::{start_params, Conn, BIN};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;

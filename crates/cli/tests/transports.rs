@@ -1,6 +1,6 @@
 //! stdio and Unix-socket transports, and the paths the Codex CLI takes.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};

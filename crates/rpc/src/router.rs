@@ -28,6 +28,10 @@ pub struct Reply {
     /// payload (`result_json` then has no `chunk`). Only set by handlers that
     /// checked the connection agreed to binary frames.
     pub payload: Option<Vec<u8>>,
+    /// The rest of the result, produced while it is sent: `result_json` is
+    /// then only the result's beginning. Only set by handlers that checked
+    /// [`crate::Outbound::streams`].
+    pub stream: Option<crate::transport::TextStream>,
 }
 
 impl Reply {
@@ -42,6 +46,28 @@ impl Reply {
             result_json,
             after_send: None,
             payload: None,
+            stream: None,
+        }
+    }
+
+    /// A result sent while it is produced: `head` (JSON text), then each piece
+    /// `body` yields, then `tail`. The pieces must complete `head` into valid
+    /// JSON text; an `Err` piece ends the connection (the message cannot be
+    /// finished honestly).
+    pub fn streamed(
+        head: String,
+        body: tokio::sync::mpsc::Receiver<Result<Vec<u8>, crate::transport::StreamAborted>>,
+        tail: &'static str,
+    ) -> Reply {
+        Reply {
+            result_json: head,
+            after_send: None,
+            payload: None,
+            stream: Some(crate::transport::TextStream {
+                head: Vec::new(),
+                body,
+                tail: tail.as_bytes().to_vec(),
+            }),
         }
     }
 }

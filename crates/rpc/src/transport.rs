@@ -55,16 +55,41 @@ pub enum Outgoing {
     /// A JSON text message.
     Text(String),
     /// A binary frame (`exec_server_protocol::binary`); only sent once
-    /// [`Outbound::enable_binary`] succeeded.
-    Binary(Vec<u8>),
+    /// [`Outbound::enable_binary`] succeeded. Shared bytes: the sender may
+    /// keep parts of the same allocation (the output log does).
+    Binary(tokio_tungstenite::tungstenite::Bytes),
+    /// A text message sent while it is produced; only queued on transports
+    /// whose [`Outbound::streams`] is true.
+    Stream(TextStream),
 }
 
+/// A text message whose middle is produced while it is sent (a whole-file
+/// read): the writer sends `head`, then each piece of `body` as it arrives,
+/// then `tail`, as one message (WebSocket continuation frames, or one line),
+/// so neither end's sender holds the whole message.
+#[derive(Debug)]
+pub struct TextStream {
+    /// The message's first bytes (JSON text).
+    pub head: Vec<u8>,
+    /// The middle, in order; closed after the last piece. An `Err` means the
+    /// producer failed part-way: the message cannot be completed, so the
+    /// connection is closed (the peer sees its call fail, never a short value).
+    pub body: mpsc::Receiver<Result<Vec<u8>, StreamAborted>>,
+    /// The message's last bytes.
+    pub tail: Vec<u8>,
+}
+
+/// The producer of a [`TextStream`] failed after the message had begun.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamAborted;
+
 impl Outgoing {
-    /// The message's length in bytes.
+    /// The message's length in bytes (for a stream, its head and tail only).
     pub fn len(&self) -> usize {
         match self {
             Outgoing::Text(s) => s.len(),
             Outgoing::Binary(b) => b.len(),
+            Outgoing::Stream(t) => t.head.len() + t.tail.len(),
         }
     }
     /// True for an empty message.
@@ -79,6 +104,8 @@ impl Outgoing {
 struct BinaryFrames {
     capable: bool,
     on: AtomicBool,
+    /// The writer sends [`Outgoing::Stream`] messages (not a channel).
+    streams: bool,
 }
 
 /// A handle for queueing encoded messages on a connection. Cloneable; sending
@@ -109,11 +136,29 @@ impl Outbound {
     }
     /// Queues one binary frame, waiting while the queue is full. The caller
     /// checks [`Outbound::binary_frames`] first.
-    pub async fn send_binary(&self, frame: Vec<u8>) -> Result<(), Closed> {
+    pub async fn send_binary(
+        &self,
+        frame: impl Into<tokio_tungstenite::tungstenite::Bytes>,
+    ) -> Result<(), Closed> {
+        let frame = frame.into();
         self.tx
             .send(Outgoing::Binary(frame))
             .await
             .map_err(|_| Closed)
+    }
+    /// Queues a message sent while it is produced (see [`TextStream`]),
+    /// waiting while the queue is full. The caller checks
+    /// [`Outbound::streams`] first.
+    pub async fn send_stream(&self, stream: TextStream) -> Result<(), Closed> {
+        self.tx
+            .send(Outgoing::Stream(stream))
+            .await
+            .map_err(|_| Closed)
+    }
+    /// True when the transport's writer sends [`Outgoing::Stream`] messages
+    /// (WebSocket and line transports; not an in-program channel).
+    pub fn streams(&self) -> bool {
+        self.binary.streams
     }
     /// Turns binary frames on for this connection (both ends agreed); false,
     /// and nothing changes, when the transport cannot carry them.
@@ -185,33 +230,19 @@ where
             let mut batch = Some(first);
             let result = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
                 while let Some(msg) = batch.take() {
-                    if msg.len() > WS_FRAGMENT_BYTES {
+                    match msg {
+                        Outgoing::Stream(stream) => send_ws_stream(&mut sink, stream).await?,
                         // Large messages go out as continuation frames: the WebSocket
                         // library buffers a whole frame and shifts its buffer after
                         // each partial write, which is quadratic in the frame size.
-                        let (first, bytes) = match msg {
-                            Outgoing::Text(t) => (Data::Text, t.into_bytes()),
-                            Outgoing::Binary(b) => (Data::Binary, b),
-                        };
-                        let bytes = tokio_tungstenite::tungstenite::Bytes::from(bytes);
-                        let mut offset = 0;
-                        while offset < bytes.len() {
-                            let end = (offset + WS_FRAGMENT_BYTES).min(bytes.len());
-                            let opcode = if offset == 0 { first } else { Data::Continue };
-                            let frame = Frame::message(
-                                bytes.slice(offset..end),
-                                OpCode::Data(opcode),
-                                end == bytes.len(),
-                            );
-                            sink.feed(WsMessage::Frame(frame)).await?;
-                            offset = end;
+                        Outgoing::Text(t) if t.len() > WS_FRAGMENT_BYTES => {
+                            send_ws_fragmented(&mut sink, Data::Text, t.into_bytes().into()).await?
                         }
-                    } else {
-                        sink.feed(match msg {
-                            Outgoing::Text(t) => WsMessage::text(t),
-                            Outgoing::Binary(b) => WsMessage::binary(b),
-                        })
-                        .await?;
+                        Outgoing::Binary(b) if b.len() > WS_FRAGMENT_BYTES => {
+                            send_ws_fragmented(&mut sink, Data::Binary, b).await?
+                        }
+                        Outgoing::Text(t) => sink.feed(WsMessage::text(t)).await?,
+                        Outgoing::Binary(b) => sink.feed(WsMessage::binary(b)).await?,
                     }
                     batch = out_rx.try_recv().ok();
                 }
@@ -289,19 +320,100 @@ where
     });
     Connection {
         inbound: in_rx,
-        outbound: Outbound::new(out_tx, closer, true),
+        outbound: Outbound::new(out_tx, closer, true, true),
         peer,
     }
 }
 
+/// Sends one message as frames of at most [`WS_FRAGMENT_BYTES`].
+async fn send_ws_fragmented<S>(
+    sink: &mut futures_util::stream::SplitSink<WebSocketStream<S>, WsMessage>,
+    first: Data,
+    bytes: tokio_tungstenite::tungstenite::Bytes,
+) -> Result<(), tokio_tungstenite::tungstenite::Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut offset = 0;
+    while offset < bytes.len() {
+        let end = (offset + WS_FRAGMENT_BYTES).min(bytes.len());
+        let opcode = if offset == 0 { first } else { Data::Continue };
+        let frame = Frame::message(
+            bytes.slice(offset..end),
+            OpCode::Data(opcode),
+            end == bytes.len(),
+        );
+        sink.feed(WsMessage::Frame(frame)).await?;
+        offset = end;
+    }
+    Ok(())
+}
+
+/// Sends a [`TextStream`] as one WebSocket text message: a frame per piece
+/// (the head rides with the first), the last one final once the body ends.
+async fn send_ws_stream<S>(
+    sink: &mut futures_util::stream::SplitSink<WebSocketStream<S>, WsMessage>,
+    mut stream: TextStream,
+) -> Result<(), tokio_tungstenite::tungstenite::Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    // One piece is held back until the next arrives: only then is it known
+    // not to be the last frame. Small pieces are gathered into one frame;
+    // a large one is sent as it is (never copied).
+    let mut pending = std::mem::take(&mut stream.head);
+    let mut opcode = Data::Text;
+    while let Some(piece) = stream.body.recv().await {
+        let piece = piece.map_err(|_| {
+            tokio_tungstenite::tungstenite::Error::Io(std::io::Error::other(
+                "the producer of a streamed message failed",
+            ))
+        })?;
+        if pending.len() + piece.len() <= STREAM_GATHER_BYTES {
+            pending.extend_from_slice(&piece);
+            continue;
+        }
+        if !pending.is_empty() {
+            let frame = Frame::message(pending, OpCode::Data(opcode), false);
+            sink.feed(WsMessage::Frame(frame)).await?;
+            opcode = Data::Continue;
+        }
+        pending = piece;
+    }
+    if pending.len() + stream.tail.len() > STREAM_GATHER_BYTES {
+        let frame = Frame::message(pending, OpCode::Data(opcode), false);
+        sink.feed(WsMessage::Frame(frame)).await?;
+        opcode = Data::Continue;
+        pending = std::mem::take(&mut stream.tail);
+    } else {
+        pending.extend_from_slice(&stream.tail);
+    }
+    sink.feed(WsMessage::Frame(Frame::message(
+        pending,
+        OpCode::Data(opcode),
+        true,
+    )))
+    .await
+}
+
+/// Pieces of a [`TextStream`] smaller than this together are sent as one
+/// WebSocket frame: 64 KiB.
+const STREAM_GATHER_BYTES: usize = 64 * 1024;
+
 impl Outbound {
-    fn new(tx: mpsc::Sender<Outgoing>, closer: Arc<Notify>, binary_capable: bool) -> Self {
+    fn new(
+        tx: mpsc::Sender<Outgoing>,
+        closer: Arc<Notify>,
+        binary_capable: bool,
+        streams: bool,
+    ) -> Self {
         Outbound {
             tx,
             closer,
             binary: Arc::new(BinaryFrames {
                 capable: binary_capable,
                 on: AtomicBool::new(false),
+                streams,
             }),
         }
     }
@@ -396,11 +508,25 @@ where
             let mut batch = Some(first);
             let result = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
                 while let Some(msg) = batch.take() {
-                    let Outgoing::Text(msg) = msg else {
+                    match msg {
+                        Outgoing::Text(msg) => w.write_all(msg.as_bytes()).await?,
+                        Outgoing::Stream(mut stream) => {
+                            w.write_all(&stream.head).await?;
+                            while let Some(piece) = stream.body.recv().await {
+                                let piece = piece.map_err(|_| {
+                                    std::io::Error::other(
+                                        "the producer of a streamed message failed",
+                                    )
+                                })?;
+                                w.write_all(&piece).await?;
+                            }
+                            w.write_all(&stream.tail).await?;
+                        }
                         // Never agreed on a line transport (`enable_binary` refuses).
-                        return Err(std::io::Error::other("binary frame on a line transport"));
-                    };
-                    w.write_all(msg.as_bytes()).await?;
+                        Outgoing::Binary(_) => {
+                            return Err(std::io::Error::other("binary frame on a line transport"))
+                        }
+                    }
                     w.write_all(b"\n").await?;
                     batch = out_rx.try_recv().ok();
                 }
@@ -458,7 +584,7 @@ where
     });
     Connection {
         inbound: in_rx,
-        outbound: Outbound::new(out_tx, closer, false),
+        outbound: Outbound::new(out_tx, closer, false, true),
         peer,
     }
 }
@@ -483,7 +609,7 @@ pub fn channel(peer: String) -> (Connection, ChannelEnd) {
     (
         Connection {
             inbound: in_rx,
-            outbound: Outbound::new(out_tx, closer.clone(), false),
+            outbound: Outbound::new(out_tx, closer.clone(), false, false),
             peer,
         },
         ChannelEnd {
@@ -545,5 +671,93 @@ mod tests {
             LineRead::Line
         );
         assert_eq!(buf.capacity(), 10);
+    }
+
+    /// A server-side WebSocket over an in-memory pipe, and the client's end.
+    async fn ws_pair() -> (Connection, WebSocketStream<tokio::io::DuplexStream>) {
+        use tokio_tungstenite::tungstenite::protocol::Role;
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let server = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
+        let client = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+        (websocket(server, "test".into()), client)
+    }
+
+    /// A stream `{"data":"…"}` whose middle is fed through the sender.
+    fn text_stream(capacity: usize) -> (TextStream, mpsc::Sender<Result<Vec<u8>, StreamAborted>>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let stream = TextStream {
+            head: b"{\"data\":\"".to_vec(),
+            body: rx,
+            tail: b"\"}".to_vec(),
+        };
+        (stream, tx)
+    }
+
+    #[tokio::test]
+    async fn a_streamed_message_arrives_whole_between_the_others() {
+        let (conn, mut client) = ws_pair().await;
+        let (stream, tx) = text_stream(4);
+        conn.outbound.send("first".into()).await.unwrap();
+        conn.outbound.send_stream(stream).await.unwrap();
+        conn.outbound.send("last".into()).await.unwrap();
+        // Pieces of several frames' worth, produced while the writer waits.
+        let pieces: Vec<Vec<u8>> = (0..5u8).map(|i| vec![b'a' + i; 300_000]).collect();
+        let expected: Vec<u8> =
+            [b"{\"data\":\"".to_vec(), pieces.concat(), b"\"}".to_vec()].concat();
+        let producer = tokio::spawn(async move {
+            for p in pieces {
+                tx.send(Ok(p)).await.unwrap();
+            }
+        });
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            match client.next().await.unwrap().unwrap() {
+                WsMessage::Text(t) => got.push(t.as_bytes().to_vec()),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        producer.await.unwrap();
+        assert_eq!(got[0], b"first");
+        assert_eq!(got[1].len(), expected.len());
+        assert!(got[1] == expected, "the streamed message differs");
+        assert_eq!(got[2], b"last");
+    }
+
+    #[tokio::test]
+    async fn a_failed_producer_closes_the_connection_without_a_short_message() {
+        let (conn, mut client) = ws_pair().await;
+        let (stream, tx) = text_stream(4);
+        conn.outbound.send_stream(stream).await.unwrap();
+        conn.outbound.send("after".into()).await.unwrap();
+        tx.send(Ok(vec![b'x'; 200_000])).await.unwrap();
+        tx.send(Err(StreamAborted)).await.unwrap();
+        // The client never receives a complete message: the stream ends.
+        let next = tokio::time::timeout(Duration::from_secs(10), client.next())
+            .await
+            .expect("the connection stayed open");
+        assert!(
+            !matches!(next, Some(Ok(WsMessage::Text(_)))),
+            "a message arrived: {next:?}"
+        );
+        conn.outbound.closed().await;
+    }
+
+    #[tokio::test]
+    async fn a_line_transport_writes_a_streamed_message_as_one_line() {
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (r, w) = tokio::io::split(ours);
+        let conn = lines(r, w, "test".into());
+        let (stream, tx) = text_stream(2);
+        conn.outbound.send_stream(stream).await.unwrap();
+        conn.outbound.send("next".into()).await.unwrap();
+        tx.send(Ok(b"abc".to_vec())).await.unwrap();
+        tx.send(Ok(b"def".to_vec())).await.unwrap();
+        drop(tx);
+        let mut lines = BufReader::new(theirs).lines();
+        assert_eq!(
+            lines.next_line().await.unwrap().unwrap(),
+            "{\"data\":\"abcdef\"}"
+        );
+        assert_eq!(lines.next_line().await.unwrap().unwrap(), "next");
     }
 }

@@ -252,6 +252,10 @@ pub async fn serve(
     }
 }
 
+/// Results from this size (bytes of JSON) on are sent without being copied
+/// into their envelope: 64 KiB.
+const LARGE_RESULT_BYTES: usize = 64 * 1024;
+
 /// Records the request's duration (arrival to answer ready) and error code
 /// under `method`, then queues the answer.
 async fn reply(
@@ -275,7 +279,23 @@ async fn reply(
         Ok(Reply {
             result_json,
             after_send,
+            stream: Some(mut stream),
+            ..
+        }) => {
+            let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+            stream.head = format!("{{\"id\":{id_json},\"result\":{result_json}").into_bytes();
+            stream.tail.push(b'}');
+            let r = out.send_stream(stream).await;
+            if let Some(f) = after_send {
+                f();
+            }
+            r
+        }
+        Ok(Reply {
+            result_json,
+            after_send,
             payload: Some(bytes),
+            stream: None,
         }) => {
             let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
             let head = format!("{{\"id\":{id_json},\"result\":{result_json}}}");
@@ -294,10 +314,28 @@ async fn reply(
             result_json,
             after_send,
             payload: None,
+            stream: None,
         }) => {
             // Spliced by hand: the result is already JSON text (often large, from
             // the byte-carrying hot paths), so it is never parsed back into a value.
             let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+            if result_json.len() >= LARGE_RESULT_BYTES && out.streams() {
+                // Sent between its envelope's head and tail, never copied to
+                // make room for them.
+                let (tx, body) = tokio::sync::mpsc::channel(1);
+                let _ = tx.try_send(Ok(result_json.into_bytes()));
+                drop(tx);
+                let stream = exec_server_rpc::transport::TextStream {
+                    head: format!("{{\"id\":{id_json},\"result\":").into_bytes(),
+                    body,
+                    tail: b"}".to_vec(),
+                };
+                let r = out.send_stream(stream).await;
+                if let Some(f) = after_send {
+                    f();
+                }
+                return r;
+            }
             // Wrapped in the result's own buffer: byte-carrying results leave
             // room for the envelope, so a large reply is moved, never copied.
             let mut s = result_json;

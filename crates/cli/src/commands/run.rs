@@ -261,10 +261,11 @@ async fn relay_output(proc: &mut ProcessHandle) -> Result<Option<i32>, String> {
             .map(std::fs::File::from)
     };
     if let Some(f) = &raw_stdout {
-        // A pipe as large as an output chunk (128 KiB) takes each chunk in one
-        // write instead of two with a wake-up of the reader between them.
-        // Refused for anything but a pipe; harmless then.
-        let _ = nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_SETPIPE_SZ(256 * 1024));
+        // A pipe as large as an output chunk (up to 1 MiB with binary
+        // frames) takes each chunk in one write instead of several with a
+        // wake-up of the reader between them. Refused for anything but a
+        // pipe, or past the system's pipe-max-size; harmless then.
+        let _ = nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1024 * 1024));
     }
     let mut code = None;
     while let Some(ev) = proc.next_event().await {

@@ -123,6 +123,19 @@ pub enum FileRead<'a> {
 /// file above [`MAX_READ_FILE_BYTES`] is refused before anything is read, and
 /// one that grows meanwhile is never read past that cap.
 pub fn read_file_chunks(p: &ReadFileParams, mut on: impl FnMut(FileRead<'_>)) -> ExecResult<()> {
+    let (file, len) = open_file_to_read(p)?;
+    on(FileRead::Size(len));
+    read_file_pieces(file, len, |piece| {
+        on(FileRead::Piece(piece));
+        true
+    })
+    .map_err(ExecError::io)
+}
+
+/// The checks of `fs/readFile` before any byte is read: the file opened for
+/// reading and its size (`fstat`, bytes). Errors: the path's (not found, a
+/// directory, …), and -32600 for a file above [`MAX_READ_FILE_BYTES`].
+pub fn open_file_to_read(p: &ReadFileParams) -> ExecResult<(std::fs::File, u64)> {
     let path = native(&p.path)?;
     let file = open_for_read(&path, p.follow_symlinks)?;
     let len = file.metadata().map_err(ExecError::io)?.len();
@@ -134,7 +147,18 @@ pub fn read_file_chunks(p: &ReadFileParams, mut on: impl FnMut(FileRead<'_>)) ->
             MAX_READ_FILE_BYTES
         )));
     }
-    on(FileRead::Size(len));
+    Ok((file, len))
+}
+
+/// Reads an opened file (`len` = its size at open) to its end, never past
+/// [`MAX_READ_FILE_BYTES`], handing `on` pieces of [`READ_FILE_PIECE_BYTES`]
+/// (every piece but the last is that long, a multiple of 3). `on` returns
+/// false to stop early.
+pub fn read_file_pieces(
+    file: std::fs::File,
+    len: u64,
+    mut on: impl FnMut(&[u8]) -> bool,
+) -> std::io::Result<()> {
     let mut reader = file.take(MAX_READ_FILE_BYTES);
     // One byte past the size (rounded to whole base64 groups) sees the end in
     // one read for a small file.
@@ -149,11 +173,11 @@ pub fn read_file_chunks(p: &ReadFileParams, mut on: impl FnMut(FileRead<'_>)) ->
                 Ok(0) => break,
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ExecError::io(e)),
+                Err(e) => return Err(e),
             }
         }
-        if filled > 0 {
-            on(FileRead::Piece(&buf[..filled]));
+        if filled > 0 && !on(&buf[..filled]) {
+            return Ok(());
         }
         if filled < buf.len() {
             return Ok(());

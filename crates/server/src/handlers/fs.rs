@@ -39,6 +39,40 @@ fn read_file_reply(p: &ReadFileParams) -> Result<(Reply, usize), ExecError> {
     Ok((Reply::json(s), n))
 }
 
+/// Pieces of base64 a streamed `fs/readFile` reply may have produced ahead of
+/// the socket: with [`fs::READ_FILE_PIECE_BYTES`] pieces, about 4 MiB.
+const READ_FILE_PIECES_AHEAD: usize = 3;
+
+/// The `fs/readFile` result sent while the file is read (transports that
+/// stream a message): the checks (missing file, too large, …) are answered
+/// as errors before anything is sent; after that the server holds only a few
+/// pieces, never the file or its base64. A read error part-way closes the
+/// connection (the reply cannot be completed honestly).
+async fn read_file_streamed(p: ReadFileParams) -> Result<Reply, ErrorObject> {
+    use exec_server_protocol::bytes;
+    use exec_server_rpc::transport::StreamAborted;
+    let (file, len) = blocking(move || fs::open_file_to_read(&p)).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(READ_FILE_PIECES_AHEAD);
+    tokio::task::spawn_blocking(move || {
+        let mut n = 0;
+        let read = fs::read_file_pieces(file, len, |piece| {
+            n += piece.len();
+            let mut text = String::with_capacity(bytes::encoded_len(piece.len()));
+            bytes::encode_into(piece, &mut text);
+            // A closed channel: the connection is gone; stop reading.
+            tx.blocking_send(Ok(text.into_bytes())).is_ok()
+        });
+        if let Err(e) = read {
+            tracing::warn!(
+                "fs/readFile failed after {n} bytes were sent: {e}; closing the connection"
+            );
+            let _ = tx.blocking_send(Err(StreamAborted));
+        }
+        crate::metrics::file_read(n);
+    });
+    Ok(Reply::streamed(READ_FILE_HEAD.into(), rx, READ_FILE_TAIL))
+}
+
 pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
     // Whole-path operations: confined by the sandbox helper, or the blocking
     // call in-process when the policy allows it anyway.
@@ -71,7 +105,11 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         m::FS_READ_FILE,
         fs_mode,
         |ctx: Ctx, p: ReadFileParams| async move {
-            let read = match fs_route(&ctx, &p)? {
+            let route = fs_route(&ctx, &p)?;
+            if matches!(route, Route::InProcess) && ctx.outbound.streams() {
+                return read_file_streamed(p).await;
+            }
+            let read = match route {
                 Route::Helper(h) => {
                     let data: ReadFileResponse = h.call(m::FS_READ_FILE, &p).await?;
                     let n = data.data_base64.0.len();

@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod kill;
 mod notify;
 pub mod output_log;
+mod read_buf;
 pub mod reaper;
 pub mod snapshot;
 pub mod spawn;
@@ -16,10 +17,12 @@ pub mod spool;
 
 use crate::error::{ExecError, ExecResult};
 use crate::link::Link;
+use exec_server_protocol::binary;
 use exec_server_protocol::types::{OutputStream, ProcessSignal, ReadResponse, WriteStatus};
 pub use notify::encode_output_notification;
 use notify::{closed_json, exited_json};
 use output_log::OutputLog;
+use read_buf::{Filled, ReadBuf};
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,6 +43,12 @@ pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// then at most ~171 KiB of JSON, far below the 16 MiB the reference's peers
 /// accept. Processes that write little never pay for the larger pipe.
 pub const BULK_READ_CHUNK_BYTES: usize = 128 * 1024;
+/// The same growth on a connection that agreed to binary frames, once a
+/// [`BULK_READ_CHUNK_BYTES`] read fills too: reads of up to 1 MiB (less a
+/// little, so a frame with its header stays one WebSocket frame) from a 1 MiB
+/// pipe. The raw bytes are never base64'd or scanned, so the larger the chunk,
+/// the fewer wake-ups per byte.
+pub const BINARY_READ_CHUNK_BYTES: usize = 1024 * 1024 - 4096;
 
 /// Called once a closed process's record has been kept for
 /// [`EXITED_PROCESS_RETENTION`]: removes it from its session.
@@ -551,8 +560,9 @@ async fn pump(
         span,
     } = held;
     let _ = start_gate.await;
-    let mut buf_a = vec![0u8; READ_CHUNK_BYTES];
-    let mut buf_b = vec![0u8; READ_CHUNK_BYTES];
+    let headroom = notify::output_frame_headroom(&proc.id);
+    let mut buf_a = ReadBuf::new(headroom, READ_CHUNK_BYTES);
+    let mut buf_b = ReadBuf::new(headroom, READ_CHUNK_BYTES);
     let (mut a, mut b, stream_a, stream_b): (
         Option<&AsyncFd<OwnedFd>>,
         Option<&AsyncFd<OwnedFd>>,
@@ -576,20 +586,20 @@ async fn pump(
         }
         let paused = lock(&proc.state).log.window_full();
         tokio::select! {
-            r = read_opt(a, &mut buf_a), if a.is_some() && !paused => {
+            r = read_opt(a, buf_a.spare()), if a.is_some() && !paused => {
                 match r {
                     Ok(n) if n > 0 => {
-                        emit(&proc, &link, stream_a, &buf_a[..n]).await;
-                        widen_if_full(a, &mut buf_a, n);
+                        widen_if_full(a, &mut buf_a, n, &link);
+                        emit(&proc, &link, stream_a, buf_a.take(n)).await;
                     }
                     _ => a = None,
                 }
             }
-            r = read_opt(b, &mut buf_b), if b.is_some() && !paused => {
+            r = read_opt(b, buf_b.spare()), if b.is_some() && !paused => {
                 match r {
                     Ok(n) if n > 0 => {
-                        emit(&proc, &link, stream_b, &buf_b[..n]).await;
-                        widen_if_full(b, &mut buf_b, n);
+                        widen_if_full(b, &mut buf_b, n, &link);
+                        emit(&proc, &link, stream_b, buf_b.take(n)).await;
                     }
                     _ => b = None,
                 }
@@ -599,9 +609,9 @@ async fn pump(
                 // buffer. Take it now so `exited` follows the child's last output.
                 for (fd, stream) in [(&mut a, stream_a), (&mut b, stream_b)] {
                     while let Some(f) = *fd {
-                        match raw_read(f.get_ref(), &mut buf_a) {
+                        match raw_read(f.get_ref(), buf_a.spare()) {
                             Ok(0) => { *fd = None; }
-                            Ok(n) => emit(&proc, &link, stream, &buf_a[..n]).await,
+                            Ok(n) => emit(&proc, &link, stream, buf_a.take(n)).await,
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                             Err(_) => { *fd = None; }
                         }
@@ -636,16 +646,23 @@ async fn pump(
 }
 
 /// After a read of `n` bytes filled `buf`: grows it, and the pipe behind `fd`,
-/// to [`BULK_READ_CHUNK_BYTES`] (once). A PTY or a refused pipe size keeps its
-/// kernel buffer; the larger read buffer still gathers more per read.
-fn widen_if_full(fd: Option<&AsyncFd<OwnedFd>>, buf: &mut Vec<u8>, n: usize) {
-    if n < buf.len() || buf.len() >= BULK_READ_CHUNK_BYTES {
-        return;
-    }
-    buf.resize(BULK_READ_CHUNK_BYTES, 0);
+/// to [`BULK_READ_CHUNK_BYTES`], then, on a connection with binary frames, to
+/// [`BINARY_READ_CHUNK_BYTES`]. A PTY or a refused pipe size keeps its kernel
+/// buffer; the larger read buffer still gathers more per read.
+fn widen_if_full(fd: Option<&AsyncFd<OwnedFd>>, buf: &mut ReadBuf, n: usize, link: &Link) {
+    let size = match buf.size() {
+        s if n < s => return,
+        s if s < BULK_READ_CHUNK_BYTES => BULK_READ_CHUNK_BYTES,
+        s if s < BINARY_READ_CHUNK_BYTES && link.outbound().is_some_and(|o| o.binary_frames()) => {
+            BINARY_READ_CHUNK_BYTES
+        }
+        _ => return,
+    };
+    buf.grow(size);
     if let Some(f) = fd {
-        let size = BULK_READ_CHUNK_BYTES as i32;
-        let _ = nix::fcntl::fcntl(f.get_ref(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(size));
+        // The pipe's size is a power of two pages at least as large.
+        let pipe = size.next_power_of_two() as i32;
+        let _ = nix::fcntl::fcntl(f.get_ref(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(pipe));
     }
 }
 
@@ -662,38 +679,64 @@ async fn read_opt(fd: Option<&AsyncFd<OwnedFd>>, buf: &mut [u8]) -> std::io::Res
 /// were written rather than merged by scheduling luck. Larger reads are one chunk.
 pub const PTY_LINE_SPLIT_MAX_BYTES: usize = 4096;
 
-async fn emit(proc: &Process, link: &Link, stream: OutputStream, data: &[u8]) {
-    if stream == OutputStream::Pty && data.len() <= PTY_LINE_SPLIT_MAX_BYTES {
-        let mut rest = data;
+async fn emit(proc: &Process, link: &Link, stream: OutputStream, data: Filled) {
+    if stream == OutputStream::Pty && data.payload().len() <= PTY_LINE_SPLIT_MAX_BYTES {
+        let headroom = notify::output_frame_headroom(&proc.id);
+        let mut rest = data.payload();
         while let Some(i) = rest.iter().position(|b| *b == b'\n') {
             if i + 1 == rest.len() {
                 break;
             }
-            emit_one(proc, link, stream, &rest[..=i]).await;
+            emit_one(proc, link, stream, Filled::copy_of(&rest[..=i], headroom)).await;
             rest = &rest[i + 1..];
         }
-        emit_one(proc, link, stream, rest).await;
-        return;
+        if rest.len() < data.payload().len() {
+            emit_one(proc, link, stream, Filled::copy_of(rest, headroom)).await;
+            return;
+        }
     }
     emit_one(proc, link, stream, data).await;
 }
 
-async fn emit_one(proc: &Process, link: &Link, stream: OutputStream, data: &[u8]) {
-    crate::metrics::output_bytes(data.len());
-    let seq = lock(&proc.state).log.push_output(stream, data.to_vec());
+async fn emit_one(proc: &Process, link: &Link, stream: OutputStream, data: Filled) {
+    crate::metrics::output_bytes(data.payload().len());
+    let out = link.outbound();
+    // Raw bytes in a binary frame when the client agreed to them: the frame
+    // and the log share the bytes. Otherwise base64 in a notification.
+    let binary = out.as_ref().is_some_and(|o| o.binary_frames());
+    let (seq, push) = {
+        let mut st = lock(&proc.state);
+        if binary {
+            let seq = st.log.next_seq();
+            let head = notify::output_frame_head(&proc.id, seq, stream);
+            let (frame, payload) = data.into_frame(binary::Kind::ParamsChunk, &head);
+            (st.log.push_output(stream, payload), Push::Frame(frame))
+        } else {
+            let payload = data.into_payload();
+            (
+                st.log.push_output(stream, payload.clone()),
+                Push::Json(payload),
+            )
+        }
+    };
     proc.bump();
-    let Some(out) = link.outbound() else { return };
-    // Raw bytes in a binary frame when the client agreed to them.
-    let sent = if out.binary_frames() {
-        let frame = notify::encode_output_frame(&proc.id, seq, stream, data);
-        out.send_binary(frame).await
-    } else {
-        out.send(encode_output_notification(&proc.id, seq, stream, data))
-            .await
+    let Some(out) = out else { return };
+    let sent = match push {
+        Push::Frame(frame) => out.send_binary(frame).await,
+        Push::Json(payload) => {
+            out.send(encode_output_notification(&proc.id, seq, stream, &payload))
+                .await
+        }
     };
     if sent.is_ok() {
         lock(&proc.state).log.delivered_by_push(seq);
     }
+}
+
+/// How [`emit_one`] sends a chunk.
+enum Push {
+    Frame(bytes::Bytes),
+    Json(bytes::Bytes),
 }
 
 async fn send_event(proc: &Process, link: &Link, seq: u64, msg: String) {

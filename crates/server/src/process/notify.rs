@@ -29,15 +29,9 @@ pub fn encode_output_notification(
     s
 }
 
-/// The binary-frame form of a `process/output` notification
-/// (`docs/binary-frames.md`): the head without `chunk`, then the raw bytes.
-pub fn encode_output_frame(
-    process_id: &str,
-    seq: u64,
-    stream: OutputStream,
-    data: &[u8],
-) -> Vec<u8> {
-    use exec_server_protocol::binary;
+/// The head of a `process/output` binary frame (`docs/binary-frames.md`):
+/// the notification without `chunk`.
+pub fn output_frame_head(process_id: &str, seq: u64, stream: OutputStream) -> String {
     let mut head = String::with_capacity(96 + process_id.len());
     head.push_str("{\"method\":\"process/output\",\"params\":{\"processId\":");
     head.push_str(&serde_json::to_string(process_id).unwrap_or_else(|_| "\"\"".into()));
@@ -46,7 +40,15 @@ pub fn encode_output_frame(
     head.push_str(",\"stream\":\"");
     head.push_str(stream.as_str());
     head.push_str("\"}}");
-    binary::encode(binary::Kind::ParamsChunk, &head, data)
+    head
+}
+
+/// Room a read buffer leaves in front of the bytes so that a `process/output`
+/// frame for `process_id` (any seq and stream) is written in place.
+pub fn output_frame_headroom(process_id: &str) -> usize {
+    // The head of the longest seq (20 digits) and stream name.
+    let head = output_frame_head(process_id, u64::MAX, OutputStream::Stdout);
+    exec_server_protocol::binary::HEADER_BYTES + head.len()
 }
 
 pub(super) fn exited_json(id: &str, seq: u64, code: i32, sandbox_denied: bool) -> String {

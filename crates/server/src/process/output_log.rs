@@ -40,8 +40,8 @@ pub struct Chunk {
     pub seq: u64,
     /// Source stream.
     pub stream: OutputStream,
-    /// The bytes.
-    pub data: Vec<u8>,
+    /// The bytes (shared with the frame that pushed them, if any).
+    pub data: bytes::Bytes,
 }
 
 /// The log. Not synchronised itself; the process state holds it under a lock.
@@ -129,7 +129,8 @@ impl OutputLog {
     }
 
     /// Appends a chunk; returns its seq.
-    pub fn push_output(&mut self, stream: OutputStream, data: Vec<u8>) -> u64 {
+    pub fn push_output(&mut self, stream: OutputStream, data: impl Into<bytes::Bytes>) -> u64 {
+        let data = data.into();
         let seq = self.take_seq();
         self.retained_bytes += data.len();
         self.undelivered_bytes += data.len();
@@ -203,7 +204,11 @@ impl OutputLog {
             match self.chunks.front() {
                 Some(c) if c.seq <= self.delivered_seq => {
                     self.retained_bytes -= c.data.len();
-                    if let (Some(spool), Some(c)) = (&mut self.spool, self.chunks.pop_front()) {
+                    let c = self.chunks.pop_front();
+                    // An acknowledging client has said it holds these bytes:
+                    // only output merely pushed (perhaps lost with a dropped
+                    // link) is worth a disk write.
+                    if let (Some(spool), Some(c), false) = (&mut self.spool, c, self.ack_mode) {
                         spool.append(c.seq, c.stream, &c.data);
                     }
                 }
@@ -248,7 +253,7 @@ impl OutputLog {
             chunks.push(ProcessOutputChunk {
                 seq: c.seq,
                 stream: c.stream,
-                chunk: ByteChunk(c.data.clone()),
+                chunk: ByteChunk(c.data.to_vec()),
             });
         }
         let next_seq = match (limit, chunks.last()) {
@@ -353,6 +358,33 @@ mod tests {
             Some(8),
             "trimmed to 1 MiB once acknowledged"
         );
+    }
+
+    /// Pushed-only output leaving memory goes to the spool; acknowledged
+    /// output does not (the client holds it), so it costs no disk write.
+    #[test]
+    fn only_unacknowledged_output_is_spooled() {
+        let d = std::env::temp_dir().join(format!("es-ackspool-{}", std::process::id()));
+        let cfg = SpoolConfig::new(&d, 1 << 30, 1 << 30).unwrap();
+        let chunk = vec![7u8; 512 * 1024];
+        for ack_mode in [false, true] {
+            let mut log = OutputLog::new(ack_mode, Some(cfg.clone()));
+            for _ in 0..8 {
+                let s = log.push_output(OutputStream::Stdout, chunk.clone());
+                log.delivered_by_push(s);
+                log.mark_delivered(if ack_mode { s } else { 0 });
+            }
+            let page = log.read(0, None);
+            if ack_mode {
+                assert_eq!(log.oldest_seq(), Some(7), "acknowledged output was spooled");
+                assert_eq!(page.chunks.first().map(|c| c.seq), Some(7));
+            } else {
+                assert_eq!(log.oldest_seq(), Some(1));
+                assert_eq!(page.chunks.len(), 8);
+                assert!(page.chunks.iter().all(|c| c.chunk.0 == chunk));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
 

@@ -1,0 +1,25 @@
+//! The integration tests that start the real binary (one program; see
+//! `autotests` in Cargo.toml). Each module is one area; `common` holds the
+//! shared helpers (servers on loopback, connections, temporary directories).
+
+mod common;
+
+mod chaos;
+mod cli;
+mod daemons;
+mod field_cases;
+mod field_cases_exit;
+mod fs_fuzz;
+mod fs_http;
+mod fs_safety;
+mod hostile;
+mod managed_network;
+mod net_safety;
+mod ops;
+mod reliability;
+mod remote_mode;
+mod sandbox;
+mod sandbox_fs;
+mod shell_snapshot;
+mod tracing_otlp;
+mod transports;
