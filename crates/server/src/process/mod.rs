@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod kill;
 mod notify;
 pub mod output_log;
+mod pty_line;
 mod read_buf;
 pub mod reaper;
 pub mod snapshot;
@@ -22,6 +23,7 @@ use exec_server_protocol::types::{OutputStream, ProcessSignal, ReadResponse, Wri
 pub use notify::encode_output_notification;
 use notify::{closed_json, exited_json};
 use output_log::OutputLog;
+use pty_line::complete_pty_line;
 use read_buf::{Filled, ReadBuf};
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::OwnedFd;
@@ -589,6 +591,11 @@ async fn pump(
             r = read_opt(a, buf_a.spare()), if a.is_some() && !paused => {
                 match r {
                     Ok(n) if n > 0 => {
+                        let n = if stream_a == OutputStream::Pty {
+                            complete_pty_line(a, &mut buf_a, n).await
+                        } else {
+                            n
+                        };
                         widen_if_full(a, &mut buf_a, n, &link);
                         emit(&proc, &link, stream_a, buf_a.take(n)).await;
                     }
