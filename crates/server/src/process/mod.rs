@@ -9,6 +9,7 @@ pub mod kill;
 mod notify;
 pub mod output_log;
 mod pty_line;
+mod pump;
 mod read_buf;
 pub mod reaper;
 pub mod snapshot;
@@ -18,13 +19,10 @@ pub mod spool;
 
 use crate::error::{ExecError, ExecResult};
 use crate::link::Link;
-use exec_server_protocol::binary;
 use exec_server_protocol::types::{OutputStream, ProcessSignal, ReadResponse, WriteStatus};
 pub use notify::encode_output_notification;
-use notify::{closed_json, exited_json};
 use output_log::OutputLog;
-use pty_line::complete_pty_line;
-use read_buf::{Filled, ReadBuf};
+use pump::{pump, Held};
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -538,220 +536,6 @@ async fn stdin_writer(
     proc.stdin_budget.close();
     // Dropping our clone closes a stdin pipe (EOF for the child). For a PTY the
     // master stays open through the pump's clone.
-}
-
-/// What the pump holds for the life of a process: the sandbox's host-side
-/// resources (released when it exits) and the process span (closed when its
-/// output is closed, so the span's duration is the process's lifetime).
-struct Held {
-    confinement: Option<crate::sandbox::Confinement>,
-    span: tracing::Span,
-}
-
-async fn pump(
-    proc: Arc<Process>,
-    sources: Sources,
-    mut exit: oneshot::Receiver<i32>,
-    link: Arc<Link>,
-    start_gate: oneshot::Receiver<()>,
-    on_retire: RetireHook,
-    held: Held,
-) {
-    let Held {
-        mut confinement,
-        span,
-    } = held;
-    let _ = start_gate.await;
-    let headroom = notify::output_frame_headroom(&proc.id);
-    let mut buf_a = ReadBuf::new(headroom, READ_CHUNK_BYTES);
-    let mut buf_b = ReadBuf::new(headroom, READ_CHUNK_BYTES);
-    let (mut a, mut b, stream_a, stream_b): (
-        Option<&AsyncFd<OwnedFd>>,
-        Option<&AsyncFd<OwnedFd>>,
-        _,
-        _,
-    ) = match &sources {
-        Sources::Pipes(o, e) => (Some(o), Some(e), OutputStream::Stdout, OutputStream::Stderr),
-        Sources::Pty(m) => (Some(&**m), None, OutputStream::Pty, OutputStream::Pty),
-    };
-    let mut exit_code: Option<i32> = None;
-    loop {
-        if a.is_none() && b.is_none() && exit_code.is_some() {
-            let seq = lock(&proc.state).log.push_closed();
-            proc.bump();
-            send_event(&proc, &link, seq, closed_json(&proc.id, seq)).await;
-            // The network proxy stops with the process.
-            let kept = proc.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
-            drop(kept);
-            drop(span);
-            break;
-        }
-        let paused = lock(&proc.state).log.window_full();
-        tokio::select! {
-            r = read_opt(a, buf_a.spare()), if a.is_some() && !paused => {
-                match r {
-                    Ok(n) if n > 0 => {
-                        let n = if stream_a == OutputStream::Pty {
-                            complete_pty_line(a, &mut buf_a, n).await
-                        } else {
-                            n
-                        };
-                        widen_if_full(a, &mut buf_a, n, &link);
-                        emit(&proc, &link, stream_a, buf_a.take(n)).await;
-                    }
-                    _ => a = None,
-                }
-            }
-            r = read_opt(b, buf_b.spare()), if b.is_some() && !paused => {
-                match r {
-                    Ok(n) if n > 0 => {
-                        widen_if_full(b, &mut buf_b, n, &link);
-                        emit(&proc, &link, stream_b, buf_b.take(n)).await;
-                    }
-                    _ => b = None,
-                }
-            }
-            code = &mut exit, if exit_code.is_none() => {
-                // The child is gone: what it wrote is already in the pipe or PTY
-                // buffer. Take it now so `exited` follows the child's last output.
-                for (fd, stream) in [(&mut a, stream_a), (&mut b, stream_b)] {
-                    while let Some(f) = *fd {
-                        match raw_read(f.get_ref(), buf_a.spare()) {
-                            Ok(0) => { *fd = None; }
-                            Ok(n) => emit(&proc, &link, stream, buf_a.take(n)).await,
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                            Err(_) => { *fd = None; }
-                        }
-                    }
-                }
-                let code = code.unwrap_or(-1);
-                exit_code = Some(code);
-                span.record("exit_code", code);
-                crate::metrics::process_exit(code);
-                // The sandbox is gone with its last process: release what it held
-                // on the host (placeholders).
-                drop(confinement.take());
-                let (seq, denied) = {
-                    let mut st = lock(&proc.state);
-                    st.stdin = None;
-                    st.sandbox_denied = proc.sandboxed
-                        && exec_server_sandbox::is_likely_denied(code, &st.log.retained_output());
-                    (st.log.push_exited(code), st.sandbox_denied)
-                };
-                proc.stdin_budget.close();
-                proc.bump();
-                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied)).await;
-            }
-            _ = proc.resume.notified(), if paused => {}
-        }
-    }
-    drop(sources);
-    tokio::select! {
-        _ = tokio::time::sleep(EXITED_PROCESS_RETENTION) => on_retire(&proc),
-        _ = proc.discarded.notified() => {}
-    }
-}
-
-/// After a read of `n` bytes filled `buf`: grows it, and the pipe behind `fd`,
-/// to [`BULK_READ_CHUNK_BYTES`], then, on a connection with binary frames, to
-/// [`BINARY_READ_CHUNK_BYTES`]. A PTY or a refused pipe size keeps its kernel
-/// buffer; the larger read buffer still gathers more per read.
-fn widen_if_full(fd: Option<&AsyncFd<OwnedFd>>, buf: &mut ReadBuf, n: usize, link: &Link) {
-    let size = match buf.size() {
-        s if n < s => return,
-        s if s < BULK_READ_CHUNK_BYTES => BULK_READ_CHUNK_BYTES,
-        s if s < BINARY_READ_CHUNK_BYTES && link.outbound().is_some_and(|o| o.binary_frames()) => {
-            BINARY_READ_CHUNK_BYTES
-        }
-        _ => return,
-    };
-    buf.grow(size);
-    if let Some(f) = fd {
-        // The pipe's size is a power of two pages at least as large.
-        let pipe = size.next_power_of_two() as i32;
-        let _ = nix::fcntl::fcntl(f.get_ref(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(pipe));
-    }
-}
-
-async fn read_opt(fd: Option<&AsyncFd<OwnedFd>>, buf: &mut [u8]) -> std::io::Result<usize> {
-    match fd {
-        Some(f) => read_some(f, buf).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// A small terminal read holding several lines is sent as one chunk per line, up
-/// to this many bytes: on a terminal, lines written by different programs in
-/// quick succession (a prompt, then a command's output) reach a client as they
-/// were written rather than merged by scheduling luck. Larger reads are one chunk.
-pub const PTY_LINE_SPLIT_MAX_BYTES: usize = 4096;
-
-async fn emit(proc: &Process, link: &Link, stream: OutputStream, data: Filled) {
-    if stream == OutputStream::Pty && data.payload().len() <= PTY_LINE_SPLIT_MAX_BYTES {
-        let headroom = notify::output_frame_headroom(&proc.id);
-        let mut rest = data.payload();
-        while let Some(i) = rest.iter().position(|b| *b == b'\n') {
-            if i + 1 == rest.len() {
-                break;
-            }
-            emit_one(proc, link, stream, Filled::copy_of(&rest[..=i], headroom)).await;
-            rest = &rest[i + 1..];
-        }
-        if rest.len() < data.payload().len() {
-            emit_one(proc, link, stream, Filled::copy_of(rest, headroom)).await;
-            return;
-        }
-    }
-    emit_one(proc, link, stream, data).await;
-}
-
-async fn emit_one(proc: &Process, link: &Link, stream: OutputStream, data: Filled) {
-    crate::metrics::output_bytes(data.payload().len());
-    let out = link.outbound();
-    // Raw bytes in a binary frame when the client agreed to them: the frame
-    // and the log share the bytes. Otherwise base64 in a notification.
-    let binary = out.as_ref().is_some_and(|o| o.binary_frames());
-    let (seq, push) = {
-        let mut st = lock(&proc.state);
-        if binary {
-            let seq = st.log.next_seq();
-            let head = notify::output_frame_head(&proc.id, seq, stream);
-            let (frame, payload) = data.into_frame(binary::Kind::ParamsChunk, &head);
-            (st.log.push_output(stream, payload), Push::Frame(frame))
-        } else {
-            let payload = data.into_payload();
-            (
-                st.log.push_output(stream, payload.clone()),
-                Push::Json(payload),
-            )
-        }
-    };
-    proc.bump();
-    let Some(out) = out else { return };
-    let sent = match push {
-        Push::Frame(frame) => out.send_binary(frame).await,
-        Push::Json(payload) => {
-            out.send(encode_output_notification(&proc.id, seq, stream, &payload))
-                .await
-        }
-    };
-    if sent.is_ok() {
-        lock(&proc.state).log.delivered_by_push(seq);
-    }
-}
-
-/// How [`emit_one`] sends a chunk.
-enum Push {
-    Frame(bytes::Bytes),
-    Json(bytes::Bytes),
-}
-
-async fn send_event(proc: &Process, link: &Link, seq: u64, msg: String) {
-    if let Some(out) = link.outbound() {
-        if out.send(msg).await.is_ok() {
-            lock(&proc.state).log.delivered_by_push(seq);
-        }
-    }
 }
 
 fn stdin_failed() -> ExecError {

@@ -1,7 +1,7 @@
 //! Terminal output read in whole lines where the terminal layer splits them.
 
+use super::pump::read_opt;
 use super::read_buf::ReadBuf;
-use super::read_opt;
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;

@@ -1,0 +1,254 @@
+//! The line transport (stdio, a Unix socket): one message per `\n`-ended line.
+
+use super::{
+    Connection, Inbound, Outbound, Outgoing, MAX_LINE_BYTES, OUTBOUND_QUEUE_MESSAGES,
+    STALLED_WRITE_TIMEOUT,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::{mpsc, Notify};
+
+/// Serves a line-framed byte stream (stdio, a Unix socket): one message per line,
+/// at most [`MAX_LINE_BYTES`]. Empty lines are skipped.
+pub fn lines<R, W>(reader: R, writer: W, peer: String) -> Connection
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    lines_with_limit(reader, writer, peer, MAX_LINE_BYTES)
+}
+
+/// What [`read_line_capped`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum LineRead {
+    /// A line (without its `\n`), or the unterminated rest before end of input.
+    Line,
+    /// End of input, nothing pending.
+    End,
+    /// The line passed the limit; what was read of it is discarded.
+    TooLong,
+}
+
+/// Reads one line into `buf` (cleared first), holding at most `limit` bytes of
+/// it: a longer line is refused as soon as it passes the limit, not buffered.
+async fn read_line_capped<R: AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> std::io::Result<LineRead> {
+    buf.clear();
+    loop {
+        let available = r.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(if buf.is_empty() {
+                LineRead::End
+            } else {
+                LineRead::Line
+            });
+        }
+        let (piece, found) = match memchr::memchr(b'\n', available) {
+            Some(i) => (&available[..i], true),
+            None => (available, false),
+        };
+        if piece.len() > limit - buf.len() {
+            buf.clear();
+            buf.shrink_to(64 * 1024);
+            return Ok(LineRead::TooLong);
+        }
+        // Grow by doubling but never past the limit, so a line of `limit`
+        // bytes costs `limit`, not the next power of two.
+        if buf.capacity() - buf.len() < piece.len() {
+            let want = (buf.capacity() * 2).max(buf.len() + piece.len()).min(limit);
+            buf.reserve_exact(want - buf.len());
+        }
+        buf.extend_from_slice(piece);
+        let used = piece.len() + usize::from(found);
+        r.consume(used);
+        if found {
+            return Ok(LineRead::Line);
+        }
+    }
+}
+
+/// [`lines`] with a limit on the line length (bytes, without the `\n`): a longer
+/// line closes the connection (logged as a warning) once it passes the limit,
+/// without being held in memory; lines read before it are still delivered.
+pub fn lines_with_limit<R, W>(
+    reader: R,
+    writer: W,
+    peer: String,
+    max_line_bytes: usize,
+) -> Connection
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (in_tx, in_rx) = mpsc::channel(64);
+    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MESSAGES);
+    let closer = Arc::new(Notify::new());
+    let writer_closer = closer.clone();
+    let writer_task = tokio::spawn(async move {
+        let mut w = BufWriter::with_capacity(64 * 1024, writer);
+        loop {
+            let first = tokio::select! {
+                m = out_rx.recv() => match m { Some(m) => m, None => break },
+                _ = writer_closer.notified() => break,
+            };
+            let mut batch = Some(first);
+            let result = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
+                while let Some(msg) = batch.take() {
+                    match msg {
+                        Outgoing::Text(msg) => w.write_all(msg.as_bytes()).await?,
+                        Outgoing::Stream(mut stream) => {
+                            w.write_all(&stream.head).await?;
+                            while let Some(piece) = stream.body.recv().await {
+                                let piece = piece.map_err(|_| {
+                                    std::io::Error::other(
+                                        "the producer of a streamed message failed",
+                                    )
+                                })?;
+                                w.write_all(&piece).await?;
+                            }
+                            w.write_all(&stream.tail).await?;
+                        }
+                        // Never agreed on a line transport (`enable_binary` refuses).
+                        Outgoing::Binary(_) => {
+                            return Err(std::io::Error::other("binary frame on a line transport"))
+                        }
+                    }
+                    w.write_all(b"\n").await?;
+                    batch = out_rx.try_recv().ok();
+                }
+                w.flush().await
+            })
+            .await;
+            if !matches!(result, Ok(Ok(()))) {
+                break;
+            }
+        }
+        let _ = w.shutdown().await;
+    });
+    let reader_out = out_tx.clone();
+    let reader_peer = peer.clone();
+    tokio::spawn(async move {
+        let peer = reader_peer;
+        let mut r = BufReader::with_capacity(64 * 1024, reader);
+        let mut buf = Vec::new();
+        loop {
+            match read_line_capped(&mut r, &mut buf, max_line_bytes).await {
+                Ok(LineRead::Line) => {}
+                Ok(LineRead::End) | Err(_) => break,
+                Ok(LineRead::TooLong) => {
+                    tracing::warn!(
+                        "{peer}: message longer than {max_line_bytes} bytes (--max-message-bytes); closing the connection"
+                    );
+                    break;
+                }
+            }
+            while matches!(buf.last(), Some(b'\r')) {
+                buf.pop();
+            }
+            if buf.iter().all(|b| b.is_ascii_whitespace()) {
+                continue;
+            }
+            let item = match String::from_utf8(std::mem::take(&mut buf)) {
+                Ok(s) => Inbound::Message(s),
+                Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
+            };
+            tokio::select! {
+                res = in_tx.send(item) => if res.is_err() { break },
+                _ = reader_out.closed() => break,
+            }
+        }
+        drop(reader_out);
+        // End of input reaches the connection loop now; queued replies still go
+        // out, since the writer ends on its own once every sender is dropped.
+        drop(in_tx);
+        if tokio::time::timeout(Duration::from_secs(5), writer_task)
+            .await
+            .is_err()
+        {
+            tracing::debug!("line writer still busy 5 s after end of input");
+        }
+    });
+    Connection {
+        inbound: in_rx,
+        outbound: Outbound::new(out_tx, closer, false, true),
+        peer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::test_support::text_stream;
+
+    async fn read_all(input: &[u8], limit: usize, chunk: usize) -> Vec<(LineRead, Vec<u8>)> {
+        let mut r = BufReader::with_capacity(chunk, input);
+        let mut buf = Vec::new();
+        let mut out = Vec::new();
+        loop {
+            let got = read_line_capped(&mut r, &mut buf, limit).await.unwrap();
+            let done = got != LineRead::Line;
+            out.push((got, buf.clone()));
+            if done {
+                return out;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_up_to_the_limit_pass_and_longer_ones_are_refused_unbuffered() {
+        for chunk in [1, 3, 64] {
+            let got = read_all(b"abcd\n\nxyz\nlast", 4, chunk).await;
+            assert_eq!(
+                got,
+                [
+                    (LineRead::Line, b"abcd".to_vec()),
+                    (LineRead::Line, b"".to_vec()),
+                    (LineRead::Line, b"xyz".to_vec()),
+                    (LineRead::Line, b"last".to_vec()),
+                    (LineRead::End, b"".to_vec()),
+                ],
+                "chunk {chunk}"
+            );
+            let got = read_all(b"ok\nabcde\nnever", 4, chunk).await;
+            assert_eq!(
+                got,
+                [
+                    (LineRead::Line, b"ok".to_vec()),
+                    (LineRead::TooLong, b"".to_vec()),
+                ],
+                "chunk {chunk}"
+            );
+        }
+        // A line of exactly the limit never allocates past it.
+        let mut r = BufReader::with_capacity(3, &b"0123456789\n"[..]);
+        let mut buf = Vec::new();
+        assert_eq!(
+            read_line_capped(&mut r, &mut buf, 10).await.unwrap(),
+            LineRead::Line
+        );
+        assert_eq!(buf.capacity(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_line_transport_writes_a_streamed_message_as_one_line() {
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (r, w) = tokio::io::split(ours);
+        let conn = lines(r, w, "test".into());
+        let (stream, tx) = text_stream(2);
+        conn.outbound.send_stream(stream).await.unwrap();
+        conn.outbound.send("next".into()).await.unwrap();
+        tx.send(Ok(b"abc".to_vec())).await.unwrap();
+        tx.send(Ok(b"def".to_vec())).await.unwrap();
+        drop(tx);
+        let mut lines = BufReader::new(theirs).lines();
+        assert_eq!(
+            lines.next_line().await.unwrap().unwrap(),
+            "{\"data\":\"abcdef\"}"
+        );
+        assert_eq!(lines.next_line().await.unwrap().unwrap(), "next");
+    }
+}

@@ -1,0 +1,268 @@
+//! Framed transports: any source and sink of whole JSON-RPC messages.
+//!
+//! Each transport is split into a reader task and a writer task joined to the rest of
+//! the program by channels, so a peer never touches a socket: it receives
+//! [`Inbound`] items and sends encoded messages through an [`Outbound`] handle.
+//! One message is one WebSocket text frame, or one `\n`-terminated line on stdio and
+//! on a Unix socket. A WebSocket also carries binary frames
+//! (`exec_server_protocol::binary`) once both ends agreed to use them.
+
+mod lines;
+mod websocket;
+
+pub use lines::{lines, lines_with_limit};
+pub use websocket::websocket;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify};
+
+/// Messages a connection may have queued for writing before senders wait
+/// (backpressure). Each queued item is one encoded message.
+pub const OUTBOUND_QUEUE_MESSAGES: usize = 64;
+
+/// How long the writer may be blocked on a peer that does not read before the
+/// connection is dropped (its session detaches and can be resumed).
+pub const STALLED_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Messages longer than this (bytes) are sent as several WebSocket frames of at
+/// most this size (one message, fragmented as RFC 6455 allows): 1 MiB.
+pub const WS_FRAGMENT_BYTES: usize = 1024 * 1024;
+
+/// Largest line accepted by [`lines`]: 512 MiB. Servers pass their own limit to
+/// [`lines_with_limit`].
+pub const MAX_LINE_BYTES: usize = 512 * 1024 * 1024;
+
+/// What a transport's reader yields.
+#[derive(Debug)]
+pub enum Inbound {
+    /// One whole message (text).
+    Message(String),
+    /// One whole WebSocket binary message. Until binary frames were agreed
+    /// for the connection, its bytes are read as a text message (as the
+    /// reference does).
+    Binary(tokio_tungstenite::tungstenite::Bytes),
+    /// A message that is not valid UTF-8 text; answered as undecodable.
+    Invalid(String),
+}
+
+/// One queued outbound message.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// A JSON text message.
+    Text(String),
+    /// A binary frame (`exec_server_protocol::binary`); only sent once
+    /// [`Outbound::enable_binary`] succeeded. Shared bytes: the sender may
+    /// keep parts of the same allocation (the output log does).
+    Binary(tokio_tungstenite::tungstenite::Bytes),
+    /// A text message sent while it is produced; only queued on transports
+    /// whose [`Outbound::streams`] is true.
+    Stream(TextStream),
+}
+
+/// A text message whose middle is produced while it is sent (a whole-file
+/// read): the writer sends `head`, then each piece of `body` as it arrives,
+/// then `tail`, as one message (WebSocket continuation frames, or one line),
+/// so neither end's sender holds the whole message.
+#[derive(Debug)]
+pub struct TextStream {
+    /// The message's first bytes (JSON text).
+    pub head: Vec<u8>,
+    /// The middle, in order; closed after the last piece. An `Err` means the
+    /// producer failed part-way: the message cannot be completed, so the
+    /// connection is closed (the peer sees its call fail, never a short value).
+    pub body: mpsc::Receiver<Result<Vec<u8>, StreamAborted>>,
+    /// The message's last bytes.
+    pub tail: Vec<u8>,
+}
+
+/// The producer of a [`TextStream`] failed after the message had begun.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamAborted;
+
+impl Outgoing {
+    /// The message's length in bytes (for a stream, its head and tail only).
+    pub fn len(&self) -> usize {
+        match self {
+            Outgoing::Text(s) => s.len(),
+            Outgoing::Binary(b) => b.len(),
+            Outgoing::Stream(t) => t.head.len() + t.tail.len(),
+        }
+    }
+    /// True for an empty message.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether a connection carries binary frames: `capable` is the transport's
+/// (WebSocket only), `on` is set once both ends agreed.
+#[derive(Debug)]
+struct BinaryFrames {
+    capable: bool,
+    on: AtomicBool,
+    /// The writer sends [`Outgoing::Stream`] messages (not a channel).
+    streams: bool,
+}
+
+/// A handle for queueing encoded messages on a connection. Cloneable; sending
+/// waits while the queue is full and fails once the connection is gone.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    tx: mpsc::Sender<Outgoing>,
+    closer: Arc<Notify>,
+    binary: Arc<BinaryFrames>,
+}
+
+/// The connection is closed; nothing more can be sent on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closed;
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection closed")
+    }
+}
+
+impl std::error::Error for Closed {}
+
+impl Outbound {
+    /// Queues one encoded message, waiting while the queue is full.
+    pub async fn send(&self, msg: String) -> Result<(), Closed> {
+        self.tx.send(Outgoing::Text(msg)).await.map_err(|_| Closed)
+    }
+    /// Queues one binary frame, waiting while the queue is full. The caller
+    /// checks [`Outbound::binary_frames`] first.
+    pub async fn send_binary(
+        &self,
+        frame: impl Into<tokio_tungstenite::tungstenite::Bytes>,
+    ) -> Result<(), Closed> {
+        let frame = frame.into();
+        self.tx
+            .send(Outgoing::Binary(frame))
+            .await
+            .map_err(|_| Closed)
+    }
+    /// Queues a message sent while it is produced (see [`TextStream`]),
+    /// waiting while the queue is full. The caller checks
+    /// [`Outbound::streams`] first.
+    pub async fn send_stream(&self, stream: TextStream) -> Result<(), Closed> {
+        self.tx
+            .send(Outgoing::Stream(stream))
+            .await
+            .map_err(|_| Closed)
+    }
+    /// True when the transport's writer sends [`Outgoing::Stream`] messages
+    /// (WebSocket and line transports; not an in-program channel).
+    pub fn streams(&self) -> bool {
+        self.binary.streams
+    }
+    /// Turns binary frames on for this connection (both ends agreed); false,
+    /// and nothing changes, when the transport cannot carry them.
+    pub fn enable_binary(&self) -> bool {
+        if self.binary.capable {
+            self.binary.on.store(true, Ordering::Release);
+        }
+        self.binary.capable
+    }
+    /// True when the transport can carry binary frames (a WebSocket).
+    pub fn binary_capable(&self) -> bool {
+        self.binary.capable
+    }
+    /// True once binary frames are on for this connection.
+    pub fn binary_frames(&self) -> bool {
+        self.binary.on.load(Ordering::Acquire)
+    }
+    /// True once the writer has stopped.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+    /// Resolves when the writer has stopped.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+    /// Closes the connection now: the writer stops without sending what is queued.
+    pub fn close(&self) {
+        self.closer.notify_one();
+    }
+}
+
+/// A connected transport: a stream of inbound messages and a sending handle.
+/// Dropping every [`Outbound`] clone and the receiver closes the connection.
+pub struct Connection {
+    /// Inbound messages; `None` when the peer closed or the reader failed.
+    pub inbound: mpsc::Receiver<Inbound>,
+    /// Outbound handle.
+    pub outbound: Outbound,
+    /// Description of the peer, e.g. `exec-server websocket 127.0.0.1:5555`.
+    pub peer: String,
+}
+
+impl Outbound {
+    fn new(
+        tx: mpsc::Sender<Outgoing>,
+        closer: Arc<Notify>,
+        binary_capable: bool,
+        streams: bool,
+    ) -> Self {
+        Outbound {
+            tx,
+            closer,
+            binary: Arc::new(BinaryFrames {
+                capable: binary_capable,
+                on: AtomicBool::new(false),
+                streams,
+            }),
+        }
+    }
+}
+
+/// The program's side of a [`channel`] connection.
+pub struct ChannelEnd {
+    /// Feed the connection's inbound messages here; dropping it is end of input.
+    pub inbound: mpsc::Sender<Inbound>,
+    /// What the connection sends; `None` once every [`Outbound`] clone is gone.
+    /// Text only: a channel does not carry binary frames.
+    pub outbound: mpsc::Receiver<Outgoing>,
+    /// Notified when [`Outbound::close`] is called: stop and drop both ends.
+    pub closer: Arc<Notify>,
+}
+
+/// A connection whose far end is in this program (e.g. one relay stream): the
+/// caller moves messages between the [`ChannelEnd`] and wherever they travel.
+pub fn channel(peer: String) -> (Connection, ChannelEnd) {
+    let (in_tx, in_rx) = mpsc::channel(64);
+    let (out_tx, out_rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MESSAGES);
+    let closer = Arc::new(Notify::new());
+    (
+        Connection {
+            inbound: in_rx,
+            outbound: Outbound::new(out_tx, closer.clone(), false, false),
+            peer,
+        },
+        ChannelEnd {
+            inbound: in_tx,
+            outbound: out_rx,
+            closer,
+        },
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+
+    /// A stream `{"data":"…"}` whose middle is fed through the sender.
+    pub(crate) fn text_stream(
+        capacity: usize,
+    ) -> (TextStream, mpsc::Sender<Result<Vec<u8>, StreamAborted>>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let stream = TextStream {
+            head: b"{\"data\":\"".to_vec(),
+            body: rx,
+            tail: b"\"}".to_vec(),
+        };
+        (stream, tx)
+    }
+}
