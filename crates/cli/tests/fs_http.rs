@@ -317,6 +317,49 @@ async fn a_whole_file_read_is_streamed_not_held() {
     );
     // The connection goes on serving.
     c.ok("fs/getMetadata", json!({"path": uri(&f)})).await;
+    // A file that opens but cannot be read (EIO at offset 0) is an error
+    // response, not a closed connection.
+    let r = c
+        .call("fs/readFile", json!({"path": "file:///proc/self/mem"}))
+        .await;
+    assert!(r.get("error").is_some(), "{r}");
+    c.ok("fs/getMetadata", json!({"path": uri(&f)})).await;
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A request behind a streamed `fs/readFile` on the same connection waits for
+/// the reading to finish (arrival order), so a write that truncates the file
+/// in place cannot cut the reply short.
+#[tokio::test]
+async fn a_write_behind_a_streamed_read_waits_for_it() {
+    use base64::Engine;
+    const SIZE: usize = 20 * 1024 * 1024;
+    let s = Server::start(&[]);
+    let d = tmpdir("streamed-order");
+    let f = d.join("f");
+    let data: Vec<u8> = (0..SIZE).map(|i| (i % 253) as u8).collect();
+    std::fs::write(&f, &data).unwrap();
+    // A second link: the write then truncates and rewrites in place.
+    std::fs::hard_link(&f, d.join("link")).unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let read = c.send("fs/readFile", json!({"path": uri(&f)})).await;
+    let write = c
+        .send(
+            "fs/writeFile",
+            json!({"path": uri(&f), "dataBase64": b64(b"x")}),
+        )
+        .await;
+    let r = c.response(read).await;
+    let got = base64::engine::general_purpose::STANDARD
+        .decode(r["result"]["dataBase64"].as_str().unwrap())
+        .unwrap();
+    assert!(
+        got == data,
+        "read {} bytes, not the file as it was",
+        got.len()
+    );
+    assert!(c.response(write).await.get("error").is_none());
+    assert_eq!(std::fs::read(&f).unwrap(), b"x");
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -32,6 +32,10 @@ pub struct Reply {
     /// then only the result's beginning. Only set by handlers that checked
     /// [`crate::Outbound::streams`].
     pub stream: Option<crate::transport::TextStream>,
+    /// With `stream`: resolves (or closes) once its producer is done. The
+    /// connection waits for it before the next request of an in-order
+    /// (`Inline`) method, so a later request never overtakes the reading.
+    pub stream_done: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl Reply {
@@ -47,22 +51,29 @@ impl Reply {
             after_send: None,
             payload: None,
             stream: None,
+            stream_done: None,
         }
     }
 
-    /// A result sent while it is produced: `head` (JSON text), then each piece
-    /// `body` yields, then `tail`. The pieces must complete `head` into valid
-    /// JSON text; an `Err` piece ends the connection (the message cannot be
-    /// finished honestly).
+    /// A result sent while it is produced: `head` (JSON text), then each
+    /// piece `body` yields until [`crate::transport::StreamPiece::End`], then
+    /// `tail`. The pieces must complete `head` into valid JSON text; an `Err`,
+    /// or a body closed before `End`, ends the connection (the message cannot
+    /// be finished honestly). `done` resolves (or closes) once the producer
+    /// has stopped.
     pub fn streamed(
         head: String,
-        body: tokio::sync::mpsc::Receiver<Result<Vec<u8>, crate::transport::StreamAborted>>,
+        body: tokio::sync::mpsc::Receiver<
+            Result<crate::transport::StreamPiece, crate::transport::StreamAborted>,
+        >,
         tail: &'static str,
+        done: tokio::sync::oneshot::Receiver<()>,
     ) -> Reply {
         Reply {
             result_json: head,
             after_send: None,
             payload: None,
+            stream_done: Some(done),
             stream: Some(crate::transport::TextStream {
                 head: Vec::new(),
                 body,

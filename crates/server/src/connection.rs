@@ -280,6 +280,7 @@ async fn reply(
             result_json,
             after_send,
             stream: Some(mut stream),
+            stream_done,
             ..
         }) => {
             let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
@@ -289,6 +290,11 @@ async fn reply(
             if let Some(f) = after_send {
                 f();
             }
+            // The producer reads while the writer sends; the next request
+            // (of an in-order method) waits until the reading is over.
+            if let Some(done) = stream_done {
+                let _ = done.await;
+            }
             r
         }
         Ok(Reply {
@@ -296,6 +302,7 @@ async fn reply(
             after_send,
             payload: Some(bytes),
             stream: None,
+            ..
         }) => {
             let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
             let head = format!("{{\"id\":{id_json},\"result\":{result_json}}}");
@@ -315,6 +322,7 @@ async fn reply(
             after_send,
             payload: None,
             stream: None,
+            ..
         }) => {
             // Spliced by hand: the result is already JSON text (often large, from
             // the byte-carrying hot paths), so it is never parsed back into a value.
@@ -322,9 +330,10 @@ async fn reply(
             if result_json.len() >= LARGE_RESULT_BYTES && out.streams() {
                 // Sent between its envelope's head and tail, never copied to
                 // make room for them.
-                let (tx, body) = tokio::sync::mpsc::channel(1);
-                let _ = tx.try_send(Ok(result_json.into_bytes()));
-                drop(tx);
+                use exec_server_rpc::transport::StreamPiece;
+                let (tx, body) = tokio::sync::mpsc::channel(2);
+                let _ = tx.try_send(Ok(StreamPiece::Data(result_json.into_bytes())));
+                let _ = tx.try_send(Ok(StreamPiece::End));
                 let stream = exec_server_rpc::transport::TextStream {
                     head: format!("{{\"id\":{id_json},\"result\":").into_bytes(),
                     body,

@@ -1,8 +1,8 @@
 //! The line transport (stdio, a Unix socket): one message per `\n`-ended line.
 
 use super::{
-    Connection, Inbound, Outbound, Outgoing, MAX_LINE_BYTES, OUTBOUND_QUEUE_MESSAGES,
-    STALLED_WRITE_TIMEOUT,
+    Connection, Inbound, Outbound, Outgoing, StreamPiece, TextStream, MAX_LINE_BYTES,
+    OUTBOUND_QUEUE_MESSAGES, STALLED_WRITE_TIMEOUT,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,6 +71,42 @@ async fn read_line_capped<R: AsyncRead + Unpin>(
     }
 }
 
+/// Writes `data`, failing when the peer does not take it within
+/// [`STALLED_WRITE_TIMEOUT`].
+async fn write_within<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> std::io::Result<()> {
+    match tokio::time::timeout(STALLED_WRITE_TIMEOUT, w.write_all(data)).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+    }
+}
+
+/// Writes a [`TextStream`] as one line: head, each piece as it arrives, tail.
+/// A producer that fails or vanishes before [`StreamPiece::End`] fails the
+/// write (the connection closes; the line is never completed).
+async fn write_stream<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mut stream: TextStream,
+) -> std::io::Result<()> {
+    write_within(w, &stream.head).await?;
+    loop {
+        match stream.body.recv().await {
+            Some(Ok(StreamPiece::Data(piece))) => write_within(w, &piece).await?,
+            Some(Ok(StreamPiece::End)) => break,
+            Some(Err(_)) | None => {
+                return Err(std::io::Error::other(
+                    "the producer of a streamed message failed",
+                ))
+            }
+        }
+    }
+    write_within(w, &stream.tail).await?;
+    write_within(w, b"\n").await?;
+    match tokio::time::timeout(STALLED_WRITE_TIMEOUT, w.flush()).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+    }
+}
+
 /// [`lines`] with a limit on the line length (bytes, without the `\n`): a longer
 /// line closes the connection (logged as a warning) once it passes the limit,
 /// without being held in memory; lines read before it are still delivered.
@@ -90,40 +126,49 @@ where
     let writer_closer = closer.clone();
     let writer_task = tokio::spawn(async move {
         let mut w = BufWriter::with_capacity(64 * 1024, writer);
+        // A stream met in a batch: sent next, on its own.
+        let mut carried: Option<Outgoing> = None;
         loop {
-            let first = tokio::select! {
-                m = out_rx.recv() => match m { Some(m) => m, None => break },
-                _ = writer_closer.notified() => break,
+            let first = match carried.take() {
+                Some(m) => m,
+                None => tokio::select! {
+                    m = out_rx.recv() => match m { Some(m) => m, None => break },
+                    _ = writer_closer.notified() => break,
+                },
             };
-            let mut batch = Some(first);
-            let result = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
-                while let Some(msg) = batch.take() {
-                    match msg {
-                        Outgoing::Text(msg) => w.write_all(msg.as_bytes()).await?,
-                        Outgoing::Stream(mut stream) => {
-                            w.write_all(&stream.head).await?;
-                            while let Some(piece) = stream.body.recv().await {
-                                let piece = piece.map_err(|_| {
-                                    std::io::Error::other(
-                                        "the producer of a streamed message failed",
-                                    )
-                                })?;
-                                w.write_all(&piece).await?;
+            let result = match first {
+                // A stream waits for its producer between pieces: only the
+                // writes count against the stall timeout, each alone.
+                Outgoing::Stream(stream) => write_stream(&mut w, stream).await,
+                first => {
+                    let mut batch = Some(first);
+                    let sent = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
+                        while let Some(msg) = batch.take() {
+                            match msg {
+                                Outgoing::Text(msg) => {
+                                    w.write_all(msg.as_bytes()).await?;
+                                    w.write_all(b"\n").await?;
+                                }
+                                Outgoing::Stream(stream) => {
+                                    carried = Some(Outgoing::Stream(stream));
+                                    break;
+                                }
+                                // Never agreed on a line transport (`enable_binary` refuses).
+                                Outgoing::Binary(_) => {
+                                    return Err(std::io::Error::other(
+                                        "binary frame on a line transport",
+                                    ))
+                                }
                             }
-                            w.write_all(&stream.tail).await?;
+                            batch = out_rx.try_recv().ok();
                         }
-                        // Never agreed on a line transport (`enable_binary` refuses).
-                        Outgoing::Binary(_) => {
-                            return Err(std::io::Error::other("binary frame on a line transport"))
-                        }
-                    }
-                    w.write_all(b"\n").await?;
-                    batch = out_rx.try_recv().ok();
+                        w.flush().await
+                    })
+                    .await;
+                    sent.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
                 }
-                w.flush().await
-            })
-            .await;
-            if !matches!(result, Ok(Ok(()))) {
+            };
+            if result.is_err() {
                 break;
             }
         }
@@ -241,9 +286,13 @@ mod tests {
         let (stream, tx) = text_stream(2);
         conn.outbound.send_stream(stream).await.unwrap();
         conn.outbound.send("next".into()).await.unwrap();
-        tx.send(Ok(b"abc".to_vec())).await.unwrap();
-        tx.send(Ok(b"def".to_vec())).await.unwrap();
-        drop(tx);
+        tx.send(Ok(StreamPiece::Data(b"abc".to_vec())))
+            .await
+            .unwrap();
+        tx.send(Ok(StreamPiece::Data(b"def".to_vec())))
+            .await
+            .unwrap();
+        tx.send(Ok(StreamPiece::End)).await.unwrap();
         let mut lines = BufReader::new(theirs).lines();
         assert_eq!(
             lines.next_line().await.unwrap().unwrap(),

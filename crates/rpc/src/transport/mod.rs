@@ -69,12 +69,22 @@ pub enum Outgoing {
 pub struct TextStream {
     /// The message's first bytes (JSON text).
     pub head: Vec<u8>,
-    /// The middle, in order; closed after the last piece. An `Err` means the
-    /// producer failed part-way: the message cannot be completed, so the
-    /// connection is closed (the peer sees its call fail, never a short value).
-    pub body: mpsc::Receiver<Result<Vec<u8>, StreamAborted>>,
+    /// The middle, in order, then [`StreamPiece::End`]. An `Err`, or a
+    /// channel closed before `End` (a producer that panicked or was dropped),
+    /// means the message cannot be completed: the connection is closed, and
+    /// the peer sees its call fail, never a short value.
+    pub body: mpsc::Receiver<Result<StreamPiece, StreamAborted>>,
     /// The message's last bytes.
     pub tail: Vec<u8>,
+}
+
+/// One item of a [`TextStream`]'s body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamPiece {
+    /// The next bytes of the message.
+    Data(Vec<u8>),
+    /// The body is complete; the tail follows.
+    End,
 }
 
 /// The producer of a [`TextStream`] failed after the message had begun.
@@ -256,7 +266,7 @@ pub(crate) mod test_support {
     /// A stream `{"data":"…"}` whose middle is fed through the sender.
     pub(crate) fn text_stream(
         capacity: usize,
-    ) -> (TextStream, mpsc::Sender<Result<Vec<u8>, StreamAborted>>) {
+    ) -> (TextStream, mpsc::Sender<Result<StreamPiece, StreamAborted>>) {
         let (tx, rx) = mpsc::channel(capacity);
         let stream = TextStream {
             head: b"{\"data\":\"".to_vec(),

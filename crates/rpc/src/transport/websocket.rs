@@ -2,8 +2,8 @@
 //! ones as continuation frames, streamed messages as they are produced.
 
 use super::{
-    Connection, Inbound, Outbound, Outgoing, TextStream, OUTBOUND_QUEUE_MESSAGES,
-    STALLED_WRITE_TIMEOUT, WS_FRAGMENT_BYTES,
+    Connection, Inbound, Outbound, Outgoing, StreamAborted, StreamPiece, TextStream,
+    OUTBOUND_QUEUE_MESSAGES, STALLED_WRITE_TIMEOUT, WS_FRAGMENT_BYTES,
 };
 use futures_util::{SinkExt, StreamExt};
 use std::sync::Arc;
@@ -31,47 +31,64 @@ where
     let close_frame: Arc<std::sync::Mutex<Option<CloseFrame>>> = Arc::default();
     let writer_close_frame = close_frame.clone();
     let writer = tokio::spawn(async move {
+        // A stream met in a batch: sent next, on its own.
+        let mut carried: Option<Outgoing> = None;
         loop {
-            let first = tokio::select! {
-                m = out_rx.recv() => match m { Some(m) => m, None => break },
-                _ = writer_closer.notified() => {
-                    let frame = writer_close_frame.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    if let Some(frame) = frame {
-                        let _ = tokio::time::timeout(Duration::from_secs(5), sink.send(WsMessage::Close(Some(frame)))).await;
+            let first = match carried.take() {
+                Some(m) => m,
+                None => tokio::select! {
+                    m = out_rx.recv() => match m { Some(m) => m, None => break },
+                    _ = writer_closer.notified() => {
+                        let frame = writer_close_frame.lock().unwrap_or_else(|p| p.into_inner()).take();
+                        if let Some(frame) = frame {
+                            let _ = tokio::time::timeout(Duration::from_secs(5), sink.send(WsMessage::Close(Some(frame)))).await;
+                        }
+                        break;
                     }
-                    break;
+                },
+            };
+            let result = match first {
+                // A stream waits for its producer between frames: only the
+                // socket's writes count against the stall timeout, each alone.
+                Outgoing::Stream(stream) => send_ws_stream(&mut sink, stream).await,
+                first => {
+                    // Feed everything already queued, then flush once: fewer
+                    // syscalls under load.
+                    let mut batch = Some(first);
+                    let sent = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
+                        while let Some(msg) = batch.take() {
+                            match msg {
+                                Outgoing::Stream(stream) => {
+                                    carried = Some(Outgoing::Stream(stream));
+                                    break;
+                                }
+                                // Large messages go out as continuation frames: the
+                                // WebSocket library buffers a whole frame and shifts
+                                // its buffer after each partial write, which is
+                                // quadratic in the frame size.
+                                Outgoing::Text(t) => {
+                                    let bytes = t.into_bytes().into();
+                                    send_frames(&mut sink, bytes, &mut Data::Text, true).await?
+                                }
+                                Outgoing::Binary(b) => {
+                                    send_frames(&mut sink, b, &mut Data::Binary, true).await?
+                                }
+                            }
+                            batch = out_rx.try_recv().ok();
+                        }
+                        sink.flush().await.map_err(WriteFailure::Failed)
+                    })
+                    .await;
+                    sent.unwrap_or(Err(WriteFailure::Stalled))
                 }
             };
-            // Feed everything already queued, then flush once: fewer syscalls under load.
-            let mut batch = Some(first);
-            let result = tokio::time::timeout(STALLED_WRITE_TIMEOUT, async {
-                while let Some(msg) = batch.take() {
-                    match msg {
-                        Outgoing::Stream(stream) => send_ws_stream(&mut sink, stream).await?,
-                        // Large messages go out as continuation frames: the WebSocket
-                        // library buffers a whole frame and shifts its buffer after
-                        // each partial write, which is quadratic in the frame size.
-                        Outgoing::Text(t) if t.len() > WS_FRAGMENT_BYTES => {
-                            send_ws_fragmented(&mut sink, Data::Text, t.into_bytes().into()).await?
-                        }
-                        Outgoing::Binary(b) if b.len() > WS_FRAGMENT_BYTES => {
-                            send_ws_fragmented(&mut sink, Data::Binary, b).await?
-                        }
-                        Outgoing::Text(t) => sink.feed(WsMessage::text(t)).await?,
-                        Outgoing::Binary(b) => sink.feed(WsMessage::binary(b)).await?,
-                    }
-                    batch = out_rx.try_recv().ok();
-                }
-                sink.flush().await
-            })
-            .await;
             match result {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
+                Ok(()) => {}
+                Err(WriteFailure::Failed(e)) => {
                     tracing::debug!("websocket write failed: {e}");
                     break;
                 }
-                Err(_) => {
+                Err(WriteFailure::Stalled) => {
                     tracing::warn!("websocket peer stopped reading; dropping the connection");
                     break;
                 }
@@ -141,75 +158,104 @@ where
     }
 }
 
-/// Sends one message as frames of at most [`WS_FRAGMENT_BYTES`].
-async fn send_ws_fragmented<S>(
-    sink: &mut futures_util::stream::SplitSink<WebSocketStream<S>, WsMessage>,
-    first: Data,
+/// Why the writer stopped.
+enum WriteFailure {
+    /// The peer did not take a write for [`STALLED_WRITE_TIMEOUT`].
+    Stalled,
+    /// The socket failed, or a streamed message's producer did.
+    Failed(tokio_tungstenite::tungstenite::Error),
+}
+
+type WsSink<S> = futures_util::stream::SplitSink<WebSocketStream<S>, WsMessage>;
+
+/// Feeds one frame, failing as [`WriteFailure::Stalled`] when the peer does
+/// not take it within [`STALLED_WRITE_TIMEOUT`].
+async fn feed<S>(sink: &mut WsSink<S>, msg: WsMessage) -> Result<(), WriteFailure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(STALLED_WRITE_TIMEOUT, sink.feed(msg)).await {
+        Ok(r) => r.map_err(WriteFailure::Failed),
+        Err(_) => Err(WriteFailure::Stalled),
+    }
+}
+
+/// Sends `bytes` as the next part of a message: frames of at most
+/// [`WS_FRAGMENT_BYTES`] (slices, never copies), the first with `opcode`
+/// (then [`Data::Continue`]), the last final when `fin`. A small message
+/// is one ordinary frame.
+async fn send_frames<S>(
+    sink: &mut WsSink<S>,
     bytes: tokio_tungstenite::tungstenite::Bytes,
-) -> Result<(), tokio_tungstenite::tungstenite::Error>
+    opcode: &mut Data,
+    fin: bool,
+) -> Result<(), WriteFailure>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut offset = 0;
-    while offset < bytes.len() {
+    loop {
         let end = (offset + WS_FRAGMENT_BYTES).min(bytes.len());
-        let opcode = if offset == 0 { first } else { Data::Continue };
-        let frame = Frame::message(
-            bytes.slice(offset..end),
-            OpCode::Data(opcode),
-            end == bytes.len(),
-        );
-        sink.feed(WsMessage::Frame(frame)).await?;
+        let last = end == bytes.len();
+        let frame = Frame::message(bytes.slice(offset..end), OpCode::Data(*opcode), fin && last);
+        feed(sink, WsMessage::Frame(frame)).await?;
+        *opcode = Data::Continue;
+        if last {
+            return Ok(());
+        }
         offset = end;
     }
-    Ok(())
 }
 
-/// Sends a [`TextStream`] as one WebSocket text message: a frame per piece
-/// (the head rides with the first), the last one final once the body ends.
-async fn send_ws_stream<S>(
-    sink: &mut futures_util::stream::SplitSink<WebSocketStream<S>, WsMessage>,
-    mut stream: TextStream,
-) -> Result<(), tokio_tungstenite::tungstenite::Error>
+/// Sends a [`TextStream`] as one WebSocket text message: small pieces (and
+/// the head) gathered into one frame, large ones as they are (in frames of
+/// at most [`WS_FRAGMENT_BYTES`]), the last frame final once the body says
+/// [`StreamPiece::End`].
+async fn send_ws_stream<S>(sink: &mut WsSink<S>, mut stream: TextStream) -> Result<(), WriteFailure>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     // One piece is held back until the next arrives: only then is it known
-    // not to be the last frame. Small pieces are gathered into one frame;
-    // a large one is sent as it is (never copied).
+    // not to be the last.
     let mut pending = std::mem::take(&mut stream.head);
     let mut opcode = Data::Text;
-    while let Some(piece) = stream.body.recv().await {
-        let piece = piece.map_err(|_| {
-            tokio_tungstenite::tungstenite::Error::Io(std::io::Error::other(
-                "the producer of a streamed message failed",
-            ))
-        })?;
+    loop {
+        let piece = match stream.body.recv().await {
+            Some(Ok(StreamPiece::Data(piece))) => piece,
+            Some(Ok(StreamPiece::End)) => break,
+            // A producer that failed, or vanished without saying the body
+            // is complete: the message cannot be finished honestly.
+            Some(Err(StreamAborted)) | None => {
+                return Err(WriteFailure::Failed(
+                    tokio_tungstenite::tungstenite::Error::Io(std::io::Error::other(
+                        "the producer of a streamed message failed",
+                    )),
+                ))
+            }
+        };
         if pending.len() + piece.len() <= STREAM_GATHER_BYTES {
             pending.extend_from_slice(&piece);
             continue;
         }
         if !pending.is_empty() {
-            let frame = Frame::message(pending, OpCode::Data(opcode), false);
-            sink.feed(WsMessage::Frame(frame)).await?;
-            opcode = Data::Continue;
+            let bytes = std::mem::replace(&mut pending, piece).into();
+            send_frames(sink, bytes, &mut opcode, false).await?;
+        } else {
+            pending = piece;
         }
-        pending = piece;
     }
     if pending.len() + stream.tail.len() > STREAM_GATHER_BYTES {
-        let frame = Frame::message(pending, OpCode::Data(opcode), false);
-        sink.feed(WsMessage::Frame(frame)).await?;
-        opcode = Data::Continue;
+        let bytes = std::mem::take(&mut pending).into();
+        send_frames(sink, bytes, &mut opcode, false).await?;
         pending = std::mem::take(&mut stream.tail);
     } else {
         pending.extend_from_slice(&stream.tail);
     }
-    sink.feed(WsMessage::Frame(Frame::message(
-        pending,
-        OpCode::Data(opcode),
-        true,
-    )))
-    .await
+    send_frames(sink, pending.into(), &mut opcode, true).await?;
+    match tokio::time::timeout(STALLED_WRITE_TIMEOUT, sink.flush()).await {
+        Ok(r) => r.map_err(WriteFailure::Failed),
+        Err(_) => Err(WriteFailure::Stalled),
+    }
 }
 
 /// Pieces of a [`TextStream`] smaller than this together are sent as one
@@ -220,7 +266,6 @@ const STREAM_GATHER_BYTES: usize = 64 * 1024;
 mod tests {
     use super::*;
     use crate::transport::test_support::text_stream;
-    use crate::transport::StreamAborted;
 
     /// A server-side WebSocket over an in-memory pipe, and the client's end.
     async fn ws_pair() -> (Connection, WebSocketStream<tokio::io::DuplexStream>) {
@@ -238,14 +283,18 @@ mod tests {
         conn.outbound.send("first".into()).await.unwrap();
         conn.outbound.send_stream(stream).await.unwrap();
         conn.outbound.send("last".into()).await.unwrap();
-        // Pieces of several frames' worth, produced while the writer waits.
-        let pieces: Vec<Vec<u8>> = (0..5u8).map(|i| vec![b'a' + i; 300_000]).collect();
+        // Pieces of several frames' worth, produced while the writer waits;
+        // one larger than a frame may be.
+        let mut pieces: Vec<Vec<u8>> = (0..5u8).map(|i| vec![b'a' + i; 300_000]).collect();
+        pieces.push(vec![b'z'; 2 * WS_FRAGMENT_BYTES + 7]);
+        pieces.push(b"tiny".to_vec());
         let expected: Vec<u8> =
             [b"{\"data\":\"".to_vec(), pieces.concat(), b"\"}".to_vec()].concat();
         let producer = tokio::spawn(async move {
             for p in pieces {
-                tx.send(Ok(p)).await.unwrap();
+                tx.send(Ok(StreamPiece::Data(p))).await.unwrap();
             }
+            tx.send(Ok(StreamPiece::End)).await.unwrap();
         });
         let mut got = Vec::new();
         while got.len() < 3 {
@@ -262,21 +311,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_producer_closes_the_connection_without_a_short_message() {
-        let (conn, mut client) = ws_pair().await;
-        let (stream, tx) = text_stream(4);
-        conn.outbound.send_stream(stream).await.unwrap();
-        conn.outbound.send("after".into()).await.unwrap();
-        tx.send(Ok(vec![b'x'; 200_000])).await.unwrap();
-        tx.send(Err(StreamAborted)).await.unwrap();
-        // The client never receives a complete message: the stream ends.
-        let next = tokio::time::timeout(Duration::from_secs(10), client.next())
-            .await
-            .expect("the connection stayed open");
-        assert!(
-            !matches!(next, Some(Ok(WsMessage::Text(_)))),
-            "a message arrived: {next:?}"
-        );
-        conn.outbound.closed().await;
+    async fn a_failed_or_vanished_producer_closes_the_connection_without_a_short_message() {
+        for vanish in [false, true] {
+            let (conn, mut client) = ws_pair().await;
+            let (stream, tx) = text_stream(4);
+            conn.outbound.send_stream(stream).await.unwrap();
+            conn.outbound.send("after".into()).await.unwrap();
+            tx.send(Ok(StreamPiece::Data(vec![b'x'; 200_000])))
+                .await
+                .unwrap();
+            if vanish {
+                // Dropped without `End` (a producer that panicked).
+                drop(tx);
+            } else {
+                tx.send(Err(StreamAborted)).await.unwrap();
+            }
+            // The client never receives a complete message: the stream ends.
+            let next = tokio::time::timeout(Duration::from_secs(10), client.next())
+                .await
+                .expect("the connection stayed open");
+            assert!(
+                !matches!(next, Some(Ok(WsMessage::Text(_)))),
+                "a message arrived ({vanish}): {next:?}"
+            );
+            conn.outbound.closed().await;
+        }
     }
 }

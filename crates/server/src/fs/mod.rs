@@ -125,11 +125,11 @@ pub enum FileRead<'a> {
 pub fn read_file_chunks(p: &ReadFileParams, mut on: impl FnMut(FileRead<'_>)) -> ExecResult<()> {
     let (file, len) = open_file_to_read(p)?;
     on(FileRead::Size(len));
-    read_file_pieces(file, len, |piece| {
+    let mut pieces = FilePieces::new(file, len);
+    while let Some(piece) = pieces.next_piece().map_err(ExecError::io)? {
         on(FileRead::Piece(piece));
-        true
-    })
-    .map_err(ExecError::io)
+    }
+    Ok(())
 }
 
 /// The checks of `fs/readFile` before any byte is read: the file opened for
@@ -150,42 +150,54 @@ pub fn open_file_to_read(p: &ReadFileParams) -> ExecResult<(std::fs::File, u64)>
     Ok((file, len))
 }
 
-/// Reads an opened file (`len` = its size at open) to its end, never past
-/// [`MAX_READ_FILE_BYTES`], handing `on` pieces of [`READ_FILE_PIECE_BYTES`]
-/// (every piece but the last is that long, a multiple of 3). `on` returns
-/// false to stop early.
-pub fn read_file_pieces(
-    file: std::fs::File,
-    len: u64,
-    mut on: impl FnMut(&[u8]) -> bool,
-) -> std::io::Result<()> {
-    let mut reader = file.take(MAX_READ_FILE_BYTES);
-    // One byte past the size (rounded to whole base64 groups) sees the end in
-    // one read for a small file.
-    let first = (len as usize + 1).div_ceil(3) * 3;
-    let mut buf = vec![0u8; first.min(READ_FILE_PIECE_BYTES)];
-    loop {
+/// An opened file read to its end (never past [`MAX_READ_FILE_BYTES`]) in
+/// pieces of [`READ_FILE_PIECE_BYTES`]: every piece but the last is that
+/// long, a multiple of 3, so pieces encode to base64 that can be appended.
+pub struct FilePieces {
+    reader: std::io::Take<std::fs::File>,
+    buf: Vec<u8>,
+    /// The last read filled the buffer: more may follow.
+    full: bool,
+    done: bool,
+}
+
+impl FilePieces {
+    /// Pieces of `file`, whose size at open was `len` bytes.
+    pub fn new(file: std::fs::File, len: u64) -> Self {
+        // One byte past the size (rounded to whole base64 groups) sees the
+        // end in one read for a small file.
+        let first = (len as usize + 1).div_ceil(3) * 3;
+        FilePieces {
+            reader: file.take(MAX_READ_FILE_BYTES),
+            buf: vec![0u8; first.min(READ_FILE_PIECE_BYTES)],
+            full: false,
+            done: false,
+        }
+    }
+
+    /// The next piece, or `None` at the end. Errors: the read's.
+    pub fn next_piece(&mut self) -> std::io::Result<Option<&[u8]>> {
+        if self.done {
+            return Ok(None);
+        }
+        if self.full && self.buf.len() < READ_FILE_PIECE_BYTES {
+            // The file grew past its size at open: continue in full pieces.
+            self.buf.resize(READ_FILE_PIECE_BYTES, 0);
+        }
         // Fill the buffer completely (short reads happen) so every piece but
         // the last is a multiple of 3 bytes.
         let mut filled = 0;
-        while filled < buf.len() {
-            match reader.read(&mut buf[filled..]) {
+        while filled < self.buf.len() {
+            match self.reader.read(&mut self.buf[filled..]) {
                 Ok(0) => break,
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-        if filled > 0 && !on(&buf[..filled]) {
-            return Ok(());
-        }
-        if filled < buf.len() {
-            return Ok(());
-        }
-        if buf.len() < READ_FILE_PIECE_BYTES {
-            // The file grew past its size at open: continue in full pieces.
-            buf.resize(READ_FILE_PIECE_BYTES, 0);
-        }
+        self.full = filled == self.buf.len();
+        self.done = !self.full;
+        Ok((filled > 0).then(|| &self.buf[..filled]))
     }
 }
 

@@ -44,33 +44,59 @@ fn read_file_reply(p: &ReadFileParams) -> Result<(Reply, usize), ExecError> {
 const READ_FILE_PIECES_AHEAD: usize = 3;
 
 /// The `fs/readFile` result sent while the file is read (transports that
-/// stream a message): the checks (missing file, too large, …) are answered
-/// as errors before anything is sent; after that the server holds only a few
-/// pieces, never the file or its base64. A read error part-way closes the
-/// connection (the reply cannot be completed honestly).
+/// stream a message). The checks (missing file, too large, …) and the first
+/// piece's read are answered as errors before anything is sent; after that
+/// the server holds only a few pieces, never the file or its base64. A read
+/// error later closes the connection (the reply cannot be completed
+/// honestly).
 async fn read_file_streamed(p: ReadFileParams) -> Result<Reply, ErrorObject> {
     use exec_server_protocol::bytes;
-    use exec_server_rpc::transport::StreamAborted;
-    let (file, len) = blocking(move || fs::open_file_to_read(&p)).await?;
+    use exec_server_rpc::transport::{StreamAborted, StreamPiece};
+    fn encoded(piece: &[u8]) -> (Vec<u8>, usize) {
+        let mut text = String::with_capacity(bytes::encoded_len(piece.len()));
+        bytes::encode_into(piece, &mut text);
+        (text.into_bytes(), piece.len())
+    }
+    let (mut pieces, first) = blocking(move || {
+        let (file, len) = fs::open_file_to_read(&p)?;
+        let mut pieces = fs::FilePieces::new(file, len);
+        let first = pieces.next_piece().map_err(ExecError::io)?.map(encoded);
+        Ok::<_, ExecError>((pieces, first))
+    })
+    .await?;
     let (tx, rx) = tokio::sync::mpsc::channel(READ_FILE_PIECES_AHEAD);
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     tokio::task::spawn_blocking(move || {
-        let mut n = 0;
-        let read = fs::read_file_pieces(file, len, |piece| {
-            n += piece.len();
-            let mut text = String::with_capacity(bytes::encoded_len(piece.len()));
-            bytes::encode_into(piece, &mut text);
-            // A closed channel: the connection is gone; stop reading.
-            tx.blocking_send(Ok(text.into_bytes())).is_ok()
-        });
-        if let Err(e) = read {
-            tracing::warn!(
-                "fs/readFile failed after {n} bytes were sent: {e}; closing the connection"
-            );
-            let _ = tx.blocking_send(Err(StreamAborted));
+        // Dropped when the producer stops, however it stops.
+        let _done = done_tx;
+        let mut sent = 0;
+        let mut next = first;
+        while let Some((text, n)) = next.take() {
+            if tx.blocking_send(Ok(StreamPiece::Data(text))).is_err() {
+                return; // the connection is gone
+            }
+            sent += n;
+            match pieces.next_piece() {
+                Ok(piece) => next = piece.map(encoded),
+                Err(e) => {
+                    tracing::warn!(
+                        "fs/readFile failed after {sent} bytes were sent: {e}; closing the connection"
+                    );
+                    let _ = tx.blocking_send(Err(StreamAborted));
+                    return;
+                }
+            }
         }
-        crate::metrics::file_read(n);
+        if tx.blocking_send(Ok(StreamPiece::End)).is_ok() {
+            crate::metrics::file_read(sent);
+        }
     });
-    Ok(Reply::streamed(READ_FILE_HEAD.into(), rx, READ_FILE_TAIL))
+    Ok(Reply::streamed(
+        READ_FILE_HEAD.into(),
+        rx,
+        READ_FILE_TAIL,
+        done_rx,
+    ))
 }
 
 pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {

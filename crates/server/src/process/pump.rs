@@ -30,7 +30,9 @@ pub(super) async fn pump(
         span,
     } = held;
     let _ = start_gate.await;
-    let headroom = notify::output_frame_headroom(&proc.id);
+    // Room for a frame's header in front of large reads; an id so long that
+    // its head does not fit costs one copy per frame instead.
+    let headroom = notify::output_frame_headroom(&proc.id).min(MAX_FRAME_HEADROOM);
     let mut buf_a = ReadBuf::new(headroom, READ_CHUNK_BYTES);
     let mut buf_b = ReadBuf::new(headroom, READ_CHUNK_BYTES);
     let (mut a, mut b, stream_a, stream_b): (
@@ -151,6 +153,9 @@ pub(super) async fn read_opt(
     }
 }
 
+/// Most room a read buffer leaves for a frame's header: 1 KiB.
+const MAX_FRAME_HEADROOM: usize = 1024;
+
 /// A small terminal read holding several lines is sent as one chunk per line, up
 /// to this many bytes: on a terminal, lines written by different programs in
 /// quick succession (a prompt, then a command's output) reach a client as they
@@ -159,17 +164,16 @@ pub const PTY_LINE_SPLIT_MAX_BYTES: usize = 4096;
 
 async fn emit(proc: &Process, link: &Link, stream: OutputStream, data: Filled) {
     if stream == OutputStream::Pty && data.payload().len() <= PTY_LINE_SPLIT_MAX_BYTES {
-        let headroom = notify::output_frame_headroom(&proc.id);
         let mut rest = data.payload();
         while let Some(i) = rest.iter().position(|b| *b == b'\n') {
             if i + 1 == rest.len() {
                 break;
             }
-            emit_one(proc, link, stream, Filled::copy_of(&rest[..=i], headroom)).await;
+            emit_one(proc, link, stream, Filled::copy_of(&rest[..=i], 0)).await;
             rest = &rest[i + 1..];
         }
         if rest.len() < data.payload().len() {
-            emit_one(proc, link, stream, Filled::copy_of(rest, headroom)).await;
+            emit_one(proc, link, stream, Filled::copy_of(rest, 0)).await;
             return;
         }
     }

@@ -60,7 +60,9 @@ impl ReadBuf {
     pub fn take(&mut self, n: usize) -> Filled {
         let n = n.min(self.size);
         if n * KEEP_FRACTION < self.size {
-            return Filled::copy_of(&self.vec[self.headroom..self.headroom + n], self.headroom);
+            // Without room in front: a log of small chunks stays their size
+            // (a frame then copies them once, cheaply).
+            return Filled::copy_of(&self.vec[self.headroom..self.headroom + n], 0);
         }
         let mut vec = std::mem::replace(&mut self.vec, vec![0; self.headroom + self.size]);
         vec.truncate(self.headroom + n);
@@ -139,6 +141,7 @@ mod tests {
         buf.spare()[..3].copy_from_slice(b"abc");
         let filled = buf.take(3);
         assert_eq!(filled.payload(), b"abc");
+        assert_eq!(filled.vec.capacity(), 3, "a small chunk carries no room");
         let head = "{\"long\":\"head beyond the room\"}";
         let (frame, payload) = filled.into_frame(binary::Kind::ParamsChunk, head);
         assert_eq!(
