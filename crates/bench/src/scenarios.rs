@@ -327,7 +327,7 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
                 if sc == Scenario::FsWrite {
                     let path = json!(uri).to_string();
                     let rx = c
-                        .send_with("fs/writeFile", |id| {
+                        .send_with(|id| {
                             let mut text = format!(
                                 "{{\"id\":{id},\"method\":\"fs/writeFile\",\"params\":{{\"path\":{path},\"dataBase64\":\""
                             );
@@ -489,7 +489,7 @@ async fn write_blocks(c: &Conn, uri: &str, data: &[u8]) -> Result<(), String> {
             rx.await.map_err(|_| "closed")?.result_text()?;
         }
         queue.push_back(
-            c.send_with("fs/writeBlock", |id| {
+            c.send_with(|id| {
                 let mut text = format!(
                     "{{\"id\":{id},\"method\":\"fs/writeBlock\",\"params\":{{\"handleId\":\"w\",\"offset\":{},\"chunk\":\"",
                     i * BLOCK

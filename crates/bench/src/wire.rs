@@ -155,17 +155,14 @@ impl Conn {
         method: &str,
         params: Value,
     ) -> Result<oneshot::Receiver<Response>, String> {
-        self.send_with(method, |id| {
-            json!({"id": id, "method": method, "params": params}).to_string()
-        })
-        .await
+        self.send_with(|id| json!({"id": id, "method": method, "params": params}).to_string())
+            .await
     }
 
     /// Sends a request whose text `build` writes for the given id (for
     /// requests carrying megabytes, written without a `Value` tree).
     pub async fn send_with(
         &self,
-        _method: &str,
         build: impl FnOnce(i64) -> String,
     ) -> Result<oneshot::Receiver<Response>, String> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);

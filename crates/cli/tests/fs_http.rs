@@ -292,23 +292,26 @@ async fn read_file_cap_names_fs_open_and_large_block_reads() {
     c.ok("fs/close", json!({"handleId": "b"})).await;
 }
 
+/// A new temporary directory holding `f`: `size` bytes of a non-repeating
+/// pattern. Returns the directory, the file and its bytes.
+fn patterned_file(tag: &str, size: usize) -> (std::path::PathBuf, std::path::PathBuf, Vec<u8>) {
+    let d = tmpdir(tag);
+    let f = d.join("f");
+    let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&f, &data).unwrap();
+    (d, f, data)
+}
+
 /// `fs/readFile` over a WebSocket is sent while the file is read: the server
 /// never holds the file's base64 (4/3 of it; the whole reply peaked above the
 /// file's size before), and the bytes arrive exact.
 #[tokio::test]
 async fn a_whole_file_read_is_streamed_not_held() {
-    use base64::Engine;
-    const SIZE: usize = 24 * 1024 * 1024;
     let s = Server::start(&[]);
-    let d = tmpdir("streamed");
-    let f = d.join("f");
-    let data: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8).collect();
-    std::fs::write(&f, &data).unwrap();
+    let (d, f, data) = patterned_file("streamed", 24 * 1024 * 1024);
     let mut c = Conn::open(&s.url, None).await;
     let r = c.ok("fs/readFile", json!({"path": uri(&f)})).await;
-    let got = base64::engine::general_purpose::STANDARD
-        .decode(r["dataBase64"].as_str().unwrap())
-        .unwrap();
+    let got = unb64(&r["dataBase64"]);
     assert!(got == data, "read {} bytes, not the file", got.len());
     let peak_kib = proc_status_kib(s.pid(), "VmHWM");
     assert!(
@@ -332,13 +335,8 @@ async fn a_whole_file_read_is_streamed_not_held() {
 /// in place cannot cut the reply short.
 #[tokio::test]
 async fn a_write_behind_a_streamed_read_waits_for_it() {
-    use base64::Engine;
-    const SIZE: usize = 20 * 1024 * 1024;
     let s = Server::start(&[]);
-    let d = tmpdir("streamed-order");
-    let f = d.join("f");
-    let data: Vec<u8> = (0..SIZE).map(|i| (i % 253) as u8).collect();
-    std::fs::write(&f, &data).unwrap();
+    let (d, f, data) = patterned_file("streamed-order", 20 * 1024 * 1024);
     // A second link: the write then truncates and rewrites in place.
     std::fs::hard_link(&f, d.join("link")).unwrap();
     let mut c = Conn::open(&s.url, None).await;
@@ -350,9 +348,7 @@ async fn a_write_behind_a_streamed_read_waits_for_it() {
         )
         .await;
     let r = c.response(read).await;
-    let got = base64::engine::general_purpose::STANDARD
-        .decode(r["result"]["dataBase64"].as_str().unwrap())
-        .unwrap();
+    let got = unb64(&r["result"]["dataBase64"]);
     assert!(
         got == data,
         "read {} bytes, not the file as it was",

@@ -9,6 +9,7 @@ use crate::ServerState;
 use exec_server_protocol::{encode_error, methods, ErrorObject, Message, RequestId};
 use exec_server_rpc::pending::PendingCalls;
 use exec_server_rpc::router::{Mode, Reply};
+use exec_server_rpc::transport::TextStream;
 use exec_server_rpc::{Connection, Inbound, Outbound};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -275,91 +276,60 @@ async fn reply(
         seconds = started.elapsed().as_secs_f64(),
         "answered"
     );
-    match outcome {
-        Ok(Reply {
-            result_json,
-            after_send,
-            stream: Some(mut stream),
-            stream_done,
-            ..
-        }) => {
-            let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
-            stream.head = format!("{{\"id\":{id_json},\"result\":{result_json}").into_bytes();
+    let Reply {
+        result_json,
+        after_send,
+        payload,
+        stream,
+        stream_done,
+    } = match outcome {
+        Ok(reply) => reply,
+        Err(e) => return out.send(encode_error(id, &e)).await,
+    };
+    // Spliced by hand: the result is already JSON text (often large, from the
+    // byte-carrying hot paths), so it is never parsed back into a value.
+    let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+    let head = format!("{{\"id\":{id_json},\"result\":");
+    let r = match (stream, payload) {
+        (Some(mut stream), _) => {
+            stream.head = format!("{head}{result_json}").into_bytes();
             stream.tail.push(b'}');
-            let r = out.send_stream(stream).await;
-            if let Some(f) = after_send {
-                f();
-            }
-            // The producer reads while the writer sends; the next request
-            // (of an in-order method) waits until the reading is over.
-            if let Some(done) = stream_done {
-                let _ = done.await;
-            }
-            r
+            out.send_stream(stream).await
         }
-        Ok(Reply {
-            result_json,
-            after_send,
-            payload: Some(bytes),
-            stream: None,
-            ..
-        }) => {
-            let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
-            let head = format!("{{\"id\":{id_json},\"result\":{result_json}}}");
+        (None, Some(bytes)) => {
             let frame = exec_server_protocol::binary::encode(
                 exec_server_protocol::binary::Kind::ResultChunk,
-                &head,
+                &format!("{head}{result_json}}}"),
                 &bytes,
             );
-            let r = out.send_binary(frame).await;
-            if let Some(f) = after_send {
-                f();
-            }
-            r
+            out.send_binary(frame).await
         }
-        Ok(Reply {
-            result_json,
-            after_send,
-            payload: None,
-            stream: None,
-            ..
-        }) => {
-            // Spliced by hand: the result is already JSON text (often large, from
-            // the byte-carrying hot paths), so it is never parsed back into a value.
-            let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
-            if result_json.len() >= LARGE_RESULT_BYTES && out.streams() {
-                // Sent between its envelope's head and tail, never copied to
-                // make room for them.
-                use exec_server_rpc::transport::StreamPiece;
-                let (tx, body) = tokio::sync::mpsc::channel(2);
-                let _ = tx.try_send(Ok(StreamPiece::Data(result_json.into_bytes())));
-                let _ = tx.try_send(Ok(StreamPiece::End));
-                let stream = exec_server_rpc::transport::TextStream {
-                    head: format!("{{\"id\":{id_json},\"result\":").into_bytes(),
-                    body,
-                    tail: b"}".to_vec(),
-                };
-                let r = out.send_stream(stream).await;
-                if let Some(f) = after_send {
-                    f();
-                }
-                return r;
-            }
+        // Sent between its envelope's head and tail, never copied to make
+        // room for them.
+        (None, None) if result_json.len() >= LARGE_RESULT_BYTES && out.streams() => {
+            let whole =
+                TextStream::whole(head.into_bytes(), result_json.into_bytes(), b"}".to_vec());
+            out.send_stream(whole).await
+        }
+        (None, None) => {
             // Wrapped in the result's own buffer: byte-carrying results leave
-            // room for the envelope, so a large reply is moved, never copied.
+            // room for the envelope, so it is moved, never reallocated.
             let mut s = result_json;
-            let head = format!("{{\"id\":{id_json},\"result\":");
             s.reserve(head.len() + 1);
             s.insert_str(0, &head);
             s.push('}');
-            let r = out.send(s).await;
-            if let Some(f) = after_send {
-                f();
-            }
-            r
+            out.send(s).await
         }
-        Err(e) => out.send(encode_error(id, &e)).await,
+    };
+    if let Some(f) = after_send {
+        f();
     }
+    // The producer of a streamed result reads while the writer sends; the
+    // next request (of an in-order method) waits until the reading is over.
+    if let Some(done) = stream_done {
+        let _ = done.await;
+    }
+    r
 }
 
 #[cfg(test)]

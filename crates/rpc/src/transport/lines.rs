@@ -1,8 +1,8 @@
 //! The line transport (stdio, a Unix socket): one message per `\n`-ended line.
 
 use super::{
-    Connection, Inbound, Outbound, Outgoing, StreamPiece, TextStream, MAX_LINE_BYTES,
-    OUTBOUND_QUEUE_MESSAGES, STALLED_WRITE_TIMEOUT,
+    next_to_write, Connection, Inbound, Next, Outbound, Outgoing, StreamPiece, TextStream,
+    MAX_LINE_BYTES, OUTBOUND_QUEUE_MESSAGES, STALLED_WRITE_TIMEOUT,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,12 +129,10 @@ where
         // A stream met in a batch: sent next, on its own.
         let mut carried: Option<Outgoing> = None;
         loop {
-            let first = match carried.take() {
-                Some(m) => m,
-                None => tokio::select! {
-                    m = out_rx.recv() => match m { Some(m) => m, None => break },
-                    _ = writer_closer.notified() => break,
-                },
+            let Next::Message(first) =
+                next_to_write(&mut carried, &mut out_rx, &writer_closer).await
+            else {
+                break;
             };
             let result = match first {
                 // A stream waits for its producer between pieces: only the

@@ -78,6 +78,43 @@ pub struct TextStream {
     pub tail: Vec<u8>,
 }
 
+impl TextStream {
+    /// A stream whose middle is already complete: sent as `head`, `middle`,
+    /// `tail` without joining them (no copy of a large middle).
+    pub fn whole(head: Vec<u8>, middle: Vec<u8>, tail: Vec<u8>) -> TextStream {
+        let (tx, body) = mpsc::channel(2);
+        // The channel has room for both: neither send can fail.
+        let _ = tx.try_send(Ok(StreamPiece::Data(middle)));
+        let _ = tx.try_send(Ok(StreamPiece::End));
+        TextStream { head, body, tail }
+    }
+}
+
+/// What a transport's writer takes next.
+enum Next {
+    Message(Outgoing),
+    /// Every sender is gone.
+    QueueClosed,
+    /// [`Outbound::close`] was called.
+    CloseRequested,
+}
+
+/// The next message for a writer: the stream it carried over from its last
+/// batch (a stream is sent on its own), else the queue's next.
+async fn next_to_write(
+    carried: &mut Option<Outgoing>,
+    queue: &mut mpsc::Receiver<Outgoing>,
+    closer: &Notify,
+) -> Next {
+    if let Some(m) = carried.take() {
+        return Next::Message(m);
+    }
+    tokio::select! {
+        m = queue.recv() => m.map_or(Next::QueueClosed, Next::Message),
+        _ = closer.notified() => Next::CloseRequested,
+    }
+}
+
 /// One item of a [`TextStream`]'s body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamPiece {

@@ -2,8 +2,8 @@
 //! ones as continuation frames, streamed messages as they are produced.
 
 use super::{
-    Connection, Inbound, Outbound, Outgoing, StreamAborted, StreamPiece, TextStream,
-    OUTBOUND_QUEUE_MESSAGES, STALLED_WRITE_TIMEOUT, WS_FRAGMENT_BYTES,
+    next_to_write, Connection, Inbound, Next, Outbound, Outgoing, StreamAborted, StreamPiece,
+    TextStream, OUTBOUND_QUEUE_MESSAGES, STALLED_WRITE_TIMEOUT, WS_FRAGMENT_BYTES,
 };
 use futures_util::{SinkExt, StreamExt};
 use std::sync::Arc;
@@ -34,18 +34,23 @@ where
         // A stream met in a batch: sent next, on its own.
         let mut carried: Option<Outgoing> = None;
         loop {
-            let first = match carried.take() {
-                Some(m) => m,
-                None => tokio::select! {
-                    m = out_rx.recv() => match m { Some(m) => m, None => break },
-                    _ = writer_closer.notified() => {
-                        let frame = writer_close_frame.lock().unwrap_or_else(|p| p.into_inner()).take();
-                        if let Some(frame) = frame {
-                            let _ = tokio::time::timeout(Duration::from_secs(5), sink.send(WsMessage::Close(Some(frame)))).await;
-                        }
-                        break;
+            let first = match next_to_write(&mut carried, &mut out_rx, &writer_closer).await {
+                Next::Message(m) => m,
+                Next::QueueClosed => break,
+                Next::CloseRequested => {
+                    let frame = writer_close_frame
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .take();
+                    if let Some(frame) = frame {
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            sink.send(WsMessage::Close(Some(frame))),
+                        )
+                        .await;
                     }
-                },
+                    break;
+                }
             };
             let result = match first {
                 // A stream waits for its producer between frames: only the
