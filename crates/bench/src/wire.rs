@@ -1,8 +1,7 @@
 //! A minimal, neutral JSON-RPC-over-WebSocket driver (no client library), so both
 //! servers are measured through exactly the same code.
 
-use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{SinkExt, StreamExt};
+use exec_server_rpc::transport::{self, Inbound, Outbound, Role};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -10,22 +9,22 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio_tungstenite::tungstenite::Message as Ws;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-type Sink = SplitSink<WebSocketStream<MaybeTlsStream<TcpStream>>, Ws>;
-type Waiters = Arc<Mutex<HashMap<i64, oneshot::Sender<Response>>>>;
+/// Calls awaiting their response; `None` once the connection has ended (a
+/// call then fails at once instead of waiting for ever).
+type Waiters = Arc<Mutex<Option<HashMap<i64, oneshot::Sender<Response>>>>>;
 
 /// A connection: calls are matched by id; notifications go to a channel.
 ///
 /// The driver costs every server the same and as little as it can, so that
 /// the figures are the server's: a message is parsed once, borrowing from
 /// its text (no `Value` tree, no copy of a byte-carrying string), and base64
-/// goes through SIMD.
+/// goes through SIMD. WebSocket frames are read and written by the same
+/// code as our client's (`exec_server_rpc::transport::websocket`), which puts
+/// a payload straight into its message's buffer.
 pub struct Conn {
-    sink: tokio::sync::Mutex<Sink>,
+    sink: Outbound,
     waiters: Waiters,
     next: AtomicI64,
     pub notes: tokio::sync::Mutex<mpsc::UnboundedReceiver<Note>>,
@@ -34,7 +33,7 @@ pub struct Conn {
 /// A response as received: the whole message text and where its `result`
 /// (or `error`) lies in it.
 pub struct Response {
-    text: tokio_tungstenite::tungstenite::Utf8Bytes,
+    text: String,
     result: Option<Range<usize>>,
     error: Option<Range<usize>>,
 }
@@ -117,12 +116,12 @@ impl Conn {
         let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(cfg), true)
             .await
             .map_err(|e| e.to_string())?;
-        let (sink, stream) = ws.split();
-        let waiters: Waiters = Arc::default();
+        let conn = transport::websocket(ws, Role::Client, url.to_string());
+        let waiters: Waiters = Arc::new(Mutex::new(Some(HashMap::new())));
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(read_loop(stream, waiters.clone(), tx));
+        tokio::spawn(read_loop(conn.inbound, waiters.clone(), tx));
         Ok(Conn {
-            sink: tokio::sync::Mutex::new(sink),
+            sink: conn.outbound,
             waiters,
             next: AtomicI64::new(1),
             notes: tokio::sync::Mutex::new(rx),
@@ -141,12 +140,7 @@ impl Conn {
     }
 
     async fn send_text(&self, text: String) -> Result<(), String> {
-        self.sink
-            .lock()
-            .await
-            .send(Ws::text(text))
-            .await
-            .map_err(|e| e.to_string())
+        self.sink.send(text).await.map_err(|e| e.to_string())
     }
 
     /// Sends a request; returns a receiver for its response.
@@ -167,7 +161,10 @@ impl Conn {
     ) -> Result<oneshot::Receiver<Response>, String> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.waiters.lock().unwrap().insert(id, tx);
+        match self.waiters.lock().unwrap().as_mut() {
+            Some(w) => w.insert(id, tx),
+            None => return Err("connection closed".into()),
+        };
         self.send_text(build(id)).await?;
         Ok(rx)
     }
@@ -188,12 +185,12 @@ impl Conn {
 }
 
 async fn read_loop(
-    mut stream: SplitStream<WebSocketStream<MaybeTlsStream<TcpStream>>>,
+    mut inbound: mpsc::Receiver<Inbound>,
     waiters: Waiters,
     tx: mpsc::UnboundedSender<Note>,
 ) {
-    while let Some(Ok(msg)) = stream.next().await {
-        let Ws::Text(t) = msg else { continue };
+    while let Some(msg) = inbound.recv().await {
+        let Inbound::Message(t) = msg else { continue };
         let text = t.as_str();
         let Ok(env) = serde_json::from_str::<Envelope>(text) else {
             continue;
@@ -202,7 +199,8 @@ async fn read_loop(
             let Some(id) = id.as_i64() else { continue };
             let result = env.result.map(|r| span(text, r.get()));
             let error = env.error.map(|e| span(text, e.get()));
-            if let Some(w) = waiters.lock().unwrap().remove(&id) {
+            let waiter = waiters.lock().unwrap().as_mut().and_then(|w| w.remove(&id));
+            if let Some(w) = waiter {
                 let _ = w.send(Response {
                     text: t,
                     result,
@@ -222,6 +220,8 @@ async fn read_loop(
             exit_code: params.and_then(|p| p.exit_code),
         });
     }
+    // Pending calls fail now (their senders are dropped); later ones at once.
+    waiters.lock().unwrap().take();
 }
 
 pub fn start_params(id: &str, argv: &[&str]) -> Value {

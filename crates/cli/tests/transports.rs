@@ -346,6 +346,104 @@ async fn oversized_message_closes_with_1009() {
     );
 }
 
+/// The server's own WebSocket framing keeps RFC 6455's control rules: a ping
+/// is answered with a pong carrying its payload, a message split in
+/// fragments with a ping between them is read whole, a close is answered
+/// with a close, and a frame a client sent unmasked ends the connection
+/// with 1002.
+#[tokio::test]
+async fn control_frames_fragments_and_protocol_errors() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::Message as Ws;
+    let s = Server::start(&[]);
+    let (mut ws, _) = tokio_tungstenite::connect_async(&s.url).await.unwrap();
+    type Socket = tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >;
+    async fn next(ws: &mut Socket) -> Option<Result<Ws, tokio_tungstenite::tungstenite::Error>> {
+        tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("no frame in 10 s")
+    }
+    ws.send(Ws::Ping(b"are you there".to_vec().into()))
+        .await
+        .unwrap();
+    match next(&mut ws).await {
+        Some(Ok(Ws::Pong(p))) => assert_eq!(&p[..], b"are you there"),
+        other => panic!("expected a pong, got {other:?}"),
+    }
+    let text = r#"{"id":1,"method":"initialize","params":{"clientName":"frag"}}"#;
+    let (a, b) = text.split_at(20);
+    let part = |op, bytes: &str, fin| {
+        Ws::Frame(Frame::message(
+            bytes.as_bytes().to_vec(),
+            OpCode::Data(op),
+            fin,
+        ))
+    };
+    ws.send(part(Data::Text, a, false)).await.unwrap();
+    ws.send(Ws::Ping(b"mid".to_vec().into())).await.unwrap();
+    ws.send(part(Data::Continue, b, true)).await.unwrap();
+    let mut answered = false;
+    for _ in 0..3 {
+        match next(&mut ws).await {
+            Some(Ok(Ws::Pong(p))) => assert_eq!(&p[..], b"mid"),
+            Some(Ok(Ws::Text(t))) => {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                assert_eq!(v["id"], 1, "{v}");
+                assert!(v["result"]["sessionId"].is_string(), "{v}");
+                answered = true;
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(answered, "the fragmented initialize got no answer");
+    ws.send(Ws::Close(None)).await.unwrap();
+    let mut closed = false;
+    while let Some(m) = next(&mut ws).await {
+        match m {
+            Ok(Ws::Close(_)) => closed = true,
+            Ok(_) => continue,
+            Err(_) => break,
+        }
+    }
+    assert!(closed, "the server did not answer the close");
+
+    // Unmasked frames from a client, written by hand on a raw socket.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = s.url.trim_start_matches("ws://").to_string();
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    tcp.write_all(
+        format!(
+            "GET / HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut response = Vec::new();
+    while !response.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(tcp.read(&mut byte).await.unwrap(), 1, "handshake cut short");
+        response.push(byte[0]);
+    }
+    assert!(response.starts_with(b"HTTP/1.1 101"));
+    tcp.write_all(&[0x81, 0x02, b'h', b'i']).await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut rest))
+        .await
+        .expect("the connection stayed open")
+        .unwrap();
+    // One close frame: opcode 8, unmasked, code 1002.
+    assert!(rest.len() >= 4, "{rest:?}");
+    assert_eq!(rest[0], 0x88, "{rest:?}");
+    assert_eq!(u16::from_be_bytes([rest[2], rest[3]]), 1002);
+}
+
 /// Limits: processes per session and open handles are bounded with clear errors.
 #[tokio::test]
 async fn connection_limit_refuses_with_503() {

@@ -133,7 +133,11 @@ impl Source {
                     .map_err(|e| {
                         ConnectionError::websocket(format!("cannot connect to {url}"), e)
                     })?;
-                Ok(transport::websocket(ws, url.clone()))
+                Ok(transport::websocket(
+                    ws,
+                    transport::Role::Client,
+                    url.clone(),
+                ))
             }
             Source::Unix(path) => {
                 let s = tokio::net::UnixStream::connect(path).await.map_err(|e| {

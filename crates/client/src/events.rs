@@ -321,7 +321,7 @@ impl OrderedEvents {
                 self.pending.entry(c.seq).or_insert(ProcessEvent::Output {
                     seq: c.seq,
                     stream: c.stream,
-                    data: c.chunk.0,
+                    data: c.chunk.into_vec(),
                 });
             }
         }
@@ -467,7 +467,7 @@ mod tests {
                 .map(|(s, d)| ProcessOutputChunk {
                     seq: *s,
                     stream: OutputStream::Stdout,
-                    chunk: ByteChunk(d.as_bytes().to_vec()),
+                    chunk: ByteChunk::from(d.as_bytes().to_vec()),
                 })
                 .collect(),
             next_seq: next,

@@ -71,6 +71,27 @@ pub fn encode(kind: Kind, head: &str, payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Builds a frame in `buf`, whose first `headroom` bytes are free room and
+/// whose rest is the payload: the header and head are written at the end of
+/// the room, and the frame starts at the returned offset (the payload is
+/// not moved). `None`, and `buf` unchanged, when the room is too small.
+pub fn encode_in_headroom(
+    kind: Kind,
+    head: &str,
+    buf: &mut [u8],
+    headroom: usize,
+) -> Option<usize> {
+    let start = headroom.checked_sub(HEADER_BYTES + head.len())?;
+    if headroom > buf.len() {
+        return None;
+    }
+    buf[start] = kind as u8;
+    // Heads are built by this program from small fields: far below 4 GiB.
+    buf[start + 1..start + HEADER_BYTES].copy_from_slice(&(head.len() as u32).to_be_bytes());
+    buf[start + HEADER_BYTES..headroom].copy_from_slice(head.as_bytes());
+    Some(start)
+}
+
 /// Splits a frame into its kind, head text and payload (borrowed: the caller
 /// copies the payload once, where it keeps it).
 ///
@@ -103,13 +124,14 @@ pub fn decode(frame: &[u8]) -> Result<(Kind, &str, &[u8]), FrameError> {
 /// Decodes a whole frame: the head as a JSON-RPC message (same bounded
 /// decoder as text), checked against the kind (a [`Kind::ParamsChunk`] head
 /// is a request or notification, a [`Kind::ResultChunk`] head a response),
-/// and the payload.
+/// and the payload (a view of the frame, not a copy).
 ///
 /// # Errors
 /// The fault's text, for a -32600 answer with id -1.
-pub fn decode_message(frame: &[u8]) -> Result<(crate::Message, Vec<u8>), String> {
+pub fn decode_message(frame: &bytes::Bytes) -> Result<(crate::Message, bytes::Bytes), String> {
     use crate::Message;
     let (kind, head, payload) = decode(frame).map_err(|e| e.to_string())?;
+    let payload_start = frame.len() - payload.len();
     let msg = Message::decode(head.as_bytes()).map_err(|e| e.to_string())?;
     let fits = matches!(
         (kind, &msg),
@@ -121,7 +143,8 @@ pub fn decode_message(frame: &[u8]) -> Result<(crate::Message, Vec<u8>), String>
     if !fits {
         return Err("binary frame kind does not match its head".into());
     }
-    Ok((msg, payload.to_vec()))
+    // A view of the frame's buffer: the payload is not copied.
+    Ok((msg, frame.slice(payload_start..)))
 }
 
 /// Puts an empty `chunk` member into `obj` (the params or result object of a
@@ -158,36 +181,36 @@ pub trait WithPayload {
     /// The member's wire name (`chunk`, or `dataBase64` for `fs/writeFile`).
     const MEMBER: &'static str = PAYLOAD_MEMBER;
     /// Replaces the (empty) member with the bytes.
-    fn set_payload(&mut self, bytes: Vec<u8>);
+    fn set_payload(&mut self, bytes: bytes::Bytes);
 }
 
 impl WithPayload for crate::types::WriteFileParams {
     const MEMBER: &'static str = "dataBase64";
-    fn set_payload(&mut self, bytes: Vec<u8>) {
+    fn set_payload(&mut self, bytes: bytes::Bytes) {
         self.data_base64.0 = bytes;
     }
 }
 
 impl WithPayload for crate::types::WriteParams {
-    fn set_payload(&mut self, bytes: Vec<u8>) {
+    fn set_payload(&mut self, bytes: bytes::Bytes) {
         self.chunk.0 = bytes;
     }
 }
 
 impl WithPayload for crate::types::WriteBlockParams {
-    fn set_payload(&mut self, bytes: Vec<u8>) {
+    fn set_payload(&mut self, bytes: bytes::Bytes) {
         self.chunk.0 = bytes;
     }
 }
 
 impl WithPayload for crate::types::ReadBlockResponse {
-    fn set_payload(&mut self, bytes: Vec<u8>) {
+    fn set_payload(&mut self, bytes: bytes::Bytes) {
         self.chunk.0 = bytes;
     }
 }
 
 impl WithPayload for crate::types::ProcessOutputNotification {
-    fn set_payload(&mut self, bytes: Vec<u8>) {
+    fn set_payload(&mut self, bytes: bytes::Bytes) {
         self.chunk.0 = bytes;
     }
 }
@@ -195,6 +218,25 @@ impl WithPayload for crate::types::ProcessOutputNotification {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_built_in_headroom_equals_an_encoded_one() {
+        let mut buf = vec![0u8; 40];
+        buf.extend_from_slice(b"payload");
+        let head = r#"{"id":7,"result":{}}"#;
+        let start = encode_in_headroom(Kind::ResultChunk, head, &mut buf, 40).unwrap();
+        assert_eq!(
+            &buf[start..],
+            &encode(Kind::ResultChunk, head, b"payload")[..]
+        );
+        // Too little room: nothing written.
+        let mut small = vec![9u8; 10];
+        assert_eq!(
+            encode_in_headroom(Kind::ResultChunk, head, &mut small, 10),
+            None
+        );
+        assert_eq!(small, vec![9u8; 10]);
+    }
 
     #[test]
     fn frames_round_trip_and_bad_ones_are_named() {

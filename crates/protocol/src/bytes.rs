@@ -13,8 +13,11 @@ pub const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpo
 
 /// Bytes on the wire as a base64 string (standard alphabet, padded). A bad string
 /// fails to decode with the base64 crate's text, e.g. `Invalid symbol 33, offset 0.`
+///
+/// Shared bytes ([`bytes::Bytes`]): a binary frame's payload, or a chunk of
+/// the output log, becomes a `ByteChunk` without being copied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ByteChunk(pub Vec<u8>);
+pub struct ByteChunk(pub bytes::Bytes);
 
 impl ByteChunk {
     /// Encodes bytes as base64 text.
@@ -88,7 +91,15 @@ pub fn decode_owned(text: String) -> Result<Vec<u8>, DecodeError> {
 
 impl From<Vec<u8>> for ByteChunk {
     fn from(v: Vec<u8>) -> Self {
-        ByteChunk(v)
+        ByteChunk(v.into())
+    }
+}
+
+impl ByteChunk {
+    /// The bytes as a vector: free when this chunk holds its whole buffer
+    /// alone (bytes decoded from base64), a copy otherwise.
+    pub fn into_vec(self) -> Vec<u8> {
+        self.0.into()
     }
 }
 
@@ -113,10 +124,10 @@ impl serde::de::Visitor<'_> for ChunkVisitor {
         f.write_str("a string")
     }
     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteChunk, E> {
-        decode(v.as_bytes()).map(ByteChunk).map_err(E::custom)
+        decode(v.as_bytes()).map(ByteChunk::from).map_err(E::custom)
     }
     fn visit_string<E: serde::de::Error>(self, v: String) -> Result<ByteChunk, E> {
-        decode_owned(v).map(ByteChunk).map_err(E::custom)
+        decode_owned(v).map(ByteChunk::from).map_err(E::custom)
     }
 }
 
@@ -127,7 +138,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_error_text() {
-        let c = ByteChunk(b"\x00\xffhi".to_vec());
+        let c = ByteChunk::from(b"\x00\xffhi".to_vec());
         let s = serde_json::to_string(&c).unwrap();
         assert_eq!(s, "\"AP9oaQ==\"");
         assert_eq!(serde_json::from_str::<ByteChunk>(&s).unwrap(), c);

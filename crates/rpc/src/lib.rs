@@ -11,7 +11,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use exec_server_rpc::{peer::RpcPeer, transport};
 //! let (ws, _) = tokio_tungstenite::connect_async("ws://127.0.0.1:8765").await?;
-//! let (peer, _incoming) = RpcPeer::start(transport::websocket(ws, "server".into()));
+//! let (peer, _incoming) = RpcPeer::start(transport::websocket(ws, transport::Role::Client, "server".into()));
 //! let init = peer
 //!     .call("initialize", serde_json::json!({"clientName": "demo"}), None)
 //!     .await?;

@@ -43,7 +43,7 @@ pub enum Incoming {
         params: Value,
         /// The raw bytes of `params.chunk` when the notification came as a
         /// binary frame (then `chunk` is absent from `params`).
-        payload: Option<Vec<u8>>,
+        payload: Option<bytes::Bytes>,
     },
     /// A request to answer with [`RpcPeer::respond`] (the guard frees its id).
     Request {
@@ -196,7 +196,7 @@ impl RpcPeer {
         params: Value,
         payload: Option<&[u8]>,
         timeout: Option<Duration>,
-    ) -> Result<(Value, Option<Vec<u8>>), CallError> {
+    ) -> Result<(Value, Option<bytes::Bytes>), CallError> {
         let call = self.pending.register()?;
         let trace = current_trace();
         let sent = match payload {

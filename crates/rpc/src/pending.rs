@@ -46,7 +46,7 @@ impl std::fmt::Display for CallError {
 impl std::error::Error for CallError {}
 
 /// A result, and the raw bytes of its `chunk` when it came in a binary frame.
-type Answer = Result<(Value, Option<Vec<u8>>), CallError>;
+type Answer = Result<(Value, Option<bytes::Bytes>), CallError>;
 
 type Waiter = oneshot::Sender<Answer>;
 
@@ -135,7 +135,12 @@ impl PendingCalls {
 
     /// Delivers a result whose `chunk` came as a binary frame's payload
     /// (`result` is the head's, without `chunk`). False as [`Self::complete`].
-    pub fn complete_with_payload(&self, id: &RequestId, result: Value, payload: Vec<u8>) -> bool {
+    pub fn complete_with_payload(
+        &self,
+        id: &RequestId,
+        result: Value,
+        payload: bytes::Bytes,
+    ) -> bool {
         self.deliver(id, Ok((result, Some(payload))))
     }
 
@@ -202,7 +207,7 @@ impl PendingCall {
     pub async fn wait_with_payload(
         mut self,
         timeout: Option<Duration>,
-    ) -> Result<(Value, Option<Vec<u8>>), CallError> {
+    ) -> Result<(Value, Option<bytes::Bytes>), CallError> {
         let outcome = match timeout {
             Some(d) => match tokio::time::timeout(d, &mut self.rx).await {
                 Ok(r) => r,

@@ -28,6 +28,10 @@ pub struct Reply {
     /// payload (`result_json` then has no `chunk`). Only set by handlers that
     /// checked the connection agreed to binary frames.
     pub payload: Option<Vec<u8>>,
+    /// Bytes at the front of `payload` that are free room for the frame's
+    /// header and head, not part of the payload (0: none). With room
+    /// enough, the frame is built around the payload without copying it.
+    pub payload_headroom: usize,
     /// The rest of the result, produced while it is sent: `result_json` is
     /// then only the result's beginning. Only set by handlers that checked
     /// [`crate::Outbound::streams`].
@@ -50,6 +54,7 @@ impl Reply {
             result_json,
             after_send: None,
             payload: None,
+            payload_headroom: 0,
             stream: None,
             stream_done: None,
         }
@@ -73,6 +78,7 @@ impl Reply {
             result_json: head,
             after_send: None,
             payload: None,
+            payload_headroom: 0,
             stream_done: Some(done),
             stream: Some(crate::transport::TextStream {
                 head: Vec::new(),
@@ -97,7 +103,7 @@ pub enum Mode {
 }
 
 type Handler<C> =
-    Box<dyn Fn(C, Value, Option<Vec<u8>>) -> Result<HandlerFuture, ErrorObject> + Send + Sync>;
+    Box<dyn Fn(C, Value, Option<bytes::Bytes>) -> Result<HandlerFuture, ErrorObject> + Send + Sync>;
 type Gate<C> = Box<dyn Fn(&C, &str) -> Result<(), ErrorObject> + Send + Sync>;
 
 /// Method table for a context type `C` (cloned into each handler call).
@@ -225,7 +231,7 @@ impl<C: Send + 'static> Router<C> {
         ctx: C,
         method: &str,
         params: Value,
-        payload: Option<Vec<u8>>,
+        payload: Option<bytes::Bytes>,
     ) -> Result<(Mode, HandlerFuture), ErrorObject> {
         let Some((mode, handler)) = self.handlers.get(method) else {
             return Err(ErrorObject::method_not_found(method));
@@ -241,7 +247,7 @@ impl<C: Send + 'static> Router<C> {
     }
 }
 
-fn refuse_payload(payload: &Option<Vec<u8>>) -> Result<(), ErrorObject> {
+fn refuse_payload(payload: &Option<bytes::Bytes>) -> Result<(), ErrorObject> {
     match payload {
         Some(_) => Err(ErrorObject::invalid_params(
             "this method takes no binary payload",

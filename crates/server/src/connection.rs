@@ -109,9 +109,9 @@ pub async fn serve(
         let Some(item) = item else { break };
         let decoded = match item {
             // A hot request's base64 is decoded in the message's own buffer.
-            Inbound::Message(text) => {
-                exec_server_protocol::hot::decode_text(text).map_err(|e| e.to_string())
-            }
+            Inbound::Message(text) => exec_server_protocol::hot::decode_text(text)
+                .map(|(m, p)| (m, p.map(bytes::Bytes::from)))
+                .map_err(|e| e.to_string()),
             // Agreed in `initialize`: a binary frame carries a request's
             // `params.chunk` raw (docs/binary-frames.md).
             Inbound::Binary(frame) if ctx.outbound.binary_frames() => {
@@ -280,6 +280,7 @@ async fn reply(
         result_json,
         after_send,
         payload,
+        payload_headroom,
         stream,
         stream_done,
     } = match outcome {
@@ -296,13 +297,21 @@ async fn reply(
             stream.tail.push(b'}');
             out.send_stream(stream).await
         }
-        (None, Some(bytes)) => {
-            let frame = exec_server_protocol::binary::encode(
-                exec_server_protocol::binary::Kind::ResultChunk,
-                &format!("{head}{result_json}}}"),
-                &bytes,
-            );
-            out.send_binary(frame).await
+        (None, Some(mut bytes)) => {
+            use exec_server_protocol::binary;
+            let head = format!("{head}{result_json}}}");
+            let kind = binary::Kind::ResultChunk;
+            let headroom = payload_headroom.min(bytes.len());
+            match binary::encode_in_headroom(kind, &head, &mut bytes, headroom) {
+                Some(start) => {
+                    out.send_binary(bytes::Bytes::from(bytes).slice(start..))
+                        .await
+                }
+                None => {
+                    out.send_binary(binary::encode(kind, &head, &bytes[headroom..]))
+                        .await
+                }
+            }
         }
         // Sent between its envelope's head and tail, never copied to make
         // room for them.

@@ -281,7 +281,7 @@ pub async fn send(
             HttpResponse {
                 status,
                 headers,
-                body_base64: ByteChunk(body),
+                body_base64: ByteChunk::from(body),
             },
             None,
         ));
@@ -294,7 +294,7 @@ pub async fn send(
             let delta = HttpBodyDelta {
                 request_id: request_id.clone(),
                 seq,
-                delta_base64: ByteChunk(data.to_vec()),
+                delta_base64: ByteChunk::from(data.to_vec()),
                 done,
                 error,
             };

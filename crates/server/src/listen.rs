@@ -244,7 +244,7 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
                         return;
                     };
                     let name = format!("exec-server websocket {peer}");
-                    let conn = transport::websocket(ws, name.clone());
+                    let conn = transport::websocket(ws, transport::Role::Server, name.clone());
                     connection::serve(
                         state,
                         conn,

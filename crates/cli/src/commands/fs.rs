@@ -120,11 +120,8 @@ async fn get(c: &ExecServerClient, remote: &str, local: &Path) -> Result<(), Str
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "download".into());
     let partial = local.with_file_name(format!(".{name}.partial-{}", std::process::id()));
-    let mut f = tokio::fs::File::create(&partial)
-        .await
-        .map_err(|e| format!("{}: {e}", partial.display()))?;
-    let r = c.download(&p, &mut f).await;
-    drop(f);
+    let f = std::fs::File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
+    let r = c.download_to_file(&p, f, |_| {}).await;
     match r {
         Ok(n) => {
             std::fs::rename(&partial, local).map_err(|e| format!("{}: {e}", local.display()))?;
@@ -140,10 +137,15 @@ async fn get(c: &ExecServerClient, remote: &str, local: &Path) -> Result<(), Str
 
 async fn put(c: &ExecServerClient, local: &Path, remote: &str) -> Result<(), String> {
     let p = remote_path(c, remote).await?;
-    let mut f = tokio::fs::File::open(local)
-        .await
-        .map_err(|e| format!("{}: {e}", local.display()))?;
-    let n = c.upload(&mut f, &p).await.map_err(s)?;
+    let f = std::fs::File::open(local).map_err(|e| format!("{}: {e}", local.display()))?;
+    // Positional reads need a regular file; a pipe or device is read in order.
+    let regular = f.metadata().is_ok_and(|m| m.is_file());
+    let n = if regular {
+        c.upload_from_file(f, &p, |_| {}).await
+    } else {
+        c.upload(&mut tokio::fs::File::from_std(f), &p).await
+    }
+    .map_err(s)?;
     eprintln!("{n} bytes");
     Ok(())
 }

@@ -21,14 +21,14 @@ impl ExecServerClient {
                 true,
             )
             .await?;
-        Ok(r.data_base64.0)
+        Ok(r.data_base64.into_vec())
     }
 
     /// `fs/writeFile`.
     pub async fn write_file(&self, path: &PathUri, data: Vec<u8>) -> Result<(), ClientError> {
         let p = WriteFileParams {
             path: path.clone(),
-            data_base64: exec_server_protocol::ByteChunk(data),
+            data_base64: exec_server_protocol::ByteChunk::from(data),
             follow_symlinks: None,
             sandbox: None,
         };
@@ -196,9 +196,32 @@ impl ExecServerClient {
         &self,
         path: &PathUri,
         sink: &mut W,
+        progress: impl FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        self.download_into(path, BlockSink::Async(sink), progress)
+            .await
+    }
+
+    /// [`download_with_progress`](Self::download_with_progress) into a local
+    /// file, written from the start with positional writes on the blocking
+    /// pool: each block goes from the message to the file without a copy.
+    /// Returns bytes written.
+    pub async fn download_to_file(
+        &self,
+        path: &PathUri,
+        file: std::fs::File,
+        progress: impl FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        let sink: BlockSink<'_, tokio::io::Sink> = BlockSink::File(std::sync::Arc::new(file));
+        self.download_into(path, sink, progress).await
+    }
+
+    async fn download_into<W: tokio::io::AsyncWrite + Unpin>(
+        &self,
+        path: &PathUri,
+        mut sink: BlockSink<'_, W>,
         mut progress: impl FnMut(u64),
     ) -> Result<u64, ClientError> {
-        use tokio::io::AsyncWriteExt;
         const BLOCK: u64 = 1024 * 1024;
         const IN_FLIGHT: usize = 4;
         let handle = self.open_handle(path, OpenMode::Read).await?;
@@ -231,10 +254,9 @@ impl ExecServerClient {
                 let block = task
                     .await
                     .map_err(|e| ClientError::protocol(m::FS_READ_BLOCK, e))??;
-                sink.write_all(&block.chunk.0)
-                    .await
-                    .map_err(|e| ClientError::local("local write", e))?;
-                total += block.chunk.0.len() as u64;
+                let len = block.chunk.0.len() as u64;
+                sink.write(block.chunk.0, total).await?;
+                total += len;
                 progress(total);
                 if block.eof {
                     for t in queue.drain(..) {
@@ -243,9 +265,7 @@ impl ExecServerClient {
                     break;
                 }
             }
-            sink.flush()
-                .await
-                .map_err(|e| ClientError::local("local write", e))?;
+            sink.flush().await?;
             Ok(total)
         }
         .await;
@@ -269,9 +289,32 @@ impl ExecServerClient {
         &self,
         source: &mut R,
         path: &PathUri,
+        progress: impl FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        self.upload_from(BlockSource::Async(source), path, progress)
+            .await
+    }
+
+    /// [`upload_with_progress`](Self::upload_with_progress) from a local
+    /// file, read from the start with positional reads on the blocking pool
+    /// (no copy through an intermediate buffer). Returns bytes sent.
+    pub async fn upload_from_file(
+        &self,
+        file: std::fs::File,
+        path: &PathUri,
+        progress: impl FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        let source: BlockSource<'_, tokio::io::Empty> =
+            BlockSource::File(std::sync::Arc::new(file));
+        self.upload_from(source, path, progress).await
+    }
+
+    async fn upload_from<R: tokio::io::AsyncRead + Unpin>(
+        &self,
+        mut source: BlockSource<'_, R>,
+        path: &PathUri,
         mut progress: impl FnMut(u64),
     ) -> Result<u64, ClientError> {
-        use tokio::io::AsyncReadExt;
         const BLOCK: usize = 1024 * 1024;
         const IN_FLIGHT: usize = 4;
         let handle = self.open_handle(path, OpenMode::Replace).await?;
@@ -280,22 +323,11 @@ impl ExecServerClient {
             let mut written = 0u64;
             let mut queue = std::collections::VecDeque::new();
             loop {
-                let mut buf = vec![0u8; BLOCK];
-                let mut n = 0;
-                while n < BLOCK {
-                    let k = source
-                        .read(&mut buf[n..])
-                        .await
-                        .map_err(|e| ClientError::local("local read", e))?;
-                    if k == 0 {
-                        break;
-                    }
-                    n += k;
-                }
+                let buf = source.read(BLOCK, offset).await?;
+                let n = buf.len();
                 if n == 0 {
                     break;
                 }
-                buf.truncate(n);
                 let me = self.clone();
                 let p = WriteBlockParams {
                     handle_id: handle.clone(),
@@ -329,5 +361,93 @@ impl ExecServerClient {
         .await;
         self.close_handle(handle).await;
         result
+    }
+}
+
+/// Where a download's blocks go.
+enum BlockSink<'a, W> {
+    Async(&'a mut W),
+    /// Positional writes on the blocking pool.
+    File(std::sync::Arc<std::fs::File>),
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> BlockSink<'_, W> {
+    /// Writes `data`, which belongs at `offset` (the bytes written so far).
+    async fn write(&mut self, data: bytes::Bytes, offset: u64) -> Result<(), ClientError> {
+        use tokio::io::AsyncWriteExt;
+        let local = |e| ClientError::local("local write", e);
+        match self {
+            BlockSink::Async(w) => w.write_all(&data).await.map_err(local),
+            BlockSink::File(f) => {
+                use std::os::unix::fs::FileExt;
+                let f = f.clone();
+                tokio::task::spawn_blocking(move || f.write_all_at(&data, offset))
+                    .await
+                    .map_err(|e| local(std::io::Error::other(e)))?
+                    .map_err(local)
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), ClientError> {
+        use tokio::io::AsyncWriteExt;
+        match self {
+            BlockSink::Async(w) => w
+                .flush()
+                .await
+                .map_err(|e| ClientError::local("local write", e)),
+            BlockSink::File(_) => Ok(()),
+        }
+    }
+}
+
+/// Where an upload's blocks come from.
+enum BlockSource<'a, R> {
+    Async(&'a mut R),
+    /// Positional reads on the blocking pool.
+    File(std::sync::Arc<std::fs::File>),
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> BlockSource<'_, R> {
+    /// The next block: up to `len` bytes from `offset` (the bytes read so
+    /// far), short only at the end; empty at the end.
+    async fn read(&mut self, len: usize, offset: u64) -> Result<Vec<u8>, ClientError> {
+        use tokio::io::AsyncReadExt;
+        let local = |e| ClientError::local("local read", e);
+        match self {
+            BlockSource::Async(r) => {
+                let mut buf = vec![0u8; len];
+                let mut n = 0;
+                while n < len {
+                    match r.read(&mut buf[n..]).await.map_err(local)? {
+                        0 => break,
+                        k => n += k,
+                    }
+                }
+                buf.truncate(n);
+                Ok(buf)
+            }
+            BlockSource::File(f) => {
+                use std::os::unix::fs::FileExt;
+                let f = f.clone();
+                tokio::task::spawn_blocking(move || {
+                    let mut buf = vec![0u8; len];
+                    let mut n = 0;
+                    while n < len {
+                        match f.read_at(&mut buf[n..], offset + n as u64) {
+                            Ok(0) => break,
+                            Ok(k) => n += k,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    buf.truncate(n);
+                    Ok(buf)
+                })
+                .await
+                .map_err(|e| local(std::io::Error::other(e)))?
+                .map_err(local)
+            }
+        }
     }
 }

@@ -89,7 +89,7 @@ pub(super) async fn dispatch(
 }
 
 /// `payload`: the raw `params.chunk` of a notification that came as a binary frame.
-fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Option<Vec<u8>>) {
+fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Option<bytes::Bytes>) {
     match method {
         m::PROCESS_OUTPUT => {
             let Ok(n) = super::with_chunk::<ProcessOutputNotification>(method, (params, payload))
@@ -103,7 +103,7 @@ fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Opt
             e.events.add(ProcessEvent::Output {
                 seq: n.seq,
                 stream: n.stream,
-                data: n.chunk.0,
+                data: n.chunk.into_vec(),
             });
         }
         m::PROCESS_EXITED => {

@@ -489,7 +489,7 @@ impl ExecServerClient {
         params: Value,
         payload: Option<&[u8]>,
         retry: bool,
-    ) -> Result<(Value, Option<Vec<u8>>), ClientError> {
+    ) -> Result<(Value, Option<bytes::Bytes>), ClientError> {
         let mut attempt = 0;
         loop {
             let peer = self.peer().await?;
@@ -541,7 +541,7 @@ fn without_chunk<P: Serialize>(method: &str, params: &P) -> Result<Value, Client
 /// Decodes a result whose `chunk` may have come apart as raw bytes.
 fn with_chunk<R: DeserializeOwned + exec_server_protocol::binary::WithPayload>(
     method: &str,
-    (mut value, payload): (Value, Option<Vec<u8>>),
+    (mut value, payload): (Value, Option<bytes::Bytes>),
 ) -> Result<R, ClientError> {
     if payload.is_some() {
         exec_server_protocol::binary::add_empty_chunk(&mut value)

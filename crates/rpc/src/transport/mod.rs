@@ -11,7 +11,7 @@ mod lines;
 mod websocket;
 
 pub use lines::{lines, lines_with_limit};
-pub use websocket::websocket;
+pub use websocket::{websocket, Role};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -6,6 +6,7 @@
 //! [`InvalidInput`](crate::error::ErrorKind::InvalidInput).
 
 pub mod handles;
+mod read_at;
 pub mod resolve;
 pub mod tree;
 pub mod walk;
@@ -99,7 +100,7 @@ pub fn read_file(p: &ReadFileParams) -> ExecResult<ReadFileResponse> {
         FileRead::Piece(piece) => data.extend_from_slice(piece),
     })?;
     Ok(ReadFileResponse {
-        data_base64: ByteChunk(data),
+        data_base64: ByteChunk::from(data),
     })
 }
 
@@ -429,8 +430,32 @@ pub fn open(p: &OpenParams, table: &HandleTable) -> ExecResult<OpenResponse> {
     })
 }
 
+/// Room kept in front of a read block for a binary frame's header and head
+/// (`{"id":…,"result":{"eof":…}}`): 256 bytes. A longer head costs a copy.
+pub const BLOCK_HEADROOM: usize = 256;
+
+/// What `fs/readBlock` read: the bytes sit after [`BLOCK_HEADROOM`] bytes of
+/// room, so a binary frame is built around them without copying them.
+#[derive(Debug)]
+pub struct Block {
+    buf: Vec<u8>,
+    /// The end of the file was reached.
+    pub eof: bool,
+}
+
+impl Block {
+    /// The bytes read.
+    pub fn data(&self) -> &[u8] {
+        &self.buf[BLOCK_HEADROOM..]
+    }
+    /// The buffer: [`BLOCK_HEADROOM`] bytes of room, then the bytes read.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
+    }
+}
+
 /// `fs/readBlock`: up to `len` bytes at `offset`; `eof` once the end is reached.
-pub fn read_block(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<ReadBlockResponse> {
+pub fn read_block(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<Block> {
     if p.len == 0 || p.len > MAX_BLOCK_BYTES {
         return Err(ExecError::invalid_input(format!(
             "file read block length must be between 1 and {MAX_BLOCK_BYTES}"
@@ -438,21 +463,13 @@ pub fn read_block(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<ReadBl
     }
     check_offset(p.offset, p.len)?;
     let file = table.get(&p.handle_id)?;
-    let mut buf = vec![0u8; p.len as usize];
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], p.offset + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(ExecError::io(e)),
-        }
-    }
-    buf.truncate(n);
+    let mut buf = Vec::with_capacity(BLOCK_HEADROOM + p.len as usize);
+    buf.resize(BLOCK_HEADROOM, 0);
+    let n = read_at::append_at(&file, &mut buf, p.len as usize, p.offset).map_err(ExecError::io)?;
     let size = file.metadata().map_err(ExecError::io)?.len();
-    Ok(ReadBlockResponse {
+    Ok(Block {
         eof: p.offset + n as u64 >= size,
-        chunk: ByteChunk(buf),
+        buf,
     })
 }
 
@@ -519,7 +536,7 @@ mod tests {
             &WriteBlockParams {
                 handle_id: "w".into(),
                 offset: 0,
-                chunk: ByteChunk(b"hello".to_vec()),
+                chunk: ByteChunk::from(b"hello".to_vec()),
             },
             &table,
         )
@@ -528,7 +545,7 @@ mod tests {
             &WriteBlockParams {
                 handle_id: "w".into(),
                 offset: 8,
-                chunk: ByteChunk(b"x".to_vec()),
+                chunk: ByteChunk::from(b"x".to_vec()),
             },
             &table,
         )
@@ -537,7 +554,7 @@ mod tests {
             &WriteBlockParams {
                 handle_id: "w".into(),
                 offset: 0,
-                chunk: ByteChunk(vec![]),
+                chunk: ByteChunk::from(vec![]),
             },
             &table,
         )
@@ -561,7 +578,7 @@ mod tests {
             &table,
         )
         .unwrap();
-        assert_eq!((r.chunk.0.as_slice(), r.eof), (&b"hello"[..], false));
+        assert_eq!((r.data(), r.eof), (&b"hello"[..], false));
         let r = read_block(
             &ReadBlockParams {
                 handle_id: "r".into(),
@@ -581,12 +598,12 @@ mod tests {
             &table,
         )
         .unwrap();
-        assert!(r.eof && r.chunk.0.is_empty());
+        assert!(r.eof && r.data().is_empty());
         let e = write_block(
             &WriteBlockParams {
                 handle_id: "r".into(),
                 offset: 0,
-                chunk: ByteChunk(b"x".to_vec()),
+                chunk: ByteChunk::from(b"x".to_vec()),
             },
             &table,
         )

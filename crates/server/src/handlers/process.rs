@@ -28,7 +28,7 @@ pub(super) fn register(r: &mut Router<Ctx>) {
         Mode::Inline,
         |ctx: Ctx, p: WriteParams| async move {
             let status = match find(&ctx, &p.process_id)? {
-                Some(proc) => proc.write(p.chunk.0, p.write_id).await?,
+                Some(proc) => proc.write(p.chunk.into_vec(), p.write_id).await?,
                 None => WriteStatus::UnknownProcess,
             };
             Ok(WriteResponse { status })

@@ -253,7 +253,7 @@ impl OutputLog {
             chunks.push(ProcessOutputChunk {
                 seq: c.seq,
                 stream: c.stream,
-                chunk: ByteChunk(c.data.to_vec()),
+                chunk: ByteChunk(c.data.clone()),
             });
         }
         let next_seq = match (limit, chunks.last()) {

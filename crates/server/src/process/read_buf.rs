@@ -97,20 +97,17 @@ impl Filled {
     /// and the bytes alone; both share one allocation. A head longer than the
     /// room in front costs one copy of the bytes.
     pub fn into_frame(mut self, kind: binary::Kind, head: &str) -> (Bytes, Bytes) {
-        let header = binary::HEADER_BYTES + head.len();
-        if header > self.headroom {
-            let payload = self.into_payload();
-            let frame = Bytes::from(binary::encode(kind, head, &payload));
-            return (frame, payload);
+        match binary::encode_in_headroom(kind, head, &mut self.vec, self.headroom) {
+            Some(start) => {
+                let all = Bytes::from(self.vec);
+                (all.slice(start..), all.slice(self.headroom..))
+            }
+            None => {
+                let payload = self.into_payload();
+                let frame = Bytes::from(binary::encode(kind, head, &payload));
+                (frame, payload)
+            }
         }
-        let start = self.headroom - header;
-        self.vec[start] = kind as u8;
-        // A head is built by this program from small fields: far below 4 GiB.
-        self.vec[start + 1..start + binary::HEADER_BYTES]
-            .copy_from_slice(&(head.len() as u32).to_be_bytes());
-        self.vec[start + binary::HEADER_BYTES..self.headroom].copy_from_slice(head.as_bytes());
-        let all = Bytes::from(self.vec);
-        (all.slice(start..), all.slice(self.headroom..))
     }
 }
 

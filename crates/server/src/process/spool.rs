@@ -341,7 +341,7 @@ impl Spool {
                 out.push(ProcessOutputChunk {
                     seq,
                     stream,
-                    chunk: ByteChunk(data),
+                    chunk: ByteChunk::from(data),
                 });
             }
         }

@@ -1,0 +1,335 @@
+//! Reads WebSocket frames into whole messages. A large payload goes from the
+//! socket straight into its message's buffer (sized once from the frame
+//! header, never zeroed, unmasked as it lands); small frames are read
+//! through a short buffer so that many of them cost one system call.
+
+use super::frame::{apply_mask, parse_header, Header, OpCode, ProtocolViolation};
+use bytes::{Buf, BufMut, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio_tungstenite::tungstenite::protocol::Role;
+
+/// A fragmented message past this size grows in large steps: 64 KiB.
+const SMALL_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// The first large step of a fragmented message: 8 MiB (above the
+/// allocator's threshold for blocks of their own).
+const GROWN_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// What the reader yields.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A whole text message (not yet checked as UTF-8).
+    Text(Vec<u8>),
+    /// A whole binary message.
+    Binary(Vec<u8>),
+    /// A ping's payload (to be echoed in a pong).
+    Ping(Vec<u8>),
+    /// The peer began the closing handshake, with its status code if any.
+    Close(Option<u16>),
+}
+
+/// Why reading stopped.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// The socket failed.
+    Io(std::io::Error),
+    /// The peer closed the socket without a close frame (or mid-frame).
+    Eof,
+    /// The peer broke RFC 6455 (answered with close code 1002).
+    Protocol(&'static str),
+    /// A message would exceed the limit (answered with close code 1009).
+    TooBig {
+        /// The limit, bytes.
+        max: usize,
+    },
+}
+
+impl From<ProtocolViolation> for ReadError {
+    fn from(v: ProtocolViolation) -> Self {
+        ReadError::Protocol(v.0)
+    }
+}
+
+impl From<std::io::Error> for ReadError {
+    fn from(e: std::io::Error) -> Self {
+        ReadError::Io(e)
+    }
+}
+
+/// The read side of a WebSocket after its handshake.
+pub(crate) struct FrameReader<R> {
+    io: R,
+    /// Bytes read but not yet taken.
+    buf: BytesMut,
+    /// Size of one read into `buf`; a payload remainder at least this long
+    /// is read straight into its message.
+    buf_bytes: usize,
+    role: Role,
+    max_message: usize,
+    /// A fragmented message in progress (a control frame may come between
+    /// its fragments).
+    partial: Option<(OpCode, Vec<u8>)>,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// A reader for `role`'s side (a server requires masked frames, a
+    /// client unmasked ones) refusing messages over `max_message` bytes.
+    pub(crate) fn new(io: R, role: Role, buf_bytes: usize, max_message: usize) -> Self {
+        let buf_bytes = buf_bytes.clamp(1024, 1 << 20);
+        FrameReader {
+            io,
+            buf: BytesMut::new(),
+            buf_bytes,
+            role,
+            max_message,
+            partial: None,
+        }
+    }
+
+    /// The next message or control event.
+    pub(crate) async fn next_event(&mut self) -> Result<Event, ReadError> {
+        loop {
+            let h = self.read_header().await?;
+            match (self.role, h.mask.is_some()) {
+                (Role::Server, false) => {
+                    return Err(ReadError::Protocol("a client frame is not masked"))
+                }
+                (Role::Client, true) => {
+                    return Err(ReadError::Protocol("a server frame is masked"))
+                }
+                _ => {}
+            }
+            if h.opcode.is_control() {
+                // At most 125 bytes (checked by the header parser).
+                let mut payload = Vec::with_capacity(h.len as usize);
+                self.read_payload(&mut payload, &h).await?;
+                match h.opcode {
+                    OpCode::Ping => return Ok(Event::Ping(payload)),
+                    OpCode::Close => return Ok(Event::Close(close_code(&payload)?)),
+                    _ => continue, // a pong: nothing was waiting for it
+                }
+            }
+            // Not cancel-safe: a message in progress lives here between
+            // frames, and an error ends the connection.
+            let (op, mut data) = match (h.opcode, self.partial.take()) {
+                (OpCode::Continue, Some(p)) => p,
+                (OpCode::Continue, None) => {
+                    return Err(ReadError::Protocol(
+                        "a continuation frame without a message",
+                    ))
+                }
+                (_, Some(_)) => {
+                    return Err(ReadError::Protocol(
+                        "a new message began before the last one ended",
+                    ))
+                }
+                (op, None) => (op, Vec::new()),
+            };
+            let total = (data.len() as u64).saturating_add(h.len);
+            if total > self.max_message as u64 {
+                return Err(ReadError::TooBig {
+                    max: self.max_message,
+                });
+            }
+            self.read_payload(&mut data, &h).await?;
+            if !h.fin {
+                self.partial = Some((op, data));
+                continue;
+            }
+            return Ok(match op {
+                OpCode::Binary => Event::Binary(data),
+                _ => Event::Text(data),
+            });
+        }
+    }
+
+    /// The next frame header (bytes consumed).
+    async fn read_header(&mut self) -> Result<Header, ReadError> {
+        loop {
+            if let Some(h) = parse_header(&self.buf)? {
+                self.buf.advance(h.header_len);
+                return Ok(h);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// One read into `buf`; EOF is an error (a frame or message is due).
+    async fn fill(&mut self) -> Result<(), ReadError> {
+        if self.buf.capacity() - self.buf.len() < self.buf_bytes / 2 {
+            self.buf.reserve(self.buf_bytes);
+        }
+        match self.io.read_buf(&mut self.buf).await? {
+            0 => Err(ReadError::Eof),
+            _ => Ok(()),
+        }
+    }
+
+    /// Appends the frame's payload to `data`, unmasked.
+    async fn read_payload(&mut self, data: &mut Vec<u8>, h: &Header) -> Result<(), ReadError> {
+        // The size was checked against the message limit.
+        let len = h.len as usize;
+        let start = data.len();
+        let single_frame = h.fin && start == 0;
+        if single_frame || start + len < SMALL_MESSAGE_BYTES {
+            data.reserve_exact(len);
+        } else if data.capacity() < start + len {
+            // A large fragmented message: its total is unknown, so room is
+            // taken in large steps. Pages not yet written cost nothing, and
+            // the allocator grows such a block in place (no copy, and no
+            // outgrown smaller blocks left resident).
+            let target = (start + len)
+                .max(2 * data.capacity())
+                .max(GROWN_MESSAGE_BYTES);
+            data.reserve_exact(target - start);
+        }
+        let mut remaining = len;
+        while remaining > 0 {
+            let at = data.len();
+            if !self.buf.is_empty() {
+                let n = remaining.min(self.buf.len());
+                data.extend_from_slice(&self.buf[..n]);
+                self.buf.advance(n);
+                remaining -= n;
+            } else if remaining >= self.buf_bytes {
+                // Straight into the message: no staging copy, no zeroing.
+                let mut room = (&mut *data).limit(remaining);
+                match self.io.read_buf(&mut room).await? {
+                    0 => return Err(ReadError::Eof),
+                    n => remaining -= n,
+                }
+            } else {
+                self.fill().await?;
+                continue;
+            }
+            if let Some(key) = h.mask {
+                // While the bytes are still in cache.
+                apply_mask(&mut data[at..], key, at - start);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The status code of a close frame's payload (none for an empty one).
+fn close_code(payload: &[u8]) -> Result<Option<u16>, ReadError> {
+    match payload {
+        [] => Ok(None),
+        [_] => Err(ReadError::Protocol("a close frame with a one-byte payload")),
+        [a, b, reason @ ..] => {
+            if std::str::from_utf8(reason).is_err() {
+                return Err(ReadError::Protocol("a close reason that is not UTF-8"));
+            }
+            Ok(Some(u16::from_be_bytes([*a, *b])))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::frame::header;
+    use super::*;
+
+    /// Frames as a client sends them (masked).
+    fn client_frame(fin: bool, op: OpCode, payload: &[u8]) -> Vec<u8> {
+        let key = [9, 8, 7, 6];
+        let mut p = payload.to_vec();
+        apply_mask(&mut p, key, 0);
+        [header(fin, op, p.len(), Some(key)).as_slice(), &p].concat()
+    }
+
+    async fn events(wire: Vec<u8>, role: Role, max: usize) -> Vec<Result<Event, String>> {
+        let (mut a, b) = tokio::io::duplex(1 << 16);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            // In odd-sized pieces: headers and payloads split anywhere.
+            for piece in wire.chunks(1000) {
+                a.write_all(piece).await.unwrap();
+            }
+        });
+        let mut r = FrameReader::new(b, role, 4096, max);
+        let mut out = Vec::new();
+        loop {
+            match r.next_event().await {
+                Ok(e) => out.push(Ok(e)),
+                Err(ReadError::Eof) => break,
+                Err(e) => {
+                    out.push(Err(format!("{e:?}")));
+                    break;
+                }
+            }
+        }
+        writer.await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn fragmented_messages_with_a_ping_between_come_out_whole_and_unmasked() {
+        let big: Vec<u8> = (0..300_001u32).map(|i| (i % 251) as u8).collect();
+        let wire = [
+            client_frame(false, OpCode::Text, b"hel"),
+            client_frame(true, OpCode::Ping, b"p"),
+            client_frame(true, OpCode::Continue, b"lo"),
+            client_frame(false, OpCode::Binary, &big[..100_000]),
+            client_frame(true, OpCode::Continue, &big[100_000..]),
+            client_frame(true, OpCode::Close, &[0x03, 0xE8]),
+        ]
+        .concat();
+        let got = events(wire, Role::Server, 1 << 20).await;
+        assert_eq!(
+            got,
+            vec![
+                Ok(Event::Ping(b"p".to_vec())),
+                Ok(Event::Text(b"hello".to_vec())),
+                Ok(Event::Binary(big)),
+                Ok(Event::Close(Some(1000))),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn rule_breaking_frames_are_refused() {
+        let unmasked = [header(true, OpCode::Text, 2, None).as_slice(), b"hi"].concat();
+        let got = events(unmasked.clone(), Role::Server, 1 << 20).await;
+        assert!(
+            matches!(&got[..], [Err(e)] if e.contains("not masked")),
+            "{got:?}"
+        );
+        // A client accepts it, but not a masked one.
+        let got = events(unmasked, Role::Client, 1 << 20).await;
+        assert_eq!(got, vec![Ok(Event::Text(b"hi".to_vec()))]);
+        let got = events(client_frame(true, OpCode::Text, b"x"), Role::Client, 100).await;
+        assert!(
+            matches!(&got[..], [Err(e)] if e.contains("masked")),
+            "{got:?}"
+        );
+        let stray = client_frame(true, OpCode::Continue, b"x");
+        let got = events(stray, Role::Server, 100).await;
+        assert!(matches!(&got[..], [Err(e)] if e.contains("continuation")));
+        let interleaved = [
+            client_frame(false, OpCode::Text, b"a"),
+            client_frame(true, OpCode::Text, b"b"),
+        ]
+        .concat();
+        let got = events(interleaved, Role::Server, 100).await;
+        assert!(matches!(&got[..], [Err(e)] if e.contains("new message")));
+    }
+
+    #[tokio::test]
+    async fn a_message_over_the_limit_is_refused_at_its_header() {
+        // Two fragments that together pass the limit: refused at the second
+        // header, before its payload is read.
+        let wire = [
+            client_frame(false, OpCode::Text, &[b'a'; 60]),
+            header(true, OpCode::Continue, 50, Some([1, 1, 1, 1]))
+                .as_slice()
+                .to_vec(),
+        ]
+        .concat();
+        let got = events(wire, Role::Server, 100).await;
+        assert!(
+            matches!(&got[..], [Err(e)] if e.contains("TooBig")),
+            "{got:?}"
+        );
+    }
+}
