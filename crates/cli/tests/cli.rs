@@ -113,6 +113,22 @@ async fn run_and_fs_against_a_server() {
     );
     assert_eq!(code, 0);
     assert!(std::fs::read(&back).unwrap() == data);
+    // A source that is not a regular file (a pipe) is read in order, not
+    // by position.
+    let piped = d.join("piped.bin");
+    let (code, _, err) = run(
+        &[
+            "fs",
+            "--connect",
+            &url,
+            "put",
+            "/dev/stdin",
+            &piped.display().to_string(),
+        ],
+        &data,
+    );
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    assert!(std::fs::read(&piped).unwrap() == data);
     // A failed download leaves an existing local file untouched.
     let (code, _, _) = run(
         &[

@@ -194,23 +194,25 @@ impl RpcPeer {
         &self,
         method: &str,
         params: Value,
-        payload: Option<&[u8]>,
+        payload: Option<bytes::Bytes>,
         timeout: Option<Duration>,
     ) -> Result<(Value, Option<bytes::Bytes>), CallError> {
         let call = self.pending.register()?;
         let trace = current_trace();
         let sent = match payload {
             Some(bytes) if self.outbound.binary_frames() => {
+                // The payload stays where it is: the frame's header and head
+                // are a part of their own.
                 let head = encode_request_traced(&call.id, method, &params, trace.as_ref());
-                let frame = binary::encode(binary::Kind::ParamsChunk, &head, bytes);
-                self.outbound.send_binary(frame).await
+                let header = binary::encode(binary::Kind::ParamsChunk, &head, &[]);
+                self.outbound.send_binary_parts(header.into(), bytes).await
             }
             _ => {
                 let mut params = params;
                 if let (Some(bytes), Value::Object(m)) = (payload, &mut params) {
                     m.insert(
                         binary::PAYLOAD_MEMBER.into(),
-                        Value::String(exec_server_protocol::ByteChunk::encode(bytes)),
+                        Value::String(exec_server_protocol::ByteChunk::encode(&bytes)),
                     );
                 }
                 let text = encode_request_traced(&call.id, method, &params, trace.as_ref());

@@ -31,11 +31,16 @@ impl CutProxy {
         let counter = done.clone();
         let task = tokio::spawn(async move {
             let mut rng = seed | 1;
+            // Budgets are handed out at accept time: a connection accepted
+            // while an earlier one is still being cut must not get one too,
+            // or more than `cuts` connections could be cut.
+            let mut planned = 0;
             while let Ok((client, _)) = listener.accept().await {
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
-                let budget = if counter.load(Ordering::SeqCst) < cuts {
+                let budget = if planned < cuts {
+                    planned += 1;
                     Some(min + (rng as usize) % (max - min + 1))
                 } else {
                     None

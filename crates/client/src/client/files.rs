@@ -337,7 +337,7 @@ impl ExecServerClient {
                 let params = super::without_chunk(m::FS_WRITE_BLOCK, &p)?;
                 offset += n as u64;
                 queue.push_back(tokio::spawn(async move {
-                    me.call_chunked(m::FS_WRITE_BLOCK, params, Some(&buf), true)
+                    me.call_chunked(m::FS_WRITE_BLOCK, params, Some(buf.into()), true)
                         .await
                         .map(|_| n as u64)
                 }));

@@ -487,7 +487,7 @@ impl ExecServerClient {
         &self,
         method: &str,
         params: Value,
-        payload: Option<&[u8]>,
+        payload: Option<bytes::Bytes>,
         retry: bool,
     ) -> Result<(Value, Option<bytes::Bytes>), ClientError> {
         let mut attempt = 0;
@@ -497,7 +497,8 @@ impl ExecServerClient {
                 .call_with_payload(
                     method,
                     params.clone(),
-                    payload,
+                    // A share, not a copy: a retry sends the same bytes.
+                    payload.clone(),
                     self.inner.opts.call_timeout,
                 )
                 .await

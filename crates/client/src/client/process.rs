@@ -192,7 +192,7 @@ impl ExecServerClient {
         };
         let params = super::without_chunk(m::PROCESS_WRITE, &params)?;
         let (v, _) = self
-            .call_chunked(m::PROCESS_WRITE, params, Some(&data), true)
+            .call_chunked(m::PROCESS_WRITE, params, Some(data.into()), true)
             .await?;
         let r: WriteResponse =
             serde_json::from_value(v).map_err(|e| ClientError::protocol(m::PROCESS_WRITE, e))?;

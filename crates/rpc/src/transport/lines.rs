@@ -152,7 +152,7 @@ where
                                     break;
                                 }
                                 // Never agreed on a line transport (`enable_binary` refuses).
-                                Outgoing::Binary(_) => {
+                                Outgoing::Binary(_) | Outgoing::BinaryParts(..) => {
                                     return Err(std::io::Error::other(
                                         "binary frame on a line transport",
                                     ))

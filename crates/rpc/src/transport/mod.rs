@@ -56,6 +56,13 @@ pub enum Outgoing {
     /// [`Outbound::enable_binary`] succeeded. Shared bytes: the sender may
     /// keep parts of the same allocation (the output log does).
     Binary(tokio_tungstenite::tungstenite::Bytes),
+    /// A binary frame given in two parts (a header and a payload the sender
+    /// keeps a share of), sent as one message: the payload is not copied
+    /// into a frame (a client copies it once, masked).
+    BinaryParts(
+        tokio_tungstenite::tungstenite::Bytes,
+        tokio_tungstenite::tungstenite::Bytes,
+    ),
     /// A text message sent while it is produced; only queued on transports
     /// whose [`Outbound::streams`] is true.
     Stream(TextStream),
@@ -134,6 +141,7 @@ impl Outgoing {
         match self {
             Outgoing::Text(s) => s.len(),
             Outgoing::Binary(b) => b.len(),
+            Outgoing::BinaryParts(a, b) => a.len() + b.len(),
             Outgoing::Stream(t) => t.head.len() + t.tail.len(),
         }
     }
@@ -188,6 +196,19 @@ impl Outbound {
         let frame = frame.into();
         self.tx
             .send(Outgoing::Binary(frame))
+            .await
+            .map_err(|_| Closed)
+    }
+    /// Queues one binary frame given as a header and a payload (see
+    /// [`Outgoing::BinaryParts`]). The caller checks
+    /// [`Outbound::binary_frames`] first.
+    pub async fn send_binary_parts(
+        &self,
+        header: tokio_tungstenite::tungstenite::Bytes,
+        payload: tokio_tungstenite::tungstenite::Bytes,
+    ) -> Result<(), Closed> {
+        self.tx
+            .send(Outgoing::BinaryParts(header, payload))
             .await
             .map_err(|_| Closed)
     }

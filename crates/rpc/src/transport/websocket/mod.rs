@@ -113,6 +113,9 @@ where
                                 true,
                             ),
                             Outgoing::Binary(b) => frames_out.push(b, &mut OpCode::Binary, true),
+                            Outgoing::BinaryParts(a, b) => {
+                                frames_out.push_parts(vec![a, b], &mut OpCode::Binary, true)
+                            }
                         }
                         if frames_out.queued_bytes() < BATCH_BYTES {
                             next = out_rx.try_recv().ok();

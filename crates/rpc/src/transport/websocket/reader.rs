@@ -8,12 +8,9 @@ use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_tungstenite::tungstenite::protocol::Role;
 
-/// A fragmented message past this size grows in large steps: 64 KiB.
-const SMALL_MESSAGE_BYTES: usize = 64 * 1024;
-
-/// The first large step of a fragmented message: 8 MiB (above the
-/// allocator's threshold for blocks of their own).
-const GROWN_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+/// Room a fragmented message's first buffer keeps beyond its first
+/// fragment: 64 KiB.
+const FRAGMENT_SLACK_BYTES: usize = 64 * 1024;
 
 /// What the reader yields.
 #[derive(Debug, PartialEq, Eq)]
@@ -170,17 +167,20 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         // The size was checked against the message limit.
         let len = h.len as usize;
         let start = data.len();
-        let single_frame = h.fin && start == 0;
-        if single_frame || start + len < SMALL_MESSAGE_BYTES {
-            data.reserve_exact(len);
+        if start == 0 {
+            // A single frame is the whole message; a first fragment gets
+            // room for a short last one too (a 1 MiB block sent as 1 MiB and
+            // a few bytes must not need a second, larger buffer).
+            data.reserve_exact(if h.fin {
+                len
+            } else {
+                len + FRAGMENT_SLACK_BYTES
+            });
         } else if data.capacity() < start + len {
-            // A large fragmented message: its total is unknown, so room is
-            // taken in large steps. Pages not yet written cost nothing, and
-            // the allocator grows such a block in place (no copy, and no
-            // outgrown smaller blocks left resident).
-            let target = (start + len)
-                .max(2 * data.capacity())
-                .max(GROWN_MESSAGE_BYTES);
+            // A long fragmented message: its total is unknown, so it grows
+            // by doubling (a large block is then remapped, not copied, and
+            // pages not yet written cost nothing).
+            let target = (start + len).max(2 * data.capacity());
             data.reserve_exact(target - start);
         }
         let mut remaining = len;

@@ -12,6 +12,32 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 /// Slices handed to one vectored write.
 const IOV_PER_WRITE: usize = 64;
 
+/// `parts` joined and masked frame by frame (`frames[i]` with `keys[i]`),
+/// copied once: each piece is masked right after it is copied, while it is
+/// still in cache.
+fn masked_copy(parts: &[Bytes], frames: &[std::ops::Range<usize>], keys: &[[u8; 4]]) -> Bytes {
+    const PIECE: usize = 16 * 1024;
+    let total: usize = parts.iter().map(Bytes::len).sum();
+    let mut out = BytesMut::with_capacity(total);
+    let mut frame = 0;
+    for p in parts {
+        for piece in p.chunks(PIECE) {
+            let mut piece = piece;
+            while !piece.is_empty() {
+                let at = out.len();
+                while frames[frame].end <= at {
+                    frame += 1;
+                }
+                let take = piece.len().min(frames[frame].end - at);
+                out.extend_from_slice(&piece[..take]);
+                apply_mask(&mut out[at..], keys[frame], at - frames[frame].start);
+                piece = &piece[take..];
+            }
+        }
+    }
+    out.freeze()
+}
+
 /// One piece of queued output.
 enum Part {
     Header(HeaderBytes),
@@ -63,45 +89,58 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// `*opcode` (afterwards [`OpCode::Continue`]), the last final when
     /// `fin`. An empty payload is one empty frame.
     pub(crate) fn push(&mut self, payload: Bytes, opcode: &mut OpCode, fin: bool) {
-        let total = payload.len();
-        let (mut data, payload) = if self.role == Role::Client {
-            // A buffer only we hold is masked where it is.
-            let owned = payload
-                .try_into_mut()
-                .unwrap_or_else(|b| BytesMut::from(&b[..]));
-            (Some(owned), Bytes::new())
-        } else {
-            (None, payload)
-        };
+        self.push_parts(vec![payload], opcode, fin);
+    }
+
+    /// [`Self::push`] for a payload given in parts, sent as if joined. A
+    /// server sends the parts as they are; a client masks a part it holds
+    /// alone in place, and otherwise copies the parts masked (one pass).
+    pub(crate) fn push_parts(&mut self, mut parts: Vec<Bytes>, opcode: &mut OpCode, fin: bool) {
+        let total: usize = parts.iter().map(Bytes::len).sum();
         let mut frames = Vec::with_capacity(total / self.max_frame + 1);
         let mut offset = 0;
         loop {
             let end = (offset + self.max_frame).min(total);
-            let last = end == total;
-            let key = match &mut data {
-                Some(d) => {
-                    let key = self.keys.next_key();
-                    apply_mask(&mut d[offset..end], key, 0);
-                    Some(key)
-                }
-                None => None,
-            };
-            frames.push((header(fin && last, *opcode, end - offset, key), offset..end));
-            *opcode = OpCode::Continue;
-            if last {
+            frames.push(offset..end);
+            if end == total {
                 break;
             }
             offset = end;
         }
-        let bytes = match data {
-            Some(d) => d.freeze(),
-            None => payload,
-        };
-        for (h, range) in frames {
+        let mut keys = Vec::new();
+        if self.role == Role::Client {
+            keys = frames.iter().map(|_| self.keys.next_key()).collect();
+            let whole = if parts.len() == 1 {
+                match parts.pop().map(Bytes::try_into_mut) {
+                    // A buffer only we hold is masked where it is.
+                    Some(Ok(mut owned)) => {
+                        for (range, key) in frames.iter().zip(&keys) {
+                            apply_mask(&mut owned[range.clone()], *key, 0);
+                        }
+                        owned.freeze()
+                    }
+                    Some(Err(shared)) => masked_copy(&[shared], &frames, &keys),
+                    None => Bytes::new(),
+                }
+            } else {
+                masked_copy(&parts, &frames, &keys)
+            };
+            parts = vec![whole];
+        }
+        let last = frames.len() - 1;
+        for (i, range) in frames.into_iter().enumerate() {
+            let h = header(fin && i == last, *opcode, range.len(), keys.get(i).copied());
+            *opcode = OpCode::Continue;
             self.parts.push(Part::Header(h));
             self.queued += h.as_slice().len() + range.len();
-            if !range.is_empty() {
-                self.parts.push(Part::Data(bytes.slice(range)));
+            // The parts' slices that fall in this frame.
+            let mut at = 0;
+            for p in &parts {
+                let (start, end) = (range.start.max(at), range.end.min(at + p.len()));
+                if start < end {
+                    self.parts.push(Part::Data(p.slice(start - at..end - at)));
+                }
+                at += p.len();
             }
         }
     }
@@ -179,7 +218,14 @@ mod tests {
                 let mut op = OpCode::Text;
                 w.push(Bytes::from_static(b"hello"), &mut op, true);
                 let mut op = OpCode::Binary;
-                w.push(shared, &mut op, true);
+                w.push(shared.clone(), &mut op, true);
+                // The same bytes in two parts, across frame boundaries.
+                let mut op = OpCode::Binary;
+                w.push_parts(
+                    vec![shared.slice(..70_001), shared.slice(70_001..)],
+                    &mut op,
+                    true,
+                );
                 w.push_control(OpCode::Ping, b"p");
                 let mut op = OpCode::Text;
                 w.push(Bytes::new(), &mut op, false);
@@ -192,6 +238,7 @@ mod tests {
                 r.next_event().await.unwrap(),
                 Event::Text(b"hello".to_vec())
             );
+            assert_eq!(r.next_event().await.unwrap(), Event::Binary(big.clone()));
             assert_eq!(r.next_event().await.unwrap(), Event::Binary(big.clone()));
             assert_eq!(r.next_event().await.unwrap(), Event::Ping(b"p".to_vec()));
             assert_eq!(r.next_event().await.unwrap(), Event::Text(b"end".to_vec()));
