@@ -374,6 +374,21 @@ async fn control_frames_fragments_and_protocol_errors() {
         Some(Ok(Ws::Pong(p))) => assert_eq!(&p[..], b"are you there"),
         other => panic!("expected a pong, got {other:?}"),
     }
+    // Pings sent together: the newest is always answered (a pong may stand
+    // for earlier pings, never for a later one).
+    for i in 0..5 {
+        ws.feed(Ws::Ping(format!("p{i}").into_bytes().into()))
+            .await
+            .unwrap();
+    }
+    ws.flush().await.unwrap();
+    let mut last_pong = Vec::new();
+    while last_pong != b"p4" {
+        match next(&mut ws).await {
+            Some(Ok(Ws::Pong(p))) => last_pong = p.to_vec(),
+            other => panic!("expected pongs, got {other:?} after {last_pong:?}"),
+        }
+    }
     let text = r#"{"id":1,"method":"initialize","params":{"clientName":"frag"}}"#;
     let (a, b) = text.split_at(20);
     let part = |op, bytes: &str, fin| {

@@ -92,7 +92,13 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Option<Header>, ProtocolViolati
     let masked = b1 & 0x80 != 0;
     let (len, mut at) = match b1 & 0x7F {
         126 => match buf.get(2..4) {
-            Some(b) => (u64::from(u16::from_be_bytes([b[0], b[1]])), 4),
+            Some(b) => {
+                let len = u64::from(u16::from_be_bytes([b[0], b[1]]));
+                if len < 126 {
+                    return Err(ProtocolViolation("payload length not minimally encoded"));
+                }
+                (len, 4)
+            }
             None => return Ok(None),
         },
         127 => match buf.get(2..10) {
@@ -102,6 +108,9 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Option<Header>, ProtocolViolati
                 let len = u64::from_be_bytes(n);
                 if len >> 63 != 0 {
                     return Err(ProtocolViolation("payload length's top bit set"));
+                }
+                if len <= u64::from(u16::MAX) {
+                    return Err(ProtocolViolation("payload length not minimally encoded"));
                 }
                 (len, 10)
             }
@@ -281,6 +290,9 @@ mod tests {
         assert!(parse_header(&[0x88, 126, 0, 126]).is_err());
         // A 64-bit length with its top bit set.
         assert!(parse_header(&[0x82, 127, 0x80, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        // Lengths not in their shortest form (RFC 6455 §5.2).
+        assert!(parse_header(&[0x82, 126, 0, 125]).is_err());
+        assert!(parse_header(&[0x82, 127, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF]).is_err());
     }
 
     #[test]

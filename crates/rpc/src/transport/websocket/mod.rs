@@ -56,9 +56,9 @@ where
     let mut frames_out = FrameWriter::new(write_half, role, WS_FRAGMENT_BYTES);
     let (in_tx, in_rx) = mpsc::channel(64);
     let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MESSAGES);
-    // Pongs owed to the peer: a few at most (a later ping's pong may stand
-    // for an earlier one's, RFC 6455 §5.5.3).
-    let (pong_tx, mut pong_rx) = mpsc::channel::<Vec<u8>>(4);
+    // The pong owed to the peer: only the latest ping's (a pong may answer
+    // for earlier pings, never the other way round, RFC 6455 §5.5.3).
+    let (pong_tx, mut pong_rx) = tokio::sync::watch::channel::<Option<Vec<u8>>>(None);
     let closer = Arc::new(Notify::new());
     let writer_closer = closer.clone();
     // Set by the reader when the connection ends with a close frame of ours.
@@ -71,7 +71,8 @@ where
         loop {
             let first = tokio::select! {
                 biased;
-                Some(p) = pong_rx.recv() => {
+                Ok(()) = pong_rx.changed() => {
+                    let Some(p) = pong_rx.borrow_and_update().clone() else { continue };
                     frames_out.push_control(OpCode::Pong, &p);
                     match timed(frames_out.write_queued()).await {
                         Ok(()) => continue,
@@ -172,8 +173,8 @@ where
                 // (the reference treats a binary frame's bytes as a message too).
                 Ok(Event::Binary(bytes)) => Inbound::Binary(Bytes::from(bytes)),
                 Ok(Event::Ping(payload)) => {
-                    // A full queue drops the pong: a later one answers for it.
-                    let _ = pong_tx.try_send(payload);
+                    // Replaces a pong not yet sent: the latest answers for both.
+                    pong_tx.send_replace(Some(payload));
                     continue;
                 }
                 Ok(Event::Close(_)) => {

@@ -220,7 +220,16 @@ fn close_code(payload: &[u8]) -> Result<Option<u16>, ReadError> {
             if std::str::from_utf8(reason).is_err() {
                 return Err(ReadError::Protocol("a close reason that is not UTF-8"));
             }
-            Ok(Some(u16::from_be_bytes([*a, *b])))
+            let code = u16::from_be_bytes([*a, *b]);
+            // Codes a peer may send (RFC 6455 §7.4): the defined ones that
+            // are not reserved for local use, and the registered and
+            // private ranges.
+            if !matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999) {
+                return Err(ReadError::Protocol(
+                    "a close frame with an invalid status code",
+                ));
+            }
+            Ok(Some(code))
         }
     }
 }
@@ -313,6 +322,15 @@ mod tests {
         .concat();
         let got = events(interleaved, Role::Server, 100).await;
         assert!(matches!(&got[..], [Err(e)] if e.contains("new message")));
+        // Close codes no peer may send: 1005 (no code) and 999.
+        for code in [1005u16, 999] {
+            let close = client_frame(true, OpCode::Close, &code.to_be_bytes());
+            let got = events(close, Role::Server, 100).await;
+            assert!(
+                matches!(&got[..], [Err(e)] if e.contains("status code")),
+                "{got:?}"
+            );
+        }
     }
 
     #[tokio::test]
