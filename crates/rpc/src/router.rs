@@ -28,10 +28,6 @@ pub struct Reply {
     /// payload (`result_json` then has no `chunk`). Only set by handlers that
     /// checked the connection agreed to binary frames.
     pub payload: Option<Vec<u8>>,
-    /// Bytes at the front of `payload` that are free room for the frame's
-    /// header and head, not part of the payload (0: none). With room
-    /// enough, the frame is built around the payload without copying it.
-    pub payload_headroom: usize,
     /// The rest of the result, produced while it is sent: `result_json` is
     /// then only the result's beginning. Only set by handlers that checked
     /// [`crate::Outbound::streams`].
@@ -54,7 +50,6 @@ impl Reply {
             result_json,
             after_send: None,
             payload: None,
-            payload_headroom: 0,
             stream: None,
             stream_done: None,
         }
@@ -78,7 +73,6 @@ impl Reply {
             result_json: head,
             after_send: None,
             payload: None,
-            payload_headroom: 0,
             stream_done: Some(done),
             stream: Some(crate::transport::TextStream {
                 head: Vec::new(),

@@ -280,7 +280,6 @@ async fn reply(
         result_json,
         after_send,
         payload,
-        payload_headroom,
         stream,
         stream_done,
     } = match outcome {
@@ -297,21 +296,12 @@ async fn reply(
             stream.tail.push(b'}');
             out.send_stream(stream).await
         }
-        (None, Some(mut bytes)) => {
+        (None, Some(bytes)) => {
+            // The payload is a part of its own: never copied into the frame.
             use exec_server_protocol::binary;
             let head = format!("{head}{result_json}}}");
-            let kind = binary::Kind::ResultChunk;
-            let headroom = payload_headroom.min(bytes.len());
-            match binary::encode_in_headroom(kind, &head, &mut bytes, headroom) {
-                Some(start) => {
-                    out.send_binary(bytes::Bytes::from(bytes).slice(start..))
-                        .await
-                }
-                None => {
-                    out.send_binary(binary::encode(kind, &head, &bytes[headroom..]))
-                        .await
-                }
-            }
+            let header = binary::encode(binary::Kind::ResultChunk, &head, &[]);
+            out.send_binary_parts(header.into(), bytes.into()).await
         }
         // Sent between its envelope's head and tail, never copied to make
         // room for them.

@@ -430,32 +430,8 @@ pub fn open(p: &OpenParams, table: &HandleTable) -> ExecResult<OpenResponse> {
     })
 }
 
-/// Room kept in front of a read block for a binary frame's header and head
-/// (`{"id":…,"result":{"eof":…}}`): 256 bytes. A longer head costs a copy.
-pub const BLOCK_HEADROOM: usize = 256;
-
-/// What `fs/readBlock` read: the bytes sit after [`BLOCK_HEADROOM`] bytes of
-/// room, so a binary frame is built around them without copying them.
-#[derive(Debug)]
-pub struct Block {
-    buf: Vec<u8>,
-    /// The end of the file was reached.
-    pub eof: bool,
-}
-
-impl Block {
-    /// The bytes read.
-    pub fn data(&self) -> &[u8] {
-        &self.buf[BLOCK_HEADROOM..]
-    }
-    /// The buffer: [`BLOCK_HEADROOM`] bytes of room, then the bytes read.
-    pub fn into_buffer(self) -> Vec<u8> {
-        self.buf
-    }
-}
-
 /// `fs/readBlock`: up to `len` bytes at `offset`; `eof` once the end is reached.
-pub fn read_block(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<Block> {
+pub fn read_block(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<ReadBlockResponse> {
     if p.len == 0 || p.len > MAX_BLOCK_BYTES {
         return Err(ExecError::invalid_input(format!(
             "file read block length must be between 1 and {MAX_BLOCK_BYTES}"
@@ -463,13 +439,12 @@ pub fn read_block(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<Block>
     }
     check_offset(p.offset, p.len)?;
     let file = table.get(&p.handle_id)?;
-    let mut buf = Vec::with_capacity(BLOCK_HEADROOM + p.len as usize);
-    buf.resize(BLOCK_HEADROOM, 0);
+    let mut buf = Vec::new();
     let n = read_at::append_at(&file, &mut buf, p.len as usize, p.offset).map_err(ExecError::io)?;
     let size = file.metadata().map_err(ExecError::io)?.len();
-    Ok(Block {
+    Ok(ReadBlockResponse {
         eof: p.offset + n as u64 >= size,
-        buf,
+        chunk: ByteChunk::from(buf),
     })
 }
 
@@ -578,7 +553,7 @@ mod tests {
             &table,
         )
         .unwrap();
-        assert_eq!((r.data(), r.eof), (&b"hello"[..], false));
+        assert_eq!((&r.chunk.0[..], r.eof), (&b"hello"[..], false));
         let r = read_block(
             &ReadBlockParams {
                 handle_id: "r".into(),
@@ -598,7 +573,7 @@ mod tests {
             &table,
         )
         .unwrap();
-        assert!(r.eof && r.data().is_empty());
+        assert!(r.eof && r.chunk.0.is_empty());
         let e = write_block(
             &WriteBlockParams {
                 handle_id: "r".into(),

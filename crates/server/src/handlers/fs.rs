@@ -172,13 +172,11 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         |ctx: Ctx, p: ReadBlockParams| async move {
             let session = session_of(&ctx)?;
             let block = blocking(move || fs::read_block(&p, &session.files)).await?;
-            crate::metrics::file_read(block.data().len());
+            crate::metrics::file_read(block.chunk.0.len());
             if ctx.outbound.binary_frames() {
-                // The bytes go raw in a binary frame after `{"eof":…}`,
-                // built in the room left in front of them.
+                // The bytes go raw in a binary frame after `{"eof":…}`.
                 let mut reply = Reply::json(format!("{{\"eof\":{}}}", block.eof));
-                reply.payload = Some(block.into_buffer());
-                reply.payload_headroom = fs::BLOCK_HEADROOM;
+                reply.payload = Some(block.chunk.into_vec());
                 return Ok(reply);
             }
             let tail = if block.eof {
@@ -186,7 +184,7 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
             } else {
                 "\",\"eof\":false}"
             };
-            Ok(raw_bytes_reply("{\"chunk\":\"", block.data(), tail))
+            Ok(raw_bytes_reply("{\"chunk\":\"", &block.chunk.0, tail))
         },
     );
     r.request_with_payload(

@@ -215,7 +215,8 @@ impl Default for MaskKeys {
     fn default() -> Self {
         MaskKeys {
             pool: [0; 256],
-            used: 0,
+            // Empty: the first key draws a batch.
+            used: 256,
         }
     }
 }
@@ -223,7 +224,7 @@ impl Default for MaskKeys {
 impl MaskKeys {
     /// A fresh key.
     pub(crate) fn next_key(&mut self) -> [u8; 4] {
-        if self.used == 0 || self.used + 4 > self.pool.len() {
+        if self.used + 4 > self.pool.len() {
             if getrandom::fill(&mut self.pool).is_err() {
                 // No entropy source: a key from the clock and a counter still
                 // varies per frame (masking guards intermediaries, not secrets).
