@@ -80,8 +80,8 @@ impl Scenario {
             | Scenario::FsRead
             | Scenario::FsWrite
             | Scenario::FsReadBlocks
-            | Scenario::FsWriteBlocks => &["MiB/s", "server peak RSS MiB"],
-            Scenario::ManyProcs => &["wall ms", "server peak RSS MiB"],
+            | Scenario::FsWriteBlocks => &["MiB/s", "server peak RSS MiB", "server CPU ms"],
+            Scenario::ManyProcs => &["wall ms", "server peak RSS MiB", "server CPU ms"],
             Scenario::IdleConns => &["KiB RSS / connection"],
             Scenario::ShellSnapshot => &["snapshot p50 ms", "login shell p50 ms"],
         }
@@ -123,8 +123,17 @@ pub(crate) fn pct(mut v: Vec<f64>, p: f64) -> f64 {
     v.get(i).copied().unwrap_or(f64::NAN)
 }
 
-/// Samples a server's RSS every 5 ms while `f` runs; returns f's result and the peak in MiB.
-async fn with_peak_rss<T>(srv: &Running, f: impl std::future::Future<Output = T>) -> (T, f64) {
+/// What a server used while a scenario's timed part ran.
+struct Usage {
+    /// Peak resident memory, MiB (sampled every 5 ms).
+    peak_rss_mib: f64,
+    /// CPU time of all its threads, ms (NaN where it cannot be read).
+    cpu_ms: f64,
+}
+
+/// Runs `f` while sampling the server's RSS every 5 ms; returns f's result
+/// and what the server used meanwhile.
+async fn with_usage<T>(srv: &Running, f: impl std::future::Future<Output = T>) -> (T, Usage) {
     let pid = srv.pid();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();
@@ -138,10 +147,19 @@ async fn with_peak_rss<T>(srv: &Running, f: impl std::future::Future<Output = T>
         }
         peak
     });
+    let cpu_before = pid.and_then(crate::server::cpu_ns);
     let out = f.await;
+    let cpu_ms = match (cpu_before, pid.and_then(crate::server::cpu_ns)) {
+        (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 1e6,
+        _ => f64::NAN,
+    };
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let peak = sampler.await.unwrap_or(0);
-    (out, peak as f64 / 1024.0)
+    let usage = Usage {
+        peak_rss_mib: peak as f64 / 1024.0,
+        cpu_ms,
+    };
+    (out, usage)
 }
 
 async fn spawn_true(c: &Conn, id: &str) -> Result<f64, String> {
@@ -267,7 +285,7 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
         }
         Scenario::Stream => {
             let c = Conn::open(&url).await?;
-            let (r, peak) = with_peak_rss(srv, async {
+            let (r, usage) = with_usage(srv, async {
                 let t0 = Instant::now();
                 c.call(
                     "process/start",
@@ -285,7 +303,11 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
             if bytes != STREAM_BYTES {
                 return Err(format!("received {bytes} of {STREAM_BYTES} bytes"));
             }
-            Ok(Outcome::of(vec![bytes as f64 / 1048576.0 / secs, peak]))
+            Ok(Outcome::of(vec![
+                bytes as f64 / 1048576.0 / secs,
+                usage.peak_rss_mib,
+                usage.cpu_ms,
+            ]))
         }
         Scenario::FsRead | Scenario::FsReadBlocks => {
             let d = scratch("read");
@@ -294,7 +316,7 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
             std::fs::write(&f, &data).map_err(|e| e.to_string())?;
             let uri = format!("file://{}", f.display());
             let c = Conn::open(&url).await?;
-            let (got, peak) = with_peak_rss(srv, async {
+            let (got, usage) = with_usage(srv, async {
                 let t0 = Instant::now();
                 let got = if sc == Scenario::FsRead {
                     let r = c.call_raw("fs/readFile", json!({"path": uri})).await?;
@@ -312,7 +334,8 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
             }
             Ok(Outcome::of(vec![
                 FILE_BYTES as f64 / 1048576.0 / secs,
-                peak,
+                usage.peak_rss_mib,
+                usage.cpu_ms,
             ]))
         }
         Scenario::FsWrite | Scenario::FsWriteBlocks => {
@@ -322,7 +345,7 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
             let data = pattern(FILE_BYTES);
             let uri = format!("file://{}", f.display());
             let c = Conn::open(&url).await?;
-            let (r, peak) = with_peak_rss(srv, async {
+            let (r, usage) = with_usage(srv, async {
                 let t0 = Instant::now();
                 if sc == Scenario::FsWrite {
                     let path = json!(uri).to_string();
@@ -351,11 +374,12 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
             }
             Ok(Outcome::of(vec![
                 FILE_BYTES as f64 / 1048576.0 / secs,
-                peak,
+                usage.peak_rss_mib,
+                usage.cpu_ms,
             ]))
         }
         Scenario::ManyProcs => {
-            let (r, peak) = with_peak_rss(srv, async {
+            let (r, usage) = with_usage(srv, async {
                 let t0 = Instant::now();
                 let mut tasks = Vec::new();
                 for k in 0..10 {
@@ -392,7 +416,7 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
                 Ok::<_, String>(t0.elapsed().as_secs_f64() * 1000.0)
             })
             .await;
-            Ok(Outcome::of(vec![r?, peak]))
+            Ok(Outcome::of(vec![r?, usage.peak_rss_mib, usage.cpu_ms]))
         }
         Scenario::IdleConns => {
             let before = srv
@@ -417,22 +441,17 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
 }
 
 /// An `fs/readBlock` result, borrowed from the response text.
-#[derive(serde::Deserialize)]
-struct Block<'a> {
-    chunk: &'a str,
-    #[serde(default)]
-    eof: bool,
+/// The base64 string member `key` of a result's text.
+fn base64_member<'a>(result: &'a str, key: &str) -> Result<&'a str, String> {
+    exec_server_protocol::skim::member(result, key)
+        .and_then(exec_server_protocol::skim::plain_string)
+        .ok_or_else(|| format!("result without a plain string `{key}`"))
 }
 
-/// The bytes of an `fs/readFile` response (parsed borrowing from its text).
+/// The bytes of an `fs/readFile` response.
 fn read_file_data(r: &Response) -> Result<Vec<u8>, String> {
-    #[derive(serde::Deserialize)]
-    struct Data<'a> {
-        #[serde(rename = "dataBase64")]
-        data_base64: &'a str,
-    }
-    let d: Data = serde_json::from_str(r.result_text()?).map_err(|e| format!("readFile: {e}"))?;
-    b64d(d.data_base64).ok_or_else(|| "readFile: dataBase64 is not base64".to_string())
+    let data = base64_member(r.result_text()?, "dataBase64")?;
+    b64d(data).ok_or_else(|| "readFile: dataBase64 is not base64".to_string())
 }
 
 async fn read_blocks(c: &Conn, uri: &str) -> Result<Vec<u8>, String> {
@@ -453,10 +472,11 @@ async fn read_blocks(c: &Conn, uri: &str) -> Result<Vec<u8>, String> {
     }
     while let Some(rx) = queue.pop_front() {
         let r = rx.await.map_err(|_| "closed")?;
-        let block: Block =
-            serde_json::from_str(r.result_text()?).map_err(|e| format!("readBlock: {e}"))?;
-        out.extend(b64d(block.chunk).ok_or("readBlock: chunk is not base64")?);
-        if block.eof {
+        let result = r.result_text()?;
+        base64_simd::STANDARD
+            .decode_append(base64_member(result, "chunk")?, &mut out)
+            .map_err(|_| "readBlock: chunk is not base64")?;
+        if exec_server_protocol::skim::member(result, "eof") == Some("true") {
             break;
         }
         queue.push_back(

@@ -105,6 +105,25 @@ pub fn status_field(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
+/// CPU time, in ns, that all live threads of process `pid` have run
+/// (`/proc/PID/task/*/schedstat`, nanosecond resolution). `None` when the
+/// process is gone.
+pub fn cpu_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0u64;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue; // the thread ended meanwhile
+        };
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(total)
+}
+
 pub fn kernel() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| format!("Linux {}", s.trim()))

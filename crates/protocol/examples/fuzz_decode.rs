@@ -1,8 +1,9 @@
 //! A mutational fuzzer for the bounded decoder and envelope classification that
 //! runs on stable Rust: it starts from a corpus of real messages, mutates them
 //! (bit flips, byte insertions and deletions, splices, deep nesting, repeated keys)
-//! and checks that decoding never panics and that every accepted message
-//! re-encodes and decodes to the same value.
+//! and checks that decoding never panics, that every accepted message
+//! re-encodes and decodes to the same value, and that the hot requests' fast
+//! path (`hot::decode_text`) gives what the plain decoder gives.
 //!
 //! `cargo run --release -p exec-server-protocol --example fuzz_decode -- --seconds 600`
 
@@ -89,7 +90,38 @@ fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
     v
 }
 
+/// The hot path agrees with the plain decoder: the same error text, or the
+/// same message once the lifted bytes are put back as base64.
+fn check_hot(input: &[u8]) {
+    let Ok(text) = std::str::from_utf8(input) else {
+        return;
+    };
+    let plain = Message::decode(input);
+    match (
+        exec_server_protocol::hot::decode_text(text.to_owned()),
+        plain,
+    ) {
+        (Err(h), Err(p)) => assert_eq!(h.to_string(), p.to_string(), "errors differ"),
+        (Ok((mut msg, payload)), Ok(p)) => {
+            if let (Some(bytes), Message::Request(r)) = (payload, &mut msg) {
+                let member = exec_server_protocol::hot::HOT_METHODS
+                    .iter()
+                    .find(|(m, _)| *m == r.method)
+                    .map(|(_, member)| *member)
+                    .expect("only hot methods lift");
+                if let serde_json::Value::Object(m) = &mut r.params {
+                    let b64 = exec_server_protocol::ByteChunk::from(bytes.to_vec());
+                    m.insert(member.into(), serde_json::to_value(b64).expect("encodes"));
+                }
+            }
+            assert_eq!(msg, p, "the hot path changed the message");
+        }
+        (h, p) => panic!("hot path {:?} but plain decoder {:?}", h.is_ok(), p.is_ok()),
+    }
+}
+
 fn check(input: &[u8], budget: usize) -> bool {
+    check_hot(input);
     match Message::decode_with_budget(input, budget) {
         Ok(msg) => {
             let text = msg.encode();
@@ -126,6 +158,15 @@ fn main() {
     let deadline = started + Duration::from_secs(seconds);
     let (mut execs, mut accepted) = (0u64, 0u64);
     let mut pool: Vec<Vec<u8>> = CORPUS.iter().map(|s| s.as_bytes().to_vec()).collect();
+    // Hot requests long enough for the fast path (at least 16 KiB of base64).
+    let data: Vec<u8> = (0..13_000u32).map(|i| (i * 31 % 256) as u8).collect();
+    let b64 = exec_server_protocol::ByteChunk::encode(&data);
+    for (method, member) in exec_server_protocol::hot::HOT_METHODS {
+        pool.push(
+            format!(r#"{{"id":9,"method":"{method}","params":{{"handleId":"h","{member}":"{b64}","offset":0}}}}"#)
+                .into_bytes(),
+        );
+    }
     while Instant::now() < deadline {
         for _ in 0..1000 {
             let base = &pool[rng.below(pool.len())];

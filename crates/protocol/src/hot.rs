@@ -8,10 +8,19 @@
 //! bounded decoder (budget, duplicate keys, errors) and the same envelope
 //! classification; a member that is not valid base64 is put back as text, so
 //! its refusal is the usual -32602 with the usual wording.
+//!
+//! The common case does not even parse the base64: the member is found by
+//! the skimmer ([`crate::skim`], a SIMD search for the closing quote), its
+//! bytes checked as base64 (which rules out quotes, escapes and control
+//! characters), and the bounded decoder parses the message with an empty
+//! string in its place. Any other outcome (not found, not base64, a message
+//! the decoder refuses, not a hot request) takes the full path, so errors
+//! are word for word those of [`Message::decode`].
 
-use crate::decode::{from_slice_lifting, Lifted};
+use crate::decode::{from_slice_bounded, from_slice_lifting, Lifted};
 use crate::envelope::{DecodeError, Message};
 use crate::{methods, MAX_JSONRPC_VALUE_NODES};
+use bytes::Bytes;
 use serde_json::Value;
 
 /// Each hot method and the member holding its bytes.
@@ -27,12 +36,17 @@ pub const LIFT_MIN_BYTES: usize = 16 * 1024;
 
 /// Decodes one text message. For a hot request whose bytes member is long
 /// valid base64 without escapes, the member is absent from the params and
-/// its bytes come back apart (decoded in the message's own buffer);
-/// otherwise the message is exactly what [`Message::decode`] gives.
+/// its bytes come back apart (decoded in the message's own buffer, which
+/// they share); otherwise the message is exactly what [`Message::decode`]
+/// gives.
 ///
 /// # Errors
 /// As [`Message::decode`].
-pub fn decode_text(text: String) -> Result<(Message, Option<Vec<u8>>), DecodeError> {
+pub fn decode_text(text: String) -> Result<(Message, Option<Bytes>), DecodeError> {
+    let text = match decode_skimmed(text) {
+        Ok(done) => return done,
+        Err(text) => text,
+    };
     let members = ["dataBase64", "chunk"];
     let (value, lifted) = from_slice_lifting(
         text.as_bytes(),
@@ -68,15 +82,82 @@ pub fn decode_text(text: String) -> Result<(Message, Option<Vec<u8>>), DecodeErr
             m.remove(&one.key);
         }
     }
-    let mut buf = text.into_bytes();
-    let n = match base64_simd::STANDARD.decode_inplace(&mut buf[one.start..one.end]) {
-        Ok(out) => out.len(),
+    match decoded_in_place(text, one.start..one.end) {
+        Some(bytes) => Ok((msg, Some(bytes))),
         // Checked above; unreachable, but never a panic.
-        Err(_) => return Err(DecodeError("Invalid padding".into())),
+        None => Err(DecodeError("Invalid padding".into())),
+    }
+}
+
+/// The fast path of [`decode_text`]: the hot member found by skimming and
+/// the rest parsed with an empty string in its place. Gives the text back
+/// when the message is not one it can take whole.
+fn decode_skimmed(text: String) -> Result<Decoded, String> {
+    let Some((method, member, at)) = locate(&text) else {
+        return Err(text);
     };
-    buf.truncate(one.start + n);
-    buf.drain(..one.start);
-    Ok((msg, Some(buf)))
+    if at.len() < LIFT_MIN_BYTES
+        || base64_simd::STANDARD
+            .check(&text.as_bytes()[at.clone()])
+            .is_err()
+    {
+        return Err(text);
+    }
+    // The base64 is a whole JSON string token: putting an empty one in its
+    // place keeps the message's structure, node count and keys.
+    let mut rest = String::with_capacity(text.len() - at.len());
+    rest.push_str(&text[..at.start]);
+    rest.push_str(&text[at.end..]);
+    let Ok(value) = from_slice_bounded(rest.as_bytes(), MAX_JSONRPC_VALUE_NODES) else {
+        return Err(text);
+    };
+    let Ok(mut msg) = Message::from_value(value) else {
+        return Err(text);
+    };
+    let taken = match &mut msg {
+        Message::Request(r) if r.method == method => match &mut r.params {
+            Value::Object(m) => m.remove(member) == Some(Value::String(String::new())),
+            _ => false,
+        },
+        _ => false,
+    };
+    if !taken {
+        return Err(text);
+    }
+    Ok(match decoded_in_place(text, at) {
+        Some(bytes) => Ok((msg, Some(bytes))),
+        // Checked above; unreachable, but never a panic.
+        None => Err(DecodeError("Invalid padding".into())),
+    })
+}
+
+/// What [`decode_text`] returns.
+type Decoded = Result<(Message, Option<Bytes>), DecodeError>;
+
+/// The hot method, its member and the member's string contents in `text`
+/// (without quotes), found by skimming the top-level `method` and `params`.
+fn locate(text: &str) -> Option<(&'static str, &'static str, std::ops::Range<usize>)> {
+    let (top, params) = crate::skim::members_and_nested(text, "params")?;
+    let method = top.iter().find(|(k, _)| *k == "method")?.1.clone();
+    let method = crate::skim::plain_string(&text[method])?;
+    let (method, member) = HOT_METHODS.iter().find(|(m, _)| *m == method)?;
+    let (_, at) = params?.into_iter().find(|(k, _)| k == member)?;
+    // A string's contents: inside its quotes.
+    if !text[at.clone()].starts_with('"') || at.len() < 2 {
+        return None;
+    }
+    Some((method, member, at.start + 1..at.end - 1))
+}
+
+/// Decodes the base64 at `at` in the message's own buffer; the bytes share
+/// that buffer. `None` when it is not base64 (callers checked it is).
+fn decoded_in_place(text: String, at: std::ops::Range<usize>) -> Option<Bytes> {
+    let mut buf = text.into_bytes();
+    let n = base64_simd::STANDARD
+        .decode_inplace(&mut buf[at.clone()])
+        .ok()?
+        .len();
+    Some(Bytes::from(buf).slice(at.start..at.start + n))
 }
 
 /// Puts lifted strings back where they were (a method that is not hot, or
@@ -147,5 +228,49 @@ mod tests {
             decode_text(dup.clone()).unwrap_err().to_string(),
             Message::decode(dup.as_bytes()).unwrap_err().to_string()
         );
+    }
+
+    #[test]
+    fn the_skimmed_path_takes_only_what_the_full_path_would() {
+        let data: Vec<u8> = (0..60_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let b64 = ByteChunk::encode(&data);
+        // Params first, spaces, a decoy inside another string, and a nested
+        // `chunk`: the member taken is params.chunk, whole.
+        let text = format!(
+            r#" {{ "params" : {{ "note": "\"chunk\":\"{b64}\"", "inner": {{"chunk": "QUJD"}}, "chunk" : "{b64}" }}, "method": "process/write", "id": 3 }}"#
+        );
+        let (method, member, at) = locate(&text).expect("found by skimming");
+        assert_eq!(
+            (method, member, &text[at]),
+            ("process/write", "chunk", &b64[..])
+        );
+        let (msg, payload) = decode_text(text.clone()).unwrap();
+        assert!(payload.as_deref() == Some(&data[..]));
+        let Message::Request(r) = msg else { panic!() };
+        assert_eq!(r.params["inner"]["chunk"], "QUJD");
+        assert!(r.params["note"].as_str().unwrap().starts_with("\"chunk\""));
+        assert!(r.params.get("chunk").is_none());
+        // A key written with an escape, a duplicate member, a control
+        // character elsewhere: the full path's answer, word for word.
+        let escaped =
+            format!(r#"{{"id":1,"method":"process/write","params":{{"chun\u006b":"{b64}"}}}}"#);
+        let (_, payload) = decode_text(escaped).unwrap();
+        assert!(
+            payload.as_deref() == Some(&data[..]),
+            "the full path still lifts it"
+        );
+        for bad in [
+            format!(r#"{{"id":1,"method":"process/write","params":{{"chunk":"{b64}","chunk":"{b64}"}}}}"#),
+            format!(
+                "{{\"id\":1,\"method\":\"process/write\",\"params\":{{\"p\":\"a{}b\",\"chunk\":\"{b64}\"}}}}",
+                '\u{1}'
+            ),
+            format!(r#"{{"id":1,"method":"process/write","params":{{"chunk":"{b64}"}}"#),
+        ] {
+            assert_eq!(
+                decode_text(bad.clone()).unwrap_err().to_string(),
+                Message::decode(bad.as_bytes()).unwrap_err().to_string()
+            );
+        }
     }
 }

@@ -23,6 +23,7 @@ pub mod error;
 pub mod hot;
 pub mod methods;
 pub mod path;
+pub mod skim;
 pub mod trace;
 pub mod types;
 

@@ -22,6 +22,7 @@
 #![deny(missing_docs)]
 
 pub mod admission;
+pub mod huge_pages;
 pub mod peer;
 pub mod pending;
 pub mod router;

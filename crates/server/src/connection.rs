@@ -109,9 +109,9 @@ pub async fn serve(
         let Some(item) = item else { break };
         let decoded = match item {
             // A hot request's base64 is decoded in the message's own buffer.
-            Inbound::Message(text) => exec_server_protocol::hot::decode_text(text)
-                .map(|(m, p)| (m, p.map(bytes::Bytes::from)))
-                .map_err(|e| e.to_string()),
+            Inbound::Message(text) => {
+                exec_server_protocol::hot::decode_text(text).map_err(|e| e.to_string())
+            }
             // Agreed in `initialize`: a binary frame carries a request's
             // `params.chunk` raw (docs/binary-frames.md).
             Inbound::Binary(frame) if ctx.outbound.binary_frames() => {

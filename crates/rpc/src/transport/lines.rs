@@ -1,8 +1,8 @@
 //! The line transport (stdio, a Unix socket): one message per `\n`-ended line.
 
 use super::{
-    next_to_write, Connection, Inbound, Next, Outbound, Outgoing, StreamPiece, TextStream,
-    MAX_LINE_BYTES, OUTBOUND_QUEUE_MESSAGES, STALLED_WRITE_TIMEOUT,
+    next_to_write, Connection, Next, Outbound, Outgoing, StreamPiece, TextStream, MAX_LINE_BYTES,
+    OUTBOUND_QUEUE_MESSAGES, STALLED_WRITE_TIMEOUT,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -195,10 +195,7 @@ where
             if buf.iter().all(|b| b.is_ascii_whitespace()) {
                 continue;
             }
-            let item = match String::from_utf8(std::mem::take(&mut buf)) {
-                Ok(s) => Inbound::Message(s),
-                Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
-            };
+            let item = super::inbound_text(std::mem::take(&mut buf));
             tokio::select! {
                 res = in_tx.send(item) => if res.is_err() { break },
                 _ = reader_out.closed() => break,

@@ -27,8 +27,10 @@ pub const OUTBOUND_QUEUE_MESSAGES: usize = 64;
 pub const STALLED_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Messages longer than this (bytes) are sent as several WebSocket frames of at
-/// most this size (one message, fragmented as RFC 6455 allows): 1 MiB.
-pub const WS_FRAGMENT_BYTES: usize = 1024 * 1024;
+/// most this size (one message, fragmented as RFC 6455 allows): 4 MiB. The
+/// reference refuses frames of 16 MiB and more; below that, one frame is
+/// cheapest for the receiver (it sizes the message's buffer exactly).
+pub const WS_FRAGMENT_BYTES: usize = 4 * 1024 * 1024;
 
 /// Largest line accepted by [`lines`]: 512 MiB. Servers pass their own limit to
 /// [`lines_with_limit`].
@@ -265,6 +267,17 @@ pub struct Connection {
     pub outbound: Outbound,
     /// Description of the peer, e.g. `exec-server websocket 127.0.0.1:5555`.
     pub peer: String,
+}
+
+/// A received message's bytes as [`Inbound::Message`], or
+/// [`Inbound::Invalid`] when they are not UTF-8. Validated with SIMD: a
+/// message may be tens of MiB of base64.
+fn inbound_text(bytes: Vec<u8>) -> Inbound {
+    if simdutf8::basic::from_utf8(&bytes).is_err() {
+        return Inbound::Invalid("message is not valid UTF-8".into());
+    }
+    // SAFETY: validated as UTF-8 just above.
+    Inbound::Message(unsafe { String::from_utf8_unchecked(bytes) })
 }
 
 impl Outbound {

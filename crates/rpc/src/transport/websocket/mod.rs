@@ -165,10 +165,7 @@ where
                 _ = reader_out.closed() => break,
             };
             let item = match event {
-                Ok(Event::Text(bytes)) => match String::from_utf8(bytes) {
-                    Ok(s) => Inbound::Message(s),
-                    Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
-                },
+                Ok(Event::Text(bytes)) => super::inbound_text(bytes),
                 // Read as text by the connection until binary frames are on
                 // (the reference treats a binary frame's bytes as a message too).
                 Ok(Event::Binary(bytes)) => Inbound::Binary(Bytes::from(bytes)),

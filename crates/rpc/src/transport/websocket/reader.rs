@@ -133,6 +133,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.partial = Some((op, data));
                 continue;
             }
+            if data.capacity() - data.len() > FRAGMENT_SLACK_BYTES {
+                // The address space asked for a long message, given back
+                // (shrinking in place).
+                data.shrink_to_fit();
+            }
             return Ok(match op {
                 OpCode::Binary => Event::Binary(data),
                 _ => Event::Text(data),
@@ -176,12 +181,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             } else {
                 len + FRAGMENT_SLACK_BYTES
             });
+            crate::huge_pages::advise_huge_pages(data);
         } else if data.capacity() < start + len {
-            // A long fragmented message: its total is unknown, so it grows
-            // by doubling (a large block is then remapped, not copied, and
-            // pages not yet written cost nothing).
-            let target = (start + len).max(2 * data.capacity());
-            data.reserve_exact(target - start);
+            // A fragmented message: its total is unknown. A short one
+            // doubles. A long one asks once for address space up to the
+            // limit: pages cost nothing until written, and the buffer then
+            // never moves again (moving a large buffer splits its huge
+            // pages). Where that is refused, it doubles.
+            let long = start + len >= crate::huge_pages::HUGE_PAGE_MIN_BYTES;
+            if !long || data.try_reserve_exact(self.max_message - start).is_err() {
+                let target = (start + len).max(2 * data.capacity());
+                data.reserve_exact(target - start);
+            }
+            crate::huge_pages::advise_huge_pages(data);
         }
         let mut remaining = len;
         while remaining > 0 {
@@ -293,6 +305,35 @@ mod tests {
                 Ok(Event::Binary(big)),
                 Ok(Event::Close(Some(1000))),
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_long_fragmented_message_comes_out_whole_in_a_buffer_of_its_size() {
+        // 1 MiB fragments past the size where the reader asks for address
+        // space up to the limit: the message is intact and the unused room
+        // is given back.
+        let big: Vec<u8> = (0..6_500_000u32).map(|i| (i % 253) as u8).collect();
+        let mut wire = Vec::new();
+        let pieces: Vec<&[u8]> = big.chunks(1 << 20).collect();
+        for (i, piece) in pieces.iter().enumerate() {
+            let op = if i == 0 {
+                OpCode::Binary
+            } else {
+                OpCode::Continue
+            };
+            wire.extend(client_frame(i + 1 == pieces.len(), op, piece));
+        }
+        let got = events(wire, Role::Server, 64 << 20).await;
+        let [Ok(Event::Binary(data))] = got.as_slice() else {
+            panic!("one binary message expected, got {} events", got.len());
+        };
+        assert!(data == &big, "the message's bytes differ");
+        assert!(
+            data.capacity() - data.len() <= FRAGMENT_SLACK_BYTES,
+            "{} bytes of room kept past {}",
+            data.capacity() - data.len(),
+            data.len()
         );
     }
 
