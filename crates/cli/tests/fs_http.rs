@@ -330,6 +330,52 @@ async fn a_whole_file_read_is_streamed_not_held() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A large `fs/writeFile` is decoded while it arrives: the server never
+/// holds its base64 whole (4/3 of the file), the file is exact, and invalid
+/// base64 at the very end is refused as in a small request.
+#[tokio::test]
+async fn a_whole_file_write_is_decoded_as_it_arrives() {
+    let s = Server::start(&[]);
+    let d = tmpdir("lifted-write");
+    let f = d.join("f");
+    let size = 24 * 1024 * 1024;
+    let data: Vec<u8> = (0..size).map(|i| (i * 7 % 253) as u8).collect();
+    let mut c = Conn::open(&s.url, None).await;
+    let before_kib = proc_status_kib(s.pid(), "VmRSS");
+    c.ok(
+        "fs/writeFile",
+        json!({"path": uri(&f), "dataBase64": b64(&data)}),
+    )
+    .await;
+    let grew_kib = proc_status_kib(s.pid(), "VmHWM").saturating_sub(before_kib);
+    assert!(std::fs::read(&f).unwrap() == data, "the file differs");
+    assert!(
+        grew_kib < 28 * 1024,
+        "writing a 24 MiB file (32 MiB of base64) took {grew_kib} KiB more"
+    );
+    let mut bad = b64(&data).into_bytes();
+    let n = bad.len();
+    bad[n - 2] = b'!';
+    let g = d.join("g");
+    let small = c
+        .call(
+            "fs/writeFile",
+            json!({"path": uri(&g), "dataBase64": "QU!D"}),
+        )
+        .await;
+    let large = c
+        .call(
+            "fs/writeFile",
+            json!({"path": uri(&g), "dataBase64": String::from_utf8(bad).unwrap()}),
+        )
+        .await;
+    assert_eq!(large["error"]["code"], -32602, "{}", large["error"]);
+    assert_eq!(large["error"]["code"], small["error"]["code"]);
+    assert!(!g.exists(), "a refused write created the file");
+    c.ok("fs/getMetadata", json!({"path": uri(&f)})).await;
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// A request behind a streamed `fs/readFile` on the same connection waits for
 /// the reading to finish (arrival order), so a write that truncates the file
 /// in place cannot cut the reply short.

@@ -734,7 +734,8 @@ async fn a_detached_session_denies_pending_asks_at_once() {
     assert!(req["id"].as_i64().is_some(), "{req}");
     let t = Instant::now();
     c.close().await;
-    let mut c = Conn::open(&s.url, Some(&session)).await;
+    // The server may not have seen the close yet: retried while attached.
+    let mut c = Conn::open_retry(&s.url, &session).await;
     let (mut out, mut after) = (String::new(), 0);
     for _ in 0..50 {
         let r = read(&mut c, "det", after, 1000).await;

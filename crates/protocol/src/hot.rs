@@ -108,22 +108,9 @@ fn decode_skimmed(text: String) -> Result<Decoded, String> {
     let mut rest = String::with_capacity(text.len() - at.len());
     rest.push_str(&text[..at.start]);
     rest.push_str(&text[at.end..]);
-    let Ok(value) = from_slice_bounded(rest.as_bytes(), MAX_JSONRPC_VALUE_NODES) else {
+    let Some(msg) = without_member(rest.as_bytes(), method_of(member, method)) else {
         return Err(text);
     };
-    let Ok(mut msg) = Message::from_value(value) else {
-        return Err(text);
-    };
-    let taken = match &mut msg {
-        Message::Request(r) if r.method == method => match &mut r.params {
-            Value::Object(m) => m.remove(member) == Some(Value::String(String::new())),
-            _ => false,
-        },
-        _ => false,
-    };
-    if !taken {
-        return Err(text);
-    }
     Ok(match decoded_in_place(text, at) {
         Some(bytes) => Ok((msg, Some(bytes))),
         // Checked above; unreachable, but never a panic.
@@ -133,6 +120,63 @@ fn decode_skimmed(text: String) -> Result<Decoded, String> {
 
 /// What [`decode_text`] returns.
 type Decoded = Result<(Message, Option<Bytes>), DecodeError>;
+
+/// A hot method and its member, as looked for in a message with the
+/// member's string emptied.
+#[derive(Clone, Copy)]
+struct Wanted<'a> {
+    /// The member's name.
+    member: &'a str,
+    /// The method, when already known (otherwise any hot method whose
+    /// member this is).
+    method: Option<&'a str>,
+}
+
+fn method_of<'a>(member: &'a str, method: &'a str) -> Wanted<'a> {
+    Wanted {
+        member,
+        method: Some(method),
+    }
+}
+
+/// Parses `rest` (a message whose hot member holds `""`) with the bounded
+/// decoder; the message without that member when it is a request of a hot
+/// method whose member it is, and `None` otherwise (including any error:
+/// the caller then takes the full path on the original text).
+fn without_member(rest: &[u8], wanted: Wanted<'_>) -> Option<Message> {
+    let value = from_slice_bounded(rest, MAX_JSONRPC_VALUE_NODES).ok()?;
+    let mut msg = Message::from_value(value).ok()?;
+    let Message::Request(r) = &mut msg else {
+        return None;
+    };
+    let hot = HOT_METHODS.iter().any(|(m, member)| {
+        *m == r.method && *member == wanted.member && wanted.method.is_none_or(|w| w == *m)
+    });
+    let Value::Object(params) = &mut r.params else {
+        return None;
+    };
+    (hot && params.remove(wanted.member) == Some(Value::String(String::new()))).then_some(msg)
+}
+
+/// Decodes a message lifted while it arrived ([`crate::lift`]): the same
+/// answer as [`decode_text`] on the message as sent. `skeleton` is the
+/// lifted text's skeleton, already checked as UTF-8.
+///
+/// # Errors
+/// As [`Message::decode`].
+pub fn decode_lifted(lifted: crate::lift::LiftedText) -> Decoded {
+    let wanted = Wanted {
+        member: lifted.member,
+        method: None,
+    };
+    if let Some(msg) = without_member(&lifted.skeleton, wanted) {
+        return Ok((msg, Some(lifted.payload)));
+    }
+    match String::from_utf8(lifted.restore()) {
+        Ok(text) => decode_text(text),
+        Err(_) => Err(DecodeError("message is not valid UTF-8".into())),
+    }
+}
 
 /// The hot method, its member and the member's string contents in `text`
 /// (without quotes), found by skimming the top-level `method` and `params`.

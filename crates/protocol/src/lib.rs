@@ -21,6 +21,7 @@ pub mod decode;
 pub mod envelope;
 pub mod error;
 pub mod hot;
+pub mod lift;
 pub mod methods;
 pub mod path;
 pub mod skim;

@@ -103,6 +103,31 @@ pub fn plain_string(value: &str) -> Option<&str> {
     value.strip_prefix('"')?.strip_suffix('"')
 }
 
+/// Index of the first member's key in the object opening at `b[at..]`
+/// (after whitespace).
+pub(crate) fn object_open(b: &[u8], at: usize) -> Option<usize> {
+    let i = skip_ws(b, at);
+    (b.get(i) == Some(&b'{')).then(|| skip_ws(b, i + 1))
+}
+
+/// The key (contents, as written) of the member at `b[i]` and where its
+/// value starts.
+pub(crate) fn member_at(b: &[u8], i: usize) -> Option<(Range<usize>, usize)> {
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let key_end = string_end(b, i)?;
+    let colon = skip_ws(b, key_end);
+    (b.get(colon) == Some(&b':')).then(|| (i + 1..key_end - 1, skip_ws(b, colon + 1)))
+}
+
+/// Where the next member's key is, after a value ending at `end`; `None`
+/// at the object's end.
+pub(crate) fn next_member(b: &[u8], end: usize) -> Option<usize> {
+    let i = skip_ws(b, end);
+    (b.get(i) == Some(&b',')).then(|| skip_ws(b, i + 1))
+}
+
 fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
         i += 1;
@@ -123,7 +148,7 @@ fn string_end(b: &[u8], mut i: usize) -> Option<usize> {
 }
 
 /// Index just past the value that starts at `b[i]`.
-fn value_end(b: &[u8], i: usize) -> Option<usize> {
+pub(crate) fn value_end(b: &[u8], i: usize) -> Option<usize> {
     match *b.get(i)? {
         b'"' => string_end(b, i),
         b'{' | b'[' => {

@@ -103,6 +103,10 @@ impl RpcPeer {
                         Err(_) => Err("message is not valid UTF-8".into()),
                     },
                     Inbound::Invalid(_) => continue,
+                    // Only a server's reader lifts; read as sent.
+                    Inbound::Lifted(lifted) => Message::decode(&lifted.restore())
+                        .map(|m| (m, None))
+                        .map_err(|e| e.to_string()),
                 };
                 let (msg, payload) = match decoded {
                     Ok(m) => m,

@@ -129,6 +129,10 @@ pub async fn serve(
                 Err(_) => Err("message is not valid UTF-8".into()),
             },
             Inbound::Invalid(why) => Err(why),
+            // A large hot request, its base64 decoded while it arrived.
+            Inbound::Lifted(lifted) => {
+                exec_server_protocol::hot::decode_lifted(lifted).map_err(|e| e.to_string())
+            }
         };
         let (msg, payload) = match decoded {
             Ok(m) => m,

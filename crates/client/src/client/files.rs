@@ -223,7 +223,7 @@ impl ExecServerClient {
         mut progress: impl FnMut(u64),
     ) -> Result<u64, ClientError> {
         const BLOCK: u64 = 1024 * 1024;
-        const IN_FLIGHT: usize = 4;
+        const IN_FLIGHT: usize = 8;
         let handle = self.open_handle(path, OpenMode::Read).await?;
         let result = async {
             let mut next_offset = 0u64;
@@ -316,7 +316,7 @@ impl ExecServerClient {
         mut progress: impl FnMut(u64),
     ) -> Result<u64, ClientError> {
         const BLOCK: usize = 1024 * 1024;
-        const IN_FLIGHT: usize = 4;
+        const IN_FLIGHT: usize = 8;
         let handle = self.open_handle(path, OpenMode::Replace).await?;
         let result = async {
             let mut offset = 0u64;

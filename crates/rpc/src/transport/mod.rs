@@ -47,6 +47,12 @@ pub enum Inbound {
     Binary(tokio_tungstenite::tungstenite::Bytes),
     /// A message that is not valid UTF-8 text; answered as undecodable.
     Invalid(String),
+    /// A server's text message whose hot request member (a large base64
+    /// `params.dataBase64` or `params.chunk`) was decoded while it arrived
+    /// (`exec_server_protocol::lift`): the skeleton is valid UTF-8. Read it
+    /// with `exec_server_protocol::hot::decode_lifted`, or as text with
+    /// [`LiftedText::restore`](exec_server_protocol::lift::LiftedText::restore).
+    Lifted(exec_server_protocol::lift::LiftedText),
 }
 
 /// One queued outbound message.

@@ -185,20 +185,50 @@ pub(crate) fn header(fin: bool, opcode: OpCode, len: usize, mask: Option<[u8; 4]
 }
 
 /// XORs `data` with `key`, `data[0]` taking key byte `phase % 4` (masking
-/// and unmasking are the same operation). Eight bytes at a time.
+/// and unmasking are the same operation). 32 bytes at a time, in AVX2
+/// registers where the CPU has them (every byte of a message passes here).
 pub(crate) fn apply_mask(data: &mut [u8], key: [u8; 4], phase: usize) {
     let mut k = [0u8; 4];
     for (i, b) in k.iter_mut().enumerate() {
         *b = key[(phase + i) % 4];
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        unsafe { mask_avx2(data, k) };
+        return;
+    }
+    mask_words(data, k);
+}
+
+/// [`mask_words`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn mask_avx2(data: &mut [u8], k: [u8; 4]) {
+    mask_words(data, k);
+}
+
+/// The XOR itself, written so the compiler vectorises it: four 8-byte words
+/// per step, then words, then bytes.
+#[inline(always)]
+fn mask_words(data: &mut [u8], k: [u8; 4]) {
     let word = u64::from_ne_bytes([k[0], k[1], k[2], k[3], k[0], k[1], k[2], k[3]]);
-    let mut chunks = data.chunks_exact_mut(8);
-    for c in &mut chunks {
+    let xor8 = |c: &mut [u8]| {
         let mut w = [0u8; 8];
         w.copy_from_slice(c);
         c.copy_from_slice(&(u64::from_ne_bytes(w) ^ word).to_ne_bytes());
+    };
+    let mut blocks = data.chunks_exact_mut(32);
+    for block in &mut blocks {
+        for c in block.chunks_exact_mut(8) {
+            xor8(c);
+        }
     }
-    for (i, b) in chunks.into_remainder().iter_mut().enumerate() {
+    let mut words = blocks.into_remainder().chunks_exact_mut(8);
+    for c in &mut words {
+        xor8(c);
+    }
+    for (i, b) in words.into_remainder().iter_mut().enumerate() {
         *b ^= k[i % 4];
     }
 }
@@ -314,6 +344,26 @@ mod tests {
         assert_eq!(split, whole);
         apply_mask(&mut whole, key, 0);
         assert_eq!(whole, original);
+        // Every length around the block and word sizes, both code paths.
+        for len in 0..80 {
+            for phase in 0..4 {
+                let want: Vec<u8> = original[..len]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, o)| o ^ key[(phase + i) % 4])
+                    .collect();
+                let mut got = original[..len].to_vec();
+                apply_mask(&mut got, key, phase);
+                assert_eq!(got, want, "len {len} phase {phase}");
+                let mut k = [0u8; 4];
+                for (i, b) in k.iter_mut().enumerate() {
+                    *b = key[(phase + i) % 4];
+                }
+                let mut scalar = original[..len].to_vec();
+                mask_words(&mut scalar, k);
+                assert_eq!(scalar, want, "portable path, len {len} phase {phase}");
+            }
+        }
     }
 
     #[test]

@@ -166,6 +166,14 @@ where
             };
             let item = match event {
                 Ok(Event::Text(bytes)) => super::inbound_text(bytes),
+                Ok(Event::Lifted(lifted)) => {
+                    // The rest is base64 (ASCII): the skeleton decides.
+                    if simdutf8::basic::from_utf8(&lifted.skeleton).is_ok() {
+                        Inbound::Lifted(lifted)
+                    } else {
+                        Inbound::Invalid("message is not valid UTF-8".into())
+                    }
+                }
                 // Read as text by the connection until binary frames are on
                 // (the reference treats a binary frame's bytes as a message too).
                 Ok(Event::Binary(bytes)) => Inbound::Binary(Bytes::from(bytes)),

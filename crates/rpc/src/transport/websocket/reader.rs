@@ -5,6 +5,7 @@
 
 use super::frame::{apply_mask, parse_header, Header, OpCode, ProtocolViolation};
 use bytes::{Buf, BufMut, BytesMut};
+use exec_server_protocol::lift::{Finished, HotLift, LiftedText};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_tungstenite::tungstenite::protocol::Role;
 
@@ -12,11 +13,19 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 /// fragment: 64 KiB.
 const FRAGMENT_SLACK_BYTES: usize = 64 * 1024;
 
+/// A client's text message this long (its first frame, or fragmented) is
+/// followed by a [`HotLift`] as it arrives: 256 KiB. It is also how many new
+/// bytes make the lift look again.
+const LIFT_STEP_BYTES: usize = 256 * 1024;
+
 /// What the reader yields.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Event {
     /// A whole text message (not yet checked as UTF-8).
     Text(Vec<u8>),
+    /// A whole text message whose hot member was lifted as it arrived
+    /// (skeleton not yet checked as UTF-8).
+    Lifted(LiftedText),
     /// A whole binary message.
     Binary(Vec<u8>),
     /// A ping's payload (to be echoed in a pong).
@@ -65,7 +74,16 @@ pub(crate) struct FrameReader<R> {
     max_message: usize,
     /// A fragmented message in progress (a control frame may come between
     /// its fragments).
-    partial: Option<(OpCode, Vec<u8>)>,
+    partial: Option<Partial>,
+}
+
+/// A message being received.
+struct Partial {
+    op: OpCode,
+    data: Vec<u8>,
+    /// Payload bytes received (`data` is shorter once a lift decoded some).
+    received: usize,
+    lift: Option<HotLift>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -99,7 +117,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if h.opcode.is_control() {
                 // At most 125 bytes (checked by the header parser).
                 let mut payload = Vec::with_capacity(h.len as usize);
-                self.read_payload(&mut payload, &h).await?;
+                self.read_payload(&mut payload, &h, None).await?;
                 match h.opcode {
                     OpCode::Ping => return Ok(Event::Ping(payload)),
                     OpCode::Close => return Ok(Event::Close(close_code(&payload)?)),
@@ -108,7 +126,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             // Not cancel-safe: a message in progress lives here between
             // frames, and an error ends the connection.
-            let (op, mut data) = match (h.opcode, self.partial.take()) {
+            let mut m = match (h.opcode, self.partial.take()) {
                 (OpCode::Continue, Some(p)) => p,
                 (OpCode::Continue, None) => {
                     return Err(ReadError::Protocol(
@@ -120,27 +138,42 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                         "a new message began before the last one ended",
                     ))
                 }
-                (op, None) => (op, Vec::new()),
+                (op, None) => Partial {
+                    op,
+                    data: Vec::new(),
+                    received: 0,
+                    // A client's long text message: maybe a large file.
+                    lift: (self.role == Role::Server
+                        && op == OpCode::Text
+                        && (!h.fin || h.len >= LIFT_STEP_BYTES as u64))
+                        .then(HotLift::new),
+                },
             };
-            let total = (data.len() as u64).saturating_add(h.len);
+            let total = (m.received as u64).saturating_add(h.len);
             if total > self.max_message as u64 {
                 return Err(ReadError::TooBig {
                     max: self.max_message,
                 });
             }
-            self.read_payload(&mut data, &h).await?;
+            self.read_payload(&mut m.data, &h, m.lift.as_mut()).await?;
+            m.received += h.len as usize;
             if !h.fin {
-                self.partial = Some((op, data));
+                self.partial = Some(m);
                 continue;
             }
+            let mut data = m.data;
             if data.capacity() - data.len() > FRAGMENT_SLACK_BYTES {
                 // The address space asked for a long message, given back
                 // (shrinking in place).
                 data.shrink_to_fit();
             }
-            return Ok(match op {
-                OpCode::Binary => Event::Binary(data),
-                _ => Event::Text(data),
+            return Ok(match (m.op, m.lift) {
+                (OpCode::Binary, _) => Event::Binary(data),
+                (_, Some(lift)) => match lift.finish(data) {
+                    Finished::Text(data) => Event::Text(data),
+                    Finished::Lifted(lifted) => Event::Lifted(lifted),
+                },
+                (_, None) => Event::Text(data),
             });
         }
     }
@@ -167,8 +200,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// Appends the frame's payload to `data`, unmasked.
-    async fn read_payload(&mut self, data: &mut Vec<u8>, h: &Header) -> Result<(), ReadError> {
+    /// Appends the frame's payload to `data`, unmasked; `lift` follows it
+    /// (and may decode some of `data` in place) every [`LIFT_STEP_BYTES`].
+    async fn read_payload(
+        &mut self,
+        data: &mut Vec<u8>,
+        h: &Header,
+        mut lift: Option<&mut HotLift>,
+    ) -> Result<(), ReadError> {
         // The size was checked against the message limit.
         let len = h.len as usize;
         let start = data.len();
@@ -196,8 +235,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             crate::huge_pages::advise_huge_pages(data);
         }
         let mut remaining = len;
+        let mut unseen = 0;
         while remaining > 0 {
             let at = data.len();
+            let before = remaining;
             if !self.buf.is_empty() {
                 let n = remaining.min(self.buf.len());
                 data.extend_from_slice(&self.buf[..n]);
@@ -216,7 +257,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             if let Some(key) = h.mask {
                 // While the bytes are still in cache.
-                apply_mask(&mut data[at..], key, at - start);
+                apply_mask(&mut data[at..], key, len - before);
+            }
+            unseen += before - remaining;
+            if let Some(lift) = lift.as_deref_mut() {
+                if unseen >= LIFT_STEP_BYTES || remaining == 0 {
+                    lift.progress(data);
+                    unseen = 0;
+                }
             }
         }
         Ok(())
@@ -306,6 +354,42 @@ mod tests {
                 Ok(Event::Close(Some(1000))),
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_large_hot_request_is_lifted_as_it_arrives_in_one_frame_or_many() {
+        let bytes: Vec<u8> = (0..900_000u32).map(|i| (i % 241) as u8).collect();
+        let b64 = exec_server_protocol::ByteChunk::encode(&bytes);
+        let text = format!(
+            r#"{{"id":1,"method":"fs/writeBlock","params":{{"handleId":"h","offset":0,"chunk":"{b64}"}}}}"#
+        );
+        let whole = client_frame(true, OpCode::Text, text.as_bytes());
+        let pieces: Vec<&[u8]> = text.as_bytes().chunks(100_000).collect();
+        let mut fragmented = Vec::new();
+        for (i, piece) in pieces.iter().enumerate() {
+            let op = if i == 0 {
+                OpCode::Text
+            } else {
+                OpCode::Continue
+            };
+            fragmented.extend(client_frame(i + 1 == pieces.len(), op, piece));
+        }
+        for wire in [whole, fragmented] {
+            let got = events(wire, Role::Server, 64 << 20).await;
+            let [Ok(Event::Lifted(lifted))] = got.as_slice() else {
+                panic!("one lifted message expected, got {} events", got.len());
+            };
+            assert!(lifted.payload == bytes, "the payload differs");
+            assert_eq!(lifted.restore(), text.as_bytes());
+        }
+        // A client's reader never lifts.
+        let frame = [
+            header(true, OpCode::Text, text.len(), None).as_slice(),
+            text.as_bytes(),
+        ]
+        .concat();
+        let got = events(frame, Role::Client, 64 << 20).await;
+        assert!(matches!(got.as_slice(), [Ok(Event::Text(t))] if t == text.as_bytes()));
     }
 
     #[tokio::test]
