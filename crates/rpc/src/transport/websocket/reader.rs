@@ -307,6 +307,17 @@ mod tests {
         [header(fin, op, p.len(), Some(key)).as_slice(), &p].concat()
     }
 
+    /// One message as a client sends it in fragments of `piece` bytes.
+    fn client_fragments(op: OpCode, message: &[u8], piece: usize) -> Vec<u8> {
+        let pieces: Vec<&[u8]> = message.chunks(piece).collect();
+        let mut wire = Vec::new();
+        for (i, p) in pieces.iter().enumerate() {
+            let op = if i == 0 { op } else { OpCode::Continue };
+            wire.extend(client_frame(i + 1 == pieces.len(), op, p));
+        }
+        wire
+    }
+
     async fn events(wire: Vec<u8>, role: Role, max: usize) -> Vec<Result<Event, String>> {
         let (mut a, b) = tokio::io::duplex(1 << 16);
         let writer = tokio::spawn(async move {
@@ -364,16 +375,7 @@ mod tests {
             r#"{{"id":1,"method":"fs/writeBlock","params":{{"handleId":"h","offset":0,"chunk":"{b64}"}}}}"#
         );
         let whole = client_frame(true, OpCode::Text, text.as_bytes());
-        let pieces: Vec<&[u8]> = text.as_bytes().chunks(100_000).collect();
-        let mut fragmented = Vec::new();
-        for (i, piece) in pieces.iter().enumerate() {
-            let op = if i == 0 {
-                OpCode::Text
-            } else {
-                OpCode::Continue
-            };
-            fragmented.extend(client_frame(i + 1 == pieces.len(), op, piece));
-        }
+        let fragmented = client_fragments(OpCode::Text, text.as_bytes(), 100_000);
         for wire in [whole, fragmented] {
             let got = events(wire, Role::Server, 64 << 20).await;
             let [Ok(Event::Lifted(lifted))] = got.as_slice() else {
@@ -398,16 +400,7 @@ mod tests {
         // space up to the limit: the message is intact and the unused room
         // is given back.
         let big: Vec<u8> = (0..6_500_000u32).map(|i| (i % 253) as u8).collect();
-        let mut wire = Vec::new();
-        let pieces: Vec<&[u8]> = big.chunks(1 << 20).collect();
-        for (i, piece) in pieces.iter().enumerate() {
-            let op = if i == 0 {
-                OpCode::Binary
-            } else {
-                OpCode::Continue
-            };
-            wire.extend(client_frame(i + 1 == pieces.len(), op, piece));
-        }
+        let wire = client_fragments(OpCode::Binary, &big, 1 << 20);
         let got = events(wire, Role::Server, 64 << 20).await;
         let [Ok(Event::Binary(data))] = got.as_slice() else {
             panic!("one binary message expected, got {} events", got.len());
