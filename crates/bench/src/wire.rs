@@ -165,7 +165,8 @@ async fn read_loop(
     while let Some(msg) = inbound.recv().await {
         let Inbound::Message(t) = msg else { continue };
         let text = t.as_str();
-        let Some(members) = skim::members(text) else {
+        // One pass: `params` is read for its members, not skipped first.
+        let Some((members, params)) = skim::members_and_nested(text, "params") else {
             continue;
         };
         let get = |key: &str| {
@@ -191,8 +192,12 @@ async fn read_loop(
             continue;
         }
         let method = method.and_then(|m| skim::plain_string(&text[m]));
-        let params = get("params").map(|p| &text[p]);
-        let param = |key: &str| params.and_then(|p| skim::member(p, key));
+        let param = |key: &str| {
+            params
+                .as_ref()
+                .and_then(|p| p.iter().find(|(k, _)| *k == key))
+                .map(|(_, r)| &text[r.clone()])
+        };
         let _ = tx.send(Note {
             method: method.unwrap_or_default().to_string(),
             process_id: param("processId")

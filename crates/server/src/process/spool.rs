@@ -34,6 +34,8 @@ const INDEX_EVERY_BYTES: u64 = 64 * 1024;
 /// pump's path), and flushed before any read: 256 KiB.
 const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 const HEADER_BYTES: usize = 13;
+/// Chunks this long are written straight from their buffer: 64 KiB.
+const DIRECT_WRITE_BYTES: usize = 64 * 1024;
 
 /// Where and how much to spool; shared by every process of a server.
 #[derive(Debug)]
@@ -282,10 +284,20 @@ impl Spool {
         seg.pending.extend_from_slice(&seq.to_le_bytes());
         seg.pending.push(stream_code(stream));
         seg.pending.extend_from_slice(&len.to_le_bytes());
-        seg.pending.extend_from_slice(data);
-        seg.len += (HEADER_BYTES + data.len()) as u64;
-        if seg.pending.len() >= WRITE_BUFFER_BYTES {
+        if data.len() >= DIRECT_WRITE_BYTES {
+            // A large chunk goes to the file as it is, after what is
+            // buffered: copying it into the buffer first cost as much as
+            // writing it.
+            seg.len += HEADER_BYTES as u64;
             seg.flush()?;
+            seg.file.write_all_at(data, seg.len)?;
+            seg.len += data.len() as u64;
+        } else {
+            seg.pending.extend_from_slice(data);
+            seg.len += (HEADER_BYTES + data.len()) as u64;
+            if seg.pending.len() >= WRITE_BUFFER_BYTES {
+                seg.flush()?;
+            }
         }
         seg.data_bytes += data.len() as u64;
         seg.last_seq = seq;
@@ -396,8 +408,17 @@ mod tests {
             0o700
         );
         let mut sp = Spool::new(cfg.clone());
+        // Small chunks (buffered) with a large one now and then (written
+        // straight from its buffer), in any mix.
+        let len = |seq: u64| {
+            if seq % 500 == 7 {
+                DIRECT_WRITE_BYTES + (seq as usize % 13)
+            } else {
+                (seq % 97) as usize + 1
+            }
+        };
         for seq in 1..=5000u64 {
-            let data = vec![(seq % 251) as u8; (seq % 97) as usize + 1];
+            let data = vec![(seq % 251) as u8; len(seq)];
             assert!(sp.append(seq, OutputStream::Stderr, &data));
         }
         for after in [0, 1, 777, 4998, 4999, 5000] {
@@ -406,10 +427,7 @@ mod tests {
             let seqs: Vec<u64> = out.iter().map(|c| c.seq).collect();
             assert_eq!(seqs, (after + 1..=5000).collect::<Vec<_>>());
             for c in &out {
-                assert_eq!(
-                    c.chunk.0,
-                    vec![(c.seq % 251) as u8; (c.seq % 97) as usize + 1]
-                );
+                assert_eq!(c.chunk.0, vec![(c.seq % 251) as u8; len(c.seq)]);
                 assert_eq!(c.stream, OutputStream::Stderr);
             }
         }
