@@ -65,7 +65,7 @@ pub struct Note {
 /// Decodes base64 (standard alphabet, padded); `None` when it is not.
 pub fn b64d(text: &str) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    exec_server_rpc::huge_pages::advise_huge_pages(&mut out);
+    exec_server_sysio::huge_pages::advise_huge_pages(&mut out);
     base64_simd::STANDARD.decode_append(text, &mut out).ok()?;
     Some(out)
 }

@@ -122,6 +122,9 @@ impl HotLift {
     pub fn progress(&mut self, buf: &mut Vec<u8>) {
         if let State::Searching = self.state {
             self.state = match hot_member_start(buf) {
+                // However much has arrived, a member that starts late is
+                // left in the text (the same answer whatever the pieces).
+                Some((_, start)) if start > SEARCH_LIMIT_BYTES => State::Off,
                 Some((member, start)) => State::Decoding {
                     member,
                     start,
@@ -159,24 +162,39 @@ impl HotLift {
         let mut failed = false;
         while done.0 < from + take {
             let n = (from + take - done.0).min(STEP_TEXT_BYTES);
-            let text = &buf[done.0..done.0 + n];
+            let most = n / 4 * 3;
             // Padding can only end the string: not in a group followed by more.
-            let out = if text[n - 1] == b'=' {
+            let out = if buf[done.0 + n - 1] == b'=' {
                 None
-            } else {
-                self.scratch.resize(STEP_TEXT_BYTES / 4 * 3, 0);
+            } else if done.1 + most <= done.0 {
+                // Where the bytes go lies wholly before the text: straight
+                // there (what it overwrites was decoded already). The text
+                // is only read, so it is intact if it is not base64.
+                let (written, text) = buf.split_at_mut(done.0);
                 base64_simd::STANDARD
-                    .decode(text, self.scratch.as_mut_slice().as_out())
+                    .decode(&text[..n], written[done.1..done.1 + most].as_out())
                     .ok()
                     .map(|o| o.len())
+            } else {
+                // Overlapping: decoded out of the text into scratch first,
+                // then written down.
+                self.scratch.resize(STEP_TEXT_BYTES / 4 * 3, 0);
+                let out = base64_simd::STANDARD
+                    .decode(
+                        &buf[done.0..done.0 + n],
+                        self.scratch.as_mut_slice().as_out(),
+                    )
+                    .ok()
+                    .map(|o| o.len());
+                if let Some(out) = out {
+                    buf[done.1..done.1 + out].copy_from_slice(&self.scratch[..out]);
+                }
+                out
             };
             let Some(out) = out else {
                 failed = true;
                 break;
             };
-            // Decoded out of the text (untouched if it is not base64), then
-            // written down to where the decoded bytes end.
-            buf[done.1..done.1 + out].copy_from_slice(&self.scratch[..out]);
             done = (done.0 + n, done.1 + out);
         }
         if done.0 > from {

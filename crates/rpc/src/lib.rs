@@ -22,7 +22,6 @@
 #![deny(missing_docs)]
 
 pub mod admission;
-pub mod huge_pages;
 pub mod peer;
 pub mod pending;
 pub mod router;

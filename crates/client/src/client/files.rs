@@ -428,20 +428,11 @@ impl<R: tokio::io::AsyncRead + Unpin> BlockSource<'_, R> {
                 Ok(buf)
             }
             BlockSource::File(f) => {
-                use std::os::unix::fs::FileExt;
                 let f = f.clone();
+                // Read into unused capacity: the block is not zeroed first.
                 tokio::task::spawn_blocking(move || {
-                    let mut buf = vec![0u8; len];
-                    let mut n = 0;
-                    while n < len {
-                        match f.read_at(&mut buf[n..], offset + n as u64) {
-                            Ok(0) => break,
-                            Ok(k) => n += k,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                            Err(e) => return Err(e),
-                        }
-                    }
-                    buf.truncate(n);
+                    let mut buf = Vec::with_capacity(len);
+                    exec_server_sysio::read_at::append_at(&f, &mut buf, len, offset)?;
                     Ok(buf)
                 })
                 .await

@@ -91,7 +91,9 @@ fn anything_unexpected_gives_back_the_text_as_received() {
         "x".repeat(SEARCH_LIMIT_BYTES)
     ));
     for (i, text) in cases.iter().enumerate() {
-        for pieces in [&[4096usize][..], &[3, 65_537]] {
+        // Small steps (each decoded through scratch) and one large one
+        // (most of it decoded straight into place).
+        for pieces in [&[4096usize][..], &[3, 65_537], &[1 << 20]] {
             let (done, _) = feed(text.as_bytes(), pieces);
             assert_eq!(
                 done,

@@ -6,7 +6,6 @@
 //! [`InvalidInput`](crate::error::ErrorKind::InvalidInput).
 
 pub mod handles;
-mod read_at;
 pub mod resolve;
 pub mod tree;
 pub mod walk;
@@ -440,7 +439,8 @@ pub fn read_block(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<ReadBl
     check_offset(p.offset, p.len)?;
     let file = table.get(&p.handle_id)?;
     let mut buf = Vec::new();
-    let n = read_at::append_at(&file, &mut buf, p.len as usize, p.offset).map_err(ExecError::io)?;
+    let n = exec_server_sysio::read_at::append_at(&file, &mut buf, p.len as usize, p.offset)
+        .map_err(ExecError::io)?;
     let size = file.metadata().map_err(ExecError::io)?.len();
     Ok(ReadBlockResponse {
         eof: p.offset + n as u64 >= size,

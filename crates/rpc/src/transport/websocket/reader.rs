@@ -14,9 +14,12 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 const FRAGMENT_SLACK_BYTES: usize = 64 * 1024;
 
 /// A client's text message this long (its first frame, or fragmented) is
-/// followed by a [`HotLift`] as it arrives: 256 KiB. It is also how many new
-/// bytes make the lift look again.
-const LIFT_STEP_BYTES: usize = 256 * 1024;
+/// followed by a [`HotLift`] as it arrives: 256 KiB.
+const LIFT_FROM_BYTES: usize = 256 * 1024;
+
+/// New bytes that make the lift look again: 1 MiB (most of each step then
+/// decodes straight into place; the buffer holds at most this much base64).
+const LIFT_STEP_BYTES: usize = 1024 * 1024;
 
 /// What the reader yields.
 #[derive(Debug, PartialEq, Eq)]
@@ -145,7 +148,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     // A client's long text message: maybe a large file.
                     lift: (self.role == Role::Server
                         && op == OpCode::Text
-                        && (!h.fin || h.len >= LIFT_STEP_BYTES as u64))
+                        && (!h.fin || h.len >= LIFT_FROM_BYTES as u64))
                         .then(HotLift::new),
                 },
             };
@@ -220,19 +223,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             } else {
                 len + FRAGMENT_SLACK_BYTES
             });
-            crate::huge_pages::advise_huge_pages(data);
+            exec_server_sysio::huge_pages::advise_huge_pages(data);
         } else if data.capacity() < start + len {
             // A fragmented message: its total is unknown. A short one
             // doubles. A long one asks once for address space up to the
             // limit: pages cost nothing until written, and the buffer then
             // never moves again (moving a large buffer splits its huge
             // pages). Where that is refused, it doubles.
-            let long = start + len >= crate::huge_pages::HUGE_PAGE_MIN_BYTES;
+            let long = start + len >= exec_server_sysio::huge_pages::HUGE_PAGE_MIN_BYTES;
             if !long || data.try_reserve_exact(self.max_message - start).is_err() {
                 let target = (start + len).max(2 * data.capacity());
                 data.reserve_exact(target - start);
             }
-            crate::huge_pages::advise_huge_pages(data);
+            exec_server_sysio::huge_pages::advise_huge_pages(data);
         }
         let mut remaining = len;
         let mut unseen = 0;

@@ -1,6 +1,7 @@
-//! Positional reads into a buffer's unused capacity: a block read for
-//! `fs/readBlock` is neither zeroed first nor copied after (zeroing a 1 MiB
-//! buffer per block was a tenth of the server's time reading a file).
+//! Positional reads into a buffer's unused capacity: a block read is
+//! neither zeroed first nor copied after. Zeroing a 1 MiB buffer per block
+//! was a tenth of the server's time answering `fs/readBlock`, and an eighth
+//! of the client's in `fs put`.
 
 use std::os::fd::AsRawFd;
 
