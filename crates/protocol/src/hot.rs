@@ -93,7 +93,8 @@ pub fn decode_text(text: String) -> Result<(Message, Option<Bytes>), DecodeError
 /// the rest parsed with an empty string in its place. Gives the text back
 /// when the message is not one it can take whole.
 fn decode_skimmed(text: String) -> Result<Decoded, String> {
-    let Some((method, member, at)) = locate(&text) else {
+    // The method is checked again once the rest is parsed.
+    let Some((_, member, at)) = locate(&text) else {
         return Err(text);
     };
     if at.len() < LIFT_MIN_BYTES
@@ -108,7 +109,7 @@ fn decode_skimmed(text: String) -> Result<Decoded, String> {
     let mut rest = String::with_capacity(text.len() - at.len());
     rest.push_str(&text[..at.start]);
     rest.push_str(&text[at.end..]);
-    let Some(msg) = without_member(rest.as_bytes(), method_of(member, method)) else {
+    let Some(msg) = without_member(rest.as_bytes(), member) else {
         return Err(text);
     };
     Ok(match decoded_in_place(text, at) {
@@ -121,41 +122,21 @@ fn decode_skimmed(text: String) -> Result<Decoded, String> {
 /// What [`decode_text`] returns.
 type Decoded = Result<(Message, Option<Bytes>), DecodeError>;
 
-/// A hot method and its member, as looked for in a message with the
-/// member's string emptied.
-#[derive(Clone, Copy)]
-struct Wanted<'a> {
-    /// The member's name.
-    member: &'a str,
-    /// The method, when already known (otherwise any hot method whose
-    /// member this is).
-    method: Option<&'a str>,
-}
-
-fn method_of<'a>(member: &'a str, method: &'a str) -> Wanted<'a> {
-    Wanted {
-        member,
-        method: Some(method),
-    }
-}
-
 /// Parses `rest` (a message whose hot member holds `""`) with the bounded
 /// decoder; the message without that member when it is a request of a hot
 /// method whose member it is, and `None` otherwise (including any error:
 /// the caller then takes the full path on the original text).
-fn without_member(rest: &[u8], wanted: Wanted<'_>) -> Option<Message> {
+fn without_member(rest: &[u8], member: &str) -> Option<Message> {
     let value = from_slice_bounded(rest, MAX_JSONRPC_VALUE_NODES).ok()?;
     let mut msg = Message::from_value(value).ok()?;
     let Message::Request(r) = &mut msg else {
         return None;
     };
-    let hot = HOT_METHODS.iter().any(|(m, member)| {
-        *m == r.method && *member == wanted.member && wanted.method.is_none_or(|w| w == *m)
-    });
+    let hot = HOT_METHODS.contains(&(r.method.as_str(), member));
     let Value::Object(params) = &mut r.params else {
         return None;
     };
-    (hot && params.remove(wanted.member) == Some(Value::String(String::new()))).then_some(msg)
+    (hot && params.remove(member) == Some(Value::String(String::new()))).then_some(msg)
 }
 
 /// Decodes a message lifted while it arrived ([`crate::lift`]): the same
@@ -165,11 +146,7 @@ fn without_member(rest: &[u8], wanted: Wanted<'_>) -> Option<Message> {
 /// # Errors
 /// As [`Message::decode`].
 pub fn decode_lifted(lifted: crate::lift::LiftedText) -> Decoded {
-    let wanted = Wanted {
-        member: lifted.member,
-        method: None,
-    };
-    if let Some(msg) = without_member(&lifted.skeleton, wanted) {
+    if let Some(msg) = without_member(&lifted.skeleton, lifted.member) {
         return Ok((msg, Some(lifted.payload)));
     }
     match String::from_utf8(lifted.restore()) {

@@ -221,13 +221,9 @@ impl HotLift {
         }
     }
 
-    /// The message is complete: what was lifted, or the text as received.
+    /// The message is complete (and [`Self::progress`] saw its last bytes):
+    /// what was lifted, or the text as received.
     pub fn finish(mut self, mut buf: Vec<u8>) -> Finished {
-        if let State::Searching | State::Decoding { .. } = self.state {
-            // The string never ended within the message; a last look
-            // settles a message that ended right after it.
-            self.progress(&mut buf);
-        }
         let State::Closed {
             member,
             start,

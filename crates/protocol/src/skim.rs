@@ -43,11 +43,7 @@ struct Object<'a> {
 /// member `descend`, when an object, is read for its members too.
 fn object<'a>(text: &'a str, at: usize, descend: Option<&str>) -> Option<Object<'a>> {
     let b = text.as_bytes();
-    let mut i = skip_ws(b, at);
-    if b.get(i) != Some(&b'{') {
-        return None;
-    }
-    i = skip_ws(b, i + 1);
+    let mut i = object_open(b, at)?;
     let mut out = Object {
         members: Vec::new(),
         nested: None,
@@ -58,16 +54,8 @@ fn object<'a>(text: &'a str, at: usize, descend: Option<&str>) -> Option<Object<
         return Some(out);
     }
     loop {
-        if b.get(i) != Some(&b'"') {
-            return None;
-        }
-        let key_end = string_end(b, i)?;
-        let key = &text[i + 1..key_end - 1];
-        i = skip_ws(b, key_end);
-        if b.get(i) != Some(&b':') {
-            return None;
-        }
-        let start = skip_ws(b, i + 1);
+        let (key, start) = member_at(b, i)?;
+        let key = &text[key];
         let end = if descend == Some(key) && b.get(start) == Some(&b'{') {
             let inner = object(text, start, None)?;
             out.nested = Some(inner.members);
@@ -76,14 +64,12 @@ fn object<'a>(text: &'a str, at: usize, descend: Option<&str>) -> Option<Object<
             value_end(b, start)?
         };
         out.members.push((key, start..end));
-        i = skip_ws(b, end);
-        match b.get(i) {
-            Some(b',') => i = skip_ws(b, i + 1),
-            Some(b'}') => {
-                out.end = i + 1;
+        match after_value(b, end)? {
+            After::Member(next) => i = next,
+            After::End(close) => {
+                out.end = close;
                 return Some(out);
             }
-            _ => return None,
         }
     }
 }
@@ -121,11 +107,32 @@ pub(crate) fn member_at(b: &[u8], i: usize) -> Option<(Range<usize>, usize)> {
     (b.get(colon) == Some(&b':')).then(|| (i + 1..key_end - 1, skip_ws(b, colon + 1)))
 }
 
+/// What follows a member's value.
+enum After {
+    /// Another member, whose key is at this index.
+    Member(usize),
+    /// The object's end: the index just past its closing brace.
+    End(usize),
+}
+
+/// What follows a value ending at `end`; `None` when it is neither a comma
+/// nor a closing brace.
+fn after_value(b: &[u8], end: usize) -> Option<After> {
+    let i = skip_ws(b, end);
+    match b.get(i)? {
+        b',' => Some(After::Member(skip_ws(b, i + 1))),
+        b'}' => Some(After::End(i + 1)),
+        _ => None,
+    }
+}
+
 /// Where the next member's key is, after a value ending at `end`; `None`
 /// at the object's end.
 pub(crate) fn next_member(b: &[u8], end: usize) -> Option<usize> {
-    let i = skip_ws(b, end);
-    (b.get(i) == Some(&b',')).then(|| skip_ws(b, i + 1))
+    match after_value(b, end)? {
+        After::Member(i) => Some(i),
+        After::End(_) => None,
+    }
 }
 
 fn skip_ws(b: &[u8], mut i: usize) -> usize {
