@@ -231,21 +231,31 @@ fn tty_under_a_pseudo_terminal() {
         .unwrap();
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
+    let mut exited = false;
+    // The shell's last output can reach the master after the CLI exits (a
+    // terminal's buffer is pushed to the master asynchronously): read on
+    // until both are seen.
+    loop {
         let mut buf = [0u8; 4096];
         match master.read(&mut buf) {
             Ok(n) if n > 0 => seen.extend_from_slice(&buf[..n]),
             _ => std::thread::sleep(Duration::from_millis(20)),
         }
-        if let Ok(Some(st)) = child.try_wait() {
-            break st;
+        exited = exited || child.try_wait().unwrap().is_some();
+        if exited && String::from_utf8_lossy(&seen).contains("marker-42") {
+            break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "shell did not exit; saw {:?}",
-            String::from_utf8_lossy(&seen)
-        );
-    };
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "shell exited: {exited}; saw {:?}",
+                String::from_utf8_lossy(&seen)
+            );
+        }
+    }
+    // Reaped already: the status kept by `try_wait`.
+    let status = child.wait().unwrap();
     let text = String::from_utf8_lossy(&seen);
     assert!(text.contains("marker-42"), "{text}");
     assert!(text.contains("/dev/pts/"), "{text}");
