@@ -1,8 +1,8 @@
 //! `ByteChunk`: raw bytes carried as standard padded base64.
 //!
-//! Encoding and decoding run on `base64-simd` (AVX2/SSE/NEON chosen at run
-//! time, a scalar fallback elsewhere): the byte-carrying methods spend most of
-//! their time here. Refusals keep the `base64` crate's wording (the reference's),
+//! Encoding and decoding run on [`crate::base64_codec`] (AVX-512 VBMI kernels
+//! where the CPU has them, `base64-simd`'s AVX2/SSE/NEON or scalar code
+//! elsewhere): the byte-carrying methods spend most of their time here. Refusals keep the `base64` crate's wording (the reference's),
 //! so a bad string is re-decoded by that crate only to name the fault.
 
 use base64::Engine;
@@ -22,7 +22,9 @@ pub struct ByteChunk(pub bytes::Bytes);
 impl ByteChunk {
     /// Encodes bytes as base64 text.
     pub fn encode(bytes: &[u8]) -> String {
-        base64_simd::STANDARD.encode_to_string(bytes)
+        let mut s = String::with_capacity(encoded_len(bytes.len()));
+        encode_into(bytes, &mut s);
+        s
     }
 }
 
@@ -33,7 +35,7 @@ pub const fn encoded_len(n: usize) -> usize {
 
 /// Appends the base64 text of `data` to `out` (no intermediate buffer).
 pub fn encode_into(data: &[u8], out: &mut String) {
-    base64_simd::STANDARD.encode_append(data, out);
+    crate::base64_codec::encode_append(data, out);
 }
 
 /// A base64 string that does not decode; its text is the `base64` crate's
@@ -64,9 +66,11 @@ fn fault(text: &[u8]) -> DecodeError {
 /// # Errors
 /// [`DecodeError`] naming the first fault.
 pub fn decode(text: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    base64_simd::STANDARD
-        .decode_to_vec(text)
-        .map_err(|_| fault(text))
+    let mut out = Vec::new();
+    match crate::base64_codec::decode_append(text, &mut out) {
+        Some(_) => Ok(out),
+        None => Err(fault(text)),
+    }
 }
 
 /// Decodes standard padded base64 in the string's own buffer: no second
@@ -77,13 +81,12 @@ pub fn decode(text: &[u8]) -> Result<Vec<u8>, DecodeError> {
 pub fn decode_owned(text: String) -> Result<Vec<u8>, DecodeError> {
     // Checked first (a fast read-only pass) so that a fault is named from the
     // intact text: in-place decoding overwrites what it has passed.
-    if base64_simd::STANDARD.check(text.as_bytes()).is_err() {
+    if !crate::base64_codec::is_valid(text.as_bytes()) {
         return Err(fault(text.as_bytes()));
     }
     let mut buf = text.into_bytes();
-    let n = match base64_simd::STANDARD.decode_inplace(&mut buf) {
-        Ok(out) => out.len(),
-        Err(_) => return Err(DecodeError("Invalid padding".into())),
+    let Some(n) = crate::base64_codec::decode_in_place(&mut buf) else {
+        return Err(DecodeError("Invalid padding".into()));
     };
     buf.truncate(n);
     Ok(buf)

@@ -67,9 +67,9 @@ pub fn decode_text(text: String) -> Result<(Message, Option<Bytes>), DecodeError
         _ => None,
     };
     let hot = match (wanted, lifted.as_slice()) {
-        (Some(member), [one]) if one.key == member => base64_simd::STANDARD
-            .check(&text.as_bytes()[one.start..one.end])
-            .is_ok(),
+        (Some(member), [one]) if one.key == member => {
+            crate::base64_codec::is_valid(&text.as_bytes()[one.start..one.end])
+        }
         _ => false,
     };
     if !hot {
@@ -97,11 +97,7 @@ fn decode_skimmed(text: String) -> Result<Decoded, String> {
     let Some((_, member, at)) = locate(&text) else {
         return Err(text);
     };
-    if at.len() < LIFT_MIN_BYTES
-        || base64_simd::STANDARD
-            .check(&text.as_bytes()[at.clone()])
-            .is_err()
-    {
+    if at.len() < LIFT_MIN_BYTES || !crate::base64_codec::is_valid(&text.as_bytes()[at.clone()]) {
         return Err(text);
     }
     // The base64 is a whole JSON string token: putting an empty one in its
@@ -174,10 +170,7 @@ fn locate(text: &str) -> Option<(&'static str, &'static str, std::ops::Range<usi
 /// that buffer. `None` when it is not base64 (callers checked it is).
 fn decoded_in_place(text: String, at: std::ops::Range<usize>) -> Option<Bytes> {
     let mut buf = text.into_bytes();
-    let n = base64_simd::STANDARD
-        .decode_inplace(&mut buf[at.clone()])
-        .ok()?
-        .len();
+    let n = crate::base64_codec::decode_in_place(&mut buf[at.clone()])?;
     Some(Bytes::from(buf).slice(at.start..at.start + n))
 }
 

@@ -15,6 +15,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod base64_codec;
 pub mod binary;
 pub mod bytes;
 pub mod decode;

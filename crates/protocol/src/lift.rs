@@ -21,7 +21,6 @@
 //! place and gives the original text.
 
 use crate::skim;
-use base64_simd::AsOut;
 use bytes::Bytes;
 
 /// How far into a message the hot member must begin: 64 KiB. A request
@@ -91,11 +90,9 @@ impl LiftedText {
         let mut text =
             Vec::with_capacity(self.skeleton.len() + crate::bytes::encoded_len(self.payload.len()));
         text.extend_from_slice(&self.skeleton[..self.at]);
-        text.extend_from_slice(
-            base64_simd::STANDARD
-                .encode_to_string(&self.payload)
-                .as_bytes(),
-        );
+        let mut encoded = String::with_capacity(crate::bytes::encoded_len(self.payload.len()));
+        crate::base64_codec::encode_append(&self.payload, &mut encoded);
+        text.extend_from_slice(encoded.as_bytes());
         text.extend_from_slice(&self.skeleton[self.at..]);
         text
     }
@@ -143,25 +140,32 @@ impl HotLift {
             return;
         };
         let from = start + decoded;
-        let (end, closed) = match memchr::memchr2(b'"', b'\\', &buf[from..]) {
-            Some(i) if buf[from + i] == b'"' => (from + i, true),
-            Some(_) => return self.give_up(buf),
+        // Whole blocks of base64 that more base64 follows go straight into
+        // place first where the CPU has the wide kernels: no search for the
+        // closing quote is needed, since neither it nor a backslash is a
+        // base64 character.
+        let (chars, bytes) = crate::base64_codec::decode_leading_in_place(&mut buf[from..]);
+        let mut done = (from + chars, from + bytes); // (text read up to, bytes written up to)
+        let mut failed = false;
+        let (end, closed) = match memchr::memchr2(b'"', b'\\', &buf[done.0..]) {
+            Some(i) if buf[done.0 + i] == b'"' => (done.0 + i, true),
+            Some(_) => {
+                failed = true;
+                (done.0, false)
+            }
             None => (buf.len(), false),
         };
-        let waiting = end - from;
-        if closed && (waiting < 4 || waiting % 4 != 0) {
-            return self.give_up(buf);
-        }
+        let waiting = end - done.0;
+        failed |= closed && (waiting < 4 || waiting % 4 != 0);
         // Keep the last group (it may hold padding, or be followed by more).
-        let take = if closed {
-            waiting - 4
-        } else {
-            waiting.saturating_sub(4) / 4 * 4
+        let take = match (failed, closed) {
+            (true, _) => 0,
+            (false, true) => waiting - 4,
+            (false, false) => waiting.saturating_sub(4) / 4 * 4,
         };
-        let mut done = (from, from); // (text read up to, bytes written up to)
-        let mut failed = false;
-        while done.0 < from + take {
-            let n = (from + take - done.0).min(STEP_TEXT_BYTES);
+        let stop = done.0 + take;
+        while done.0 < stop {
+            let n = (stop - done.0).min(STEP_TEXT_BYTES);
             let most = n / 4 * 3;
             // Padding can only end the string: not in a group followed by more.
             let out = if buf[done.0 + n - 1] == b'=' {
@@ -171,21 +175,12 @@ impl HotLift {
                 // there (what it overwrites was decoded already). The text
                 // is only read, so it is intact if it is not base64.
                 let (written, text) = buf.split_at_mut(done.0);
-                base64_simd::STANDARD
-                    .decode(&text[..n], written[done.1..done.1 + most].as_out())
-                    .ok()
-                    .map(|o| o.len())
+                crate::base64_codec::decode(&text[..n], &mut written[done.1..done.1 + most])
             } else {
                 // Overlapping: decoded out of the text into scratch first,
                 // then written down.
                 self.scratch.resize(STEP_TEXT_BYTES / 4 * 3, 0);
-                let out = base64_simd::STANDARD
-                    .decode(
-                        &buf[done.0..done.0 + n],
-                        self.scratch.as_mut_slice().as_out(),
-                    )
-                    .ok()
-                    .map(|o| o.len());
+                let out = crate::base64_codec::decode(&buf[done.0..done.0 + n], &mut self.scratch);
                 if let Some(out) = out {
                     buf[done.1..done.1 + out].copy_from_slice(&self.scratch[..out]);
                 }
@@ -236,17 +231,14 @@ impl HotLift {
         let last = start + decoded;
         let group_ok = buf
             .get(last..last + 4)
-            .is_some_and(|g| base64_simd::STANDARD.check(g).is_ok());
+            .is_some_and(crate::base64_codec::is_valid);
         if !group_ok || decoded / 3 * 4 + 4 < MIN_BASE64_BYTES {
             self.give_up(&mut buf);
             return Finished::Text(buf);
         }
-        let n = match base64_simd::STANDARD.decode_inplace(&mut buf[last..last + 4]) {
-            Ok(out) => out.len(),
-            Err(_) => {
-                self.give_up(&mut buf);
-                return Finished::Text(buf);
-            }
+        let Some(n) = crate::base64_codec::decode_in_place(&mut buf[last..last + 4]) else {
+            self.give_up(&mut buf);
+            return Finished::Text(buf);
         };
         let mut skeleton = Vec::with_capacity(start + buf.len() - (last + 4));
         skeleton.extend_from_slice(&buf[..start]);
@@ -287,7 +279,7 @@ fn encode_back(buf: &mut Vec<u8>, start: usize, decoded: usize) {
         // after where its bytes began, past every chunk not yet encoded.
         let begin = (end - 1) / CHUNK * CHUNK;
         tmp.clear();
-        base64_simd::STANDARD.encode_append(&buf[start + begin..start + end], &mut tmp);
+        crate::base64_codec::encode_append(&buf[start + begin..start + end], &mut tmp);
         let at = start + begin / 3 * 4;
         buf[at..at + tmp.len()].copy_from_slice(tmp.as_bytes());
         end = begin;
