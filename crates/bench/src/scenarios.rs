@@ -473,9 +473,11 @@ async fn read_blocks(c: &Conn, uri: &str) -> Result<Vec<u8>, String> {
     while let Some(rx) = queue.pop_front() {
         let r = rx.await.map_err(|_| "closed")?;
         let result = r.result_text()?;
-        base64_simd::STANDARD
-            .decode_append(base64_member(result, "chunk")?, &mut out)
-            .map_err(|_| "readBlock: chunk is not base64")?;
+        exec_server_protocol::base64_codec::decode_append(
+            base64_member(result, "chunk")?.as_bytes(),
+            &mut out,
+        )
+        .ok_or("readBlock: chunk is not base64")?;
         if exec_server_protocol::skim::member(result, "eof") == Some("true") {
             break;
         }

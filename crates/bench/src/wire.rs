@@ -19,7 +19,8 @@ type Waiters = Arc<Mutex<Option<HashMap<i64, oneshot::Sender<Response>>>>>;
 /// The driver costs every server the same and as little as it can, so that
 /// the figures are the server's: a message is skimmed once for the members
 /// needed (`skim`: no `Value` tree, no copy, strings skipped by a SIMD
-/// search), and base64 goes through SIMD. WebSocket frames are read and written by the same
+/// search), and base64 goes through the same SIMD codec as our server's
+/// (`exec_server_protocol::base64_codec`). WebSocket frames are read and written by the same
 /// code as our client's (`exec_server_rpc::transport::websocket`), which puts
 /// a payload straight into its message's buffer.
 pub struct Conn {
@@ -66,7 +67,7 @@ pub struct Note {
 pub fn b64d(text: &str) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(text.len() / 4 * 3);
     exec_server_sysio::huge_pages::advise_huge_pages(&mut out);
-    base64_simd::STANDARD.decode_append(text, &mut out).ok()?;
+    exec_server_protocol::base64_codec::decode_append(text.as_bytes(), &mut out)?;
     Some(out)
 }
 
@@ -78,7 +79,7 @@ pub fn b64_len(s: &str) -> usize {
 
 /// Appends standard padded base64 to `out`.
 pub fn b64e_into(d: &[u8], out: &mut String) {
-    base64_simd::STANDARD.encode_append(d, out)
+    exec_server_protocol::base64_codec::encode_append(d, out)
 }
 
 impl Conn {
