@@ -1,8 +1,8 @@
 //! Low-level helpers shared by the transports (`exec-server-rpc`), the server
 //! and the client, where every byte of a transfer passes:
 //!
-//! - [`read_at`]: positional reads into a buffer's unused capacity (no
-//!   zeroing before the read, no copy after it);
+//! - [`read_at`]: reads (positional from files, single from pipes) into a
+//!   buffer's unused capacity (no zeroing before the read, no copy after it);
 //! - [`huge_pages`]: transparent huge pages for large message buffers.
 //!
 //! Linux only where it matters; elsewhere the advice is a no-op.

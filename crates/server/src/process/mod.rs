@@ -152,21 +152,28 @@ fn nonblocking(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
 }
 
 /// Reads once; `Ok(0)` at end of file (a PTY's EIO counts as end of file).
-async fn read_some(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> std::io::Result<usize> {
+/// Reads once into `buf` after its first `at` bytes, waiting until there is
+/// something to read.
+async fn read_some(
+    fd: &AsyncFd<OwnedFd>,
+    buf: &mut read_buf::ReadBuf,
+    at: usize,
+) -> std::io::Result<usize> {
     loop {
         let mut guard = fd.readable().await?;
-        match guard.try_io(|inner| raw_read(inner.get_ref(), buf)) {
+        match guard.try_io(|inner| raw_read(inner.get_ref(), buf, at)) {
             Ok(r) => return r,
             Err(_would_block) => continue,
         }
     }
 }
 
-fn raw_read(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<usize> {
-    match nix::unistd::read(fd, buf) {
-        Ok(n) => Ok(n),
-        Err(nix::errno::Errno::EIO) => Ok(0),
-        Err(e) => Err(std::io::Error::from(e)),
+/// One read into `buf` after its first `at` bytes; a terminal whose other
+/// side is gone (`EIO`) reads as the end of the output.
+fn raw_read(fd: &OwnedFd, buf: &mut read_buf::ReadBuf, at: usize) -> std::io::Result<usize> {
+    match buf.read_from(fd, at) {
+        Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(0),
+        r => r,
     }
 }
 

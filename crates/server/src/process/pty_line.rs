@@ -21,8 +21,8 @@ pub(super) async fn complete_pty_line(
     mut n: usize,
 ) -> usize {
     let deadline = tokio::time::Instant::now() + PTY_LINE_WAIT;
-    while n > 0 && n < buf.size() && buf.spare()[n - 1] != b'\n' {
-        match tokio::time::timeout_at(deadline, read_opt(fd, &mut buf.spare()[n..])).await {
+    while n > 0 && n < buf.size() && buf.filled(n).last() != Some(&b'\n') {
+        match tokio::time::timeout_at(deadline, read_opt(fd, buf, n)).await {
             Ok(Ok(more)) if more > 0 => n += more,
             // End of output, an error (seen again by the next read), or silence.
             _ => break,
@@ -47,35 +47,34 @@ mod tests {
     async fn a_read_that_stopped_mid_line_takes_the_rest_of_the_line() {
         use std::io::Write;
         let (r, mut w) = pipe();
-        w.write_all(b"err\r\nnext").unwrap();
-        let mut buf = ReadBuf::new(0, 64);
         // The first read saw only "err" (as when woken between two pieces).
-        let n = nix::unistd::read(r.get_ref(), &mut buf.spare()[..3]).unwrap();
+        w.write_all(b"err").unwrap();
+        let mut buf = ReadBuf::new(0, 64);
+        let n = buf.read_from(r.get_ref(), 0).unwrap();
         assert_eq!(n, 3);
+        w.write_all(b"\r\nnext").unwrap();
         let n = complete_pty_line(Some(&r), &mut buf, n).await;
-        assert_eq!(
-            &buf.spare()[..n],
-            b"err\r\nnext",
-            "read on to what was there"
-        );
+        assert_eq!(buf.filled(n), b"err\r\nnext", "read on to what was there");
         // Nothing more comes: the wait ends on silence, keeping what was read.
         drop(w);
         let mut buf = ReadBuf::new(0, 64);
         let (r, mut w) = pipe();
         w.write_all(b"prompt> ").unwrap();
-        let n = nix::unistd::read(r.get_ref(), buf.spare()).unwrap();
+        let n = buf.read_from(r.get_ref(), 0).unwrap();
         let n = complete_pty_line(Some(&r), &mut buf, n).await;
-        assert_eq!(&buf.spare()[..n], b"prompt> ");
+        assert_eq!(buf.filled(n), b"prompt> ");
     }
 
     #[tokio::test]
     async fn a_read_that_ended_a_line_is_not_held() {
         use std::io::Write;
         let (r, mut w) = pipe();
+        w.write_all(b"ok\r\n").unwrap();
+        let mut buf = ReadBuf::new(0, 64);
+        assert_eq!(buf.read_from(r.get_ref(), 0).unwrap(), 4);
         // More output is already waiting; a complete line does not take it.
         w.write_all(b"more").unwrap();
-        let mut buf = ReadBuf::new(0, 64);
-        buf.spare()[..4].copy_from_slice(b"ok\r\n");
         assert_eq!(complete_pty_line(Some(&r), &mut buf, 4).await, 4);
+        assert_eq!(buf.filled(64), b"ok\r\n");
     }
 }

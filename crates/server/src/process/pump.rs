@@ -58,7 +58,7 @@ pub(super) async fn pump(
         }
         let paused = lock(&proc.state).log.window_full();
         tokio::select! {
-            r = read_opt(a, buf_a.spare()), if a.is_some() && !paused => {
+            r = read_opt(a, &mut buf_a, 0), if a.is_some() && !paused => {
                 match r {
                     Ok(n) if n > 0 => {
                         let n = if stream_a == OutputStream::Pty {
@@ -72,7 +72,7 @@ pub(super) async fn pump(
                     _ => a = None,
                 }
             }
-            r = read_opt(b, buf_b.spare()), if b.is_some() && !paused => {
+            r = read_opt(b, &mut buf_b, 0), if b.is_some() && !paused => {
                 match r {
                     Ok(n) if n > 0 => {
                         widen_if_full(b, &mut buf_b, n, &link);
@@ -86,7 +86,7 @@ pub(super) async fn pump(
                 // buffer. Take it now so `exited` follows the child's last output.
                 for (fd, stream) in [(&mut a, stream_a), (&mut b, stream_b)] {
                     while let Some(f) = *fd {
-                        match raw_read(f.get_ref(), buf_a.spare()) {
+                        match raw_read(f.get_ref(), &mut buf_a, 0) {
                             Ok(0) => { *fd = None; }
                             Ok(n) => emit(&proc, &link, stream, buf_a.take(n)).await,
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -143,12 +143,15 @@ fn widen_if_full(fd: Option<&AsyncFd<OwnedFd>>, buf: &mut ReadBuf, n: usize, lin
     }
 }
 
+/// [`read_some`] from `fd` into `buf` after its first `at` bytes; never
+/// ready without a descriptor.
 pub(super) async fn read_opt(
     fd: Option<&AsyncFd<OwnedFd>>,
-    buf: &mut [u8],
+    buf: &mut ReadBuf,
+    at: usize,
 ) -> std::io::Result<usize> {
     match fd {
-        Some(f) => read_some(f, buf).await,
+        Some(f) => read_some(f, buf, at).await,
         None => std::future::pending().await,
     }
 }
