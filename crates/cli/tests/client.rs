@@ -149,3 +149,46 @@ async fn local_environment_runs_in_process() {
     let (out, code) = drain(&mut h).await;
     assert_eq!((out.as_slice(), code), (&b"local\n"[..], Some(4)));
 }
+
+/// A file uploads byte for byte whether its blocks travel as binary frames
+/// (WebSocket: each sent from the buffer it was read into, masked there)
+/// or as base64 in JSON text (a Unix socket carries no binary frames).
+#[tokio::test]
+async fn a_file_uploads_exactly_as_binary_frames_and_as_base64() {
+    let d = tmpdir("client-upload");
+    let src = d.join("src");
+    // Five and a half blocks: the last one short.
+    let data: Vec<u8> = (0..5_767_169u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
+        .collect();
+    std::fs::write(&src, &data).unwrap();
+    let ws = Server::start(&[]);
+    let sock = d.join("s.sock");
+    let unix_url = format!("unix://{}", sock.display());
+    let mut unix = std::process::Command::new(BIN)
+        .args(["--listen", &unix_url])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(first_stdout_line(&mut unix), unix_url);
+    for (name, url) in [("ws", ws.url.as_str()), ("unix", unix_url.as_str())] {
+        let c = client(url);
+        let dst = d.join(format!("dst-{name}"));
+        let sent = c
+            .upload_from_file(
+                std::fs::File::open(&src).unwrap(),
+                &PathUri::from_path(&dst).unwrap(),
+                |_| {},
+            )
+            .await
+            .unwrap();
+        assert_eq!(sent, data.len() as u64, "{name}");
+        assert!(
+            std::fs::read(&dst).unwrap() == data,
+            "{name}: contents differ"
+        );
+    }
+    let _ = unix.kill();
+    let _ = unix.wait();
+    std::fs::remove_dir_all(&d).unwrap();
+}

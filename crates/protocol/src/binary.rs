@@ -92,6 +92,83 @@ pub fn encode_in_headroom(
     Some(start)
 }
 
+/// Bytes with free room in front for a frame's header and head: a frame is
+/// built around them ([`FrameBuf::into_frame`]) without moving them, and
+/// the frame and the bytes then share one allocation. A reader fills one
+/// (the server a child's output, a client a file's block) straight from the
+/// source.
+#[derive(Debug, Default)]
+pub struct FrameBuf {
+    /// `headroom` bytes of room, then the payload.
+    vec: Vec<u8>,
+    headroom: usize,
+}
+
+impl FrameBuf {
+    /// An empty payload with `headroom` bytes of room in front and capacity
+    /// for `capacity` payload bytes (neither zeroed beyond the room).
+    pub fn with_room(headroom: usize, capacity: usize) -> Self {
+        let mut vec = Vec::with_capacity(headroom + capacity);
+        vec.resize(headroom, 0);
+        FrameBuf { vec, headroom }
+    }
+
+    /// Takes `vec`: its first `headroom` bytes (at most all) are room, the
+    /// rest is the payload.
+    pub fn from_parts(vec: Vec<u8>, headroom: usize) -> Self {
+        let headroom = headroom.min(vec.len());
+        FrameBuf { vec, headroom }
+    }
+
+    /// A copy of `data` with `headroom` bytes of room in front.
+    pub fn copy_of(data: &[u8], headroom: usize) -> Self {
+        let mut buf = Self::with_room(headroom, data.len());
+        buf.vec.extend_from_slice(data);
+        buf
+    }
+
+    /// The room and the payload as one vector, to read more payload into
+    /// (bytes appended are payload; the first [`Self::headroom`] bytes must
+    /// stay).
+    pub fn as_mut_vec(&mut self) -> &mut Vec<u8> {
+        &mut self.vec
+    }
+
+    /// Bytes of room in front of the payload.
+    pub fn headroom(&self) -> usize {
+        self.headroom
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &[u8] {
+        self.vec.get(self.headroom..).unwrap_or_default()
+    }
+
+    /// The payload alone (a view of the buffer, not a copy).
+    pub fn into_payload(self) -> bytes::Bytes {
+        let headroom = self.headroom.min(self.vec.len());
+        bytes::Bytes::from(self.vec).slice(headroom..)
+    }
+
+    /// A frame of `kind` with `head` (JSON text) in front of the payload,
+    /// and the payload alone; both share one allocation. A head longer than
+    /// the room costs one copy of the payload.
+    pub fn into_frame(mut self, kind: Kind, head: &str) -> (bytes::Bytes, bytes::Bytes) {
+        match encode_in_headroom(kind, head, &mut self.vec, self.headroom) {
+            Some(start) => {
+                let headroom = self.headroom;
+                let all = bytes::Bytes::from(self.vec);
+                (all.slice(start..), all.slice(headroom..))
+            }
+            None => {
+                let payload = self.into_payload();
+                let frame = bytes::Bytes::from(encode(kind, head, &payload));
+                (frame, payload)
+            }
+        }
+    }
+}
+
 /// Splits a frame into its kind, head text and payload (borrowed: the caller
 /// copies the payload once, where it keeps it).
 ///

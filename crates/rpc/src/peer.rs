@@ -211,17 +211,42 @@ impl RpcPeer {
                 let header = binary::encode(binary::Kind::ParamsChunk, &head, &[]);
                 self.outbound.send_binary_parts(header.into(), bytes).await
             }
-            _ => {
-                let mut params = params;
-                if let (Some(bytes), Value::Object(m)) = (payload, &mut params) {
-                    m.insert(
-                        binary::PAYLOAD_MEMBER.into(),
-                        Value::String(exec_server_protocol::ByteChunk::encode(&bytes)),
-                    );
-                }
-                let text = encode_request_traced(&call.id, method, &params, trace.as_ref());
+            payload => {
+                let text =
+                    with_base64_chunk(&call.id, method, params, payload.as_deref(), trace.as_ref());
                 self.outbound.send(text).await
             }
+        };
+        sent.map_err(|_| CallError::Closed)?;
+        call.wait_with_payload(timeout).await
+    }
+
+    /// [`Self::call_with_payload`] for a payload with room in front: as a
+    /// binary frame, the frame is built around the bytes in their own buffer,
+    /// which this call then owns alone, so a client masks it in place
+    /// instead of copying it. The buffer is consumed either way.
+    pub async fn call_with_frame_buf(
+        &self,
+        method: &str,
+        params: Value,
+        payload: binary::FrameBuf,
+        timeout: Option<Duration>,
+    ) -> Result<(Value, Option<bytes::Bytes>), CallError> {
+        let call = self.pending.register()?;
+        let trace = current_trace();
+        let sent = if self.outbound.binary_frames() {
+            let head = encode_request_traced(&call.id, method, &params, trace.as_ref());
+            let (frame, _) = payload.into_frame(binary::Kind::ParamsChunk, &head);
+            self.outbound.send_binary(frame).await
+        } else {
+            let text = with_base64_chunk(
+                &call.id,
+                method,
+                params,
+                Some(payload.payload()),
+                trace.as_ref(),
+            );
+            self.outbound.send(text).await
         };
         sent.map_err(|_| CallError::Closed)?;
         call.wait_with_payload(timeout).await
@@ -288,4 +313,21 @@ impl RpcPeer {
     pub fn peer(&self) -> &str {
         &self.peer
     }
+}
+
+/// A request's JSON text with `payload`, if any, as base64 in `params.chunk`.
+fn with_base64_chunk(
+    id: &exec_server_protocol::RequestId,
+    method: &str,
+    mut params: Value,
+    payload: Option<&[u8]>,
+    trace: Option<&exec_server_protocol::TraceContext>,
+) -> String {
+    if let (Some(bytes), Value::Object(m)) = (payload, &mut params) {
+        m.insert(
+            binary::PAYLOAD_MEMBER.into(),
+            Value::String(exec_server_protocol::ByteChunk::encode(bytes)),
+        );
+    }
+    encode_request_traced(id, method, &params, trace)
 }

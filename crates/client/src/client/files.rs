@@ -2,6 +2,7 @@
 //! `fs/open` + `fs/readBlock` / `fs/writeBlock`.
 
 use super::{ClientError, ExecServerClient};
+use exec_server_protocol::binary::FrameBuf;
 use exec_server_protocol::types::*;
 use exec_server_protocol::{methods as m, PathUri};
 use serde_json::Value;
@@ -309,6 +310,23 @@ impl ExecServerClient {
         self.upload_from(source, path, progress).await
     }
 
+    /// Calls `method` with `payload` as its `chunk`, sent from its own
+    /// buffer (see [`exec_server_rpc::RpcPeer::call_with_frame_buf`], which
+    /// consumes it). Not retried on a new connection: the calls that carry
+    /// bytes this way use a file handle, which ends with its connection.
+    async fn call_framed(
+        &self,
+        method: &str,
+        params: Value,
+        payload: FrameBuf,
+    ) -> Result<Value, ClientError> {
+        let peer = self.peer().await?;
+        let (v, _) = peer
+            .call_with_frame_buf(method, params, payload, self.inner.opts.call_timeout)
+            .await?;
+        Ok(v)
+    }
+
     async fn upload_from<R: tokio::io::AsyncRead + Unpin>(
         &self,
         mut source: BlockSource<'_, R>,
@@ -324,7 +342,7 @@ impl ExecServerClient {
             let mut queue = std::collections::VecDeque::new();
             loop {
                 let buf = source.read(BLOCK, offset).await?;
-                let n = buf.len();
+                let n = buf.payload().len();
                 if n == 0 {
                     break;
                 }
@@ -336,8 +354,10 @@ impl ExecServerClient {
                 };
                 let params = super::without_chunk(m::FS_WRITE_BLOCK, &p)?;
                 offset += n as u64;
+                // The block is sent from its own buffer (masked there by a
+                // client, not copied).
                 queue.push_back(tokio::spawn(async move {
-                    me.call_chunked(m::FS_WRITE_BLOCK, params, Some(buf.into()), true)
+                    me.call_framed(m::FS_WRITE_BLOCK, params, buf)
                         .await
                         .map(|_| n as u64)
                 }));
@@ -410,35 +430,53 @@ enum BlockSource<'a, R> {
 
 impl<R: tokio::io::AsyncRead + Unpin> BlockSource<'_, R> {
     /// The next block: up to `len` bytes from `offset` (the bytes read so
-    /// far), short only at the end; empty at the end.
-    async fn read(&mut self, len: usize, offset: u64) -> Result<Vec<u8>, ClientError> {
+    /// far), short only at the end; empty at the end. Room for a binary
+    /// frame's header and head is left in front.
+    async fn read(&mut self, len: usize, offset: u64) -> Result<FrameBuf, ClientError> {
         use tokio::io::AsyncReadExt;
         let local = |e| ClientError::local("local read", e);
         match self {
             BlockSource::Async(r) => {
-                let mut buf = vec![0u8; len];
+                let mut buf = vec![0u8; BLOCK_HEADROOM + len];
                 let mut n = 0;
                 while n < len {
-                    match r.read(&mut buf[n..]).await.map_err(local)? {
+                    match r
+                        .read(&mut buf[BLOCK_HEADROOM + n..])
+                        .await
+                        .map_err(local)?
+                    {
                         0 => break,
                         k => n += k,
                     }
                 }
-                buf.truncate(n);
-                Ok(buf)
+                buf.truncate(BLOCK_HEADROOM + n);
+                Ok(FrameBuf::from_parts(buf, BLOCK_HEADROOM))
             }
-            BlockSource::File(f) => {
-                let f = f.clone();
-                // Read into unused capacity: the block is not zeroed first.
-                tokio::task::spawn_blocking(move || {
-                    let mut buf = Vec::with_capacity(len);
-                    exec_server_sysio::read_at::append_at(&f, &mut buf, len, offset)?;
-                    Ok(buf)
-                })
-                .await
-                .map_err(|e| local(std::io::Error::other(e)))?
-                .map_err(local)
-            }
+            BlockSource::File(f) => read_file_block(f.clone(), len, offset).await,
         }
     }
+}
+
+/// Room a block read for an upload leaves in front of its bytes for a binary
+/// frame's header and head: 1 KiB (an `fs/writeBlock` head with its ids and
+/// trace context takes a few hundred bytes; a longer one costs a copy).
+const BLOCK_HEADROOM: usize = 1024;
+
+/// Up to `len` bytes of `file` from `offset`, short only at its end: a
+/// positional read on the blocking pool into unused capacity (the block is
+/// not zeroed first), with [`BLOCK_HEADROOM`] in front.
+async fn read_file_block(
+    file: std::sync::Arc<std::fs::File>,
+    len: usize,
+    offset: u64,
+) -> Result<FrameBuf, ClientError> {
+    let local = |e| ClientError::local("local read", e);
+    tokio::task::spawn_blocking(move || {
+        let mut buf = FrameBuf::with_room(BLOCK_HEADROOM, len);
+        exec_server_sysio::read_at::append_at(&file, buf.as_mut_vec(), len, offset)?;
+        Ok(buf)
+    })
+    .await
+    .map_err(|e| local(std::io::Error::other(e)))?
+    .map_err(local)
 }

@@ -3,7 +3,6 @@
 //! the bytes for the frame's header, so neither the log nor the frame copies
 //! them.
 
-use bytes::Bytes;
 use exec_server_protocol::binary;
 
 /// Reads shorter than this fraction of the buffer are copied out and the
@@ -22,10 +21,7 @@ pub struct ReadBuf {
 }
 
 /// Bytes read from a child, with room in front for a binary frame's header.
-pub struct Filled {
-    vec: Vec<u8>,
-    headroom: usize,
-}
+pub type Filled = binary::FrameBuf;
 
 impl ReadBuf {
     /// A buffer reading `size` bytes at most, with `headroom` bytes in front
@@ -90,48 +86,7 @@ impl ReadBuf {
         }
         let mut vec = std::mem::replace(&mut self.vec, Self::fresh(self.headroom, self.size));
         vec.truncate(self.headroom + n);
-        Filled {
-            vec,
-            headroom: self.headroom,
-        }
-    }
-}
-
-impl Filled {
-    /// A copy of `data` with `headroom` bytes of room in front.
-    pub fn copy_of(data: &[u8], headroom: usize) -> Self {
-        let mut vec = Vec::with_capacity(headroom + data.len());
-        vec.resize(headroom, 0);
-        vec.extend_from_slice(data);
-        Filled { vec, headroom }
-    }
-
-    /// The bytes read.
-    pub fn payload(&self) -> &[u8] {
-        &self.vec[self.headroom..]
-    }
-
-    /// The bytes read, for the log.
-    pub fn into_payload(self) -> Bytes {
-        let headroom = self.headroom;
-        Bytes::from(self.vec).slice(headroom..)
-    }
-
-    /// A binary frame of `kind` with `head` (JSON text) in front of the bytes,
-    /// and the bytes alone; both share one allocation. A head longer than the
-    /// room in front costs one copy of the bytes.
-    pub fn into_frame(mut self, kind: binary::Kind, head: &str) -> (Bytes, Bytes) {
-        match binary::encode_in_headroom(kind, head, &mut self.vec, self.headroom) {
-            Some(start) => {
-                let all = Bytes::from(self.vec);
-                (all.slice(start..), all.slice(self.headroom..))
-            }
-            None => {
-                let payload = self.into_payload();
-                let frame = Bytes::from(binary::encode(kind, head, &payload));
-                (frame, payload)
-            }
-        }
+        Filled::from_parts(vec, self.headroom)
     }
 }
 
@@ -161,9 +116,10 @@ mod tests {
     fn small_reads_are_copied_and_long_heads_still_encode() {
         let mut buf = ReadBuf::new(8, 1024);
         fill(&mut buf, b"abc");
-        let filled = buf.take(3);
+        let mut filled = buf.take(3);
         assert_eq!(filled.payload(), b"abc");
-        assert_eq!(filled.vec.capacity(), 3, "a small chunk carries no room");
+        assert_eq!(filled.headroom(), 0, "a small chunk carries no room");
+        assert_eq!(filled.as_mut_vec().capacity(), 3, "nor spare capacity");
         let head = "{\"long\":\"head beyond the room\"}";
         let (frame, payload) = filled.into_frame(binary::Kind::ParamsChunk, head);
         assert_eq!(

@@ -157,7 +157,7 @@ impl HeaderBytes {
 
 /// Builds the header of a frame whose payload is `len` bytes, with the
 /// shortest length encoding; `mask` is the client's key (the payload must be
-/// masked with it separately, see [`apply_mask`]).
+/// masked with it separately, see [`super::mask::apply_mask`]).
 pub(crate) fn header(fin: bool, opcode: OpCode, len: usize, mask: Option<[u8; 4]>) -> HeaderBytes {
     let mut bytes = [0u8; MAX_HEADER_BYTES];
     bytes[0] = if fin { 0x80 } else { 0 } | opcode.bits();
@@ -181,96 +181,6 @@ pub(crate) fn header(fin: bool, opcode: OpCode, len: usize, mask: Option<[u8; 4]
     HeaderBytes {
         bytes,
         len: at as u8,
-    }
-}
-
-/// XORs `data` with `key`, `data[0]` taking key byte `phase % 4` (masking
-/// and unmasking are the same operation). 32 bytes at a time, in AVX2
-/// registers where the CPU has them (every byte of a message passes here).
-pub(crate) fn apply_mask(data: &mut [u8], key: [u8; 4], phase: usize) {
-    let mut k = [0u8; 4];
-    for (i, b) in k.iter_mut().enumerate() {
-        *b = key[(phase + i) % 4];
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe { mask_avx2(data, k) };
-        return;
-    }
-    mask_words(data, k);
-}
-
-/// [`mask_words`] compiled for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn mask_avx2(data: &mut [u8], k: [u8; 4]) {
-    mask_words(data, k);
-}
-
-/// The XOR itself, written so the compiler vectorises it: four 8-byte words
-/// per step, then words, then bytes.
-#[inline(always)]
-fn mask_words(data: &mut [u8], k: [u8; 4]) {
-    let word = u64::from_ne_bytes([k[0], k[1], k[2], k[3], k[0], k[1], k[2], k[3]]);
-    let xor8 = |c: &mut [u8]| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(c);
-        c.copy_from_slice(&(u64::from_ne_bytes(w) ^ word).to_ne_bytes());
-    };
-    let mut blocks = data.chunks_exact_mut(32);
-    for block in &mut blocks {
-        for c in block.chunks_exact_mut(8) {
-            xor8(c);
-        }
-    }
-    let mut words = blocks.into_remainder().chunks_exact_mut(8);
-    for c in &mut words {
-        xor8(c);
-    }
-    for (i, b) in words.into_remainder().iter_mut().enumerate() {
-        *b ^= k[i % 4];
-    }
-}
-
-/// Masking keys for a client's frames: unpredictable (RFC 6455 §5.3), drawn
-/// from the operating system's generator a batch at a time.
-#[derive(Debug)]
-pub(crate) struct MaskKeys {
-    pool: [u8; 256],
-    used: usize,
-}
-
-impl Default for MaskKeys {
-    fn default() -> Self {
-        MaskKeys {
-            pool: [0; 256],
-            // Empty: the first key draws a batch.
-            used: 256,
-        }
-    }
-}
-
-impl MaskKeys {
-    /// A fresh key.
-    pub(crate) fn next_key(&mut self) -> [u8; 4] {
-        if self.used + 4 > self.pool.len() {
-            if getrandom::fill(&mut self.pool).is_err() {
-                // No entropy source: a key from the clock and a counter still
-                // varies per frame (masking guards intermediaries, not secrets).
-                let t = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.subsec_nanos())
-                    .unwrap_or(0);
-                for (i, c) in self.pool.chunks_exact_mut(4).enumerate() {
-                    c.copy_from_slice(&(t ^ (i as u32).wrapping_mul(0x9E37_79B9)).to_ne_bytes());
-                }
-            }
-            self.used = 0;
-        }
-        let k = &self.pool[self.used..self.used + 4];
-        self.used += 4;
-        [k[0], k[1], k[2], k[3]]
     }
 }
 
@@ -324,52 +234,5 @@ mod tests {
         // Lengths not in their shortest form (RFC 6455 §5.2).
         assert!(parse_header(&[0x82, 126, 0, 125]).is_err());
         assert!(parse_header(&[0x82, 127, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF]).is_err());
-    }
-
-    #[test]
-    fn masking_twice_restores_and_phase_continues_across_pieces() {
-        let key = [0xA1, 0xB2, 0xC3, 0xD4];
-        let original: Vec<u8> = (0..1003u32).map(|i| (i * 7) as u8).collect();
-        let mut whole = original.clone();
-        apply_mask(&mut whole, key, 0);
-        // Byte by byte, as RFC 6455 defines it.
-        for (i, (m, o)) in whole.iter().zip(&original).enumerate() {
-            assert_eq!(*m, o ^ key[i % 4]);
-        }
-        // Masked in two pieces split at an odd offset: the same bytes.
-        let mut split = original.clone();
-        let (a, b) = split.split_at_mut(13);
-        apply_mask(a, key, 0);
-        apply_mask(b, key, 13);
-        assert_eq!(split, whole);
-        apply_mask(&mut whole, key, 0);
-        assert_eq!(whole, original);
-        // Every length around the block and word sizes, both code paths.
-        for len in 0..80 {
-            for phase in 0..4 {
-                let want: Vec<u8> = original[..len]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, o)| o ^ key[(phase + i) % 4])
-                    .collect();
-                let mut got = original[..len].to_vec();
-                apply_mask(&mut got, key, phase);
-                assert_eq!(got, want, "len {len} phase {phase}");
-                let mut k = [0u8; 4];
-                for (i, b) in k.iter_mut().enumerate() {
-                    *b = key[(phase + i) % 4];
-                }
-                let mut scalar = original[..len].to_vec();
-                mask_words(&mut scalar, k);
-                assert_eq!(scalar, want, "portable path, len {len} phase {phase}");
-            }
-        }
-    }
-
-    #[test]
-    fn mask_keys_vary() {
-        let mut keys = MaskKeys::default();
-        let all: std::collections::HashSet<[u8; 4]> = (0..200).map(|_| keys.next_key()).collect();
-        assert!(all.len() > 190, "keys repeat: {}", all.len());
     }
 }

@@ -7,6 +7,7 @@
 //! staging copy.
 
 mod frame;
+mod mask;
 mod reader;
 mod writer;
 

@@ -3,7 +3,8 @@
 //! header, never zeroed, unmasked as it lands); small frames are read
 //! through a short buffer so that many of them cost one system call.
 
-use super::frame::{apply_mask, parse_header, Header, OpCode, ProtocolViolation};
+use super::frame::{parse_header, Header, OpCode, ProtocolViolation};
+use super::mask::apply_mask;
 use bytes::{Buf, BufMut, BytesMut};
 use exec_server_protocol::lift::{Finished, HotLift, LiftedText};
 use tokio::io::{AsyncRead, AsyncReadExt};

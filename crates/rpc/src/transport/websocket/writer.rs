@@ -3,7 +3,8 @@
 //! copied into a staging buffer (a client's frames are masked in place when
 //! their buffer is not shared).
 
-use super::frame::{apply_mask, header, HeaderBytes, MaskKeys, OpCode};
+use super::frame::{header, HeaderBytes, OpCode};
+use super::mask::{append_masked, apply_mask, MaskKeys};
 use bytes::{Bytes, BytesMut};
 use std::io::IoSlice;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -13,26 +14,26 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 const IOV_PER_WRITE: usize = 64;
 
 /// `parts` joined and masked frame by frame (`frames[i]` with `keys[i]`),
-/// copied once: each piece is masked right after it is copied, while it is
-/// still in cache.
+/// copied once: the copy and the mask are one pass.
 fn masked_copy(parts: &[Bytes], frames: &[std::ops::Range<usize>], keys: &[[u8; 4]]) -> Bytes {
-    const PIECE: usize = 16 * 1024;
     let total: usize = parts.iter().map(Bytes::len).sum();
     let mut out = BytesMut::with_capacity(total);
     let mut frame = 0;
     for p in parts {
-        for piece in p.chunks(PIECE) {
-            let mut piece = piece;
-            while !piece.is_empty() {
-                let at = out.len();
-                while frames[frame].end <= at {
-                    frame += 1;
-                }
-                let take = piece.len().min(frames[frame].end - at);
-                out.extend_from_slice(&piece[..take]);
-                apply_mask(&mut out[at..], keys[frame], at - frames[frame].start);
-                piece = &piece[take..];
+        let mut piece = &p[..];
+        while !piece.is_empty() {
+            let at = out.len();
+            while frames[frame].end <= at {
+                frame += 1;
             }
+            let take = piece.len().min(frames[frame].end - at);
+            append_masked(
+                &mut out,
+                &piece[..take],
+                keys[frame],
+                at - frames[frame].start,
+            );
+            piece = &piece[take..];
         }
     }
     out.freeze()
