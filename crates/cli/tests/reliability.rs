@@ -30,6 +30,23 @@ fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
         .or((got.len() != want.len()).then(|| got.len().min(want.len())))
 }
 
+/// Runs the binary with `args` (stdin empty), at most 120 s.
+async fn run_bin(args: &[&str]) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let what = args.join(" ");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(BIN)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("start exec-server")
+    });
+    tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .unwrap_or_else(|_| panic!("`exec-server {what}` finished within 120 s"))
+        .unwrap()
+}
+
 /// `exec-server run` through 1 to 10 aborted connections: byte-identical
 /// output and exit code 0, every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,27 +56,9 @@ async fn run_through_random_cuts_is_exact() {
     for (cuts, seed) in [(1, 11), (3, 23), (5, 37), (10, 41)] {
         // At most 1 MiB each, so all cuts happen within the 14.9 MB stream.
         let proxy = CutProxy::start(&s.url, cuts, 200_000, 1_000_000, seed).await;
-        let url = proxy.url.clone();
-        let out = tokio::task::spawn_blocking(move || {
-            std::process::Command::new(BIN)
-                .args([
-                    "run",
-                    "--connect",
-                    &url,
-                    "--",
-                    "seq",
-                    "1",
-                    &LINES.to_string(),
-                ])
-                .stdin(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .output()
-                .expect("run exec-server run")
-        });
-        let out = tokio::time::timeout(Duration::from_secs(120), out)
-            .await
-            .expect("run finished within 120 s")
-            .unwrap();
+        let lines = LINES.to_string();
+        let url = proxy.url.as_str();
+        let out = run_bin(&["run", "--connect", url, "--", "seq", "1", &lines]).await;
         assert_eq!(out.status.code(), Some(0), "{cuts} cuts: exit status");
         assert_eq!(
             first_difference(&out.stdout, &want),
@@ -131,6 +130,39 @@ async fn library_stream_through_random_cuts_is_exact() {
 /// Sessions left to expire, with PTY and pipe processes still running: the
 /// processes die and the server's descriptors and threads return to what
 /// they were.
+/// `exec-server fs put` of a file through aborted connections: the upload
+/// starts over on the resumed session (its file handle ended with the
+/// connection) and the file on the server is byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fs_put_through_random_cuts_is_exact() {
+    let s = Server::start(&[]);
+    let d = tmpdir("put-cuts");
+    let src = d.join("src");
+    let data: Vec<u8> = (0..24u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    std::fs::write(&src, &data).unwrap();
+    for (cuts, seed) in [(1, 7), (2, 19)] {
+        // The handshake and `initialize` take about 1.3 KB from the server
+        // and each `fs/writeBlock` answer about 60 bytes: each cut falls
+        // while blocks are in flight.
+        let proxy = CutProxy::start(&s.url, cuts, 1_500, 2_000, seed).await;
+        let dst = d.join(format!("dst-{cuts}"));
+        let (from, to) = (src.display().to_string(), dst.display().to_string());
+        let out = run_bin(&["fs", "--connect", &proxy.url, "put", &from, &to]).await;
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{cuts} cuts: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got = std::fs::read(&dst).unwrap();
+        assert_eq!(first_difference(&got, &data), None, "{cuts} cuts");
+        assert_eq!(proxy.cuts(), cuts, "every planned cut happened");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 #[tokio::test]
 async fn expired_sessions_return_fds_and_threads_to_baseline() {
     let s = Server::start(&["--detached-session-ttl", "1"]);

@@ -327,11 +327,46 @@ impl ExecServerClient {
         Ok(v)
     }
 
+    /// Uploads `source` to `path`. A file source starts over (at most
+    /// [`UPLOAD_RESTARTS`] times) when the connection was lost part-way: the
+    /// file handle, and with it the server's partial file, end with the
+    /// connection (as in the reference), while a resumed session goes on.
+    /// `progress` then starts from zero again. A stream cannot be read
+    /// again: its upload fails.
     async fn upload_from<R: tokio::io::AsyncRead + Unpin>(
         &self,
         mut source: BlockSource<'_, R>,
         path: &PathUri,
         mut progress: impl FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        let mut restarts = 0;
+        loop {
+            let recoveries = self.recoveries();
+            match self.upload_once(&mut source, path, &mut progress).await {
+                Err(e)
+                    if restarts < UPLOAD_RESTARTS
+                        && matches!(source, BlockSource::File(_))
+                        && (self.recoveries() > recoveries
+                            || e.kind() == crate::ErrorKind::Connection) =>
+                {
+                    restarts += 1;
+                    tracing::warn!(
+                        error = %e,
+                        restarts,
+                        "connection lost during an upload; starting it over"
+                    );
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One attempt of [`Self::upload_from`]: a fresh handle, every block.
+    async fn upload_once<R: tokio::io::AsyncRead + Unpin>(
+        &self,
+        source: &mut BlockSource<'_, R>,
+        path: &PathUri,
+        progress: &mut impl FnMut(u64),
     ) -> Result<u64, ClientError> {
         const BLOCK: usize = 1024 * 1024;
         const IN_FLIGHT: usize = 8;
@@ -383,6 +418,9 @@ impl ExecServerClient {
         result
     }
 }
+
+/// Times a file upload starts over after losing its connection: 3.
+const UPLOAD_RESTARTS: usize = 3;
 
 /// Where a download's blocks go.
 enum BlockSink<'a, W> {
