@@ -14,7 +14,9 @@ pub enum FsCommand {
     Ls { path: String },
     /// Print a file to stdout (streamed in 1 MiB blocks).
     Cat { path: String },
-    /// Upload a local file (streamed).
+    /// Upload a local file (streamed; the remote file appears whole or not at
+    /// all; a regular file starts over, at most 3 times, if the connection is
+    /// lost part-way).
     Put { local: PathBuf, remote: String },
     /// Download a remote file (streamed; `-` writes to stdout; an existing local
     /// file is replaced only once the download succeeded).
