@@ -369,8 +369,12 @@ async fn a_whole_file_write_is_decoded_as_it_arrives() {
             json!({"path": uri(&g), "dataBase64": String::from_utf8(bad).unwrap()}),
         )
         .await;
-    assert_eq!(large["error"]["code"], -32602, "{}", large["error"]);
+    // The reference's answer to base64 that does not decode.
+    assert_eq!(large["error"]["code"], -32600, "{}", large["error"]);
     assert_eq!(large["error"]["code"], small["error"]["code"]);
+    assert!(large["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("fs/writeFile requires valid base64 dataBase64: ")));
     assert!(!g.exists(), "a refused write created the file");
     c.ok("fs/getMetadata", json!({"path": uri(&f)})).await;
     let _ = std::fs::remove_dir_all(&d);

@@ -229,3 +229,54 @@ async fn read_denying_sandbox_is_enforced() {
         .await;
     assert_eq!(r["error"]["code"], -32600, "{r}");
 }
+
+/// `fs/writeFile` with `dataBase64` that is not base64: -32600 in the
+/// reference's words, small or large (decoded as it arrives), and only after
+/// the session gate and the path were checked; nothing is written.
+#[tokio::test]
+async fn write_file_with_bad_base64_is_refused_as_the_reference() {
+    let s = Server::start(&[]);
+    let d = tmpdir("bad-b64");
+    let target = uri(&d.join("w"));
+    // Before initialize, the gate answers first.
+    let mut early = Conn::connect(&s.url).await;
+    let r = early
+        .call(
+            "fs/writeFile",
+            json!({"path": target, "dataBase64": "QUJ!"}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32600, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("initialize"),
+        "{r}"
+    );
+    let mut c = Conn::open(&s.url, None).await;
+    let long_bad = format!("{}QUJ!{}", "QUJD".repeat(100_000), "QUJD".repeat(1000));
+    for (data, fault) in [
+        ("QUJ!".to_string(), "Invalid symbol 33, offset 3."),
+        ("QQ".to_string(), "Invalid padding"),
+        (long_bad, "Invalid symbol 33, offset 400003."),
+    ] {
+        let r = c
+            .call("fs/writeFile", json!({"path": target, "dataBase64": data}))
+            .await;
+        assert_eq!(r["error"]["code"], -32600, "{r}");
+        assert_eq!(
+            r["error"]["message"],
+            format!("fs/writeFile requires valid base64 dataBase64: {fault}")
+        );
+    }
+    // A path that is not a file URI is refused before the base64.
+    let r = c
+        .call(
+            "fs/writeFile",
+            json!({"path": "relative/x", "dataBase64": "QUJ!"}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert!(!d.join("w").exists());
+}

@@ -264,7 +264,7 @@ pub trait WithPayload {
 impl WithPayload for crate::types::WriteFileParams {
     const MEMBER: &'static str = "dataBase64";
     fn set_payload(&mut self, bytes: bytes::Bytes) {
-        self.data_base64.0 = bytes;
+        self.data_base64 = crate::bytes::LenientChunk::Valid(crate::ByteChunk(bytes));
     }
 }
 

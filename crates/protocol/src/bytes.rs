@@ -92,6 +92,76 @@ pub fn decode_owned(text: String) -> Result<Vec<u8>, DecodeError> {
     Ok(buf)
 }
 
+/// `fs/writeFile`'s `dataBase64` (wire: a base64 string). Any string
+/// deserializes; one that is not base64 keeps its text and fault, for the
+/// method to report once its other checks passed, as the reference does
+/// (-32600 `fs/writeFile requires valid base64 dataBase64: <fault>`, after
+/// the params, the session and the path).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LenientChunk {
+    /// Valid base64: the bytes.
+    Valid(ByteChunk),
+    /// Not base64: the string as sent, and why.
+    Invalid {
+        /// The string as sent (serialized back unchanged).
+        text: String,
+        /// The `base64` crate's fault text.
+        fault: DecodeError,
+    },
+}
+
+impl Default for LenientChunk {
+    fn default() -> Self {
+        LenientChunk::Valid(ByteChunk::default())
+    }
+}
+
+impl LenientChunk {
+    /// The bytes, or the fault of a string that is not base64.
+    ///
+    /// # Errors
+    /// [`DecodeError`] for a string that is not base64.
+    pub fn bytes(&self) -> Result<&bytes::Bytes, &DecodeError> {
+        match self {
+            LenientChunk::Valid(c) => Ok(&c.0),
+            LenientChunk::Invalid { fault, .. } => Err(fault),
+        }
+    }
+}
+
+impl From<Vec<u8>> for LenientChunk {
+    fn from(v: Vec<u8>) -> Self {
+        LenientChunk::Valid(ByteChunk::from(v))
+    }
+}
+
+impl Serialize for LenientChunk {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            LenientChunk::Valid(c) => c.serialize(s),
+            LenientChunk::Invalid { text, .. } => s.serialize_str(text),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LenientChunk {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        if !crate::base64_codec::is_valid(text.as_bytes()) {
+            let fault = fault(text.as_bytes());
+            return Ok(LenientChunk::Invalid { text, fault });
+        }
+        match decode_owned(text) {
+            Ok(v) => Ok(LenientChunk::from(v)),
+            // Checked above; unreachable, but never a panic.
+            Err(fault) => Ok(LenientChunk::Invalid {
+                text: String::new(),
+                fault,
+            }),
+        }
+    }
+}
+
 impl From<Vec<u8>> for ByteChunk {
     fn from(v: Vec<u8>) -> Self {
         ByteChunk(v.into())
@@ -174,6 +244,21 @@ mod tests {
             assert_eq!(a, b, "{t:?}");
             assert_eq!(a, c, "{t:?}");
         }
+    }
+
+    #[test]
+    fn a_lenient_chunk_keeps_a_bad_string_and_its_fault() {
+        let ok: LenientChunk = serde_json::from_str("\"AP9oaQ==\"").unwrap();
+        assert_eq!(ok.bytes().unwrap().as_ref(), b"\x00\xffhi");
+        let bad: LenientChunk = serde_json::from_str("\"QUJ!\"").unwrap();
+        assert_eq!(
+            bad.bytes().unwrap_err().to_string(),
+            "Invalid symbol 33, offset 3."
+        );
+        assert_eq!(serde_json::to_string(&bad).unwrap(), "\"QUJ!\"");
+        assert_eq!(serde_json::to_string(&ok).unwrap(), "\"AP9oaQ==\"");
+        // Not a string at all is still a params error.
+        assert!(serde_json::from_str::<LenientChunk>("5").is_err());
     }
 
     proptest! {

@@ -29,7 +29,7 @@ impl ExecServerClient {
     pub async fn write_file(&self, path: &PathUri, data: Vec<u8>) -> Result<(), ClientError> {
         let p = WriteFileParams {
             path: path.clone(),
-            data_base64: exec_server_protocol::ByteChunk::from(data),
+            data_base64: exec_server_protocol::bytes::LenientChunk::from(data),
             follow_symlinks: None,
             sandbox: None,
         };

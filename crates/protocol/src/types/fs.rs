@@ -37,8 +37,9 @@ pub struct ReadFileResponse {
 pub struct WriteFileParams {
     /// File to write.
     pub path: PathUri,
-    /// The whole content.
-    pub data_base64: ByteChunk,
+    /// The whole content; a string that is not base64 is refused by the
+    /// method after its other checks (see [`crate::bytes::LenientChunk`]).
+    pub data_base64: crate::bytes::LenientChunk,
     /// Follow a final symlink.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follow_symlinks: Option<bool>,

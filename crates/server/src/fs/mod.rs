@@ -201,6 +201,16 @@ impl FilePieces {
     }
 }
 
+/// The bytes of an `fs/writeFile`, or -32600 (`InvalidInput`) naming why
+/// its `dataBase64` is not base64, in the reference's words.
+pub fn write_file_data(p: &WriteFileParams) -> ExecResult<&bytes::Bytes> {
+    p.data_base64.bytes().map_err(|fault| {
+        ExecError::invalid_input(format!(
+            "fs/writeFile requires valid base64 dataBase64: {fault}"
+        ))
+    })
+}
+
 /// `fs/writeFile`: creates or replaces the whole file (see [`write`]).
 pub fn write_file(p: WriteFileParams) -> ExecResult<Empty> {
     let path = native(&p.path)?;
@@ -208,7 +218,8 @@ pub fn write_file(p: WriteFileParams) -> ExecResult<Empty> {
     let at = located(&path, follow, || {
         ExecError::io(std::io::Error::from_raw_os_error(libc::EISDIR))
     })?;
-    write::write_whole(at, follow == Follow::Ancestors, &p.data_base64.0).map_err(ExecError::io)?;
+    let data = write_file_data(&p)?;
+    write::write_whole(at, follow == Follow::Ancestors, data).map_err(ExecError::io)?;
     Ok(Empty {})
 }
 

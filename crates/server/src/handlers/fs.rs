@@ -106,7 +106,9 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         m::FS_WRITE_FILE,
         fs_mode,
         |ctx: Ctx, p: WriteFileParams| async move {
-            let n = p.data_base64.0.len();
+            // After the params, the session gate and the path, as the
+            // reference.
+            let n = fs::write_file_data(&p)?.len();
             let done: Empty = match fs_route(&ctx, &p)? {
                 Route::Helper(h) => h.call(m::FS_WRITE_FILE, &p).await?,
                 Route::InProcess => blocking(move || fs::write_file(p)).await?,
