@@ -40,7 +40,11 @@ async fn terminate_kills_double_forked_daemons() {
     )
     .await;
     c.expect(|v| v["method"] == "process/output", WAIT).await;
-    assert!(eventually(WAIT, || pids_matching(&format!("sleep {m}")).len() == 20).await);
+    assert!(
+        eventually(WAIT, || pids_matching(&format!("sleep {m}")).len() == 20).await,
+        "daemons seen: {:?}",
+        pids_matching(&format!("sleep {m}"))
+    );
     let r = c.ok("process/terminate", json!({"processId": "p"})).await;
     assert_eq!(r["running"], true);
     assert!(
