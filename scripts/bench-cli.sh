@@ -16,21 +16,8 @@ MIB=${2:-1024}
 RUNS=${3:-3}
 BYTES=$((MIB * 1024 * 1024))
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench-cli.XXXXXX")
-SERVER_CMD=${SERVER_CMD:-"$BIN --listen ws://127.0.0.1:0"}
-
-$SERVER_CMD >"$WORK/url" 2>"$WORK/server.log" &
-SERVER=$!
-cleanup() {
-    kill "$SERVER" 2>/dev/null || true
-    wait "$SERVER" 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-for _ in $(seq 100); do
-    [ -s "$WORK/url" ] && break
-    sleep 0.05
-done
-URL=$(head -1 "$WORK/url")
+# shellcheck source=scripts/bench-server.sh
+. "$(dirname "$0")/bench-server.sh"
 
 head -c "$BYTES" /dev/urandom >"$WORK/src"
 cat "$WORK/src" >/dev/null # warm the page cache

@@ -12,19 +12,8 @@ BIN=${1:-target/release/exec-server}
 MIB=${2:-1024}
 RUNS=${3:-3}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench-put.XXXXXX")
-"$BIN" --listen ws://127.0.0.1:0 >"$WORK/url" 2>/dev/null &
-SERVER=$!
-cleanup() {
-    kill "$SERVER" 2>/dev/null || true
-    wait "$SERVER" 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-for _ in $(seq 100); do
-    [ -s "$WORK/url" ] && break
-    sleep 0.05
-done
-URL=$(head -1 "$WORK/url")
+# shellcheck source=scripts/bench-server.sh
+. "$(dirname "$0")/bench-server.sh"
 head -c $((MIB * 1024 * 1024)) /dev/urandom >"$WORK/src"
 cat "$WORK/src" >/dev/null # warm the page cache
 tick=$(getconf CLK_TCK)
