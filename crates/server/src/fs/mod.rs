@@ -5,6 +5,7 @@
 //! a copy into itself, a block out of range) is
 //! [`InvalidInput`](crate::error::ErrorKind::InvalidInput).
 
+mod blocks;
 pub mod handles;
 pub mod resolve;
 pub mod tree;
@@ -15,14 +16,12 @@ pub mod write;
 use crate::error::{ExecError, ExecResult};
 use exec_server_protocol::types::*;
 use exec_server_protocol::{ByteChunk, PathUri};
-use handles::HandleTable;
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstatat, mkdirat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 use resolve::{kind, locate, Follow, Located};
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
@@ -31,6 +30,8 @@ use std::time::UNIX_EPOCH;
 pub const MAX_READ_FILE_BYTES: u64 = 256 * 1024 * 1024;
 /// Largest block of `fs/readBlock` and `fs/writeBlock`: 1 MiB.
 pub const MAX_BLOCK_BYTES: u64 = 1024 * 1024;
+
+pub use blocks::{open, read_block, read_block_pieces, write_block, READ_BLOCK_PIECE_BYTES};
 
 /// The native path of a URI, normalised (no `.` components, no trailing slash):
 /// [`InvalidParams`](crate::error::ErrorKind::InvalidParams) for a NUL byte,
@@ -417,204 +418,4 @@ pub fn copy(p: &CopyParams) -> ExecResult<Empty> {
 
 fn requires_recursive() -> ExecError {
     ExecError::invalid_input("fs/copy requires recursive: true when sourcePath is a directory")
-}
-
-/// `fs/open`: `mode` `read` (default) or `replace`. A replace writes a
-/// temporary file that `fs/close` renames over the target (see [`write`]).
-pub fn open(p: &OpenParams, table: &HandleTable) -> ExecResult<OpenResponse> {
-    table.check_free(&p.handle_id)?;
-    let path = native(&p.path)?;
-    let handle = match p.mode {
-        OpenMode::Read => handles::Handle::read(open_for_read(&path, None)?),
-        OpenMode::Replace => {
-            let at = located(&path, Follow::Ancestors, || not_a_file(&path))?;
-            if at.lstat().is_ok_and(|st| kind(&st) == SFlag::S_IFDIR) {
-                return Err(not_a_file(&path));
-            }
-            handles::Handle::write(write::open_writer(at, true).map_err(ExecError::io)?)
-        }
-    };
-    table.insert(&p.handle_id, handle)?;
-    Ok(OpenResponse {
-        handle_id: p.handle_id.clone(),
-    })
-}
-
-/// `fs/readBlock`: up to `len` bytes at `offset`; `eof` once the end is reached.
-pub fn read_block(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<ReadBlockResponse> {
-    if p.len == 0 || p.len > MAX_BLOCK_BYTES {
-        return Err(ExecError::invalid_input(format!(
-            "file read block length must be between 1 and {MAX_BLOCK_BYTES}"
-        )));
-    }
-    check_offset(p.offset, p.len)?;
-    let file = table.get(&p.handle_id)?;
-    let mut buf = Vec::new();
-    let n = exec_server_sysio::read_at::append_at(&file, &mut buf, p.len as usize, p.offset)
-        .map_err(ExecError::io)?;
-    let size = file.metadata().map_err(ExecError::io)?.len();
-    Ok(ReadBlockResponse {
-        eof: p.offset + n as u64 >= size,
-        chunk: ByteChunk::from(buf),
-    })
-}
-
-fn check_offset(offset: u64, len: u64) -> ExecResult<()> {
-    if offset
-        .checked_add(len)
-        .is_none_or(|end| end > i64::MAX as u64)
-    {
-        return Err(ExecError::invalid_input(format!(
-            "file offset {offset} is out of range"
-        )));
-    }
-    Ok(())
-}
-
-/// `fs/writeBlock`: positional write; a gap is zero-filled by the OS.
-pub fn write_block(p: &WriteBlockParams, table: &HandleTable) -> ExecResult<Empty> {
-    let len = p.chunk.0.len() as u64;
-    if len == 0 || len > MAX_BLOCK_BYTES {
-        return Err(ExecError::invalid_input(format!(
-            "file write block length must be between 1 and {MAX_BLOCK_BYTES}"
-        )));
-    }
-    check_offset(p.offset, len)?;
-    let file = table.get(&p.handle_id)?;
-    file.write_all_at(&p.chunk.0, p.offset)
-        .map_err(ExecError::io)?;
-    Ok(Empty {})
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The wire code the handlers give this error (the mapping under test too).
-    fn code(e: ExecError) -> i64 {
-        crate::handlers::wire_error(&e).code
-    }
-
-    fn uri(p: &Path) -> PathUri {
-        PathUri::from_path(p).unwrap()
-    }
-
-    #[test]
-    fn block_io_and_errors() {
-        let dir = std::env::temp_dir().join(format!("fsblk-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let table = HandleTable::default();
-        let f = dir.join("f");
-        let open_w = OpenParams {
-            handle_id: "w".into(),
-            path: uri(&f),
-            mode: OpenMode::Replace,
-            sandbox: None,
-        };
-        open(&open_w, &table).unwrap();
-        assert_eq!(
-            code(open(&open_w, &table).unwrap_err()),
-            -32600,
-            "duplicate handle"
-        );
-        write_block(
-            &WriteBlockParams {
-                handle_id: "w".into(),
-                offset: 0,
-                chunk: ByteChunk::from(b"hello".to_vec()),
-            },
-            &table,
-        )
-        .unwrap();
-        write_block(
-            &WriteBlockParams {
-                handle_id: "w".into(),
-                offset: 8,
-                chunk: ByteChunk::from(b"x".to_vec()),
-            },
-            &table,
-        )
-        .unwrap();
-        let e = write_block(
-            &WriteBlockParams {
-                handle_id: "w".into(),
-                offset: 0,
-                chunk: ByteChunk::from(vec![]),
-            },
-            &table,
-        )
-        .unwrap_err();
-        assert_eq!(code(e), -32600);
-        table.remove("w").unwrap();
-        assert_eq!(std::fs::read(&f).unwrap(), b"hello\0\0\0x");
-        let open_r = OpenParams {
-            handle_id: "r".into(),
-            path: uri(&f),
-            mode: OpenMode::Read,
-            sandbox: None,
-        };
-        open(&open_r, &table).unwrap();
-        let r = read_block(
-            &ReadBlockParams {
-                handle_id: "r".into(),
-                offset: 0,
-                len: 5,
-            },
-            &table,
-        )
-        .unwrap();
-        assert_eq!((&r.chunk.0[..], r.eof), (&b"hello"[..], false));
-        let r = read_block(
-            &ReadBlockParams {
-                handle_id: "r".into(),
-                offset: 5,
-                len: 4,
-            },
-            &table,
-        )
-        .unwrap();
-        assert!(r.eof, "reading exactly to the end reports eof");
-        let r = read_block(
-            &ReadBlockParams {
-                handle_id: "r".into(),
-                offset: 100,
-                len: 4,
-            },
-            &table,
-        )
-        .unwrap();
-        assert!(r.eof && r.chunk.0.is_empty());
-        let e = write_block(
-            &WriteBlockParams {
-                handle_id: "r".into(),
-                offset: 0,
-                chunk: ByteChunk::from(b"x".to_vec()),
-            },
-            &table,
-        )
-        .unwrap_err();
-        assert_eq!(code(e), -32603, "read handle is not writable");
-        let e = read_block(
-            &ReadBlockParams {
-                handle_id: "zz".into(),
-                offset: 0,
-                len: 1,
-            },
-            &table,
-        )
-        .unwrap_err();
-        assert_eq!(code(e), -32004);
-        let e = read_block(
-            &ReadBlockParams {
-                handle_id: "r".into(),
-                offset: 0,
-                len: 0,
-            },
-            &table,
-        )
-        .unwrap_err();
-        assert_eq!(code(e), -32600);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }

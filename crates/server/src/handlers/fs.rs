@@ -39,6 +39,30 @@ fn read_file_reply(p: &ReadFileParams) -> Result<(Reply, usize), ExecError> {
     Ok((Reply::json(s), n))
 }
 
+/// The JSON `fs/readBlock` result, `{"chunk":"…","eof":…}`, encoded piece by
+/// piece as the block is read. Returns the reply and the byte count read.
+fn read_block_reply(
+    p: &ReadBlockParams,
+    files: &fs::handles::HandleTable,
+) -> Result<(Reply, usize), ExecError> {
+    use exec_server_protocol::bytes;
+    const HEAD: &str = "{\"chunk\":\"";
+    let mut s = String::with_capacity(
+        HEAD.len()
+            + bytes::encoded_len(p.len.min(fs::MAX_BLOCK_BYTES) as usize)
+            + "\",\"eof\":false}".len()
+            + super::REPLY_ENVELOPE_SPARE,
+    );
+    s.push_str(HEAD);
+    let (n, eof) = fs::read_block_pieces(p, files, |piece| bytes::encode_into(piece, &mut s))?;
+    s.push_str(if eof {
+        "\",\"eof\":true}"
+    } else {
+        "\",\"eof\":false}"
+    });
+    Ok((Reply::json(s), n))
+}
+
 /// Pieces of base64 a streamed `fs/readFile` reply may have produced ahead of
 /// the socket: with [`fs::READ_FILE_PIECE_BYTES`] pieces, about 4 MiB.
 const READ_FILE_PIECES_AHEAD: usize = 3;
@@ -173,20 +197,17 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
         fs_mode,
         |ctx: Ctx, p: ReadBlockParams| async move {
             let session = session_of(&ctx)?;
-            let block = blocking(move || fs::read_block(&p, &session.files)).await?;
-            crate::metrics::file_read(block.chunk.0.len());
             if ctx.outbound.binary_frames() {
+                let block = blocking(move || fs::read_block(&p, &session.files)).await?;
+                crate::metrics::file_read(block.chunk.0.len());
                 // The bytes go raw in a binary frame after `{"eof":…}`.
                 let mut reply = Reply::json(format!("{{\"eof\":{}}}", block.eof));
                 reply.payload = Some(block.chunk.into_vec());
                 return Ok(reply);
             }
-            let tail = if block.eof {
-                "\",\"eof\":true}"
-            } else {
-                "\",\"eof\":false}"
-            };
-            Ok(raw_bytes_reply("{\"chunk\":\"", &block.chunk.0, tail))
+            let (reply, n) = blocking(move || read_block_reply(&p, &session.files)).await?;
+            crate::metrics::file_read(n);
+            Ok(reply)
         },
     );
     r.request_with_payload(
