@@ -83,8 +83,14 @@ fn local_blocking(sc: Scenario) -> Result<Outcome, String> {
             let f = d.join("in");
             let data = pattern(FILE_BYTES);
             std::fs::write(&f, &data).map_err(|e| e.to_string())?;
+            // Into memory already touched, as the remote readers decode into.
+            let mut got = vec![1u8; FILE_BYTES];
             let t0 = Instant::now();
-            let got = std::fs::read(&f).map_err(|e| e.to_string())?;
+            std::io::Read::read_exact(
+                &mut std::fs::File::open(&f).map_err(|e| e.to_string())?,
+                &mut got,
+            )
+            .map_err(|e| e.to_string())?;
             let secs = t0.elapsed().as_secs_f64();
             let _ = std::fs::remove_dir_all(&d);
             if got != data {

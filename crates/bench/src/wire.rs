@@ -36,6 +36,9 @@ pub struct Response {
     text: String,
     result: Option<Range<usize>>,
     error: Option<Range<usize>>,
+    /// The members of `result` when it is an object (key span, value span),
+    /// found in the pass that split the message.
+    result_members: Vec<(Range<usize>, Range<usize>)>,
 }
 
 impl Response {
@@ -46,6 +49,14 @@ impl Response {
             (Some(r), None) => Ok(&self.text[r.clone()]),
             (None, None) => Err(format!("response without result: {}", self.text.as_str())),
         }
+    }
+    /// The text of member `key` of an object result (found when the
+    /// message was split: no second pass over a large result).
+    pub fn result_member(&self, key: &str) -> Option<&str> {
+        self.result_members
+            .iter()
+            .find(|(k, _)| &self.text[k.clone()] == key)
+            .map(|(_, v)| &self.text[v.clone()])
     }
     /// The result parsed into a tree (for small results).
     pub fn result(&self) -> Result<Value, String> {
@@ -61,14 +72,6 @@ pub struct Note {
     /// Decoded length of `params.chunk`, if present.
     pub chunk_len: usize,
     pub exit_code: Option<i64>,
-}
-
-/// Decodes base64 (standard alphabet, padded); `None` when it is not.
-pub fn b64d(text: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    exec_server_sysio::huge_pages::advise_huge_pages(&mut out);
-    exec_server_protocol::base64_codec::decode_append(text.as_bytes(), &mut out)?;
-    Some(out)
 }
 
 /// Length of decoded base64 without decoding.
@@ -166,8 +169,9 @@ async fn read_loop(
     while let Some(msg) = inbound.recv().await {
         let Inbound::Message(t) = msg else { continue };
         let text = t.as_str();
-        // One pass: `params` is read for its members, not skipped first.
-        let Some((members, params)) = skim::members_and_nested(text, "params") else {
+        // One pass: `params` (of a notification) or `result` (of a response)
+        // is read for its members, not skipped first and read again.
+        let Some((members, nested)) = skim::members_and_nested(text, &["params", "result"]) else {
             continue;
         };
         let get = |key: &str| {
@@ -184,17 +188,27 @@ async fn read_loop(
             let (result, error) = (get("result"), get("error"));
             let waiter = waiters.lock().unwrap().as_mut().and_then(|w| w.remove(&id));
             if let Some(w) = waiter {
+                let base = text.as_ptr() as usize;
+                let result_members = nested
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| {
+                        let at = k.as_ptr() as usize - base;
+                        (at..at + k.len(), v)
+                    })
+                    .collect();
                 let _ = w.send(Response {
                     text: t,
                     result,
                     error,
+                    result_members,
                 });
             }
             continue;
         }
         let method = method.and_then(|m| skim::plain_string(&text[m]));
         let param = |key: &str| {
-            params
+            nested
                 .as_ref()
                 .and_then(|p| p.iter().find(|(k, _)| *k == key))
                 .map(|(_, r)| &text[r.clone()])

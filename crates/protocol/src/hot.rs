@@ -154,7 +154,7 @@ pub fn decode_lifted(lifted: crate::lift::LiftedText) -> Decoded {
 /// The hot method, its member and the member's string contents in `text`
 /// (without quotes), found by skimming the top-level `method` and `params`.
 fn locate(text: &str) -> Option<(&'static str, &'static str, std::ops::Range<usize>)> {
-    let (top, params) = crate::skim::members_and_nested(text, "params")?;
+    let (top, params) = crate::skim::members_and_nested(text, &["params"])?;
     let method = top.iter().find(|(k, _)| *k == "method")?.1.clone();
     let method = crate::skim::plain_string(&text[method])?;
     let (method, member) = HOT_METHODS.iter().find(|(m, _)| *m == method)?;

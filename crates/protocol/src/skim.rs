@@ -18,18 +18,19 @@ pub type Member<'a> = (&'a str, Range<usize>);
 /// The members of the object at the start of `text` (after whitespace), in
 /// order. `None` when `text` is not an object or is cut short.
 pub fn members(text: &str) -> Option<Vec<Member<'_>>> {
-    object(text, 0, None).map(|o| o.members)
+    object(text, 0, &[]).map(|o| o.members)
 }
 
 /// As [`members`], and the members of the object that is the value of the
-/// top-level member `key` (spans in `text`), found in the same pass: the
-/// nested object is read once, not skipped and then read again. The second
-/// part is `None` when there is no such member or its value is no object.
+/// (last) top-level member named one of `keys` (spans in `text`), found in the
+/// same pass: the nested object is read once, not skipped and then read
+/// again. The second part is `None` when there is no such member or its
+/// value is no object.
 pub fn members_and_nested<'a>(
     text: &'a str,
-    key: &str,
+    keys: &[&str],
 ) -> Option<(Vec<Member<'a>>, Option<Vec<Member<'a>>>)> {
-    object(text, 0, Some(key)).map(|o| (o.members, o.nested))
+    object(text, 0, keys).map(|o| (o.members, o.nested))
 }
 
 struct Object<'a> {
@@ -40,8 +41,9 @@ struct Object<'a> {
 }
 
 /// The object starting at `text[at..]` (after whitespace); the value of
-/// member `descend`, when an object, is read for its members too.
-fn object<'a>(text: &'a str, at: usize, descend: Option<&str>) -> Option<Object<'a>> {
+/// the (last) member named one of `descend`, when an object, is read for its
+/// members too.
+fn object<'a>(text: &'a str, at: usize, descend: &[&str]) -> Option<Object<'a>> {
     let b = text.as_bytes();
     let mut i = object_open(b, at)?;
     let mut out = Object {
@@ -56,8 +58,8 @@ fn object<'a>(text: &'a str, at: usize, descend: Option<&str>) -> Option<Object<
     loop {
         let (key, start) = member_at(b, i)?;
         let key = &text[key];
-        let end = if descend == Some(key) && b.get(start) == Some(&b'{') {
-            let inner = object(text, start, None)?;
+        let end = if descend.contains(&key) && b.get(start) == Some(&b'{') {
+            let inner = object(text, start, &[])?;
             out.nested = Some(inner.members);
             inner.end
         } else {
@@ -206,12 +208,14 @@ mod tests {
         assert_eq!(&t[m[1].1.clone()], r#"{"a": [1, {"b": "x\"}"}], "c": "d"}"#);
         assert_eq!(&t[m[2].1.clone()], "null");
         assert_eq!(member(&t[m[1].1.clone()], "c"), Some("\"d\""));
-        let (top, nested) = members_and_nested(t, "result").expect("object");
+        let (top, nested) = members_and_nested(t, &["result"]).expect("object");
         assert_eq!(top, m);
         let nested = nested.expect("result is an object");
         assert_eq!(nested.len(), 2);
         assert_eq!(&t[nested[1].1.clone()], "\"d\"");
-        assert_eq!(members_and_nested(t, "id").map(|(_, n)| n), Some(None));
+        assert_eq!(members_and_nested(t, &["id"]).map(|(_, n)| n), Some(None));
+        let either = members_and_nested(t, &["params", "result"]).and_then(|(_, n)| n);
+        assert_eq!(either.map(|n| n.len()), Some(2));
         assert_eq!(plain_string("\"QUJD\""), Some("QUJD"));
         assert_eq!(plain_string("7"), None);
     }
