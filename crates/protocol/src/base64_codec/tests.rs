@@ -84,7 +84,7 @@ proptest! {
         prop_assert_eq!(&buf[chars..], &text[chars..]);
         prop_assert_eq!(chars / 4 * 3, bytes);
         let good = |c: &u8| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/';
-        if wide() {
+        if kernels().is_some() {
             // The longest run of whole blocks, each followed by base64.
             let mut want = 0;
             while want + 65 <= text.len() && text[want..want + 65].iter().all(good) {
@@ -119,5 +119,90 @@ fn edge_cases_agree_with_the_base64_crate() {
         // The same at the end of a long string (past the kernels' bulk).
         let long = format!("{}{t}", "QUJD".repeat(40));
         agrees(long.as_bytes()).unwrap();
+    }
+}
+
+/// Every kernel set this CPU runs, not only the one [`kernels`] picks.
+fn runnable() -> Vec<Kernels> {
+    #[allow(unused_mut)]
+    let mut all = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if vbmi::available() {
+            all.push(Kernels::Vbmi);
+        }
+        if avx2::available() {
+            all.push(Kernels::Avx2);
+        }
+    }
+    all
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn each_kernel_set_agrees_with_the_base64_crate_on_whole_blocks(
+        blocks in 0usize..12,
+        seed: u32,
+        at: prop::sample::Index,
+        breaker: prop::sample::Index,
+        broken: bool,
+    ) {
+        let d = data(blocks * BLOCK_BYTES, seed);
+        for k in runnable() {
+            let mut text = vec![0u8; blocks * BLOCK_CHARS];
+            // SAFETY: `k` runs here; the buffers have the sizes it needs.
+            unsafe { k.encode(d.as_ptr(), blocks, text.as_mut_ptr()) };
+            let want_text = REFERENCE.encode(&d);
+            prop_assert_eq!(&text, want_text.as_bytes(), "{:?}", k);
+            let mut want = blocks;
+            if broken && blocks > 0 {
+                let i = at.index(text.len());
+                text[i] = BREAKERS[breaker.index(BREAKERS.len())];
+                if !(text[i].is_ascii_alphanumeric() || text[i] == b'+' || text[i] == b'/') {
+                    want = i / BLOCK_CHARS;
+                }
+            }
+            let mut out = vec![0u8; blocks * BLOCK_BYTES];
+            // SAFETY: as above.
+            let n = unsafe { k.decode(text.as_ptr(), text.len(), out.as_mut_ptr(), false) };
+            prop_assert_eq!(n, want, "{:?}", k);
+            // The blocks decoded, followed by a group (so none is the last).
+            let mut whole = text[..n * BLOCK_CHARS].to_vec();
+            whole.extend_from_slice(b"AAAA");
+            let want_bytes = REFERENCE.decode(&whole).unwrap();
+            prop_assert_eq!(&out[..n * BLOCK_BYTES], &want_bytes[..n * BLOCK_BYTES], "{:?}", k);
+            // SAFETY: as above.
+            let all = unsafe { k.all_base64(text.as_ptr(), blocks) };
+            prop_assert_eq!(all, want == blocks, "{:?}", k);
+        }
+    }
+}
+
+/// Each byte value at each place of a block: decoded exactly when it is a
+/// base64 character, to its value.
+#[test]
+fn each_kernel_set_classifies_every_byte() {
+    for k in runnable() {
+        for c in 0..=255u8 {
+            for at in [0, 13, 31, 32, 63] {
+                // Followed by a group: a block is never a string's last.
+                let mut text = [b'A'; BLOCK_CHARS + 4];
+                text[at] = c;
+                let want = REFERENCE
+                    .decode(text)
+                    .ok()
+                    .map(|d| d[..BLOCK_BYTES].to_vec());
+                let mut out = [0u8; BLOCK_BYTES];
+                // SAFETY: `k` runs here; the buffers have the sizes it needs.
+                let n = unsafe { k.decode(text.as_ptr(), BLOCK_CHARS, out.as_mut_ptr(), false) };
+                let got = (n == 1).then(|| out.to_vec());
+                assert_eq!(got, want, "{k:?}: byte {c:#04x} at {at}");
+                // SAFETY: as above.
+                let all = unsafe { k.all_base64(text.as_ptr(), 1) };
+                assert_eq!(all, want.is_some(), "{k:?}: byte {c:#04x} at {at}");
+            }
+        }
     }
 }
