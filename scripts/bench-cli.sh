@@ -48,13 +48,18 @@ ours_put() { "$BIN" fs --connect "$URL" put "$WORK/src" "$WORK/put.out" >/dev/nu
 ours_get() { "$BIN" fs --connect "$URL" get "$WORK/put.out" "$WORK/get.out" >/dev/null 2>&1; }
 
 printf '%-8s %12s %12s %12s %12s %12s\n' run "head|wc" "run|wc" cp "fs put" "fs get"
+# Each copy starts with no dirty pages (`sync`, untimed): otherwise the one
+# that runs after the others' writes pays for their writeback.
 for r in $(seq "$RUNS"); do
     a=$(secs local_stream)
     b=$(secs ours_stream)
     rm -f "$WORK/cp.out"
+    sync
     c=$(secs local_cp)
     rm -f "$WORK/cp.out"
+    sync
     d=$(secs ours_put)
+    sync
     e=$(secs ours_get)
     cmp -s "$WORK/src" "$WORK/get.out" || {
         echo "fs get: contents differ" >&2
