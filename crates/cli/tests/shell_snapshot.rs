@@ -57,6 +57,30 @@ async fn start(c: &mut Conn, id: &str, home: &Path, argv: &[&str], extra: Value)
     )
 }
 
+/// The PATH the first test's commands must see. Where the system's startup
+/// files keep the PATH a login shell is given, the profile's extension
+/// (`/profile/bin:$PATH`) applies to the request's PATH. Where they replace it
+/// (Debian's /etc/profile does, for root), the profile's PATH is unrelated to
+/// the one given, and a variable the request names wins over such a value.
+fn expected_login_path() -> &'static str {
+    let given = "/req/bin:/usr/bin:/bin";
+    let empty_home = tmpdir("snap-path-probe");
+    let out = std::process::Command::new("/bin/bash")
+        .args(["-lc", "echo \"$PATH\""])
+        .env_clear()
+        .env("HOME", &empty_home)
+        .env("PATH", given)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&empty_home);
+    let login = String::from_utf8_lossy(&out.stdout);
+    if login.trim_end().contains(given) {
+        "/profile/bin:/req/bin:/usr/bin:/bin"
+    } else {
+        "/req/bin:/usr/bin:/bin"
+    }
+}
+
 #[tokio::test]
 async fn startup_files_run_once_per_scope_and_their_state_is_restored() {
     let s = Server::start(&[]);
@@ -65,6 +89,7 @@ async fn startup_files_run_once_per_scope_and_their_state_is_restored() {
     let script = "myfn x; echo $SNAPVAR; echo $PATH; shopt -q extglob && echo extglob-on; \
                   echo $0 $1; umask; echo line $LINENO; echo ${PER_COMMAND:-unset}";
     let snap = json!({"shellSnapshot": snapshot("s1", "bash", "/bin/bash")});
+    let path = expected_login_path();
     for i in 0..3 {
         let argv = ["/bin/bash", "-lc", script, "zero", "one"];
         let mut extra = snap.clone();
@@ -81,7 +106,7 @@ async fn startup_files_run_once_per_scope_and_their_state_is_restored() {
             r,
             (
                 format!(
-                    "myfn-called x\nfrom-profile\n/profile/bin:/req/bin:/usr/bin:/bin\n\
+                    "myfn-called x\nfrom-profile\n{path}\n\
                      extglob-on\nzero one\n0027\nline 1\n{per_command}\n"
                 ),
                 0

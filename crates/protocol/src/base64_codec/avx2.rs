@@ -116,10 +116,11 @@ pub(super) fn available() -> bool {
     std::is_x86_feature_detected!("avx2")
 }
 
-/// Both 128-bit lanes set to `t`.
+/// Both 128-bit lanes set to `t` (a table of 16 bytes, `u8` or `i8`).
 #[target_feature(enable = "avx2")]
-fn both_lanes<T>(t: &[T; 16]) -> __m256i {
-    // SAFETY: `t` is 16 bytes (`T` is a byte type here).
+fn both_lanes<T: Copy>(t: &[T; 16]) -> __m256i {
+    const { assert!(std::mem::size_of::<T>() == 1) };
+    // SAFETY: `t` is 16 bytes (checked above at compile time).
     let lane = unsafe { _mm_loadu_si128(t.as_ptr().cast()) };
     _mm256_broadcastsi128_si256(lane)
 }
