@@ -1,9 +1,10 @@
 //! `ByteChunk`: raw bytes carried as standard padded base64.
 //!
-//! Encoding and decoding run on [`crate::base64_codec`] (AVX-512 VBMI kernels
-//! where the CPU has them, `base64-simd`'s AVX2/SSE/NEON or scalar code
-//! elsewhere): the byte-carrying methods spend most of their time here. Refusals keep the `base64` crate's wording (the reference's),
-//! so a bad string is re-decoded by that crate only to name the fault.
+//! Encoding and decoding run on [`crate::base64_codec`] (our AVX-512 VBMI or
+//! AVX2 kernels where the CPU has them, `base64-simd` elsewhere): the
+//! byte-carrying methods spend most of their time here. Refusals keep the
+//! `base64` crate's wording (the reference's), so a bad string is re-decoded
+//! by that crate only to name the fault.
 
 use base64::Engine;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -84,6 +85,11 @@ pub fn decode_owned(text: String) -> Result<Vec<u8>, DecodeError> {
     if !crate::base64_codec::is_valid(text.as_bytes()) {
         return Err(fault(text.as_bytes()));
     }
+    decode_checked_in_place(text)
+}
+
+/// Decodes `text`, already checked to be base64, in its own buffer.
+fn decode_checked_in_place(text: String) -> Result<Vec<u8>, DecodeError> {
     let mut buf = text.into_bytes();
     let Some(n) = crate::base64_codec::decode_in_place(&mut buf) else {
         return Err(DecodeError("Invalid padding".into()));
@@ -151,7 +157,7 @@ impl<'de> Deserialize<'de> for LenientChunk {
             let fault = fault(text.as_bytes());
             return Ok(LenientChunk::Invalid { text, fault });
         }
-        match decode_owned(text) {
+        match decode_checked_in_place(text) {
             Ok(v) => Ok(LenientChunk::from(v)),
             // Checked above; unreachable, but never a panic.
             Err(fault) => Ok(LenientChunk::Invalid {

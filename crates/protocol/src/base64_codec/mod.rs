@@ -248,6 +248,5 @@ pub(crate) fn decode_leading_in_place(buf: &mut [u8]) -> (usize, usize) {
         let blocks = unsafe { k.decode(p, buf.len(), p, true) };
         return (blocks * BLOCK_CHARS, blocks * BLOCK_BYTES);
     }
-    let _ = buf;
     (0, 0)
 }

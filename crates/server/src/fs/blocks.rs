@@ -7,7 +7,9 @@ use crate::error::{ExecError, ExecResult};
 use exec_server_protocol::types::*;
 use exec_server_protocol::ByteChunk;
 use nix::sys::stat::SFlag;
+use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
 /// `fs/open`: `mode` `read` (default) or `replace`. A replace writes a
 /// temporary file that `fs/close` renames over the target (see [`write`]).
@@ -32,21 +34,31 @@ pub fn open(p: &OpenParams, table: &HandleTable) -> ExecResult<OpenResponse> {
 
 /// `fs/readBlock`: up to `len` bytes at `offset`; `eof` once the end is reached.
 pub fn read_block(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<ReadBlockResponse> {
+    let file = block_to_read(p, table)?;
+    let mut buf = Vec::new();
+    let n = exec_server_sysio::read_at::append_at(&file, &mut buf, p.len as usize, p.offset)
+        .map_err(ExecError::io)?;
+    Ok(ReadBlockResponse {
+        eof: reached_end(&file, p.offset, n)?,
+        chunk: ByteChunk::from(buf),
+    })
+}
+
+/// The handle's file, once `len` and `offset` are in range.
+fn block_to_read(p: &ReadBlockParams, table: &HandleTable) -> ExecResult<Arc<File>> {
     if p.len == 0 || p.len > MAX_BLOCK_BYTES {
         return Err(ExecError::invalid_input(format!(
             "file read block length must be between 1 and {MAX_BLOCK_BYTES}"
         )));
     }
     check_offset(p.offset, p.len)?;
-    let file = table.get(&p.handle_id)?;
-    let mut buf = Vec::new();
-    let n = exec_server_sysio::read_at::append_at(&file, &mut buf, p.len as usize, p.offset)
-        .map_err(ExecError::io)?;
+    table.get(&p.handle_id)
+}
+
+/// Whether `n` bytes read at `offset` reached the file's end.
+fn reached_end(file: &File, offset: u64, n: usize) -> ExecResult<bool> {
     let size = file.metadata().map_err(ExecError::io)?.len();
-    Ok(ReadBlockResponse {
-        eof: p.offset + n as u64 >= size,
-        chunk: ByteChunk::from(buf),
-    })
+    Ok(offset + n as u64 >= size)
 }
 
 /// Pieces [`read_block_pieces`] hands over: 96 KiB, a multiple of 3 (so
@@ -69,13 +81,7 @@ pub fn read_block_pieces(
     thread_local! {
         static PIECE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    if p.len == 0 || p.len > MAX_BLOCK_BYTES {
-        return Err(ExecError::invalid_input(format!(
-            "file read block length must be between 1 and {MAX_BLOCK_BYTES}"
-        )));
-    }
-    check_offset(p.offset, p.len)?;
-    let file = table.get(&p.handle_id)?;
+    let file = block_to_read(p, table)?;
     let len = p.len as usize;
     let n = PIECE
         .with_borrow_mut(|buf| {
@@ -100,8 +106,7 @@ pub fn read_block_pieces(
             Ok::<_, std::io::Error>(done)
         })
         .map_err(ExecError::io)?;
-    let size = file.metadata().map_err(ExecError::io)?.len();
-    Ok((n, p.offset + n as u64 >= size))
+    Ok((n, reached_end(&file, p.offset, n)?))
 }
 
 fn check_offset(offset: u64, len: u64) -> ExecResult<()> {

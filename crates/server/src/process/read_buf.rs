@@ -13,10 +13,9 @@ const KEEP_FRACTION: usize = 2;
 /// handed out ([`ReadBuf::take`]). Reads land in unused capacity: a fresh
 /// buffer is never zeroed (that was 3 % of the server's time streaming).
 pub struct ReadBuf {
-    /// `headroom` bytes of room for a frame header, then the bytes read so
-    /// far (the length covers exactly those); capacity for `size` of them.
-    vec: Vec<u8>,
-    headroom: usize,
+    /// Room for a frame header, then the bytes read so far (the payload);
+    /// capacity for `size` of them.
+    buf: Filled,
     size: usize,
 }
 
@@ -28,16 +27,9 @@ impl ReadBuf {
     /// (at least a binary frame's header and head).
     pub fn new(headroom: usize, size: usize) -> Self {
         ReadBuf {
-            vec: Self::fresh(headroom, size),
-            headroom,
+            buf: Filled::with_room(headroom, size),
             size,
         }
-    }
-
-    fn fresh(headroom: usize, size: usize) -> Vec<u8> {
-        let mut vec = Vec::with_capacity(headroom + size);
-        vec.resize(headroom, 0);
-        vec
     }
 
     /// One non-blocking read from `fd` after the first `at` bytes read
@@ -47,15 +39,17 @@ impl ReadBuf {
     /// # Errors
     /// The read's error; `WouldBlock` when nothing is there yet.
     pub fn read_from(&mut self, fd: impl std::os::fd::AsFd, at: usize) -> std::io::Result<usize> {
-        let at = at.min(self.vec.len() - self.headroom);
-        self.vec.truncate(self.headroom + at);
-        exec_server_sysio::read_at::append_once(fd, &mut self.vec, self.size - at)
+        let at = at.min(self.buf.payload().len());
+        let headroom = self.buf.headroom();
+        let vec = self.buf.as_mut_vec();
+        vec.truncate(headroom + at);
+        exec_server_sysio::read_at::append_once(fd, vec, self.size - at)
     }
 
     /// The first `n` bytes read (fewer if fewer are there).
     pub fn filled(&self, n: usize) -> &[u8] {
-        let end = self.vec.len().min(self.headroom.saturating_add(n));
-        &self.vec[self.headroom..end]
+        let payload = self.buf.payload();
+        &payload[..n.min(payload.len())]
     }
 
     /// How many bytes a read may return.
@@ -67,8 +61,9 @@ impl ReadBuf {
     pub fn grow(&mut self, size: usize) {
         if size > self.size {
             self.size = size;
-            self.vec
-                .reserve_exact(self.headroom + size - self.vec.len());
+            let headroom = self.buf.headroom();
+            let vec = self.buf.as_mut_vec();
+            vec.reserve_exact(headroom + size - vec.len());
         }
     }
 
@@ -76,17 +71,18 @@ impl ReadBuf {
     /// empties the buffer. A large read takes the buffer's allocation (a
     /// new one is made for the next read); a small one is copied.
     pub fn take(&mut self, n: usize) -> Filled {
-        let n = n.min(self.vec.len() - self.headroom);
+        let n = n.min(self.buf.payload().len());
+        let headroom = self.buf.headroom();
         if n * KEEP_FRACTION < self.size {
             // Without room in front: a log of small chunks stays their size
             // (a frame then copies them once, cheaply).
-            let filled = Filled::copy_of(&self.vec[self.headroom..self.headroom + n], 0);
-            self.vec.truncate(self.headroom);
+            let filled = Filled::copy_of(&self.buf.payload()[..n], 0);
+            self.buf.as_mut_vec().truncate(headroom);
             return filled;
         }
-        let mut vec = std::mem::replace(&mut self.vec, Self::fresh(self.headroom, self.size));
-        vec.truncate(self.headroom + n);
-        Filled::from_parts(vec, self.headroom)
+        let mut out = std::mem::replace(&mut self.buf, Filled::with_room(headroom, self.size));
+        out.as_mut_vec().truncate(headroom + n);
+        out
     }
 }
 
