@@ -209,7 +209,7 @@ impl OutputLog {
                     // only output merely pushed (perhaps lost with a dropped
                     // link) is worth a disk write.
                     if let (Some(spool), Some(c), false) = (&mut self.spool, c, self.ack_mode) {
-                        spool.append(c.seq, c.stream, &c.data);
+                        spool.append(c.seq, c.stream, c.data);
                     }
                 }
                 _ => break,

@@ -10,7 +10,13 @@
 //! server-wide budget would be passed, which the reader sees as a seq jump.
 //!
 //! Record layout (little-endian): seq `u64`, stream `u8`, length `u32`, bytes.
+//!
+//! The writes themselves run on the server's [`writer`] thread; a read waits
+//! for the spool's queued writes first.
 
+mod writer;
+
+use bytes::Bytes;
 use exec_server_protocol::types::{OutputStream, ProcessOutputChunk};
 use exec_server_protocol::ByteChunk;
 use std::collections::VecDeque;
@@ -20,6 +26,7 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, Per
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use writer::{Outstanding, Writer};
 
 /// Default cap of spooled output per process: 256 MiB.
 pub const DEFAULT_SPOOL_BYTES_PER_PROCESS: u64 = 256 * 1024 * 1024;
@@ -30,11 +37,16 @@ pub const DEFAULT_SPOOL_TOTAL_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 pub const SPOOL_PAGE_BYTES: u64 = 4 * 1024 * 1024;
 /// Spacing of the in-memory index into a segment: one entry per 64 KiB.
 const INDEX_EVERY_BYTES: u64 = 64 * 1024;
-/// Records are gathered into writes of this size (fewer system calls on the
-/// pump's path), and flushed before any read: 256 KiB.
-const WRITE_BUFFER_BYTES: usize = 256 * 1024;
+/// Records are gathered into one vectored write of about this size before
+/// they go to the writer, and flushed before any read: 1 MiB. Fresh page
+/// cache filled by 1 MiB writes cost about 30 % less per byte than by one
+/// write a 128 KiB record (measured on the development VM).
+const GATHER_BYTES: usize = 1024 * 1024;
+/// Most pieces one gathered write holds (well under `IOV_MAX`).
+const GATHER_PIECES: usize = 64;
 const HEADER_BYTES: usize = 13;
-/// Chunks this long are written straight from their buffer: 64 KiB.
+/// Chunks this long are written straight from their buffer, not copied among
+/// the small records: 64 KiB.
 const DIRECT_WRITE_BYTES: usize = 64 * 1024;
 
 /// Where and how much to spool; shared by every process of a server.
@@ -44,6 +56,7 @@ pub struct SpoolConfig {
     per_process: u64,
     total: u64,
     used: AtomicU64,
+    writer: Writer,
 }
 
 impl SpoolConfig {
@@ -87,6 +100,7 @@ impl SpoolConfig {
             per_process,
             total,
             used: AtomicU64::new(0),
+            writer: Writer::start(),
         }))
     }
 
@@ -128,7 +142,9 @@ impl SpoolConfig {
         self.used.fetch_sub(n, Ordering::Relaxed);
     }
 
-    fn open_file(&self) -> io::Result<File> {
+    /// A new anonymous file in the directory (`O_TMPFILE`, or created and
+    /// unlinked at once where the file system lacks it), mode 0600.
+    fn open_file(&self) -> io::Result<Arc<File>> {
         let anonymous = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -136,8 +152,7 @@ impl SpoolConfig {
             .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
             .open(&self.dir);
         match anonymous {
-            Ok(f) => Ok(f),
-            // No O_TMPFILE on this file system: a fresh name, unlinked at once.
+            Ok(f) => Ok(Arc::new(f)),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {
                 static NEXT: AtomicU64 = AtomicU64::new(0);
                 let name = self.dir.join(format!(
@@ -153,7 +168,7 @@ impl SpoolConfig {
                     .custom_flags(libc::O_CLOEXEC)
                     .open(&name)?;
                 std::fs::remove_file(&name)?;
-                Ok(f)
+                Ok(Arc::new(f))
             }
             Err(e) => Err(e),
         }
@@ -163,11 +178,15 @@ impl SpoolConfig {
 /// One file of a process's spool.
 #[derive(Debug)]
 struct Segment {
-    file: File,
+    file: Arc<File>,
     /// Bytes in the segment (headers included), the unflushed tail too.
     len: u64,
-    /// Records not yet written to `file`: they start at `len - pending.len()`.
-    pending: Vec<u8>,
+    /// The tail not yet handed to the writer, in order: `pieces`, then
+    /// `small` (headers and small records, copied). It starts at
+    /// `len - unsent`.
+    pieces: Vec<Bytes>,
+    small: Vec<u8>,
+    unsent: usize,
     /// Output bytes in it (what the caps count).
     data_bytes: u64,
     first_seq: u64,
@@ -177,15 +196,74 @@ struct Segment {
 }
 
 impl Segment {
-    /// Writes the gathered records.
-    fn flush(&mut self) -> io::Result<()> {
-        if self.pending.is_empty() {
-            return Ok(());
+    fn new(file: Arc<File>, first_seq: u64) -> Segment {
+        Segment {
+            file,
+            len: 0,
+            pieces: Vec::new(),
+            small: Vec::new(),
+            unsent: 0,
+            data_bytes: 0,
+            first_seq,
+            last_seq: first_seq,
+            index: Vec::new(),
         }
-        let at = self.len - self.pending.len() as u64;
-        self.file.write_all_at(&self.pending, at)?;
-        self.pending.clear();
-        Ok(())
+    }
+
+    /// Adds a record to the unsent tail; hands the tail to the writer once
+    /// it is [`GATHER_BYTES`] long.
+    fn push(
+        &mut self,
+        header: &[u8; HEADER_BYTES],
+        data: Bytes,
+        config: &SpoolConfig,
+        owner: &Arc<Outstanding>,
+    ) {
+        self.small.extend_from_slice(header);
+        let added = HEADER_BYTES + data.len();
+        if data.len() >= DIRECT_WRITE_BYTES {
+            // A large chunk is written from its own buffer: copying it
+            // among the small records cost as much as writing it.
+            self.seal_small();
+            self.pieces.push(data);
+        } else {
+            self.small.extend_from_slice(&data);
+        }
+        self.len += added as u64;
+        self.unsent += added;
+        if self.unsent >= GATHER_BYTES || self.pieces.len() >= GATHER_PIECES {
+            self.flush(config, owner);
+        }
+    }
+
+    /// Moves the small records gathered so far into `pieces`.
+    fn seal_small(&mut self) {
+        if self.small.is_empty() {
+            return;
+        }
+        // A few headers are copied; a long run of small records hands over
+        // its buffer instead.
+        let piece = if self.small.len() < 4096 {
+            let p = Bytes::copy_from_slice(&self.small);
+            self.small.clear();
+            p
+        } else {
+            Bytes::from(std::mem::take(&mut self.small))
+        };
+        self.pieces.push(piece);
+    }
+
+    /// Hands the unsent tail to the writer.
+    fn flush(&mut self, config: &SpoolConfig, owner: &Arc<Outstanding>) {
+        if self.unsent == 0 {
+            return;
+        }
+        self.seal_small();
+        let at = self.len - self.unsent as u64;
+        config
+            .writer
+            .write(owner, &self.file, at, std::mem::take(&mut self.pieces));
+        self.unsent = 0;
     }
 }
 
@@ -195,8 +273,9 @@ pub struct Spool {
     config: Arc<SpoolConfig>,
     segments: VecDeque<Segment>,
     data_bytes: u64,
-    /// Set once a write failed: nothing more is spooled (gaps stay explicit).
-    broken: bool,
+    /// Writes not yet done; once one failed, nothing more is spooled and
+    /// reads fail (gaps stay explicit).
+    outstanding: Arc<Outstanding>,
 }
 
 impl Spool {
@@ -206,7 +285,7 @@ impl Spool {
             config,
             segments: VecDeque::new(),
             data_bytes: 0,
-            broken: false,
+            outstanding: Arc::new(Outstanding::default()),
         }
     }
 
@@ -223,8 +302,8 @@ impl Spool {
     /// Appends a chunk evicted from memory (chunks come in seq order). Returns
     /// false when it could not be kept (caps, disk errors): the reader then
     /// sees a gap.
-    pub fn append(&mut self, seq: u64, stream: OutputStream, data: &[u8]) -> bool {
-        if self.broken || data.len() as u64 > self.config.per_process {
+    pub fn append(&mut self, seq: u64, stream: OutputStream, data: Bytes) -> bool {
+        if self.outstanding.failed() || data.len() as u64 > self.config.per_process {
             return false;
         }
         let n = data.len() as u64;
@@ -243,32 +322,27 @@ impl Spool {
                 true
             }
             Err(e) => {
-                tracing::warn!("output spool write failed, spooling stops for this process: {e}");
+                tracing::warn!(
+                    "output spool file could not be made, spooling stops for this process: {e}"
+                );
                 self.config.release(n);
-                self.broken = true;
+                self.outstanding.mark_failed();
                 false
             }
         }
     }
 
-    fn write_record(&mut self, seq: u64, stream: OutputStream, data: &[u8]) -> io::Result<()> {
+    fn write_record(&mut self, seq: u64, stream: OutputStream, data: Bytes) -> io::Result<()> {
         let full = self
             .segments
             .back()
             .is_none_or(|s| s.len >= self.config.segment_bytes());
         if full {
             if let Some(last) = self.segments.back_mut() {
-                last.flush()?;
+                last.flush(&self.config, &self.outstanding);
             }
-            self.segments.push_back(Segment {
-                file: self.config.open_file()?,
-                len: 0,
-                pending: Vec::with_capacity(WRITE_BUFFER_BYTES),
-                data_bytes: 0,
-                first_seq: seq,
-                last_seq: seq,
-                index: Vec::new(),
-            });
+            self.segments
+                .push_back(Segment::new(self.config.open_file()?, seq));
         }
         let Some(seg) = self.segments.back_mut() else {
             return Err(io::Error::other("no segment"));
@@ -281,25 +355,13 @@ impl Spool {
         {
             seg.index.push((seq, seg.len));
         }
-        seg.pending.extend_from_slice(&seq.to_le_bytes());
-        seg.pending.push(stream_code(stream));
-        seg.pending.extend_from_slice(&len.to_le_bytes());
-        if data.len() >= DIRECT_WRITE_BYTES {
-            // A large chunk goes to the file as it is, after what is
-            // buffered: copying it into the buffer first cost as much as
-            // writing it.
-            seg.len += HEADER_BYTES as u64;
-            seg.flush()?;
-            seg.file.write_all_at(data, seg.len)?;
-            seg.len += data.len() as u64;
-        } else {
-            seg.pending.extend_from_slice(data);
-            seg.len += (HEADER_BYTES + data.len()) as u64;
-            if seg.pending.len() >= WRITE_BUFFER_BYTES {
-                seg.flush()?;
-            }
-        }
-        seg.data_bytes += data.len() as u64;
+        let mut header = [0u8; HEADER_BYTES];
+        header[..8].copy_from_slice(&seq.to_le_bytes());
+        header[8] = stream_code(stream);
+        header[9..].copy_from_slice(&len.to_le_bytes());
+        let n = data.len() as u64;
+        seg.push(&header, data, &self.config, &self.outstanding);
+        seg.data_bytes += n;
         seg.last_seq = seq;
         Ok(())
     }
@@ -322,10 +384,11 @@ impl Spool {
         out: &mut Vec<ProcessOutputChunk>,
     ) -> io::Result<(u64, bool)> {
         if let Some(last) = self.segments.back_mut() {
-            if let Err(e) = last.flush() {
-                self.broken = true;
-                return Err(e);
-            }
+            last.flush(&self.config, &self.outstanding);
+        }
+        self.outstanding.wait_idle();
+        if self.outstanding.failed() {
+            return Err(io::Error::other("an earlier spool write failed"));
         }
         let mut total = 0u64;
         for seg in self.segments.iter().filter(|s| s.last_seq > after) {
@@ -419,7 +482,15 @@ mod tests {
         };
         for seq in 1..=5000u64 {
             let data = vec![(seq % 251) as u8; len(seq)];
-            assert!(sp.append(seq, OutputStream::Stderr, &data));
+            assert!(sp.append(seq, OutputStream::Stderr, Bytes::from(data)));
+            if seq % 1000 == 0 {
+                // A read mid-stream sees every write handed over so far,
+                // and the appends after it land after what it flushed.
+                let mut out = Vec::new();
+                sp.read(seq - 3, u64::MAX, &mut out).unwrap();
+                let seqs: Vec<u64> = out.iter().map(|c| c.seq).collect();
+                assert_eq!(seqs, vec![seq - 2, seq - 1, seq]);
+            }
         }
         for after in [0, 1, 777, 4998, 4999, 5000] {
             let mut out = Vec::new();
@@ -445,9 +516,9 @@ mod tests {
         let d = dir("caps");
         let cfg = SpoolConfig::new(&d, 4 << 20, 6 << 20).unwrap();
         let mut a = Spool::new(cfg.clone());
-        let chunk = vec![7u8; 64 * 1024];
+        let chunk = Bytes::from(vec![7u8; 64 * 1024]);
         for seq in 1..=200u64 {
-            assert!(a.append(seq, OutputStream::Stdout, &chunk));
+            assert!(a.append(seq, OutputStream::Stdout, chunk.clone()));
         }
         assert!(a.data_bytes() <= 4 << 20);
         let first = a.first_seq().unwrap();
@@ -464,7 +535,7 @@ mod tests {
         // the second drops its own oldest to stay within it.
         let mut b = Spool::new(cfg.clone());
         for seq in 1..=100u64 {
-            b.append(seq, OutputStream::Stdout, &chunk);
+            b.append(seq, OutputStream::Stdout, chunk.clone());
         }
         assert!(cfg.used_bytes() <= 6 << 20);
         assert_eq!(a.first_seq(), Some(first));
