@@ -48,24 +48,29 @@ ours_put() { "$BIN" fs --connect "$URL" put "$WORK/src" "$WORK/put.out" >/dev/nu
 ours_get() { "$BIN" fs --connect "$URL" get "$WORK/put.out" "$WORK/get.out" >/dev/null 2>&1; }
 
 printf '%-8s %12s %12s %12s %12s %12s\n' run "head|wc" "run|wc" cp "fs put" "fs get"
-# Each copy starts with no dirty pages (`sync`, untimed): otherwise the one
-# that runs after the others' writes pays for their writeback.
+# Every copy starts from the same state: no dirty pages (`sync`, untimed),
+# and its own output of the run before deleted just before it. So each one
+# fills page cache freed a moment ago (or, in run 1, never used), whichever
+# comes first: filling memory the VM's host took back costs several times
+# more than filling memory just freed, and a copy that ran after another
+# copy's output was deleted would otherwise get that memory and the other
+# would not.
 for r in $(seq "$RUNS"); do
     a=$(secs local_stream)
     b=$(secs ours_stream)
     rm -f "$WORK/cp.out"
     sync
     c=$(secs local_cp)
-    rm -f "$WORK/cp.out"
+    rm -f "$WORK/put.out"
     sync
     d=$(secs ours_put)
+    rm -f "$WORK/get.out"
     sync
     e=$(secs ours_get)
     cmp -s "$WORK/src" "$WORK/get.out" || {
         echo "fs get: contents differ" >&2
         exit 1
     }
-    rm -f "$WORK/put.out" "$WORK/get.out"
     printf '%-8s %12s %12s %12s %12s %12s\n' "$r" "$(rate "$a")" "$(rate "$b")" "$(rate "$c")" "$(rate "$d")" "$(rate "$e")"
 done
 echo "MiB/s; server peak RSS: $(awk '/VmHWM/ {printf "%.1f MiB", $2/1024}' "/proc/$SERVER/status")"

@@ -319,15 +319,21 @@ async fn a_slow_consumer_keeps_client_memory_bounded() {
 }
 
 /// A client that never acknowledges and pages 256 MiB with `process/read`
-/// while the same output is pushed to it: every byte arrives, from the spool,
-/// and the server's memory stays under 64 MiB.
+/// while the same output is pushed to it: with a spool that large (the
+/// default is 64 MiB), every byte arrives, from the spool, and the server's
+/// memory stays under 64 MiB.
 #[tokio::test]
 async fn a_non_acknowledging_pager_gets_every_byte_from_the_spool() {
     let spool = tmpdir("spool-pager");
     let spool_dir = spool.join("s");
-    let s = Server::start(&["--output-spool-dir", spool_dir.to_str().unwrap()]);
-    let mut c = Conn::open(&s.url, None).await;
     let total: u64 = 256 * 1024 * 1024;
+    let s = Server::start(&[
+        "--output-spool-dir",
+        spool_dir.to_str().unwrap(),
+        "--output-spool-bytes",
+        &total.to_string(),
+    ]);
+    let mut c = Conn::open(&s.url, None).await;
     c.ok_dropping_notifications(
         "process/start",
         start_params(

@@ -28,8 +28,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use writer::{Outstanding, Writer};
 
-/// Default cap of spooled output per process: 256 MiB.
-pub const DEFAULT_SPOOL_BYTES_PER_PROCESS: u64 = 256 * 1024 * 1024;
+/// Default cap of spooled output per process: 64 MiB, 64 times what the
+/// reference retains. A link drop loses at most what was in flight (socket
+/// buffers: a few MiB), so this also leaves room for a reader that pages late.
+/// Larger caps cost page cache that is rarely read: a stream past the cap
+/// writes over its recycled segments instead of filling fresh memory (see
+/// `Spool::spare`), about a fifth of the cost. `--output-spool-bytes` sets it.
+pub const DEFAULT_SPOOL_BYTES_PER_PROCESS: u64 = 64 * 1024 * 1024;
 /// Default cap of spooled output across the server: 4 GiB.
 pub const DEFAULT_SPOOL_TOTAL_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 /// Most output bytes one `process/read` without `maxBytes` returns from the
