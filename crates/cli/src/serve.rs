@@ -126,13 +126,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub output_spool_dir: Option<PathBuf>,
 
-    /// Most output bytes spooled per process (oldest dropped first, seen by a
-    /// reader as a seq jump); 0 turns the spool off.
+    /// Most bytes spooled per process: output plus a 13-byte header a chunk
+    /// (oldest dropped first, seen by a reader as a seq jump). The file of
+    /// the last dropped segment (a quarter of this) is kept for reuse while
+    /// the server's budget has room. 0 turns the spool off.
     #[arg(long, default_value_t = exec_server::process::spool::DEFAULT_SPOOL_BYTES_PER_PROCESS, value_name = "BYTES")]
     pub output_spool_bytes: u64,
 
-    /// Most output bytes spooled across all processes; a process over the
-    /// budget drops its own oldest spooled output first.
+    /// Most bytes spooled across all processes (headers and kept files
+    /// included); a process over the budget drops its own oldest spooled
+    /// output first.
     #[arg(long, default_value_t = exec_server::process::spool::DEFAULT_SPOOL_TOTAL_BYTES, value_name = "BYTES")]
     pub output_spool_total_bytes: u64,
 

@@ -319,7 +319,7 @@ async fn a_slow_consumer_keeps_client_memory_bounded() {
 }
 
 /// A client that never acknowledges and pages 256 MiB with `process/read`
-/// while the same output is pushed to it: with a spool that large (the
+/// while the same output is pushed to it: with a spool large enough (the
 /// default is 64 MiB), every byte arrives, from the spool, and the server's
 /// memory stays under 64 MiB.
 #[tokio::test]
@@ -331,7 +331,8 @@ async fn a_non_acknowledging_pager_gets_every_byte_from_the_spool() {
         "--output-spool-dir",
         spool_dir.to_str().unwrap(),
         "--output-spool-bytes",
-        &total.to_string(),
+        // Room for the records' headers too.
+        &(2 * total).to_string(),
     ]);
     let mut c = Conn::open(&s.url, None).await;
     c.ok_dropping_notifications(

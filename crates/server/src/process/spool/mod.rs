@@ -192,7 +192,8 @@ struct Segment {
     pieces: Vec<Bytes>,
     small: Vec<u8>,
     unsent: usize,
-    /// Output bytes in it (what the caps count).
+    /// Bytes of its records, headers included (what the caps count; with
+    /// no padding, also its length on disk).
     data_bytes: u64,
     first_seq: u64,
     last_seq: u64,
@@ -281,12 +282,14 @@ pub struct Spool {
     /// Writes not yet done; once one failed, nothing more is spooled and
     /// reads fail (gaps stay explicit).
     outstanding: Arc<Outstanding>,
-    /// The file of the segment dropped last, written over by the next
-    /// segment: its pages are already in the page cache, and writing over
-    /// them costs a fraction of filling fresh ones (about a fifth on the
-    /// development VM), so a stream longer than the cap stops paying for
-    /// fresh memory once the cap is reached.
-    spare: Option<Arc<File>>,
+    /// The file of the segment dropped last, and its length, written over
+    /// by the next segment: its pages are already in the page cache, and
+    /// writing over them costs a fraction of filling fresh ones (about a
+    /// fifth on the development VM), so a stream longer than the cap stops
+    /// paying for fresh memory once the cap is reached. Its length counts
+    /// against the server's budget until it is reused; a spare the budget
+    /// has no room for is closed instead.
+    spare: Option<(Arc<File>, u64)>,
 }
 
 impl Spool {
@@ -306,7 +309,8 @@ impl Spool {
         self.segments.front().map(|s| s.first_seq)
     }
 
-    /// Output bytes on disk.
+    /// Bytes of the records on disk: output plus a 13-byte header a chunk
+    /// (what the caps count), not counting the spare file.
     pub fn data_bytes(&self) -> u64 {
         self.data_bytes
     }
@@ -315,18 +319,22 @@ impl Spool {
     /// false when it could not be kept (caps, disk errors): the reader then
     /// sees a gap.
     pub fn append(&mut self, seq: u64, stream: OutputStream, data: Bytes) -> bool {
-        if self.outstanding.failed() || data.len() as u64 > self.config.per_process {
+        // The caps count the record as it is on disk, header included: a
+        // flood of one-byte chunks is bounded as tightly as a stream.
+        let n = data.len() as u64 + HEADER_BYTES as u64;
+        if self.outstanding.failed() || n > self.config.per_process {
             return false;
         }
-        let n = data.len() as u64;
         while self.data_bytes + n > self.config.per_process {
-            self.drop_oldest();
+            self.drop_oldest(true);
         }
         while !self.config.reserve(n) {
             if self.segments.is_empty() {
                 return false;
             }
-            self.drop_oldest();
+            // The server's budget is short: no spare is kept, so each drop
+            // frees its whole segment.
+            self.drop_oldest(false);
         }
         match self.write_record(seq, stream, data) {
             Ok(()) => {
@@ -354,10 +362,12 @@ impl Spool {
                 last.flush(&self.config, &self.outstanding);
             }
             let file = match self.spare.take() {
-                Some(file) => {
+                Some((file, size)) => {
                     // Writes still queued for its old records must land
                     // before the new ones, which may be written inline.
                     self.outstanding.wait_idle();
+                    // From here on its records count, as they are written.
+                    self.config.release(size);
                     file
                 }
                 None => self.config.open_file()?,
@@ -379,18 +389,25 @@ impl Spool {
         header[..8].copy_from_slice(&seq.to_le_bytes());
         header[8] = stream_code(stream);
         header[9..].copy_from_slice(&len.to_le_bytes());
-        let n = data.len() as u64;
+        let n = data.len() as u64 + HEADER_BYTES as u64;
         seg.push(&header, data, &self.config, &self.outstanding);
         seg.data_bytes += n;
         seg.last_seq = seq;
         Ok(())
     }
 
-    fn drop_oldest(&mut self) {
+    /// Drops the oldest segment; its file becomes the spare when `keep` and
+    /// the server's budget has room for it.
+    fn drop_oldest(&mut self, keep: bool) {
         if let Some(seg) = self.segments.pop_front() {
             self.data_bytes -= seg.data_bytes;
             self.config.release(seg.data_bytes);
-            self.spare = Some(seg.file);
+            if let Some((_, size)) = self.spare.take() {
+                self.config.release(size);
+            }
+            if keep && self.config.reserve(seg.len) {
+                self.spare = Some((seg.file, seg.len));
+            }
         }
     }
 
@@ -448,6 +465,9 @@ impl Spool {
 impl Drop for Spool {
     fn drop(&mut self) {
         self.config.release(self.data_bytes);
+        if let Some((_, size)) = self.spare.take() {
+            self.config.release(size);
+        }
     }
 }
 
@@ -580,6 +600,50 @@ mod tests {
         assert!(cfg.used_bytes() <= 6 << 20);
         assert_eq!(a.first_seq(), first);
         drop((a, b));
+        assert_eq!(cfg.used_bytes(), 0);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The caps bound what is on disk: record headers count (a flood of
+    /// one-byte chunks stays within them), and so does the spare file,
+    /// against the server's budget.
+    #[test]
+    fn caps_count_headers_and_the_spare() {
+        let d = dir("headers");
+        let cap = 1 << 20;
+        let cfg = SpoolConfig::new(&d, cap, 2 << 20).unwrap();
+        let mut sp = Spool::new(cfg.clone());
+        for seq in 1..=200_000u64 {
+            sp.append(seq, OutputStream::Stdout, Bytes::from_static(b"x"));
+        }
+        let on_disk = |sp: &Spool| sp.segments.iter().map(|s| s.len).sum::<u64>();
+        assert_eq!(
+            sp.data_bytes(),
+            on_disk(&sp),
+            "every byte on disk is counted"
+        );
+        assert!(
+            on_disk(&sp) <= cap,
+            "{} bytes on disk over a {cap}-byte cap",
+            on_disk(&sp)
+        );
+        assert_eq!(cfg.used_bytes(), on_disk(&sp));
+        // A dropped segment's file is kept, and counted, until it is reused.
+        let oldest = sp.segments.front().map(|s| s.len).unwrap();
+        sp.drop_oldest(true);
+        assert_eq!(sp.spare.as_ref().map(|&(_, size)| size), Some(oldest));
+        assert_eq!(cfg.used_bytes(), on_disk(&sp) + oldest);
+        for seq in 200_001..=300_000u64 {
+            sp.append(seq, OutputStream::Stdout, Bytes::from_static(b"x"));
+        }
+        let spare = sp.spare.as_ref().map_or(0, |&(_, size)| size);
+        assert_eq!(cfg.used_bytes(), on_disk(&sp) + spare);
+        // The last record is still there, exactly.
+        let mut out = Vec::new();
+        sp.read(299_999, u64::MAX, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].seq, &out[0].chunk.0[..]), (300_000, &b"x"[..]));
+        drop(sp);
         assert_eq!(cfg.used_bytes(), 0);
         std::fs::remove_dir_all(&d).unwrap();
     }
