@@ -184,17 +184,14 @@ impl SpoolConfig {
 #[derive(Debug)]
 struct Segment {
     file: Arc<File>,
-    /// Bytes in the segment (headers included), the unflushed tail too.
+    /// Bytes in the segment, headers included, the unflushed tail too:
+    /// its length on disk and what the caps count.
     len: u64,
     /// The tail not yet handed to the writer, in order: `pieces`, then
     /// `small` (headers and small records, copied). It starts at
-    /// `len - unsent`.
+    /// `len - unsent()`.
     pieces: Vec<Bytes>,
     small: Vec<u8>,
-    unsent: usize,
-    /// Bytes of its records, headers included (what the caps count; with
-    /// no padding, also its length on disk).
-    data_bytes: u64,
     first_seq: u64,
     last_seq: u64,
     /// (seq, offset) of a record at least every [`INDEX_EVERY_BYTES`].
@@ -208,8 +205,6 @@ impl Segment {
             len: 0,
             pieces: Vec::new(),
             small: Vec::new(),
-            unsent: 0,
-            data_bytes: 0,
             first_seq,
             last_seq: first_seq,
             index: Vec::new(),
@@ -236,8 +231,7 @@ impl Segment {
             self.small.extend_from_slice(&data);
         }
         self.len += added as u64;
-        self.unsent += added;
-        if self.unsent >= GATHER_BYTES || self.pieces.len() >= GATHER_PIECES {
+        if self.unsent() >= GATHER_BYTES || self.pieces.len() >= GATHER_PIECES {
             self.flush(config, owner);
         }
     }
@@ -259,17 +253,22 @@ impl Segment {
         self.pieces.push(piece);
     }
 
+    /// Bytes of the tail not yet handed to the writer.
+    fn unsent(&self) -> usize {
+        self.pieces.iter().map(Bytes::len).sum::<usize>() + self.small.len()
+    }
+
     /// Hands the unsent tail to the writer.
     fn flush(&mut self, config: &SpoolConfig, owner: &Arc<Outstanding>) {
-        if self.unsent == 0 {
+        let unsent = self.unsent();
+        if unsent == 0 {
             return;
         }
         self.seal_small();
-        let at = self.len - self.unsent as u64;
+        let at = self.len - unsent as u64;
         config
             .writer
             .write(owner, &self.file, at, std::mem::take(&mut self.pieces));
-        self.unsent = 0;
     }
 }
 
@@ -389,9 +388,7 @@ impl Spool {
         header[..8].copy_from_slice(&seq.to_le_bytes());
         header[8] = stream_code(stream);
         header[9..].copy_from_slice(&len.to_le_bytes());
-        let n = data.len() as u64 + HEADER_BYTES as u64;
         seg.push(&header, data, &self.config, &self.outstanding);
-        seg.data_bytes += n;
         seg.last_seq = seq;
         Ok(())
     }
@@ -400,8 +397,8 @@ impl Spool {
     /// the server's budget has room for it.
     fn drop_oldest(&mut self, keep: bool) {
         if let Some(seg) = self.segments.pop_front() {
-            self.data_bytes -= seg.data_bytes;
-            self.config.release(seg.data_bytes);
+            self.data_bytes -= seg.len;
+            self.config.release(seg.len);
             if let Some((_, size)) = self.spare.take() {
                 self.config.release(size);
             }
