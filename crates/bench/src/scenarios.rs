@@ -3,7 +3,7 @@
 
 pub use crate::local::local;
 use crate::server::Running;
-use crate::wire::{b64e_into, start_params, wait_closed, Conn, Response};
+use crate::wire::{request_ending_in_base64, start_params, wait_closed, Conn, Response};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -362,12 +362,12 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
                     let path = json!(uri).to_string();
                     let rx = c
                         .send_with(|id| {
-                            let mut text = format!(
-                                "{{\"id\":{id},\"method\":\"fs/writeFile\",\"params\":{{\"path\":{path},\"dataBase64\":\""
-                            );
-                            b64e_into(&data, &mut text);
-                            text.push_str("\"}}");
-                            text
+                            request_ending_in_base64(
+                                &format!(
+                                    "{{\"id\":{id},\"method\":\"fs/writeFile\",\"params\":{{\"path\":{path},\"dataBase64\":\""
+                                ),
+                                &data,
+                            )
                         })
                         .await?;
                     rx.await.map_err(|_| "closed")?.result_text()?;
@@ -514,13 +514,13 @@ async fn write_blocks(c: &Conn, uri: &str, data: &[u8]) -> Result<(), String> {
         }
         queue.push_back(
             c.send_with(|id| {
-                let mut text = format!(
-                    "{{\"id\":{id},\"method\":\"fs/writeBlock\",\"params\":{{\"handleId\":\"w\",\"offset\":{},\"chunk\":\"",
-                    i * BLOCK
-                );
-                b64e_into(block, &mut text);
-                text.push_str("\"}}");
-                text
+                request_ending_in_base64(
+                    &format!(
+                        "{{\"id\":{id},\"method\":\"fs/writeBlock\",\"params\":{{\"handleId\":\"w\",\"offset\":{},\"chunk\":\"",
+                        i * BLOCK
+                    ),
+                    block,
+                )
             })
             .await?,
         );

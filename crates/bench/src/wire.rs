@@ -80,9 +80,19 @@ pub fn b64_len(s: &str) -> usize {
     s.len() / 4 * 3 - pad
 }
 
-/// Appends standard padded base64 to `out`.
-pub fn b64e_into(d: &[u8], out: &mut String) {
-    exec_server_protocol::base64_codec::encode_append(d, out)
+/// A request whose text ends in one base64 string member: `head` (the text
+/// up to and including the string's opening quote), `data` in standard
+/// padded base64, then `"}}`. Sized once: growing a message of megabytes by
+/// its last three bytes would copy it whole.
+pub fn request_ending_in_base64(head: &str, data: &[u8]) -> String {
+    const TAIL: &str = "\"}}";
+    let mut text = String::with_capacity(
+        head.len() + exec_server_protocol::bytes::encoded_len(data.len()) + TAIL.len(),
+    );
+    text.push_str(head);
+    exec_server_protocol::base64_codec::encode_append(data, &mut text);
+    text.push_str(TAIL);
+    text
 }
 
 impl Conn {
