@@ -98,8 +98,10 @@ pub fn request_ending_in_base64(head: &str, data: &[u8]) -> String {
 impl Conn {
     pub async fn connect(url: &str) -> Result<Conn, String> {
         let mut cfg = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
-        cfg.max_message_size = Some(1 << 30);
-        cfg.max_frame_size = Some(1 << 30);
+        // Room for the 85 MiB whole-file messages; a long fragmented
+        // message reserves up to this much heap (see `warm_heap`).
+        cfg.max_message_size = Some(256 << 20);
+        cfg.max_frame_size = Some(256 << 20);
         let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(cfg), true)
             .await
             .map_err(|e| e.to_string())?;
