@@ -130,7 +130,10 @@ pub fn write_block(p: &WriteBlockParams, table: &HandleTable) -> ExecResult<Empt
         )));
     }
     check_offset(p.offset, len)?;
-    let file = table.get(&p.handle_id)?;
+    let (file, prealloc) = table.get_for_write(&p.handle_id)?;
+    if let Some(prealloc) = prealloc {
+        prealloc.before_write(&file, p.offset, len);
+    }
     file.write_all_at(&p.chunk.0, p.offset)
         .map_err(ExecError::io)?;
     Ok(Empty {})

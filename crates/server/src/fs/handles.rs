@@ -1,15 +1,18 @@
 //! Open file handles of a session (`fs/open`), by client-chosen id.
 
+use super::prealloc::Preallocation;
 use super::write::{PendingReplace, Writer};
 use crate::error::{ExecError, ExecResult};
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// One open handle: the file, and for a replace the rename still to do.
+/// One open handle: the file, and for a replace the rename still to do and
+/// the space reserved ahead of its writes.
 pub struct Handle {
     file: Arc<File>,
     replace: Option<PendingReplace>,
+    prealloc: Option<Arc<Preallocation>>,
 }
 
 impl Handle {
@@ -18,16 +21,14 @@ impl Handle {
         Handle {
             file: Arc::new(file),
             replace: None,
+            prealloc: None,
         }
     }
 
     /// A handle writing through `writer`; closing it commits the write.
     pub fn write(writer: Writer) -> Handle {
         match writer {
-            Writer::Replace(file, pending) => Handle {
-                file: Arc::new(file),
-                replace: Some(pending),
-            },
+            Writer::Replace(file, pending) => Handle::from_parts(file, Some(pending)),
             Writer::InPlace(file) => Handle::read(file),
         }
     }
@@ -39,11 +40,19 @@ impl Handle {
         (self.file, self.replace)
     }
 
-    /// A handle from [`Handle::into_parts`].
+    /// A handle from [`Handle::into_parts`]. A replace's temporary file,
+    /// which nobody sees before the commit, gets space reserved ahead of
+    /// its writes ([`Preallocation`]); a file written in place never does
+    /// (its size is visible).
     pub fn from_parts(file: File, replace: Option<PendingReplace>) -> Handle {
+        let prealloc = replace
+            .as_ref()
+            .and_then(|_| Preallocation::for_file(&file))
+            .map(Arc::new);
         Handle {
             file: Arc::new(file),
             replace,
+            prealloc,
         }
     }
 }
@@ -96,14 +105,29 @@ impl HandleTable {
             .ok_or_else(|| ExecError::not_found(format!("unknown file handle `{id}`")))
     }
 
-    /// Closes `id` (unknown ids are fine); a replace is renamed over its
-    /// target now, and its failure is returned.
+    /// The file under `id` for a write, with the space reservation to
+    /// consult first (replace handles on ext4 and XFS); -32004 as [`Self::get`].
+    pub fn get_for_write(&self, id: &str) -> ExecResult<(Arc<File>, Option<Arc<Preallocation>>)> {
+        self.lock()
+            .get(id)
+            .map(|h| (h.file.clone(), h.prealloc.clone()))
+            .ok_or_else(|| ExecError::not_found(format!("unknown file handle `{id}`")))
+    }
+
+    /// Closes `id` (unknown ids are fine); a replace is cut to the end of
+    /// its writes and renamed over its target now, and a failure of either
+    /// is returned (the target is then left as it was).
     pub fn remove(&self, id: &str) -> std::io::Result<()> {
-        let handle = self.lock().remove(id);
-        match handle.and_then(|h| h.replace) {
-            Some(pending) => pending.commit(),
-            None => Ok(()),
+        let Some(handle) = self.lock().remove(id) else {
+            return Ok(());
+        };
+        let Some(pending) = handle.replace else {
+            return Ok(());
+        };
+        if let Some(p) = &handle.prealloc {
+            p.finish(&handle.file)?;
         }
+        pending.commit()
     }
 
     /// Takes the handle under `id` out of the table, open (the sandboxed

@@ -7,6 +7,7 @@
 
 mod blocks;
 pub mod handles;
+pub mod prealloc;
 pub mod resolve;
 pub mod tree;
 pub mod walk;

@@ -180,6 +180,11 @@ fn open_in_place(dir: &OwnedFd, name: &OsStr, follow_final: bool) -> io::Result<
 pub fn write_whole(at: Located, follow_final: bool, data: &[u8]) -> io::Result<()> {
     let writer = open_writer(at, follow_final)?;
     let mut file = writer.file();
+    if let Writer::Replace(f, _) = &writer {
+        // The size is known: reserved at once (an in-place target's size
+        // is visible, and is left to the writes).
+        super::prealloc::reserve_whole(f, data.len() as u64);
+    }
     file.write_all(data)?;
     writer.commit()
 }
