@@ -144,8 +144,9 @@ pub enum ProcessEvent {
         seq: u64,
         /// Source stream.
         stream: OutputStream,
-        /// The bytes.
-        data: Vec<u8>,
+        /// The bytes: a view of the message they arrived in (a 1 MiB
+        /// binary frame's payload is not copied out).
+        data: bytes::Bytes,
     },
     /// The process exited: status, or 128+N for signal N.
     Exited {
@@ -321,7 +322,7 @@ impl OrderedEvents {
                 self.pending.entry(c.seq).or_insert(ProcessEvent::Output {
                     seq: c.seq,
                     stream: c.stream,
-                    data: c.chunk.into_vec(),
+                    data: c.chunk.0,
                 });
             }
         }
@@ -383,7 +384,7 @@ mod tests {
         ProcessEvent::Output {
             seq,
             stream: OutputStream::Stdout,
-            data: s.as_bytes().to_vec(),
+            data: bytes::Bytes::copy_from_slice(s.as_bytes()),
         }
     }
 
@@ -397,7 +398,7 @@ mod tests {
             o.add(ProcessEvent::Output {
                 seq,
                 stream: OutputStream::Stdout,
-                data: big.clone(),
+                data: big.clone().into(),
             });
         }
         assert_eq!(rx.queued_output_bytes(), MAX_QUEUED_OUTPUT_BYTES);
@@ -418,7 +419,7 @@ mod tests {
         o.add(ProcessEvent::Output {
             seq: 3,
             stream: OutputStream::Stdout,
-            data: big.clone(),
+            data: big.clone().into(),
         });
         tokio::time::timeout(std::time::Duration::from_secs(5), o.room().wait())
             .await

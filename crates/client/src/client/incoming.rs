@@ -103,7 +103,7 @@ fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Opt
             e.events.add(ProcessEvent::Output {
                 seq: n.seq,
                 stream: n.stream,
-                data: n.chunk.into_vec(),
+                data: n.chunk.0,
             });
         }
         m::PROCESS_EXITED => {

@@ -566,7 +566,7 @@ mod tests {
             .await
             .expect("an event within 10 s");
         match ev {
-            Some(ProcessEvent::Output { data, .. }) => data,
+            Some(ProcessEvent::Output { data, .. }) => data.to_vec(),
             other => panic!("expected output, got {other:?}"),
         }
     }
