@@ -99,10 +99,7 @@ impl HandleTable {
 
     /// The file under `id`, or -32004 ``unknown file handle `id` ``.
     pub fn get(&self, id: &str) -> ExecResult<Arc<File>> {
-        self.lock()
-            .get(id)
-            .map(|h| h.file.clone())
-            .ok_or_else(|| ExecError::not_found(format!("unknown file handle `{id}`")))
+        self.get_for_write(id).map(|(file, _)| file)
     }
 
     /// The file under `id` for a write, with the space reservation to

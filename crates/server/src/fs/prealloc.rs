@@ -42,9 +42,7 @@ impl Preallocation {
     /// A reservation for `file` where its file system gains from one
     /// (ext4, XFS); `None` elsewhere.
     pub fn for_file(file: &File) -> Option<Preallocation> {
-        use nix::sys::statfs::{fstatfs, EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC};
-        let fs = fstatfs(file).ok()?.filesystem_type();
-        (fs == EXT4_SUPER_MAGIC || fs == XFS_SUPER_MAGIC).then(|| Preallocation {
+        gains(file).then(|| Preallocation {
             state: Mutex::new(State::default()),
         })
     }
@@ -90,6 +88,15 @@ impl Preallocation {
     }
 }
 
+/// Whether `file`'s file system allocates per block as it is written
+/// (ext4, XFS), so that reserving first saves work.
+fn gains(file: &File) -> bool {
+    use nix::sys::statfs::{fstatfs, EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC};
+    fstatfs(file)
+        .map(|s| s.filesystem_type())
+        .is_ok_and(|fs| fs == EXT4_SUPER_MAGIC || fs == XFS_SUPER_MAGIC)
+}
+
 /// Allocates `[from, to)` of `file` (extending its size to `to`).
 fn reserve(file: &File, from: u64, to: u64) -> nix::Result<()> {
     let (Ok(at), Ok(len)) = (
@@ -104,7 +111,7 @@ fn reserve(file: &File, from: u64, to: u64) -> nix::Result<()> {
 /// Allocates the whole of a file about to receive `len` bytes, where its
 /// file system gains from it (see the module documentation); best effort.
 pub fn reserve_whole(file: &File, len: u64) {
-    if len >= MIN_STEP_BYTES && Preallocation::for_file(file).is_some() {
+    if len >= MIN_STEP_BYTES && gains(file) {
         let _ = reserve(file, 0, len);
     }
 }
