@@ -22,15 +22,19 @@ struct Setup {
     client: RegistryClient,
 }
 
-/// Registry + an executor whose streams echo every message back.
-async fn setup(env: &str) -> Setup {
+/// Our registry on a loopback port: its base URL and store.
+async fn start_registry(config: Config) -> (String, Arc<MemoryStore>) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let store = Arc::new(MemoryStore::default());
-    let reg = Registry::new(Config::default(), store.clone(), format!("ws://{addr}")).unwrap();
+    let reg = Registry::new(config, store.clone(), format!("ws://{addr}")).unwrap();
     tokio::spawn(reg.serve(l));
-    let base = format!("http://{addr}");
-    let handler: StreamHandler = Arc::new(|mut ch: Channel| {
+    (format!("http://{addr}"), store)
+}
+
+/// A stream handler that echoes every message back.
+fn echo_handler() -> StreamHandler {
+    Arc::new(|mut ch: Channel| {
         tokio::spawn(async move {
             while let Some(m) = ch.inbound.recv().await {
                 if ch.outbound.send(m).await.is_err() {
@@ -38,7 +42,12 @@ async fn setup(env: &str) -> Setup {
                 }
             }
         });
-    });
+    })
+}
+
+/// Registry + an executor whose streams echo every message back.
+async fn setup(env: &str) -> Setup {
+    let (base, store) = start_registry(Config::default()).await;
     let config = executor::Config {
         registry: RegistryClient::new(&base, "exec", None, true).unwrap(),
         environment_id: env.into(),
@@ -46,21 +55,29 @@ async fn setup(env: &str) -> Setup {
         pong_timeout: executor::PONG_TIMEOUT,
         observer: std::sync::Arc::new(executor::NoObserver),
     };
-    tokio::spawn(executor::run(config, handler));
+    tokio::spawn(executor::run(config, echo_handler()));
     let client = RegistryClient::new(&base, "harness", None, true).unwrap();
     let s = Setup {
         base,
         store,
         client,
     };
-    // Wait (bounded) for the executor to attach.
+    drop(connect_when_attached(&s.client, env).await);
+    s
+}
+
+/// A harness stream to `env`, retried (bounded) until its executor has
+/// registered and attached in the background.
+async fn connect_when_attached(client: &RegistryClient, env: &str) -> Channel {
     let me = Identity::generate(&mut OsRandom);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while harness::connect(&s.client, env, &me).await.is_err() {
-        assert!(Instant::now() < deadline, "executor never attached");
+    loop {
+        match harness::connect(client, env, &me).await {
+            Ok(ch) => return ch,
+            Err(e) => assert!(Instant::now() < deadline, "executor never attached: {e}"),
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    s
 }
 
 async fn echo(ch: &mut Channel, msg: &[u8]) {
@@ -335,4 +352,160 @@ async fn failure_budget_pauses_new_handshakes_only() {
         paused_at.elapsed()
     );
     echo(&mut ch, b"admitted again").await;
+}
+
+fn is_conflict(r: &Result<exec_server_relay::api::RegisterResponse, RegistryError>) -> bool {
+    matches!(r, Err(RegistryError::Http { status: 503, code, message })
+        if code == "registration_conflict" && message.contains("connected"))
+}
+
+/// A second registration of an environment whose executor is connected is
+/// refused with `503 registration_conflict` (what executors retry), and the
+/// live executor keeps its registration and stays reachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_registration_while_the_executor_is_connected_is_refused() {
+    let s = setup("c1").await;
+    let before = s.store.registration("c1").unwrap().unwrap();
+    let intruder = RegistryClient::new(&s.base, "exec", None, true).unwrap();
+    let key = Identity::generate(&mut OsRandom).public_key();
+    for _ in 0..2 {
+        let r = intruder.register("c1", &key).await;
+        assert!(is_conflict(&r), "{r:?}");
+    }
+    assert_eq!(s.store.registration("c1").unwrap(), Some(before.clone()));
+    let me = Identity::generate(&mut OsRandom);
+    let bundle = s.client.connect("c1", &me.public_key()).await.unwrap();
+    assert_eq!(bundle.executor_registration_id, before.registration_id);
+    let mut ch = harness::connect(&s.client, "c1", &me).await.unwrap();
+    echo(&mut ch, b"still the live executor").await;
+}
+
+/// Registers `env` and opens its relay socket by hand over raw TCP: an
+/// executor that is attached but never answers (not even the relay's Pings).
+async fn silent_executor(base: &str, env: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = RegistryClient::new(base, "exec", None, true).unwrap();
+    let key = Identity::generate(&mut OsRandom).public_key();
+    let reg = c.register(env, &key).await.unwrap();
+    let (host, path) = reg
+        .url
+        .strip_prefix("ws://")
+        .and_then(|r| r.split_once('/'))
+        .unwrap();
+    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+    let req = format!(
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 1, "relay closed during the upgrade");
+        head.push(b[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    s
+}
+
+/// Reads (never answering) until the relay closes the socket; what it sent.
+async fn read_until_closed(s: &mut tokio::net::TcpStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf))
+            .await
+            .expect("the relay never dropped the socket")
+        {
+            Ok(0) | Err(_) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Tells a test when the executor hits a conflict and when it registered.
+struct RegistrationEvents(tokio::sync::mpsc::UnboundedSender<&'static str>);
+
+impl executor::Observer for RegistrationEvents {
+    fn registered(&self) {
+        let _ = self.0.send("registered");
+    }
+    fn registration_conflict(&self) {
+        let _ = self.0.send("conflict");
+    }
+}
+
+/// Our executor, refused because another executor's socket is attached,
+/// retries; once that socket is gone it registers and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_executor_retries_a_registration_conflict_until_the_live_socket_is_gone() {
+    let (base, store) = start_registry(Config::default()).await;
+    let live = silent_executor(&base, "c2").await;
+    let first = store.registration("c2").unwrap().unwrap();
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let config = executor::Config {
+        registry: RegistryClient::new(&base, "exec", None, true).unwrap(),
+        environment_id: "c2".into(),
+        keepalive: executor::KEEPALIVE,
+        pong_timeout: executor::PONG_TIMEOUT,
+        observer: Arc::new(RegistrationEvents(tx)),
+    };
+    let ours = tokio::spawn(executor::run(config, echo_handler()));
+    let event = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
+    assert_eq!(event.unwrap(), Some("conflict"));
+    assert_eq!(store.registration("c2").unwrap(), Some(first.clone()));
+    assert!(events.try_recv().is_err(), "no registration while it lives");
+    // The live executor goes away (its socket closes): ours gets in.
+    drop(live);
+    let registered = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(e) = events.recv().await {
+            if e == "registered" {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(registered.ok(), Some(true));
+    assert_ne!(store.registration("c2").unwrap(), Some(first));
+    let client = RegistryClient::new(&base, "harness", None, true).unwrap();
+    let mut ch = connect_when_attached(&client, "c2").await;
+    echo(&mut ch, b"the new executor").await;
+    ours.abort();
+}
+
+/// A socket that sends nothing (not even Pongs to the relay's Pings) counts
+/// as live only until the silence timeout: then the relay drops it and a new
+/// registration succeeds at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_executor_socket_blocks_registration_only_until_the_silence_timeout() {
+    let silence = Duration::from_millis(1500);
+    let config = Config {
+        executor_silence_timeout: silence,
+        ..Config::default()
+    };
+    let (base, store) = start_registry(config).await;
+    let mut silent = silent_executor(&base, "c3").await;
+    let attached = Instant::now();
+    let other = RegistryClient::new(&base, "exec", None, true).unwrap();
+    let key = Identity::generate(&mut OsRandom).public_key();
+    let r = other.register("c3", &key).await;
+    assert!(is_conflict(&r), "{r:?}");
+    let got = read_until_closed(&mut silent).await;
+    let waited = attached.elapsed();
+    assert!(waited >= silence.mul_f64(0.9), "dropped after {waited:?}");
+    assert_eq!(got.first(), Some(&0x89), "the relay pinged it first");
+    let reg = other.register("c3", &key).await.unwrap();
+    let now = store.registration("c3").unwrap().unwrap();
+    assert_eq!(now.registration_id, reg.executor_registration_id);
+    let me = Identity::generate(&mut OsRandom);
+    let bundle = other.connect("c3", &me.public_key()).await.unwrap();
+    assert_eq!(
+        bundle.executor_registration_id,
+        reg.executor_registration_id
+    );
 }

@@ -27,8 +27,15 @@ pub const KEEPALIVE: Duration = Duration::from_secs(30);
 pub const PONG_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest reconnect backoff: 30 s.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// Registration attempts while the registry answers `registration_conflict`.
+/// Retries while the registry answers `registration_conflict` (another
+/// executor's relay socket is attached): 10, after jittered delays from
+/// [`FIRST_CONFLICT_DELAY`] doubling to [`MAX_BACKOFF`], 76 to 152 s in all —
+/// longer than our relay lets a dead socket look live
+/// ([`crate::registry::hub::EXECUTOR_SILENCE_TIMEOUT`], 60 s), so an executor
+/// restarted while its old socket is half open still gets in.
 pub const MAX_CONFLICT_RETRIES: u32 = 10;
+/// Delay before the first retry after `registration_conflict` (then doubled).
+pub const FIRST_CONFLICT_DELAY: Duration = Duration::from_millis(500);
 
 /// Executor settings.
 pub struct Config {
@@ -58,6 +65,10 @@ pub trait Observer: Send + Sync {
     fn handshake_failed(&self) {}
     /// Registered (or registered again) with the registry.
     fn registered(&self) {}
+    /// The registry answered `503 registration_conflict` (another executor is
+    /// connected for the environment); the registration is retried after a
+    /// jittered delay.
+    fn registration_conflict(&self) {}
 }
 
 /// An [`Observer`] that ignores everything.
@@ -103,24 +114,44 @@ fn jitter(d: Duration) -> Duration {
     d.mul_f64(f)
 }
 
+/// The delays (before jitter) between registration attempts refused with
+/// `registration_conflict`: 0.5, 1, 2 … 30, 30 s, [`MAX_CONFLICT_RETRIES`] of them.
+fn conflict_delays() -> impl Iterator<Item = Duration> {
+    std::iter::successors(Some(FIRST_CONFLICT_DELAY), |d| {
+        Some((*d * 2).min(MAX_BACKOFF))
+    })
+    .take(MAX_CONFLICT_RETRIES as usize)
+}
+
+fn is_conflict(e: &RegistryError) -> bool {
+    matches!(e, RegistryError::Http { status: 503, code, .. } if code == "registration_conflict")
+}
+
+/// Registers, retrying (as the reference does) only `503 registration_conflict`,
+/// after a growing jittered delay so that competing executors do not retry
+/// in lock-step; the last refusal is returned when the delays run out.
 async fn register(
     config: &Config,
     identity: &Identity,
 ) -> Result<crate::api::RegisterResponse, RegistryError> {
-    let mut delay = Duration::from_millis(500);
-    let mut attempt = 0;
+    let mut delays = conflict_delays();
     loop {
-        match config
+        let result = config
             .registry
             .register(&config.environment_id, &identity.public_key())
-            .await
-        {
-            Err(RegistryError::Http {
-                status: 503, code, ..
-            }) if code == "registration_conflict" && attempt < MAX_CONFLICT_RETRIES => {
-                attempt += 1;
-                tokio::time::sleep(jitter(delay)).await;
-                delay = (delay * 2).min(MAX_BACKOFF);
+            .await;
+        match result {
+            Err(e) if is_conflict(&e) => {
+                config.observer.registration_conflict();
+                let Some(delay) = delays.next() else {
+                    return Err(e);
+                };
+                let delay = jitter(delay);
+                tracing::warn!(
+                    retry_in_ms = delay.as_millis() as u64,
+                    "another executor is connected for this environment; registering again later"
+                );
+                tokio::time::sleep(delay).await;
             }
             other => return other,
         }
@@ -202,5 +233,30 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
         }
         tokio::time::sleep(jitter(backoff)).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Even with the shortest jitter, conflict retries outlast the time our
+    /// relay lets a dead executor socket look live.
+    #[test]
+    fn conflict_retries_outlast_a_dead_socket() {
+        let delays: Vec<Duration> = conflict_delays().collect();
+        assert_eq!(delays.len(), MAX_CONFLICT_RETRIES as usize);
+        assert!(delays.windows(2).all(|w| w[0] <= w[1]), "{delays:?}");
+        let shortest: Duration = delays.iter().map(|d| d.mul_f64(0.5)).sum();
+        let longest: Duration = delays.iter().sum();
+        assert!(
+            shortest > crate::registry::hub::EXECUTOR_SILENCE_TIMEOUT,
+            "{shortest:?}"
+        );
+        assert!(longest <= Duration::from_secs(160), "{longest:?}");
+        for d in delays {
+            let j = jitter(d);
+            assert!(j >= d.mul_f64(0.5) && j <= d, "{j:?} from {d:?}");
+        }
     }
 }

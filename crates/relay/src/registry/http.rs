@@ -116,6 +116,7 @@ async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, reply: Reply) {
         404 => "Not Found",
         405 => "Method Not Allowed",
         413 => "Payload Too Large",
+        503 => "Service Unavailable",
         _ => "Error",
     };
     let mut head = format!(
@@ -218,8 +219,8 @@ where
             .await
         }
     };
-    let grant = match registry.check_upgrade(query) {
-        Ok(g) => g,
+    let admitted = match registry.admit_upgrade(query) {
+        Ok(a) => a,
         Err(reason) => {
             let mut r = Reply::error(403, reason, "relay upgrade refused");
             r.headers.push((REJECTION_HEADER, reason.to_string()));
@@ -238,5 +239,5 @@ where
     cfg.max_frame_size = Some(crate::frame::MAX_FRAME_BYTES);
     let ws =
         tokio_tungstenite::WebSocketStream::from_raw_socket(stream, Role::Server, Some(cfg)).await;
-    registry.serve_socket(ws, grant).await;
+    registry.serve_socket(ws, admitted).await;
 }

@@ -4,12 +4,19 @@
 //! Backpressure: a frame is handed to its destination's bounded queue, waiting
 //! while it is full, so a slow reader slows its sender down instead of growing
 //! memory (the cost: one slow harness can delay its executor's other streams).
+//!
+//! Liveness: an environment whose executor socket is attached is *live*, and
+//! a new registration for it is refused ([`Hub::unless_executor_live`]) so it
+//! cannot displace the executor. A socket stops counting when it closes, fails,
+//! or sends nothing at all (not even a Pong to our Pings, sent every half of
+//! the silence timeout) for the hub's silence timeout: so a dead socket looks
+//! live for at most that long after its last frame.
 
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -21,8 +28,13 @@ use tokio_util::sync::CancellationToken;
 pub const QUEUE_FRAMES: usize = 64;
 /// Time a harness has to claim its stream with `Resume` after the upgrade.
 pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
-/// Idle sockets are pinged this often.
+/// Idle sockets are pinged this often (executor sockets at least twice per
+/// silence timeout).
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);
+/// How long an executor socket may send nothing before the relay drops it and
+/// the environment stops being live: 60 s (executors ping every 30 s and
+/// answer the relay's pings, so a working one is never this quiet).
+pub const EXECUTOR_SILENCE_TIMEOUT: Duration = Duration::from_secs(60);
 
 struct ExecutorLink {
     id: u64,
@@ -37,11 +49,63 @@ struct Route {
     streams: HashMap<String, mpsc::Sender<Vec<u8>>>,
 }
 
+type Routes = Arc<Mutex<HashMap<String, Route>>>;
+
+fn lock_routes(routes: &Routes) -> std::sync::MutexGuard<'_, HashMap<String, Route>> {
+    routes.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Routing table of every environment.
-#[derive(Default)]
 pub struct Hub {
-    routes: Mutex<HashMap<String, Route>>,
+    routes: Routes,
+    /// Serialises "is it live? then register" against "is this registration
+    /// current? then attach", so neither can slip between the other's check
+    /// and its action. Never held while `routes` is waited for by a socket.
+    admission: Mutex<()>,
     next_id: AtomicU64,
+    executor_silence: Duration,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Hub::new(EXECUTOR_SILENCE_TIMEOUT)
+    }
+}
+
+/// A registration was refused: the environment's executor socket is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an executor is connected for this environment")]
+pub struct ExecutorLive;
+
+/// An executor socket admitted to its environment's route (before the
+/// WebSocket upgrade is answered), to be served by [`Hub::serve_executor`].
+/// Dropping it unserved detaches it again.
+pub struct ExecutorAttachment {
+    link: AttachedLink,
+    rx: mpsc::Receiver<Vec<u8>>,
+}
+
+/// Removes its executor link from the route when dropped, unless another
+/// socket has replaced it since.
+struct AttachedLink {
+    routes: Routes,
+    env: String,
+    id: u64,
+    stop: CancellationToken,
+}
+
+impl Drop for AttachedLink {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        let mut routes = lock_routes(&self.routes);
+        if let Some(route) = routes.get_mut(&self.env) {
+            if route.executor.as_ref().is_some_and(|e| e.id == self.id) {
+                route.executor = None;
+                // The executor's streams die with it.
+                route.streams.clear();
+            }
+        }
+    }
 }
 
 /// Writes queued frames and pings; ends when the queue closes or `stop` fires.
@@ -49,12 +113,13 @@ fn spawn_writer<S>(
     mut sink: futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
     mut rx: mpsc::Receiver<Vec<u8>>,
     stop: CancellationToken,
+    ping_every: Duration,
 ) -> tokio::task::JoinHandle<()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     tokio::spawn(async move {
-        let mut ping = tokio::time::interval(PING_INTERVAL);
+        let mut ping = tokio::time::interval(ping_every);
         ping.tick().await;
         loop {
             let msg = tokio::select! {
@@ -74,41 +139,101 @@ where
 }
 
 impl Hub {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Route>> {
-        self.routes.lock().unwrap_or_else(|p| p.into_inner())
+    /// A hub whose executor sockets are dropped after `executor_silence`
+    /// without a frame.
+    pub fn new(executor_silence: Duration) -> Hub {
+        Hub {
+            routes: Routes::default(),
+            admission: Mutex::new(()),
+            next_id: AtomicU64::new(0),
+            executor_silence,
+        }
     }
 
-    /// Serves an executor's socket until it closes or another executor replaces it.
-    pub async fn serve_executor<S>(
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Route>> {
+        lock_routes(&self.routes)
+    }
+
+    fn admit(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.admission.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether an executor socket is attached for `env`.
+    pub fn executor_live(&self, env: &str) -> bool {
+        self.lock().get(env).is_some_and(|r| r.executor.is_some())
+    }
+
+    /// Runs `register` unless `env`'s executor is live, with no executor
+    /// attaching in between.
+    pub fn unless_executor_live<T>(
         &self,
-        ws: WebSocketStream<S>,
-        env: String,
-        registration_id: String,
-    ) where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        let (sink, mut stream) = ws.split();
+        env: &str,
+        register: impl FnOnce() -> T,
+    ) -> Result<T, ExecutorLive> {
+        let _admission = self.admit();
+        if self.executor_live(env) {
+            return Err(ExecutorLive);
+        }
+        Ok(register())
+    }
+
+    /// Attaches an executor socket for `registration_id` if `current` (run
+    /// with no registration in between) says that registration is still the
+    /// environment's; a socket of the same registration already attached is
+    /// replaced (a reconnect), and its streams end.
+    pub fn attach_executor<E>(
+        &self,
+        env: &str,
+        registration_id: &str,
+        current: impl FnOnce() -> Result<(), E>,
+    ) -> Result<ExecutorAttachment, E> {
+        let _admission = self.admit();
+        current()?;
         let (tx, rx) = mpsc::channel(QUEUE_FRAMES);
         let stop = CancellationToken::new();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut routes = self.lock();
-            let route = routes.entry(env.clone()).or_default();
-            if let Some(old) = route.executor.replace(ExecutorLink {
-                id,
-                registration_id,
-                tx,
-                stop: stop.clone(),
-            }) {
-                old.stop.cancel();
-                // The old executor's streams die with it.
-                route.streams.clear();
-            }
+        let mut routes = self.lock();
+        let route = routes.entry(env.to_string()).or_default();
+        if let Some(old) = route.executor.replace(ExecutorLink {
+            id,
+            registration_id: registration_id.to_string(),
+            tx,
+            stop: stop.clone(),
+        }) {
+            old.stop.cancel();
+            route.streams.clear();
         }
-        let writer = spawn_writer(sink, rx, stop.clone());
+        Ok(ExecutorAttachment {
+            link: AttachedLink {
+                routes: self.routes.clone(),
+                env: env.to_string(),
+                id,
+                stop,
+            },
+            rx,
+        })
+    }
+
+    /// Serves an attached executor's socket until it closes, stays silent for
+    /// the silence timeout, or another socket replaces it; then detaches it.
+    pub async fn serve_executor<S>(&self, ws: WebSocketStream<S>, attachment: ExecutorAttachment)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let ExecutorAttachment { link, rx } = attachment;
+        let (sink, mut stream) = ws.split();
+        let stop = link.stop.clone();
+        let ping_every = PING_INTERVAL.min(self.executor_silence / 2);
+        let writer = spawn_writer(sink, rx, stop.clone(), ping_every);
         loop {
             let msg = tokio::select! {
-                m = stream.next() => m,
+                m = tokio::time::timeout(self.executor_silence, stream.next()) => match m {
+                    Ok(m) => m,
+                    Err(_) => {
+                        tracing::info!(environment = %link.env, "executor socket silent too long; dropping it");
+                        None
+                    }
+                },
                 _ = stop.cancelled() => None,
             };
             let bytes = match msg {
@@ -121,21 +246,17 @@ impl Hub {
             };
             let target = self
                 .lock()
-                .get(&env)
+                .get(&link.env)
                 .and_then(|r| r.streams.get(&stream_id).cloned());
             if let Some(t) = target {
                 let _ = t.send(bytes.to_vec()).await;
             }
         }
-        stop.cancel();
         writer.abort();
-        let mut routes = self.lock();
-        if let Some(route) = routes.get_mut(&env) {
-            if route.executor.as_ref().is_some_and(|e| e.id == id) {
-                route.executor = None;
-                route.streams.clear();
-            }
-        }
+        // Not live any more before the socket closes: whoever sees it close
+        // may register at once.
+        drop(link);
+        drop(stream);
     }
 
     /// Serves one harness socket: it must claim a stream with `Resume` first;
@@ -174,7 +295,7 @@ impl Hub {
             exec
         };
         let stop = CancellationToken::new();
-        let writer = spawn_writer(sink, rx, stop.clone());
+        let writer = spawn_writer(sink, rx, stop.clone(), PING_INTERVAL);
         drop(tx);
         let mut ok = executor.send(first.to_vec()).await.is_ok();
         while ok {

@@ -6,7 +6,11 @@
 //! What it guarantees: relay URLs are signed and expire; an authorization names
 //! one harness key, one registration and one environment, is single use and
 //! lives [`AUTHORIZATION_TTL`]; `/validate` says yes only for that exact key;
-//! frames are routed by stream id and never opened (it has no key to open them).
+//! frames are routed by stream id and never opened (it has no key to open them);
+//! a registration never displaces a connected executor: while its relay socket
+//! is attached, `/register` answers `503 registration_conflict` (which
+//! executors retry with a growing jittered delay), and a socket stops counting
+//! once closed or silent for [`Config::executor_silence_timeout`].
 
 pub mod hub;
 pub mod signing;
@@ -40,6 +44,10 @@ pub struct Config {
     pub harness_tokens: Option<Tokens>,
     /// Executor relay URL lifetime.
     pub executor_url_ttl: Duration,
+    /// How long an executor's relay socket may send nothing (not even a Pong)
+    /// before it is dropped and its environment may be registered again:
+    /// the longest a dead socket blocks a restarted executor.
+    pub executor_silence_timeout: Duration,
     /// Serve HTTPS/WSS with this configuration; `None` is plain HTTP (the
     /// caller allows that on loopback only).
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -51,6 +59,7 @@ impl Default for Config {
             executor_tokens: None,
             harness_tokens: None,
             executor_url_ttl: EXECUTOR_URL_TTL,
+            executor_silence_timeout: hub::EXECUTOR_SILENCE_TIMEOUT,
             tls: None,
         }
     }
@@ -114,9 +123,9 @@ impl Registry {
     ) -> Result<Arc<Registry>, store::StoreError> {
         Ok(Arc::new(Registry {
             signing_key: store.signing_key()?,
+            hub: hub::Hub::new(config.executor_silence_timeout),
             config,
             store,
-            hub: hub::Hub::default(),
             ws_base,
         }))
     }
@@ -185,11 +194,28 @@ impl Registry {
             ));
         }
         let registration_id = format!("reg_{}", uuid::Uuid::new_v4().simple());
-        self.store.put_registration(Registration {
+        let registration = Registration {
             environment_id: env.into(),
             registration_id: registration_id.clone(),
             executor_key: req.executor_public_key,
-        })?;
+        };
+        let put = self
+            .hub
+            .unless_executor_live(env, || self.store.put_registration(registration));
+        match put {
+            Ok(stored) => stored?,
+            Err(hub::ExecutorLive) => {
+                return Ok(Reply::error(
+                    503,
+                    "registration_conflict",
+                    &format!(
+                        "an executor is connected for this environment; a new registration is \
+                         accepted once its relay socket closes (or has been silent for {} s)",
+                        self.config.executor_silence_timeout.as_secs()
+                    ),
+                ))
+            }
+        }
         let grant = Grant {
             role: Role::Executor,
             environment_id: env.into(),
@@ -278,38 +304,61 @@ impl Registry {
         Ok(Reply::json(&ValidateResponse { valid }))
     }
 
-    /// Checks a relay upgrade's query; the error is the rejection reason.
-    pub(crate) fn check_upgrade(&self, query: &str) -> Result<Grant, &'static str> {
-        let grant = signing::verify(&self.signing_key, query, now_unix())?;
+    /// Whether `grant`'s registration is still its environment's; the error
+    /// is the rejection reason.
+    fn current(&self, grant: &Grant) -> Result<(), &'static str> {
         let current = self
             .store
             .registration(&grant.environment_id)
             .map_err(|_| "route_unavailable")?;
         match current {
-            Some(r) if r.registration_id == grant.registration_id => Ok(grant),
+            Some(r) if r.registration_id == grant.registration_id => Ok(()),
             Some(_) => Err("unexpected_executor_registration_id"),
             None => Err("unknown_route"),
+        }
+    }
+
+    /// Checks a relay upgrade's query and, for an executor, attaches its
+    /// socket before the upgrade is answered (so it is live from then on);
+    /// the error is the rejection reason.
+    pub(crate) fn admit_upgrade(&self, query: &str) -> Result<Admitted, &'static str> {
+        let grant = signing::verify(&self.signing_key, query, now_unix())?;
+        match grant.role {
+            Role::Harness => {
+                self.current(&grant)?;
+                Ok(Admitted::Harness(grant))
+            }
+            Role::Executor => self
+                .hub
+                .attach_executor(&grant.environment_id, &grant.registration_id, || {
+                    self.current(&grant)
+                })
+                .map(Admitted::Executor),
         }
     }
 
     pub(crate) async fn serve_socket<S>(
         &self,
         ws: tokio_tungstenite::WebSocketStream<S>,
-        grant: Grant,
+        admitted: Admitted,
     ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        match grant.role {
-            Role::Executor => {
-                self.hub
-                    .serve_executor(ws, grant.environment_id, grant.registration_id)
-                    .await
-            }
-            Role::Harness => {
+        match admitted {
+            Admitted::Executor(attachment) => self.hub.serve_executor(ws, attachment).await,
+            Admitted::Harness(grant) => {
                 self.hub
                     .serve_harness(ws, grant.environment_id, grant.registration_id)
                     .await
             }
         }
     }
+}
+
+/// A relay upgrade that passed its checks.
+pub(crate) enum Admitted {
+    /// An executor socket, already attached to its environment's route.
+    Executor(hub::ExecutorAttachment),
+    /// A harness socket for this grant.
+    Harness(Grant),
 }
