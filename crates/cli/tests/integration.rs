@@ -19,6 +19,7 @@ mod ops;
 mod reliability;
 mod remote_mode;
 mod sandbox;
+mod sandbox_escapes;
 mod sandbox_fs;
 mod shell_snapshot;
 mod tracing_otlp;

@@ -8,7 +8,12 @@
 //!
 //! The forwarder dies with the command: the sandbox's PID namespace ends when
 //! the command does, and it also asks for `SIGKILL` when its parent goes.
+//!
+//! It reaches the proxy only through sockets it opened before the command
+//! ran ([`PinnedSocket`]): renaming something over a socket's name inside
+//! the sandbox cannot send a connection anywhere else.
 
+use crate::pinned::PinnedSocket;
 use crate::plan::{ProxyRoute, PROXY_DIR_INSIDE};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -25,15 +30,24 @@ pub const MODE_PREFIX_TCP: &str = "proxyrouted-tcp:";
 /// Connections carried at once; further ones are closed at accept: 512.
 pub const MAX_CONNECTIONS: usize = 512;
 
+/// The flag in a mode argument that keeps `socket(AF_UNIX)` allowed
+/// ([`ProxyRoute::allow_all_unix_sockets`]).
+pub const ALL_UNIX_FLAG: &str = "all-unix";
+
 /// The inner stage's mode argument for `route`:
-/// `proxyrouted:PORT=PATH[,PORT=PATH]` (`proxyrouted-tcp:…` with
+/// `proxyrouted:[all-unix,]PORT=PATH[,PORT=PATH]` (`proxyrouted-tcp:…` with
 /// [`ProxyRoute::transparent`]), paths as seen inside.
 pub fn inner_mode(route: &ProxyRoute) -> String {
-    let pairs: Vec<String> = route
-        .ports
-        .iter()
-        .map(|(port, name)| format!("{port}={PROXY_DIR_INSIDE}/{name}"))
-        .collect();
+    let mut pairs: Vec<String> = Vec::new();
+    if route.allow_all_unix_sockets {
+        pairs.push(ALL_UNIX_FLAG.to_string());
+    }
+    pairs.extend(
+        route
+            .ports
+            .iter()
+            .map(|(port, name)| format!("{port}={PROXY_DIR_INSIDE}/{name}")),
+    );
     let prefix = if route.transparent {
         MODE_PREFIX_TCP
     } else {
@@ -47,16 +61,31 @@ pub fn transparent_socket() -> PathBuf {
     Path::new(PROXY_DIR_INSIDE).join(crate::transparent::SOCKET)
 }
 
-/// Parses what follows [`MODE_PREFIX`]; `None` when malformed or empty.
-pub fn parse(spec: &str) -> Option<Vec<(u16, PathBuf)>> {
-    let v: Option<Vec<_>> = spec
-        .split(',')
-        .map(|pair| {
-            let (port, path) = pair.split_once('=')?;
-            Some((port.parse().ok()?, PathBuf::from(path)))
-        })
-        .collect();
-    v.filter(|v| !v.is_empty())
+/// What a routed mode argument asks of the bridge and the filter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// Loopback port inside → the proxy's socket, as seen inside.
+    pub routes: Vec<(u16, PathBuf)>,
+    /// `socket(AF_UNIX)` stays allowed (`dangerouslyAllowAllUnixSockets`).
+    pub allow_all_unix_sockets: bool,
+}
+
+/// Parses what follows [`MODE_PREFIX`]; `None` when malformed or without a
+/// route.
+pub fn parse(spec: &str) -> Option<Spec> {
+    let mut out = Spec {
+        routes: Vec::new(),
+        allow_all_unix_sockets: false,
+    };
+    for item in spec.split(',') {
+        if item == ALL_UNIX_FLAG {
+            out.allow_all_unix_sockets = true;
+            continue;
+        }
+        let (port, path) = item.split_once('=')?;
+        out.routes.push((port.parse().ok()?, PathBuf::from(path)));
+    }
+    (!out.routes.is_empty()).then_some(out)
 }
 
 /// Binds every listener, then forks the forwarder; returns in the parent
@@ -64,15 +93,22 @@ pub fn parse(spec: &str) -> Option<Vec<(u16, PathBuf)>> {
 /// With `transparent` (the proxy's transparent SOCKS socket) the forwarder
 /// also runs the [`crate::transparent`] supervisor, and the parent gets the
 /// channel to hand it the filter's listener over ([`crate::transparent::send_fd`]).
-/// Errors: a bind, socketpair or fork failure.
+/// Errors: a proxy socket that is missing, not a socket or not this user's
+/// ([`PinnedSocket::open`]); a bind, socketpair or fork failure.
 pub fn start(
     routes: &[(u16, PathBuf)],
     transparent: Option<PathBuf>,
 ) -> std::io::Result<Option<UnixStream>> {
+    let pin = |path: &Path| {
+        PinnedSocket::open(path).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("proxy socket {}: {e}", path.display()))
+        })
+    };
     let listeners = routes
         .iter()
-        .map(|(port, path)| Ok((TcpListener::bind(("127.0.0.1", *port))?, path.clone())))
+        .map(|(port, path)| Ok((TcpListener::bind(("127.0.0.1", *port))?, pin(path)?)))
         .collect::<std::io::Result<Vec<_>>>()?;
+    let transparent = transparent.as_deref().map(pin).transpose()?;
     let channel = match &transparent {
         Some(_) => Some(UnixStream::pair()?),
         None => None,
@@ -117,13 +153,13 @@ fn detach_stdio() {
     }
 }
 
-fn serve(listeners: Vec<(TcpListener, PathBuf)>) {
+fn serve(listeners: Vec<(TcpListener, PinnedSocket)>) {
     let live = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = listeners
         .into_iter()
-        .map(|(l, path)| {
+        .map(|(l, socket)| {
             let live = live.clone();
-            std::thread::spawn(move || accept(l, &path, &live))
+            std::thread::spawn(move || accept(l, Arc::new(socket), &live))
         })
         .collect();
     for t in threads {
@@ -131,17 +167,17 @@ fn serve(listeners: Vec<(TcpListener, PathBuf)>) {
     }
 }
 
-fn accept(l: TcpListener, path: &Path, live: &Arc<AtomicUsize>) {
+fn accept(l: TcpListener, socket: Arc<PinnedSocket>, live: &Arc<AtomicUsize>) {
     for conn in l.incoming() {
         let Ok(tcp) = conn else { continue };
         if live.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
             live.fetch_sub(1, Ordering::SeqCst);
             continue;
         }
-        let path = path.to_path_buf();
+        let socket = socket.clone();
         let live = live.clone();
         std::thread::spawn(move || {
-            if let Ok(unix) = UnixStream::connect(&path) {
+            if let Ok(unix) = socket.connect() {
                 carry(tcp, unix);
             }
             live.fetch_sub(1, Ordering::SeqCst);
@@ -188,6 +224,7 @@ mod tests {
             host_dir: "/tmp/x".into(),
             ports: vec![(8080, "http.sock".into()), (1080, "socks.sock".into())],
             transparent: false,
+            allow_all_unix_sockets: false,
         };
         let m = inner_mode(&r);
         assert_eq!(
@@ -196,14 +233,23 @@ mod tests {
         );
         let p = parse(m.strip_prefix(MODE_PREFIX).unwrap()).unwrap();
         assert_eq!(
-            p[1],
+            p.routes[1],
             (1080, PathBuf::from("/dev/exec-server-netproxy/socks.sock"))
         );
+        assert!(!p.allow_all_unix_sockets);
         assert!(parse("").is_none() && parse("x=/a").is_none() && parse("1").is_none());
+        assert!(
+            parse(ALL_UNIX_FLAG).is_none(),
+            "a flag alone routes nothing"
+        );
         let t = ProxyRoute {
             transparent: true,
+            allow_all_unix_sockets: true,
             ..r
         };
-        assert!(inner_mode(&t).starts_with("proxyrouted-tcp:8080="));
+        let m = inner_mode(&t);
+        assert!(m.starts_with("proxyrouted-tcp:all-unix,8080="));
+        let p = parse(m.strip_prefix(MODE_PREFIX_TCP).unwrap()).unwrap();
+        assert!(p.allow_all_unix_sockets && p.routes.len() == 2);
     }
 }

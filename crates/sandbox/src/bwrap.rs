@@ -19,6 +19,11 @@ pub struct Runtime {
     /// This server's executable, re-executed as the inner stage
     /// ([`crate::inner`]); it must handle [`INNER_FLAG`] first thing in `main`.
     pub helper: PathBuf,
+    /// The server's own files, hidden in every confined view whatever the
+    /// policy grants: its Unix listen sockets, spool and runtime directories
+    /// (absolute; canonical where they exist). A directory becomes an empty
+    /// mode-000 read-only tmpfs, anything else an empty mode-000 file.
+    pub hidden: Vec<PathBuf>,
 }
 
 impl Runtime {
@@ -29,7 +34,11 @@ impl Runtime {
             .chain([PathBuf::from("/usr/bin")])
             .map(|d| d.join("bwrap"))
             .find(|p| is_executable(p));
-        Runtime { bwrap, helper }
+        Runtime {
+            bwrap,
+            helper,
+            hidden: Vec::new(),
+        }
     }
 }
 
@@ -55,6 +64,9 @@ pub struct Prepared {
     pub guard: Guard,
     /// Descriptors the command reads at start (closed in the server once spawned).
     pub fds: Vec<OwnedFd>,
+    /// The command runs confined (namespaces, or at least the seccomp
+    /// filter); false for a plain exec ([`Plan::Direct`]).
+    pub confined: bool,
 }
 
 /// What to run inside.
@@ -122,6 +134,7 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                 command,
                 guard: Guard::default(),
                 fds: Vec::new(),
+                confined: false,
             })
         }
         Plan::Seccomp(mode) => {
@@ -133,6 +146,7 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                 command,
                 guard: Guard::default(),
                 fds: Vec::new(),
+                confined: true,
             })
         }
         Plan::Confined {
@@ -161,7 +175,10 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
             }
             push(&["--dev".as_ref(), "/dev".as_ref()]);
             let mut fds = Vec::new();
-            for m in &view.mounts {
+            // The server's own sockets and directories: never reachable from
+            // a sandbox, whatever the policy made readable or writable.
+            let hidden = hidden_masks(&runtime.hidden, &view);
+            for m in view.mounts.iter().chain(&hidden) {
                 match m {
                     Mount::ReadOnly(p) | Mount::Protect(p) => {
                         push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()])
@@ -210,9 +227,12 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
             // is uid 0 inside, and some /proc files check nothing but the file
             // mode (`kernel/domainname`, `sysrq-trigger`), so as root a
             // sandboxed command could change the host. Cover them read-only.
+            // Read-only: the command must not write into the host directory
+            // (a read-only policy would then fill the host's disk) nor rename
+            // anything over the proxy's sockets (the bridge pins them anyway).
             if let Some(route) = &proxy {
                 push(&[
-                    "--bind".as_ref(),
+                    "--ro-bind".as_ref(),
                     route.host_dir.as_ref(),
                     crate::PROXY_DIR_INSIDE.as_ref(),
                 ]);
@@ -267,9 +287,24 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                     _placeholders: view.placeholders,
                 },
                 fds,
+                confined: true,
             })
         }
     }
+}
+
+/// Masks for the server's own `hidden` paths that `view` shows, on their
+/// real paths (masking a symlink's name would leave its target).
+fn hidden_masks(hidden: &[PathBuf], view: &crate::plan::View) -> Vec<Mount> {
+    hidden
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .filter(|p| view.shows(p))
+        .map(|p| match p.is_dir() {
+            true => Mount::DenyDir(p),
+            false => Mount::DenyFile(p),
+        })
+        .collect()
 }
 
 /// A read end that is at end of file at once (a pipe whose write end is

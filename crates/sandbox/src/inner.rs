@@ -79,17 +79,21 @@ pub fn run(args: &[OsString]) -> ! {
     });
     let mut transparent = None;
     if let Some((spec, tcp)) = routed {
-        let routes = crate::bridge::parse(spec)
+        let spec = crate::bridge::parse(spec)
             .unwrap_or_else(|| fail("inner stage: malformed proxy route", EXIT_CANNOT_EXEC));
         // The command must find the bridge listening when it starts.
-        match crate::bridge::start(&routes, tcp.then(crate::bridge::transparent_socket)) {
+        match crate::bridge::start(&spec.routes, tcp.then(crate::bridge::transparent_socket)) {
             Ok(channel) => transparent = channel,
             Err(e) => fail(
                 &format!("failed to prepare the proxy routing bridge: {e}"),
                 EXIT_PROXY_BRIDGE,
             ),
         }
-        mode = Some(SeccompMode::ProxyRouted.as_str());
+        mode = Some(if spec.allow_all_unix_sockets {
+            SeccompMode::ProxyRoutedAllUnix.as_str()
+        } else {
+            SeccompMode::ProxyRouted.as_str()
+        });
     }
     match mode {
         Some("none") => {}

@@ -82,6 +82,7 @@ pub mod bwrap;
 pub mod denied;
 pub mod glob;
 pub mod inner;
+pub mod pinned;
 pub mod plan;
 pub mod policy;
 pub mod protect;

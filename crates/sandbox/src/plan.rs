@@ -47,6 +47,18 @@ pub struct View {
     pub placeholders: Vec<Placeholder>,
 }
 
+impl View {
+    /// Whether `path` (absolute, canonical) is visible in this view: the host
+    /// root is readable, or a bound mount holds it.
+    pub fn shows(&self, path: &Path) -> bool {
+        self.full_read
+            || self.mounts.iter().any(|m| match m {
+                Mount::ReadOnly(r) | Mount::Writable(r) => path.starts_with(r),
+                _ => false,
+            })
+    }
+}
+
 /// How one child is started.
 #[derive(Debug)]
 pub enum Plan {
@@ -75,8 +87,8 @@ pub enum Plan {
 /// socket. Nothing else leaves the namespace (it has only a loopback).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyRoute {
-    /// Host directory holding the proxy's sockets (bound into the sandbox at
-    /// [`PROXY_DIR_INSIDE`]).
+    /// Host directory holding the proxy's sockets (bound read-only into the
+    /// sandbox at [`PROXY_DIR_INSIDE`]).
     pub host_dir: PathBuf,
     /// Loopback port inside → socket file name in `host_dir`.
     pub ports: Vec<(u16, String)>,
@@ -84,6 +96,10 @@ pub struct ProxyRoute {
     /// non-loopback addresses go through the SOCKS5 socket
     /// [`crate::transparent::SOCKET`] in `host_dir`.
     pub transparent: bool,
+    /// `dangerouslyAllowAllUnixSockets`: the command may create `AF_UNIX`
+    /// sockets (and so reach any Unix socket it can see). Off, only
+    /// `socketpair` works ([`SeccompMode::ProxyRouted`]).
+    pub allow_all_unix_sockets: bool,
 }
 
 /// Where [`ProxyRoute::host_dir`] appears inside the sandbox.
@@ -267,12 +283,7 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
                 writable.push(path.clone());
             }
             Access::Deny => {
-                let visible = full_read
-                    || view.mounts.iter().any(|m| match m {
-                        Mount::ReadOnly(r) | Mount::Writable(r) => path.starts_with(r),
-                        _ => false,
-                    });
-                if visible {
+                if view.shows(path) {
                     denies.push(if path.is_dir() {
                         Mount::DenyDir(path.clone())
                     } else {

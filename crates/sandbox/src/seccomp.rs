@@ -20,9 +20,15 @@ pub enum SeccompMode {
     /// Network enabled: only `AF_VSOCK` sockets and `io_uring_*`.
     VmSocket,
     /// Managed network (the namespace holds only a loopback and the bridge
-    /// to the proxy): sockets other than `AF_UNIX`, `AF_INET`, `AF_INET6`,
-    /// `ptrace`, `process_vm_*`, `io_uring_*`.
+    /// to the proxy): sockets other than `AF_INET`, `AF_INET6` (so
+    /// `socket(AF_UNIX)` too: a Unix socket would reach the host's daemons,
+    /// or this server, past the proxy), `ptrace`, `process_vm_*`,
+    /// `io_uring_*`. `socketpair(AF_UNIX)` stays allowed: a connected pair
+    /// reaches nothing outside.
     ProxyRouted,
+    /// [`SeccompMode::ProxyRouted`] with `socket(AF_UNIX)` allowed
+    /// (`dangerouslyAllowAllUnixSockets`).
+    ProxyRoutedAllUnix,
 }
 
 impl SeccompMode {
@@ -32,6 +38,7 @@ impl SeccompMode {
             SeccompMode::Restricted => "restricted",
             SeccompMode::VmSocket => "vmsocket",
             SeccompMode::ProxyRouted => "proxyrouted",
+            SeccompMode::ProxyRoutedAllUnix => "proxyrouted-all-unix",
         }
     }
 
@@ -41,6 +48,7 @@ impl SeccompMode {
             "restricted" => Some(SeccompMode::Restricted),
             "vmsocket" => Some(SeccompMode::VmSocket),
             "proxyrouted" => Some(SeccompMode::ProxyRouted),
+            "proxyrouted-all-unix" => Some(SeccompMode::ProxyRoutedAllUnix),
             _ => None,
         }
     }
@@ -111,7 +119,7 @@ pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
             rules.insert(libc::SYS_socket, not_unix()?);
             rules.insert(libc::SYS_socketpair, not_unix()?);
         }
-        SeccompMode::ProxyRouted => {
+        SeccompMode::ProxyRouted | SeccompMode::ProxyRoutedAllUnix => {
             for call in [
                 libc::SYS_ptrace,
                 libc::SYS_process_vm_readv,
@@ -119,14 +127,22 @@ pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
             ] {
                 rules.insert(call, vec![]);
             }
-            // One rule, all conditions: the family is none of the three.
+            // One rule, all conditions: the family is none of those allowed.
+            let mut allowed = vec![
+                cond(0, SeccompCmpOp::Ne, libc::AF_INET as u64)?,
+                cond(0, SeccompCmpOp::Ne, libc::AF_INET6 as u64)?,
+            ];
+            if mode == SeccompMode::ProxyRoutedAllUnix {
+                allowed.push(cond(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?);
+            }
+            rules.insert(libc::SYS_socket, vec![rule(allowed)?]);
             rules.insert(
-                libc::SYS_socket,
-                vec![rule(vec![
-                    cond(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?,
-                    cond(0, SeccompCmpOp::Ne, libc::AF_INET as u64)?,
-                    cond(0, SeccompCmpOp::Ne, libc::AF_INET6 as u64)?,
-                ])?],
+                libc::SYS_socketpair,
+                vec![rule(vec![cond(
+                    0,
+                    SeccompCmpOp::Ne,
+                    libc::AF_UNIX as u64,
+                )?])?],
             );
         }
         SeccompMode::VmSocket => {

@@ -52,7 +52,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -194,8 +193,8 @@ pub fn recv_fd(sock: &UnixStream) -> std::io::Result<OwnedFd> {
 }
 
 /// Serves the notifications of `listener` until it fails (the sandbox ended);
-/// `socks` is the proxy's transparent SOCKS5 socket.
-pub fn supervise(listener: OwnedFd, socks: PathBuf) {
+/// `socks` is the proxy's transparent SOCKS5 socket, pinned.
+pub fn supervise(listener: OwnedFd, socks: crate::pinned::PinnedSocket) {
     let Ok(relay) = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)) else {
         return;
     };
@@ -242,7 +241,7 @@ pub fn supervise(listener: OwnedFd, socks: PathBuf) {
 
 struct Supervisor {
     listener: OwnedFd,
-    socks: PathBuf,
+    socks: crate::pinned::PinnedSocket,
     /// Held while a relay pair is made, so each accept gets its own connect.
     relay: Mutex<TcpListener>,
     live: AtomicUsize,
@@ -468,9 +467,9 @@ fn fd_flags(pid: u32, fd: RawFd) -> (bool, bool) {
 
 /// SOCKS5 `CONNECT dest` over the proxy's socket; `Err(errno)` for the
 /// program's `connect()` when refused or unreachable.
-fn socks_connect(socks: &Path, dest: SocketAddr) -> Result<UnixStream, i32> {
+fn socks_connect(socks: &crate::pinned::PinnedSocket, dest: SocketAddr) -> Result<UnixStream, i32> {
     let refused = |_| libc::ECONNREFUSED;
-    let mut s = UnixStream::connect(socks).map_err(refused)?;
+    let mut s = socks.connect().map_err(refused)?;
     s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
         .map_err(refused)?;
     let mut req = vec![5, 1, 0, 5, 1, 0];

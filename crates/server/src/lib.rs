@@ -31,6 +31,7 @@ pub mod listen;
 pub mod metrics;
 pub mod network;
 pub mod process;
+pub mod rundir;
 pub mod sandbox;
 pub mod session;
 
@@ -87,6 +88,10 @@ pub struct ServerConfig {
     /// The managed network's transparent TCP (`--linux-sandbox-transparent-tcp`,
     /// `--tcp-upstream-proxy`).
     pub transparent_tcp: network::TransparentTcpConfig,
+    /// This server's own paths that no sandbox may see or reach, besides
+    /// the ones it knows itself (its spool and runtime directories): the
+    /// CLI adds its `unix://` listen socket. Default: none.
+    pub hidden_paths: Vec<std::path::PathBuf>,
 }
 
 /// Settings of the output spool (see [`process::spool`]).
@@ -148,6 +153,7 @@ impl Default for ServerConfig {
             output_spool: Some(OutputSpoolConfig::default()),
             netproxy_upstream_roots: Vec::new(),
             transparent_tcp: network::TransparentTcpConfig::default(),
+            hidden_paths: Vec::new(),
         }
     }
 }
@@ -170,6 +176,9 @@ pub struct ServerState {
     pub sandbox: sandbox::Support,
     /// The output spool, when enabled.
     pub spool: Option<Arc<process::spool::SpoolConfig>>,
+    /// This server's runtime directory (the managed proxy's per-process
+    /// sockets), made at start; the error says why it could not be.
+    runtime_dir: Result<rundir::RuntimeDir, String>,
     next_connection: AtomicU64,
 }
 
@@ -177,8 +186,23 @@ impl ServerState {
     /// Builds the state and starts the child reaper. Must run inside a Tokio runtime.
     pub fn new(config: ServerConfig) -> std::io::Result<Arc<Self>> {
         process::reaper::install()?;
-        let sandbox =
-            sandbox::Support::new(config.sandbox_helper.clone(), config.allow_unsandboxed);
+        let spool = match &config.output_spool {
+            Some(c) => c.open()?,
+            None => None,
+        };
+        let run_base = rundir::RuntimeDir::base();
+        let runtime_dir = rundir::RuntimeDir::create(&run_base).map_err(|e| {
+            tracing::warn!("no runtime directory: {e}");
+            format!("{}: {e}", run_base.display())
+        });
+        let mut hidden = config.hidden_paths.clone();
+        hidden.push(run_base);
+        hidden.extend(spool.as_ref().map(|s| s.dir().to_path_buf()));
+        let sandbox = sandbox::Support::new(
+            config.sandbox_helper.clone(),
+            config.allow_unsandboxed,
+            hidden,
+        );
         let env_info = env_info::environment_info(sandbox.enforced(), &config.prepend_path);
         process::spawn::set_tool_dirs(
             env_info
@@ -192,12 +216,9 @@ impl ServerState {
         } else {
             Mode::Inline
         };
-        let spool = match &config.output_spool {
-            Some(c) => c.open()?,
-            None => None,
-        };
         Ok(Arc::new(ServerState {
             spool,
+            runtime_dir,
             sessions: Arc::new(session::SessionRegistry::new(config.detached_session_ttl)),
             env_info_json: serde_json::to_string(&env_info).map_err(std::io::Error::other)?,
             env_info,
@@ -208,6 +229,17 @@ impl ServerState {
             sandbox,
             config,
         }))
+    }
+
+    /// This server's runtime directory. Errors: why it could not be made
+    /// at start (a routed sandbox then cannot start).
+    pub fn runtime_dir(&self) -> std::io::Result<&std::path::Path> {
+        match &self.runtime_dir {
+            Ok(d) => Ok(d.path()),
+            Err(e) => Err(std::io::Error::other(format!(
+                "this server has no runtime directory ({e})"
+            ))),
+        }
     }
 
     /// A fresh connection id.

@@ -161,6 +161,25 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
                 tracing::warn!("connection limit reached; refusing a unix socket connection");
                 continue;
             };
+            {
+                use crate::sandbox::peers::Verdict;
+                use std::os::fd::AsRawFd;
+                match state.sandbox.pids().judge(stream.as_raw_fd()) {
+                    Verdict::Outside => {}
+                    Verdict::Sandboxed => {
+                        tracing::warn!(
+                            "refused a unix socket connection from inside one of this server's sandboxes"
+                        );
+                        continue;
+                    }
+                    Verdict::Unknown => {
+                        tracing::warn!(
+                            "refused a unix socket connection whose peer process cannot be identified"
+                        );
+                        continue;
+                    }
+                }
+            }
             let state = state.clone();
             let peer = format!("exec-server unix socket {}", path.display());
             tokio::spawn(async move {

@@ -43,7 +43,9 @@ pub struct RemoteNetworkProxyConfig {
     pub enable_socks5_udp: bool,
     /// `allowUpstreamProxy`: accepted; this executor never chains to an upstream proxy.
     pub allow_upstream_proxy: bool,
-    /// `dangerouslyAllowAllUnixSockets`: accepted; Unix sockets do not pass through the proxy.
+    /// `dangerouslyAllowAllUnixSockets`: a sandbox routed through the proxy may
+    /// create `AF_UNIX` sockets (otherwise `socket(AF_UNIX)` fails with `EPERM`,
+    /// as the reference); Unix sockets never pass through the proxy.
     pub dangerously_allow_all_unix_sockets: bool,
     /// `mode`: `limited` or `full`.
     pub mode: NetworkMode,

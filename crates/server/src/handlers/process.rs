@@ -138,7 +138,12 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     let masking = crate::network::masking::mask_start_env(&mut p);
     let proxy = match &p.network_proxy {
         Some(np) => {
-            let routed = confine.as_ref().is_some_and(|c| c.routed());
+            let routed = match confine.as_ref().is_some_and(|c| c.routed()) {
+                true => Some(ctx.server.runtime_dir().map_err(|e| {
+                    ErrorObject::internal(format!("cannot start the network proxy: {e}"))
+                })?),
+                false => None,
+            };
             let mask = masking.clone().map(|m| (m, &p.env));
             let running = crate::network::start(
                 np,

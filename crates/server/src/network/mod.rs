@@ -20,7 +20,7 @@ use exec_server_protocol::types::{
 use exec_server_protocol::{encode_notification, methods, ErrorObject};
 use exec_server_rpc::CallError;
 use exec_server_sandbox::ProxyRoute;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -91,13 +91,15 @@ impl RunningProxy {
     }
 }
 
-/// A private (0700) directory for the proxy's Unix sockets.
+/// A private (0700) directory for the proxy's Unix sockets and CA bundle, in
+/// the server's [`crate::rundir::RuntimeDir`]; removed with everything in
+/// it when the process closes.
 struct SocketDir(PathBuf);
 
 impl SocketDir {
-    fn create() -> std::io::Result<SocketDir> {
+    fn create(parent: &Path) -> std::io::Result<SocketDir> {
         use std::os::unix::fs::DirBuilderExt;
-        let p = std::env::temp_dir().join(format!("exec-server-netproxy-{}", uuid::Uuid::new_v4()));
+        let p = parent.join(format!("np-{}", crate::rundir::short_id()));
         std::fs::DirBuilder::new().mode(0o700).create(&p)?;
         Ok(SocketDir(p))
     }
@@ -105,14 +107,14 @@ impl SocketDir {
 
 impl Drop for SocketDir {
     fn drop(&mut self) {
-        exec_server_netproxy::remove_sockets(&self.0);
-        let _ = std::fs::remove_dir(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
 /// Starts the proxy of process `process_id` (its decider asks the client of
 /// `link`); `routed`: the process runs in a sandbox whose only exit is this
-/// proxy, so it also listens on Unix sockets for the sandbox's bridge;
+/// proxy, so it also listens on Unix sockets for the sandbox's bridge, in a
+/// new directory under this path (the server's runtime directory);
 /// `tcp`: the server's transparent-TCP settings; `mask`: the process's
 /// credential masking ([`masking::mask_start_env`]) and its (masked)
 /// environment; `upstream_roots`: extra upstream roots (DER).
@@ -122,7 +124,7 @@ pub async fn start(
     cfg: &RemoteNetworkProxyLaunchConfig,
     process_id: &str,
     link: Arc<Link>,
-    routed: bool,
+    routed: Option<&Path>,
     tcp: &TransparentTcpConfig,
     mask: Option<(
         Arc<exec_server_netproxy::mask::Masking>,
@@ -135,13 +137,12 @@ pub async fn start(
     let timeout = Duration::from_millis(cfg.policy_decision_timeout_ms.unwrap_or(0));
     let decider = Arc::new(ClientDecider::new(link, process_id.to_string(), timeout));
     let mut l = launch(cfg);
-    let dir = if routed {
-        Some(SocketDir::create().map_err(failed)?)
-    } else {
-        None
+    let dir = match routed {
+        Some(parent) => Some(SocketDir::create(parent).map_err(failed)?),
+        None => None,
     };
     l.unix_dir = dir.as_ref().map(|d| d.0.clone());
-    let transparent = tcp.enabled_for(cfg, routed);
+    let transparent = tcp.enabled_for(cfg, routed.is_some());
     l.transparent_tcp = transparent;
     l.tcp_upstream = tcp.upstream_proxy.clone();
     let env = mask.as_ref().map(|(_, e)| *e);
@@ -170,6 +171,7 @@ pub async fn start(
             host_dir: d.0.clone(),
             ports,
             transparent,
+            allow_all_unix_sockets: cfg.proxy.dangerously_allow_all_unix_sockets,
         }
     });
     Ok(RunningProxy {

@@ -223,7 +223,7 @@ pub fn start(
         Some(_) => e,
     };
     let arg0 = params.arg0.as_deref().unwrap_or(&params.argv[0]);
-    let (mut cmd, confinement, _fds) = match sandbox {
+    let (mut cmd, guard, _fds) = match sandbox {
         None => {
             let mut cmd = Command::new(&program);
             cmd.args(&params.argv[1..]);
@@ -232,8 +232,14 @@ pub fn start(
         }
         Some(sb) => {
             let p = sb.prepare(&env, &program, arg0, &params.argv[1..], cwd)?;
-            (p.command, Some(p.guard), p.fds)
+            (p.command, Some((p.guard, p.confined)), p.fds)
         }
+    };
+    // Registered as soon as its pid exists, before any of its output is read.
+    let confine = move |pid: u32| {
+        sandbox
+            .zip(guard)
+            .map(|(sb, (g, confined))| sb.confinement(g, pid, confined))
     };
     cmd.env_clear();
     cmd.envs(&env);
@@ -286,7 +292,7 @@ pub fn start(
             pid,
             io: ChildIo::Pty { master: pty.master },
             exit,
-            confinement,
+            confinement: confine(pid),
         });
     }
 
@@ -337,7 +343,7 @@ pub fn start(
             stderr,
         },
         exit,
-        confinement,
+        confinement: confine(pid),
     })
 }
 

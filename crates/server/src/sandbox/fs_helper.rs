@@ -175,6 +175,7 @@ impl Helper {
             mut command,
             guard,
             fds,
+            ..
         } = prepared;
         // stdout is a socket, so the helper can pass a descriptor back.
         let (ours, theirs) = super::fd_pass::socket_pair().map_err(cannot_start)?;

@@ -12,6 +12,7 @@
 
 mod fd_pass;
 pub mod fs_helper;
+pub mod peers;
 
 use crate::error::{ExecError, ExecResult};
 use exec_server_protocol::types::{
@@ -25,6 +26,7 @@ use exec_server_sandbox::{
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// `sandboxType` of a confined start (the reference's value for any sandbox object).
 pub const SANDBOX_TYPE_LINUX: &str = "linuxSeccomp";
@@ -39,16 +41,28 @@ pub struct Support {
     runtime: Option<Runtime>,
     /// The operator's opt-out for hosts where enforcement is impossible.
     allow_unsandboxed: bool,
+    /// The live sandboxes, to refuse connections from inside them.
+    pids: Arc<peers::SandboxPids>,
 }
 
 impl Support {
     /// `helper` is this server's executable (it must handle [`INNER_FLAG`] and
-    /// [`fs_helper::FLAG`] first thing in `main`).
-    pub fn new(helper: Option<PathBuf>, allow_unsandboxed: bool) -> Self {
+    /// [`fs_helper::FLAG`] first thing in `main`); `hidden` are this server's
+    /// own paths no sandbox may see ([`Runtime::hidden`]).
+    pub fn new(helper: Option<PathBuf>, allow_unsandboxed: bool, hidden: Vec<PathBuf>) -> Self {
         Support {
-            runtime: helper.map(Runtime::locate),
+            runtime: helper.map(|h| Runtime {
+                hidden: hidden.clone(),
+                ..Runtime::locate(h)
+            }),
             allow_unsandboxed,
+            pids: Arc::default(),
         }
+    }
+
+    /// The live sandboxes' first processes ([`peers`]).
+    pub fn pids(&self) -> &peers::SandboxPids {
+        &self.pids
     }
 
     /// True when every policy can be enforced here (helper and bubblewrap found).
@@ -164,6 +178,7 @@ pub struct StartSandbox {
     routed: bool,
     /// Where the proxy listens for the sandbox, once started.
     route: Option<ProxyRoute>,
+    pids: Arc<peers::SandboxPids>,
 }
 
 /// Decides a `process/start`: `Ok(None)` runs unconfined (no `sandbox`, or
@@ -205,6 +220,7 @@ pub fn for_start(
                 runtime: r.clone(),
                 routed: true,
                 route: None,
+                pids: support.pids.clone(),
             })),
             _ => Err(ExecError::permission_denied(
                 "sandbox refused: routing a sandboxed command through the network proxy needs \
@@ -217,6 +233,7 @@ pub fn for_start(
         runtime: r.clone(),
         routed: false,
         route: None,
+        pids: support.pids.clone(),
     }))
 }
 
@@ -278,8 +295,25 @@ impl StartSandbox {
     }
 }
 
-/// Kept by a running confined process; dropped at its exit.
-pub type Confinement = Guard;
+/// Kept by a running confined process; dropped at its exit: its
+/// placeholders, and its entry among the live sandboxes.
+#[derive(Debug)]
+pub struct Confinement {
+    _guard: Guard,
+    _registration: Option<peers::Registration>,
+}
+
+impl StartSandbox {
+    /// What the process `pid`, started from `prepared` with its `guard`,
+    /// keeps until it exits. A command that runs confined (`confined`) is
+    /// registered among the live sandboxes.
+    pub fn confinement(&self, guard: Guard, pid: u32, confined: bool) -> Confinement {
+        Confinement {
+            _guard: guard,
+            _registration: confined.then(|| self.pids.register(pid)),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -336,8 +370,10 @@ mod tests {
             runtime: Some(Runtime {
                 bwrap: None,
                 helper: PathBuf::from("/x"),
+                hidden: Vec::new(),
             }),
             allow_unsandboxed: allow,
+            pids: Arc::default(),
         };
         let e = for_start(Some(&ro()), false, false, Path::new("/"), &no_bwrap(false)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::PermissionDenied);
@@ -359,6 +395,7 @@ mod tests {
         let none = Support {
             runtime: None,
             allow_unsandboxed: false,
+            pids: Arc::default(),
         };
         assert_eq!(
             for_start(Some(&ro()), false, false, Path::new("/"), &none)

@@ -112,6 +112,11 @@ impl SpoolConfig {
         }))
     }
 
+    /// The directory its files are made in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The default directory: `exec-server-spool-<uid>` in the system temp dir.
     pub fn default_dir() -> PathBuf {
         // SAFETY: geteuid has no preconditions.

@@ -1,0 +1,188 @@
+//! Recognising a connection that comes from inside one of this server's own
+//! sandboxes, so the Unix listener can refuse it: a confined command that
+//! reached this server's socket could otherwise start unconfined processes.
+//!
+//! Every confined start registers the process id of its first process
+//! (bubblewrap, or the inner stage of a seccomp-only plan) while it runs. A
+//! peer belongs to a sandbox when that process is among its ancestors. Inside
+//! bubblewrap's PID namespace an orphan is re-parented to the namespace's
+//! init, itself a child of the registered bubblewrap, so a double fork does
+//! not break the chain. The peer is named by `SO_PEERCRED` and, where the
+//! kernel has it (Linux 6.5+), pinned by `SO_PEERPIDFD`: a peer that is gone
+//! by the end of the check (its id may have been reused) is refused too.
+
+use std::collections::HashSet;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+
+/// Most ancestors walked from a peer: 256 (deeper trees are refused).
+pub const MAX_ANCESTRY: usize = 256;
+/// Walks retried when a process vanished mid-walk: 3.
+const WALK_TRIES: usize = 3;
+/// `SO_PEERPIDFD` (Linux 6.5+; not yet in every libc).
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// The live sandboxes' first process ids.
+#[derive(Debug, Default)]
+pub struct SandboxPids(Mutex<HashSet<u32>>);
+
+/// Keeps `pid` registered until dropped (when its process has exited).
+#[derive(Debug)]
+pub struct Registration {
+    set: Arc<SandboxPids>,
+    pid: u32,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.set.0.lock() {
+            s.remove(&self.pid);
+        }
+    }
+}
+
+/// Why a peer is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not from a sandbox of this server.
+    Outside,
+    /// From inside one of this server's sandboxes.
+    Sandboxed,
+    /// Cannot be told (no peer credentials, the peer or an ancestor vanished,
+    /// a chain deeper than [`MAX_ANCESTRY`]): refused, failing closed.
+    Unknown,
+}
+
+impl SandboxPids {
+    /// Registers the first process of a sandbox.
+    pub fn register(self: &Arc<Self>, pid: u32) -> Registration {
+        if let Ok(mut s) = self.0.lock() {
+            s.insert(pid);
+        }
+        Registration {
+            set: self.clone(),
+            pid,
+        }
+    }
+
+    fn contains(&self, pid: u32) -> bool {
+        self.0.lock().is_ok_and(|s| s.contains(&pid))
+    }
+
+    /// Judges the peer of the connected Unix socket `fd`.
+    pub fn judge(&self, fd: RawFd) -> Verdict {
+        let Some(pid) = peer_pid(fd) else {
+            return Verdict::Unknown;
+        };
+        let pidfd = peer_pidfd(fd);
+        let mut verdict = Verdict::Unknown;
+        for _ in 0..WALK_TRIES {
+            verdict = self.walk(pid);
+            if verdict != Verdict::Unknown {
+                break;
+            }
+        }
+        if verdict == Verdict::Outside && pidfd.as_ref().is_some_and(|p| !alive(p)) {
+            return Verdict::Unknown;
+        }
+        verdict
+    }
+
+    fn walk(&self, mut pid: u32) -> Verdict {
+        let me = std::process::id();
+        for _ in 0..MAX_ANCESTRY {
+            if self.contains(pid) {
+                return Verdict::Sandboxed;
+            }
+            if pid <= 1 || pid == me {
+                return Verdict::Outside;
+            }
+            match parent_of(pid) {
+                Some(p) => pid = p,
+                None => return Verdict::Unknown,
+            }
+        }
+        Verdict::Unknown
+    }
+}
+
+/// The parent of `pid`, from `/proc/<pid>/stat` (the field after the
+/// command name, which may itself hold spaces and parentheses).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn peer_pid(fd: RawFd) -> Option<u32> {
+    // SAFETY: ucred is plain data; getsockopt writes at most `len` bytes.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && cred.pid > 0).then_some(cred.pid as u32)
+}
+
+fn peer_pidfd(fd: RawFd) -> Option<OwnedFd> {
+    let mut pidfd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes one int.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut pidfd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: a fresh descriptor the kernel gave us.
+    (r == 0 && pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) })
+}
+
+/// Whether the process of `pidfd` still runs (signal 0 reaches it).
+fn alive(pidfd: &OwnedFd) -> bool {
+    // SAFETY: pidfd_send_signal with signal 0 only checks.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_registered_peer_is_sandboxed_until_unregistered() {
+        let pids = Arc::new(SandboxPids::default());
+        // The peer of a socketpair is this very process.
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        assert_eq!(pids.judge(ours.as_raw_fd()), Verdict::Outside);
+        let reg = pids.register(std::process::id());
+        assert_eq!(pids.judge(ours.as_raw_fd()), Verdict::Sandboxed);
+        drop(reg);
+        assert_eq!(pids.judge(ours.as_raw_fd()), Verdict::Outside);
+    }
+
+    #[test]
+    fn parent_parsing_survives_odd_names() {
+        assert_eq!(
+            parent_of(std::process::id()),
+            Some(std::os::unix::process::parent_id())
+        );
+    }
+}
