@@ -60,9 +60,16 @@
 //! - Reading: everything readable on the host stays readable under a
 //!   full-read profile (the reference's `read-only` and `workspace-write`
 //!   presets), including other users' world-readable files.
-//! - Unix sockets reachable through the read-only view (e.g. a daemon's socket
-//!   under `/run`) can still be connected to: a socket needs no write access to
-//!   the file system to be used.
+//! - With network `enabled` (no managed proxy), Unix sockets reachable through
+//!   the read-only view (e.g. a daemon's socket under `/run`) can still be
+//!   connected to, as the reference allows: a socket needs no write access to
+//!   the file system to be used. Restricted network denies `connect()`
+//!   outright; a managed network denies `socket(AF_UNIX)` (unless
+//!   `dangerouslyAllowAllUnixSockets`). The server's own sockets and
+//!   directories ([`Runtime::hidden`]) are masked in every view.
+//! - A restricted command can still `sendmsg` a datagram to a host datagram
+//!   socket it can see (e.g. `/dev/log`): seccomp cannot read the address,
+//!   and the reference's filter allows `sendmsg` too.
 //! - UTS, cgroup and time namespaces are shared; resource limits (CPU, memory,
 //!   process count) are not set here.
 //! - With network `enabled` the host network is fully reachable.
