@@ -20,8 +20,13 @@ pub struct RemoteArgs {
     /// instead of listening (https, or http on loopback).
     #[arg(long, value_name = "URL", requires = "environment_id")]
     pub remote: Option<String>,
-    /// The environment id to register as.
-    #[arg(long, value_name = "ID", requires = "remote")]
+    /// The environment id to register as: 1 to 256 of A-Z, a-z, 0-9, `_`, `-`.
+    #[arg(
+        long,
+        value_name = "ID",
+        requires = "remote",
+        value_parser = crate::environment_id::EnvironmentIdParser
+    )]
     pub environment_id: Option<String>,
     /// Read the registry bearer token as one line from stdin (else CODEX_API_KEY).
     #[arg(long, requires = "remote")]
@@ -112,9 +117,10 @@ pub async fn run(args: RemoteArgs, state: Arc<ServerState>) -> i32 {
             return 2;
         }
     };
+    // Checked at parsing already; again for arguments built in code.
     let env = env.trim().to_string();
-    if env.is_empty() {
-        eprintln!("exec-server: the environment id is empty");
+    if let Err(e) = exec_server_relay::environment_id::validate(&env) {
+        eprintln!("exec-server: {e}");
         return 2;
     }
     let serving = state.clone();

@@ -2,6 +2,7 @@
 
 mod alloc;
 mod commands;
+mod environment_id;
 mod executor;
 mod forward;
 mod generate;

@@ -650,3 +650,50 @@ fn relay_streams_and_registrations_are_counted_in_metrics() {
         let _ = std::fs::remove_dir_all(p.parent().unwrap());
     }
 }
+
+/// A bad environment id is refused while the arguments are parsed (exit 2,
+/// nothing sent anywhere), by the executor and the client alike, with a
+/// message that names the rule and does not repeat the id.
+#[test]
+fn bad_environment_ids_are_refused_at_argument_parsing() {
+    let long = "x".repeat(257);
+    for bad in [
+        "..",
+        "a/../../x",
+        "a\nb",
+        "\u{202e}abc",
+        "a b",
+        "  ",
+        long.as_str(),
+    ] {
+        let executor = Command::new(BIN)
+            .args(["--remote", "http://127.0.0.1:9", "--environment-id", bad])
+            .arg("--registration-bearer-stdin")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let client = Command::new(BIN)
+            .args([
+                "run",
+                "--registry",
+                "http://127.0.0.1:9",
+                "--environment",
+                bad,
+            ])
+            .args(["--", "true"])
+            .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "t")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        for (out, flag) in [(executor, "--environment-id"), (client, "--environment")] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{bad:?} {flag}: {err}");
+            assert!(err.contains(flag), "{err}");
+            assert!(err.contains("environment id"), "{err}");
+            assert!(err.contains("A-Z, a-z, 0-9, '_' and '-'"), "{err}");
+            if bad.trim().len() > 1 {
+                assert!(!err.contains(bad.trim()), "{bad:?} echoed: {err}");
+            }
+        }
+    }
+}

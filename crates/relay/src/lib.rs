@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod environment_id;
 pub mod executor;
 pub mod frame;
 pub mod harness;

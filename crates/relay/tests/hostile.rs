@@ -380,6 +380,98 @@ async fn a_second_registration_while_the_executor_is_connected_is_refused() {
     echo(&mut ch, b"still the live executor").await;
 }
 
+/// `POST` with exactly these path bytes; the answer's status and body.
+async fn raw_post(base: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAuthorization: Bearer t\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+    (status, body.unwrap_or_default())
+}
+
+/// Environment ids are `[A-Za-z0-9_-]{1,256}`: anything else is a 400
+/// `invalid_environment_id` on every endpoint, and the answer does not echo it.
+#[tokio::test]
+async fn bad_environment_ids_are_refused_on_every_endpoint() {
+    use exec_server_relay::api::{ConnectRequest, RegisterRequest, ValidateRequest};
+    let (base, _store) = start_registry(Config::default()).await;
+    let key = Identity::generate(&mut OsRandom).public_key().to_wire();
+    let bodies = [
+        (
+            "register",
+            serde_json::to_string(&RegisterRequest {
+                security_profile: exec_server_relay::keys::SECURITY_PROFILE.into(),
+                executor_public_key: key.clone(),
+            })
+            .unwrap(),
+        ),
+        (
+            "connect",
+            serde_json::to_string(&ConnectRequest {
+                harness_public_key: key.clone(),
+            })
+            .unwrap(),
+        ),
+        (
+            "validate",
+            serde_json::to_string(&ValidateRequest {
+                executor_registration_id: "reg".into(),
+                harness_public_key: key.clone(),
+                harness_key_authorization: "hka".into(),
+            })
+            .unwrap(),
+        ),
+    ];
+    let long = "x".repeat(257);
+    let bad = [
+        "..",
+        "a%2F..%2F..%2Fx",
+        "a%00b",
+        "a%0Ab",
+        "%E2%80%AEabc",
+        "a.b",
+        "a%20",
+        "a&b=c",
+        long.as_str(),
+    ];
+    for id in bad {
+        for (action, body) in &bodies {
+            let (status, reply) =
+                raw_post(&base, &format!("/cloud/environment/{id}/{action}"), body).await;
+            assert_eq!(status, 400, "{id} {action}: {reply}");
+            let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
+            assert_eq!(
+                v["error"]["code"], "invalid_environment_id",
+                "{id} {action}"
+            );
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(message.contains("A-Z"), "{message}");
+            assert!(!reply.contains(id), "{id} echoed: {reply}");
+        }
+    }
+    // The longest id is accepted.
+    let longest = "y".repeat(256);
+    let (status, reply) = raw_post(
+        &base,
+        &format!("/cloud/environment/{longest}/register"),
+        &bodies[0].1,
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+}
+
 /// Registers `env` and opens its relay socket by hand over raw TCP: an
 /// executor that is attached but never answers (not even the relay's Pings).
 async fn silent_executor(base: &str, env: &str) -> tokio::net::TcpStream {

@@ -36,7 +36,13 @@ pub struct ConnectArgs {
     )]
     pub registry: Option<String>,
     /// The environment id to reach with --registry.
-    #[arg(long, value_name = "ID", global = true, requires = "registry")]
+    #[arg(
+        long,
+        value_name = "ID",
+        global = true,
+        requires = "registry",
+        value_parser = crate::environment_id::EnvironmentIdParser
+    )]
     pub environment: Option<String>,
 }
 

@@ -186,23 +186,17 @@ where
         body.extend_from_slice(&more);
     }
     body.truncate(req.content_length);
-    let Some((env, action)) = rest.rsplit_once('/') else {
+    // `{id}/{action}`: the id is the first segment, taken as sent (a valid id
+    // never needs percent-encoding, so an encoded one is refused as invalid).
+    let Some((env, action)) = rest.split_once('/') else {
         return respond(
             &mut stream,
             Reply::error(404, "not_found", "no such endpoint"),
         )
         .await;
     };
-    let env = percent_decode(env);
-    let reply = registry.handle_post(env.trim(), action, bearer(&req), &body);
+    let reply = registry.handle_post(env, action, bearer(&req), &body);
     respond(&mut stream, reply).await;
-}
-
-fn percent_decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
 }
 
 async fn upgrade<S>(registry: Arc<Registry>, mut stream: S, req: &Request, query: &str)

@@ -7,6 +7,7 @@
 //! one harness key, one registration and one environment, is single use and
 //! lives [`AUTHORIZATION_TTL`]; `/validate` says yes only for that exact key;
 //! frames are routed by stream id and never opened (it has no key to open them);
+//! environment ids are `[A-Za-z0-9_-]{1,256}` (else `400 invalid_environment_id`);
 //! a registration never displaces a connected executor: while its relay socket
 //! is attached, `/register` answers `503 registration_conflict` (which
 //! executors retry with a growing jittered delay), and a socket stops counting
@@ -21,6 +22,7 @@ pub mod tokens;
 mod http;
 
 use crate::api::*;
+use crate::environment_id;
 use crate::keys::{PublicKey, SECURITY_PROFILE};
 use signing::{Grant, Role};
 use std::sync::Arc;
@@ -157,8 +159,9 @@ impl Registry {
         bearer: Option<&str>,
         body: &[u8],
     ) -> Reply {
-        if env.is_empty() {
-            return Reply::error(404, "not_found", "no such environment");
+        // The message is fixed text: the id itself is never echoed.
+        if let Err(e) = environment_id::validate(env) {
+            return Reply::error(400, "invalid_environment_id", &e.to_string());
         }
         let result = match action {
             "register" => self.register(env, bearer, body),
