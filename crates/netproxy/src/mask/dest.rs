@@ -1,6 +1,7 @@
 //! Where a masked secret may go: a provider's `url_prefixes` entry parsed
 //! into scheme, host (exact or `*.` suffix), port and path prefix.
 
+use super::scope_path;
 use std::fmt;
 
 /// The scheme of a request the proxy sees.
@@ -36,7 +37,8 @@ pub struct Dest {
     scheme: Scheme,
     host: HostMatch,
     port: u16,
-    /// Path prefix, without a trailing `/`; empty: any path.
+    /// Path prefix, normalised ([`scope_path::normalize`]) and without a
+    /// trailing `/`; empty: any path.
     path: String,
 }
 
@@ -70,7 +72,8 @@ fn is_loopback_host(h: &str) -> bool {
 impl Dest {
     /// Parses `https://host[:port][/path]`, `http://…`, or a bare
     /// `host[:port][/path]` (`http` for a loopback host, else `https`). A
-    /// query or fragment is refused; so is a wildcard anywhere but a leading `*.`.
+    /// query or fragment is refused; so is a wildcard anywhere but a leading
+    /// `*.`, and a path that [`scope_path::normalize`] refuses.
     pub fn parse(text: &str) -> Result<Dest, BadDest> {
         let bad = || BadDest(text.to_string());
         let t = text.trim();
@@ -125,6 +128,11 @@ impl Dest {
             HostMatch::Exact(h) if is_loopback_host(h) => Scheme::Http,
             _ => Scheme::Https,
         });
+        // Normalised as request paths are, so that the two compare alike.
+        let path = match path {
+            "" => String::new(),
+            p => scope_path::normalize(p).map_err(|_| bad())?,
+        };
         Ok(Dest {
             scheme,
             host,
@@ -178,15 +186,22 @@ impl Dest {
     }
 
     /// True when a request to `scheme://host:port/path` is within this
-    /// destination (the path prefix matches whole segments; `path` may
-    /// carry a query, which is ignored).
+    /// destination. `path` is the request-target as sent (a query is
+    /// ignored); with a path prefix it is compared after
+    /// [`scope_path::normalize`], whole segments only, and a path that does
+    /// not normalise cleanly is never within: the upstream resolves the path
+    /// (`/v1/%2e%2e/admin` is `/admin`), not the text the client wrote.
     pub fn matches(&self, scheme: Scheme, host: &str, port: u16, path: &str) -> bool {
         if !self.matches_origin(scheme, host, port) {
             return false;
         }
-        let path = path.split(['?', '#']).next().unwrap_or("");
-        self.path.is_empty()
-            || path == self.path
+        if self.path.is_empty() {
+            return true;
+        }
+        let Ok(path) = scope_path::normalize(path) else {
+            return false;
+        };
+        path == self.path
             || path
                 .strip_prefix(self.path.as_str())
                 .is_some_and(|rest| rest.starts_with('/'))
@@ -230,5 +245,76 @@ mod tests {
         ] {
             assert!(Dest::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Issue 30: a path-scoped secret goes only where an RFC 3986 upstream
+    /// resolves the path to, and nowhere a server might resolve differently.
+    #[test]
+    fn path_scope_holds_against_dot_and_encoding_tricks() {
+        let d = Dest::parse("https://api.vendor.example/v1").unwrap();
+        let within = |p: &str| d.matches(Scheme::Https, "api.vendor.example", 443, p);
+        for inside in [
+            "/v1",
+            "/v1/",
+            "/v1/x",
+            "/v1/./x",
+            "/v1/x/../y",
+            "/v1/%78",
+            "/v1/x?next=/../admin",
+            "/v1/x#/../admin",
+            "/v1/%2e/x",
+        ] {
+            assert!(within(inside), "{inside:?} is within /v1");
+        }
+        for outside in [
+            "/v1/../admin",
+            "/v1/%2e%2e/admin",
+            "/v1/%2E%2E/admin",
+            "/v1/.%2e/admin",
+            "/v1/%2e./admin",
+            "/v1/x/../../admin",
+            "/v1/..",
+            "/v1x",
+            "/v1x/y",
+            "/%76%31/../admin",
+            "/V1/x",
+            "/admin?/v1/x",
+            "/admin#/v1/x",
+        ] {
+            assert!(!within(outside), "{outside:?} resolves outside /v1");
+        }
+        // Unclear paths never get a path-scoped secret, even where an RFC
+        // 3986 reading would stay inside the prefix.
+        for unclear in [
+            "/v1/..%2Fadmin",
+            "/v1/..%2fadmin",
+            "/v1/x%2F..%2F..%2Fadmin",
+            "/v1/..%5Cadmin",
+            "/v1/..\\admin",
+            "/v1/x\\y",
+            "/v1//x",
+            "/v1//../admin",
+            "//v1/x",
+            "/v1/%zz",
+            "/v1/%",
+            "/v1/%00",
+            "/v1/x\0",
+            "/v1/..;/admin",
+            "/v1/%252e%252e/admin",
+            "v1/x",
+        ] {
+            assert!(!within(unclear), "{unclear:?} is unclear");
+        }
+        // The prefix itself is normalised: written with a dot or an escape
+        // it means the same segments.
+        let d = Dest::parse("https://api.vendor.example/v1/./%61pi/").unwrap();
+        assert!(d.matches(Scheme::Https, "api.vendor.example", 443, "/v1/api/x"));
+        assert!(!d.matches(Scheme::Https, "api.vendor.example", 443, "/v1/apix"));
+        for bad in ["https://h/v1//x", "https://h/v1%2fx", "https://h/a\\b"] {
+            assert!(Dest::parse(bad).is_err(), "{bad:?}");
+        }
+        // Without a path prefix any path of the origin is within, unclear or not.
+        let d = Dest::parse("https://api.vendor.example").unwrap();
+        assert!(d.matches(Scheme::Https, "api.vendor.example", 443, "/a/..%2Fb"));
     }
 }

@@ -15,6 +15,7 @@
 pub mod dest;
 mod generate;
 mod placeholder;
+pub mod scope_path;
 
 pub use dest::{Dest, Scheme};
 

@@ -126,6 +126,13 @@ fn custom_provider_masks_matching_values_for_its_prefixes() {
         0,
         "outside the path prefix"
     );
+    for escape in ["/v1/../admin", "/v1/%2e%2e/admin", "/v1/..%2Fadmin"] {
+        assert_eq!(
+            m.substitute(Scheme::Https, "api.vendor.example", 443, escape, &mut h),
+            0,
+            "{escape} leaves the path prefix"
+        );
+    }
     assert_eq!(
         m.substitute(Scheme::Https, "api.vendor.example", 443, "/v1/x", &mut h),
         1
