@@ -8,6 +8,9 @@
 //! 8.8.8.8 and 8.8.4.4, and run the server, the upstream and curl there.
 
 use crate::common;
+/// Answers to policy requests after their timeout.
+#[path = "managed_network/late_answers.rs"]
+mod late_answers;
 /// Credential masking.
 #[path = "managed_network/masking.rs"]
 mod masking;

@@ -59,6 +59,8 @@ struct Table {
 /// The table. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct PendingCalls {
+    /// The first id given out; with `next_id`, the range of ids issued.
+    first_id: i64,
     next_id: Arc<AtomicI64>,
     table: Arc<Mutex<Table>>,
     capacity: usize,
@@ -67,6 +69,7 @@ pub struct PendingCalls {
 impl Default for PendingCalls {
     fn default() -> Self {
         PendingCalls {
+            first_id: 0,
             next_id: Arc::default(),
             table: Arc::default(),
             capacity: MAX_PENDING_CALLS,
@@ -94,6 +97,7 @@ impl PendingCalls {
     /// most 256 in flight as in the reference).
     pub fn from_one(capacity: usize) -> Self {
         PendingCalls {
+            first_id: 1,
             next_id: Arc::new(AtomicI64::new(1)),
             table: Arc::default(),
             capacity,
@@ -156,6 +160,16 @@ impl PendingCalls {
             }
             None => false,
         }
+    }
+
+    /// True when this table gave out `id`, whether its call still waits,
+    /// was answered, timed out or was dropped: an answer to it that
+    /// [`Self::complete`] refuses came late (or twice), not from nowhere.
+    pub fn issued(&self, id: &RequestId) -> bool {
+        let RequestId::Integer(key) = id else {
+            return false;
+        };
+        (self.first_id..self.next_id.load(Ordering::Relaxed)).contains(key)
     }
 
     /// Fails every waiting call with `Closed` and refuses new ones.
@@ -260,6 +274,25 @@ mod tests {
         assert_eq!(r, Err(CallError::TimedOut));
         assert_eq!(t.len(), 0);
         assert!(!t.complete(&id, Ok(json!(1))));
+        assert!(t.issued(&id), "a late answer is told from an unknown id");
+    }
+
+    #[tokio::test]
+    async fn issued_ids_are_only_those_given_out() {
+        let t = PendingCalls::from_one(4);
+        assert!(!t.issued(&RequestId::Integer(1)), "nothing given out yet");
+        let a = t.register().unwrap();
+        assert_eq!(a.id, RequestId::Integer(1));
+        drop(a);
+        let b = t.register().unwrap();
+        assert!(t.complete(&b.id, Ok(json!(2))));
+        for answered in [1, 2] {
+            assert!(t.issued(&RequestId::Integer(answered)), "{answered}");
+        }
+        for never in [0, -1, 3, 77, i64::MAX] {
+            assert!(!t.issued(&RequestId::Integer(never)), "{never}");
+        }
+        assert!(!t.issued(&RequestId::String("1".into())));
     }
 
     #[tokio::test]

@@ -69,9 +69,11 @@ impl ConnCtx {
 }
 
 /// Serves `conn` until it closes or sends something connection-fatal: a
-/// notification other than `initialized` (or `initialized` before `initialize`),
-/// or a response to no call of ours (the server's only calls are the proxy's
-/// `network/policyRequest`).
+/// notification other than `initialized` (or `initialized` before
+/// `initialize`), or a response with an id this connection never gave out
+/// (the server's only calls are the proxy's `network/policyRequest`). A
+/// response to a call of ours that no longer waits is dropped, the
+/// connection kept ([`is_late_answer`]).
 /// With a `handshake_timeout`, a connection that has not completed the handshake
 /// (`initialize` answered and `initialized` received) within it is closed, so a
 /// socket that never speaks cannot keep a connection slot.
@@ -236,14 +238,12 @@ pub async fn serve(
                 break;
             }
             Message::Response(r) => {
-                if !ctx.calls.complete(&r.id, Ok(r.result)) {
-                    tracing::debug!(conn = ctx.id, "unsolicited response; closing");
+                if !ctx.calls.complete(&r.id, Ok(r.result)) && !is_late_answer(&ctx, &r.id) {
                     break;
                 }
             }
             Message::Error(e) => {
-                if !ctx.calls.complete(&e.id, Err(e.error)) {
-                    tracing::debug!(conn = ctx.id, "unsolicited error response; closing");
+                if !ctx.calls.complete(&e.id, Err(e.error)) && !is_late_answer(&ctx, &e.id) {
                     break;
                 }
             }
@@ -254,6 +254,26 @@ pub async fn serve(
     ctx.calls.close_all();
     if let Some(s) = ctx.session() {
         server.sessions.detach(&s, ctx.id);
+    }
+}
+
+/// Whether a response that `ctx.calls` had no waiter for is dropped (true)
+/// rather than connection-fatal. An id this connection gave out is an answer
+/// that came after its call timed out (the proxy already denied) or a second
+/// answer: the client did nothing wrong, so unlike the reference the
+/// connection and its session are kept. An id never given out is fatal, as
+/// in the reference (SPEC.md §1.5, `env_unsolicited_response_closes`).
+fn is_late_answer(ctx: &ConnCtx, id: &RequestId) -> bool {
+    if ctx.calls.issued(id) {
+        tracing::debug!(
+            conn = ctx.id,
+            ?id,
+            "answer to a call that no longer waits; dropped"
+        );
+        true
+    } else {
+        tracing::debug!(conn = ctx.id, ?id, "response to no call of ours; closing");
+        false
     }
 }
 
