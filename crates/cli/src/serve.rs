@@ -358,9 +358,14 @@ pub async fn run(args: ServeArgs) -> i32 {
                 return 1;
             }
         };
-        if let Ok(bound) = listener.local_addr() {
-            tracing::info!("metrics on http://{bound}/metrics");
-        }
+        let url = format!("http://{}/metrics", listener.local_addr().unwrap_or(addr));
+        tracing::info!("metrics on {url}");
+        warn_unless_loopback(
+            addr.ip(),
+            &format!("serving metrics on {url}"),
+            "without authentication",
+            "read them",
+        );
         tokio::spawn(exec_server::metrics::serve(listener, state.clone()));
     }
     if args.remote.remote.is_some() {
@@ -384,10 +389,12 @@ pub async fn run(args: ServeArgs) -> i32 {
     }
     tracing::info!("listening on {}", listener.url());
     if let ListenAddr::WebSocket(a) = &addr {
-        if config.auth.is_none() && !a.ip().is_loopback() {
-            tracing::warn!(
-                "listening on {} without --ws-auth: anyone who can reach it can run commands as this user",
-                listener.url()
+        if config.auth.is_none() {
+            warn_unless_loopback(
+                a.ip(),
+                &format!("listening on {}", listener.url()),
+                "without --ws-auth",
+                "run commands as this user",
             );
         }
     }
@@ -419,6 +426,17 @@ pub async fn run(args: ServeArgs) -> i32 {
         let _ = std::fs::remove_file(p);
     }
     0
+}
+
+/// Warns (at `warn`, so on stderr with the default filter) that `what`, a
+/// listener on `ip` with no authentication (`unguarded` says which is
+/// missing), lets anyone who can reach it `can`, unless `ip` is a loopback
+/// address, which only this machine reaches. One text for every listener
+/// (`--listen`, `--metrics-listen`), so operators find them alike.
+fn warn_unless_loopback(ip: std::net::IpAddr, what: &str, unguarded: &str, can: &str) {
+    if !ip.is_loopback() {
+        tracing::warn!("{what} {unguarded}: anyone who can reach it can {can}");
+    }
 }
 
 /// `--tcp-upstream-proxy`: `HOST:PORT` with a nonzero port (IPv6 in brackets).

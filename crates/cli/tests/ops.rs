@@ -108,6 +108,13 @@ impl Drop for Logged {
     }
 }
 
+/// The binary on loopback with `--metrics-listen metrics` (`IP:PORT`),
+/// logging at `level` (a `RUST_LOG` filter).
+fn with_metrics_on(metrics: &str, level: &str) -> Logged {
+    let args = ["--listen", "ws://127.0.0.1:0", "--metrics-listen", metrics];
+    Logged::start(&args, &[("RUST_LOG", level)])
+}
+
 /// A plain HTTP/1.1 GET on loopback; returns (status line, body).
 fn http_get(addr: &str, path: &str) -> (String, String) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect to metrics");
@@ -141,15 +148,7 @@ fn value(scrape: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &st
 
 #[tokio::test]
 async fn metrics_count_connections_processes_requests_and_bytes() {
-    let server = Logged::start(
-        &[
-            "--listen",
-            "ws://127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        &[("RUST_LOG", "info")],
-    );
+    let server = with_metrics_on("127.0.0.1:0", "info");
     let line = server.wait_line("metrics on http://");
     let addr = line
         .split("http://")
@@ -508,4 +507,24 @@ async fn sighup_is_ignored() {
     assert!(info["capabilities"].is_object(), "{info}");
     c.close().await;
     server.stop();
+}
+
+/// `--metrics-listen` off loopback warns as `--listen` does (issue 30): the
+/// metrics listener has no authentication. Nothing is sent to the wildcard
+/// address; only the server's stderr is read.
+#[test]
+fn metrics_listen_off_loopback_warns() {
+    let warning = "without authentication: anyone who can reach it can read them";
+    let server = with_metrics_on("0.0.0.0:0", "warn");
+    let line = server.wait_line(warning);
+    assert!(
+        line.contains("WARN") && line.contains("serving metrics on http://0.0.0.0:"),
+        "{line}"
+    );
+    server.stop();
+    // On loopback: the listener is up (its info line) and nothing is warned.
+    let server = with_metrics_on("127.0.0.1:0", "info");
+    server.wait_line("metrics on http://127.0.0.1:");
+    let lines = server.stop();
+    assert!(!lines.iter().any(|l| l.contains(warning)), "{lines:?}");
 }
