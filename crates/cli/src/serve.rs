@@ -338,6 +338,7 @@ pub async fn run(args: ServeArgs) -> i32 {
             per_process_bytes: args.output_spool_bytes,
             total_bytes: args.output_spool_total_bytes,
         }),
+        reap_orphans: true,
         hidden_paths: match &addr {
             ListenAddr::Unix(p) => vec![p.clone()],
             _ => Vec::new(),

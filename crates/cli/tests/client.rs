@@ -1,8 +1,7 @@
 //! The client library against the real server: recovery without loss or
 //! duplication, ordered events, files, and the embedded (local) environment.
 
-mod common;
-use common::*;
+use crate::common::*;
 use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
 use exec_server_protocol::types::OutputStream;
 use exec_server_protocol::PathUri;

@@ -6,6 +6,7 @@ mod common;
 
 mod chaos;
 mod cli;
+mod client;
 mod daemons;
 mod field_cases;
 mod field_cases_exit;

@@ -251,3 +251,53 @@ async fn start_errors_are_told_apart_by_kind() {
     assert_eq!(not_found.kind(), ErrorKind::NotFound);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Issue 32: an embedded server waits for the children it started, nothing
+/// else. The host program's own children, spawned and waited for with std and
+/// tokio while embedded commands run, all keep their exit statuses (a server
+/// that reaped with `waitpid(-1)` took them: ECHILD).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_programs_own_children_keep_their_statuses() {
+    let c = client();
+    let embedded = tokio::spawn(async move {
+        let mut codes = Vec::new();
+        for i in 0..20 {
+            let out = Command::new("sh")
+                .args(["-c", &format!("exit {}", i % 7)])
+                .spawn(&c)
+                .await
+                .unwrap()
+                .wait_with_output(16)
+                .await
+                .unwrap();
+            codes.push(out.code);
+        }
+        codes
+    });
+    let std_children = std::thread::spawn(|| {
+        (0..20)
+            .map(|i| {
+                std::process::Command::new("sh")
+                    .args(["-c", &format!("sleep 0.0{}; exit {}", i % 5, i % 11)])
+                    .status()
+                    .map(|s| s.code())
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut tokio_codes = Vec::new();
+    for i in 0..20 {
+        let status = tokio::process::Command::new("sh")
+            .args(["-c", &format!("sleep 0.0{}; exit {}", i % 3, i % 13)])
+            .status()
+            .await
+            .map(|s| s.code())
+            .map_err(|e| e.to_string());
+        tokio_codes.push(status);
+    }
+    let want = |m: i32| (0..20).map(|i| Ok(Some(i % m))).collect::<Vec<_>>();
+    assert_eq!(tokio_codes, want(13), "tokio waits");
+    assert_eq!(std_children.join().unwrap(), want(11), "std waits");
+    let embedded = embedded.await.unwrap();
+    assert_eq!(embedded, (0..20).map(|i| i % 7).collect::<Vec<_>>());
+}

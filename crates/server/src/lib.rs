@@ -92,6 +92,13 @@ pub struct ServerConfig {
     /// the ones it knows itself (its spool and runtime directories): the
     /// CLI adds its `unix://` listen socket. Default: none.
     pub hidden_paths: Vec<std::path::PathBuf>,
+    /// Make this process a child subreaper that reaps every orphan and, at
+    /// shutdown, kills every descendant (the `exec-server` binary, which owns
+    /// all of them). Off (the default) for a server embedded in another
+    /// program: it then waits for the children it started, nothing else, and
+    /// its host keeps its own children's exit statuses. Process-wide: once a
+    /// server turned it on, it stays on.
+    pub reap_orphans: bool,
 }
 
 /// Settings of the output spool (see [`process::spool`]).
@@ -154,6 +161,7 @@ impl Default for ServerConfig {
             netproxy_upstream_roots: Vec::new(),
             transparent_tcp: network::TransparentTcpConfig::default(),
             hidden_paths: Vec::new(),
+            reap_orphans: false,
         }
     }
 }
@@ -185,7 +193,7 @@ pub struct ServerState {
 impl ServerState {
     /// Builds the state and starts the child reaper. Must run inside a Tokio runtime.
     pub fn new(config: ServerConfig) -> std::io::Result<Arc<Self>> {
-        process::reaper::install()?;
+        process::reaper::install(config.reap_orphans)?;
         let spool = match &config.output_spool {
             Some(c) => c.open()?,
             None => None,
@@ -251,7 +259,11 @@ impl ServerState {
     /// this process (orphans re-parented to it). Used at shutdown.
     pub fn shutdown(&self) {
         self.sessions.shutdown_all();
-        process::kill::kill_all_descendants();
+        if process::reaper::reaping_orphans() {
+            // Only where this process owns every descendant (the binary):
+            // an embedding program's own children are not ours to kill.
+            process::kill::kill_all_descendants();
+        }
         process::cgroup::kill_all_and_remove();
         exec_server_sandbox::protect::release_all();
     }

@@ -82,6 +82,8 @@ pub async fn fs(args: FsArgs) -> i32 {
             to,
         } => cp(c, &from, &to, recursive).await,
     };
+    // As `run`: closed for good, so the runtime's end is no lost connection.
+    client.close().await;
     match r {
         Ok(()) => 0,
         Err(e) => fail(e),

@@ -8,7 +8,10 @@ pub async fn info(conn: ConnectArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    match client.environment_info().await {
+    let info = client.environment_info().await;
+    // As `run`: closed for good, so the runtime's end is no lost connection.
+    client.close().await;
+    match info {
         Ok(i) => {
             println!("{}", serde_json::to_string_pretty(&i).unwrap_or_default());
             0

@@ -102,18 +102,23 @@ pub async fn execute(client: ExecServerClient, spec: Spec) -> i32 {
         RawMode::none()
     };
     let stdin_task = tokio::spawn(forward_stdin(client.clone(), proc.id.clone()));
-    let signal_task = tokio::spawn(forward_signals(client, proc.id.clone(), spec.tty));
+    let signal_task = tokio::spawn(forward_signals(client.clone(), proc.id.clone(), spec.tty));
     let outcome = relay_output(&mut proc).await;
     stdin_task.abort();
     signal_task.abort();
     drop(raw);
-    match outcome {
+    let code = match outcome {
         Ok(code) => code.unwrap_or(1),
         Err(why) => {
             let _ = proc.terminate().await;
             fail(why)
         }
-    }
+    };
+    // Closed for good before the runtime shuts down: an embedded server's
+    // end would otherwise look like a lost connection, and the client's
+    // recovery would log "resuming the session" into the command's stderr.
+    client.close().await;
+    code
 }
 
 /// The `process/start` params for `spec`: cwd, environment, terminal.
