@@ -318,6 +318,38 @@ pub async fn run(args: ServeArgs) -> i32 {
     if args.process_cgroups == ProcessCgroups::Off {
         exec_server::process::cgroup::disable();
     }
+    // Bound before the state, so the proxies it starts know this server's
+    // own ports (never reachable through them).
+    let metrics = match args.metrics_listen {
+        Some(addr) => match exec_server::metrics::MetricsListener::bind(addr).await {
+            Ok(l) => Some((l, addr)),
+            Err(e) => {
+                eprintln!("exec-server: cannot listen for metrics on {addr}: {e}");
+                return 1;
+            }
+        },
+        None => None,
+    };
+    let listener = if args.remote.remote.is_some() {
+        None
+    } else {
+        match listen::bind(&addr).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("exec-server: cannot listen on {}: {e}", args.listen);
+                return 1;
+            }
+        }
+    };
+    let reserved_ports = listener
+        .iter()
+        .filter_map(|l| l.tcp_port())
+        .chain(
+            metrics
+                .iter()
+                .filter_map(|(l, _)| l.local_addr().ok().map(|a| a.port())),
+        )
+        .collect();
     let config = ServerConfig {
         concurrent_requests: args.concurrent_requests.max(1),
         detached_session_ttl: Duration::from_secs(args.detached_session_ttl),
@@ -339,6 +371,7 @@ pub async fn run(args: ServeArgs) -> i32 {
             total_bytes: args.output_spool_total_bytes,
         }),
         reap_orphans: true,
+        reserved_ports,
         hidden_paths: match &addr {
             ListenAddr::Unix(p) => vec![p.clone()],
             _ => Vec::new(),
@@ -351,14 +384,7 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
-    if let Some(addr) = args.metrics_listen {
-        let listener = match exec_server::metrics::MetricsListener::bind(addr).await {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("exec-server: cannot listen for metrics on {addr}: {e}");
-                return 1;
-            }
-        };
+    if let Some((listener, addr)) = metrics {
         let url = format!("http://{}/metrics", listener.local_addr().unwrap_or(addr));
         tracing::info!("metrics on {url}");
         warn_unless_loopback(
@@ -369,15 +395,8 @@ pub async fn run(args: ServeArgs) -> i32 {
         );
         tokio::spawn(exec_server::metrics::serve(listener, state.clone()));
     }
-    if args.remote.remote.is_some() {
+    let Some(listener) = listener else {
         return crate::executor::run(args.remote.clone(), state).await;
-    }
-    let listener = match listen::bind(&addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("exec-server: cannot listen on {}: {e}", args.listen);
-            return 1;
-        }
     };
     let unix_path = match &addr {
         ListenAddr::Unix(p) => Some(p.clone()),

@@ -363,3 +363,179 @@ async fn the_proxy_socket_cannot_be_swapped_nor_its_directory_written() {
         );
     }
 }
+
+/// Starts `p` on the WebSocket connection `c` and collects its output and
+/// exit code until it closes.
+async fn run_ws(c: &mut Conn, p: Value) -> (String, i64) {
+    let id = p["processId"].clone();
+    c.ok("process/start", p).await;
+    let mut out = Vec::new();
+    let mut exit = None;
+    loop {
+        let m = c
+            .expect(|m| m["params"]["processId"] == id, WAIT * 6)
+            .await
+            .unwrap_or_else(|| panic!("{id}: no close"));
+        match m["method"].as_str() {
+            Some("process/output") => out.extend(unb64(&m["params"]["chunk"])),
+            Some("process/exited") => exit = m["params"]["exitCode"].as_i64(),
+            Some("process/closed") => break,
+            _ => {}
+        }
+    }
+    (
+        String::from_utf8_lossy(&out).into_owned(),
+        exit.expect("exit code"),
+    )
+}
+
+fn sh(id: &str, cwd: &Path, script: &str, sandbox: Option<Value>) -> Value {
+    let mut p = start_params(id, &["/bin/sh", "-c", script], cwd, false, false);
+    if let Some(s) = sandbox {
+        p["sandbox"] = s;
+    }
+    p
+}
+
+/// The second adversarial pass: the WebSocket listener over loopback (a
+/// sandbox on the host's network) and through the managed proxy (local
+/// binding allowed); other processes' memory through `/proc/PID/mem`;
+/// Unix datagrams addressed to host sockets.
+#[tokio::test]
+async fn the_listener_and_unfiltered_processes_stay_out_of_reach() {
+    let s = Server::start(&[]);
+    let port: u16 = s.url.rsplit(':').next().unwrap().parse().unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let f = fixture("esc-ws");
+    let net = sandbox(
+        &f.ws,
+        vec![special("root", "read"), special("project_roots", "write")],
+        "enabled",
+    );
+    // A raw WebSocket upgrade: 101 when the server serves the caller.
+    let upgrade = format!(
+        r#"
+import socket
+s = socket.create_connection(("127.0.0.1", {port}), timeout=10)
+s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+          b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+try:
+    got = s.recv(64)
+except OSError:
+    got = b""
+print("ws=101" if b" 101 " in got else "ws=closed")
+"#
+    );
+    let (out, _) = run_ws(&mut c, python("ws-net", &f.ws, &upgrade, net.clone())).await;
+    assert!(out.contains("ws=closed"), "network enabled: {out}");
+    let outside = start_params("ws-out", &[PY, "-c", &upgrade], &f.ws, false, false);
+    let (out, _) = run_ws(&mut c, outside).await;
+    assert!(
+        out.contains("ws=101"),
+        "the same client outside a sandbox: {out}"
+    );
+    // Through the proxy, even where local destinations are allowed.
+    let curl = format!(
+        "curl -sS --max-time 10 -o /dev/null -w 'status=%{{http_code}}\\n' http://127.0.0.1:{port}/"
+    );
+    let p = routed(
+        sh("ws-proxy", &f.ws, &curl, Some(ro(&f.ws))),
+        json!({"allowLocalBinding": true}),
+    );
+    let (out, _) = run_ws(&mut c, p).await;
+    assert!(out.contains("status=403"), "through the proxy: {out}");
+    // No process outside the command's own reach: bubblewrap's init, the
+    // bridge, the server (whose child a seccomp-only command is).
+    let mem = "for p in 1 $PPID $(grep -l proxy\"\"routed /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do \
+               if (exec 3<>/proc/$p/mem) 2>/dev/null; then echo mem=$p:open; else echo mem=$p:denied; fi; done";
+    let full_write = sandbox(&f.ws, vec![special("root", "write")], "restricted");
+    let cases = vec![
+        ("ro", sh("m1", &f.ws, mem, Some(ro(&f.ws)))),
+        ("ww", sh("m2", &f.ws, mem, Some(ww(&f.ws)))),
+        ("net", sh("m3", &f.ws, mem, Some(net))),
+        ("full-write", sh("m4", &f.ws, mem, Some(full_write))),
+        (
+            "ro-routed",
+            routed(sh("m5", &f.ws, mem, Some(ro(&f.ws))), json!({})),
+        ),
+    ];
+    for (name, p) in cases {
+        let (out, _) = run_ws(&mut c, p).await;
+        assert!(out.contains("mem=1:denied"), "{name}: {out}");
+        assert!(
+            !out.contains(":open"),
+            "{name}: another process's memory: {out}"
+        );
+    }
+    let (out, _) = run_ws(&mut c, sh("m6", &f.ws, mem, None)).await;
+    assert!(
+        out.contains(":open"),
+        "the same probe unconfined opens its parent's: {out}"
+    );
+    // Unix datagrams could be addressed to any host datagram socket.
+    let dgram = r#"
+import socket
+for name, make in (("dgram", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)),
+                   ("dgram_pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)),
+                   ("stream_pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))):
+    try:
+        make(); print(name + "=ok")
+    except OSError as e:
+        print(name + "=%d" % e.errno)
+"#;
+    for (name, p) in [
+        ("ro", python("d1", &f.ws, dgram, ro(&f.ws))),
+        (
+            "ro-routed",
+            routed(python("d2", &f.ws, dgram, ro(&f.ws)), json!({})),
+        ),
+    ] {
+        let (out, _) = run_ws(&mut c, p).await;
+        for want in ["dgram=1", "dgram_pair=1", "stream_pair=ok"] {
+            assert!(out.contains(want), "{name}: {want}: {out}");
+        }
+    }
+}
+
+/// Descriptors the server's own parent left inheritable never reach a
+/// confined command (a directory descriptor would walk the host's tree).
+#[tokio::test]
+async fn descriptors_the_server_inherited_stay_out_of_sandboxes() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let tmp = short_tmp("fd");
+    let socket = tmp.join("exec.sock");
+    let dir = std::fs::File::open(&tmp).unwrap();
+    let raw = dir.as_raw_fd();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--listen")
+        .arg(format!("unix://{}", socket.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    // SAFETY: dup2 only, between fork and exec: fd 7 without close-on-exec.
+    unsafe {
+        cmd.pre_exec(move || match libc::dup2(raw, 7) {
+            7 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let _line = first_stdout_line(&mut child);
+    let server = UnixServer {
+        child,
+        socket: socket.clone(),
+        tmp: tmp.clone(),
+    };
+    let mut c = Lines::open(&server.socket).await;
+    let f = fixture("esc-fd");
+    let probe = "[ -e /proc/self/fd/7 ] && echo fd7=open || echo fd7=closed";
+    let full_write = sandbox(&f.ws, vec![special("root", "write")], "restricted");
+    for (name, policy) in [("ro", ro(&f.ws)), ("full-write", full_write)] {
+        let (out, _) = c.run(sh(name, &f.ws, probe, Some(policy))).await;
+        assert!(out.contains("fd7=closed"), "{name}: {out}");
+    }
+    let (out, _) = c.run(sh("none", &f.ws, probe, None)).await;
+    // The probe itself works: an unconfined command gets what the server got.
+    assert!(out.contains("fd7=open"), "unconfined: {out}");
+}

@@ -224,6 +224,11 @@ pub struct Rules {
     pub ask: bool,
     /// `mode: limited`: plain HTTP methods other than GET, HEAD, OPTIONS refused.
     pub limited: bool,
+    /// The ports the server running this proxy listens on: a local
+    /// destination on one of them is refused even with
+    /// [`Rules::allow_local_binding`], so a command cannot reach that server
+    /// (and start unconfined processes) through its own proxy.
+    pub reserved_local_ports: Vec<u16>,
 }
 
 /// The rules plus the decider and its remembered answers.
@@ -268,7 +273,10 @@ impl Policy {
         {
             return Decision::baseline(Verdict::Deny, REASON_METHOD);
         }
-        if local && !self.rules.allow_local_binding {
+        if local
+            && (!self.rules.allow_local_binding
+                || self.rules.reserved_local_ports.contains(&dest.port))
+        {
             return Decision::baseline(Verdict::Deny, REASON_LOCAL);
         }
         let h = normal(&dest.host);
@@ -392,6 +400,29 @@ mod tests {
         assert!(d.allowed() && !d.audited);
         assert_eq!(f.asks.load(Ordering::SeqCst), 0, "local pass asks nobody");
         assert_eq!(f.audits.lock().unwrap().len(), 1, "and audits nothing");
+    }
+
+    #[tokio::test]
+    async fn the_servers_own_ports_stay_closed_with_local_binding() {
+        let mut rules = Rules {
+            allow_local_binding: true,
+            reserved_local_ports: vec![8765],
+            ..Rules::default()
+        };
+        let p = Policy::new(rules.clone(), fake(allow()));
+        let mut to = dest("127.0.0.1");
+        to.port = 8765;
+        let d = p.decide(&to, true).await;
+        assert_eq!(
+            (d.verdict, d.reason.as_str()),
+            (Verdict::Deny, REASON_LOCAL)
+        );
+        to.port = 8766;
+        assert!(p.decide(&to, true).await.allowed(), "another local port");
+        rules.reserved_local_ports.clear();
+        let p = Policy::new(rules, fake(allow()));
+        to.port = 8765;
+        assert!(p.decide(&to, true).await.allowed(), "not reserved");
     }
 
     #[tokio::test]

@@ -119,8 +119,13 @@ pub fn start(
         -1 => Err(std::io::Error::last_os_error()),
         0 => {
             detach_stdio();
-            // SAFETY: prctl with integer arguments.
-            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+            // SAFETY: prctl with integer arguments. Not dumpable: the
+            // command (same user, no filter on reading files) must not open
+            // this unfiltered process's memory or descriptors through /proc.
+            unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+                libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+            }
             if let (Some(socks), Some((_, ours))) = (transparent, channel) {
                 std::thread::spawn(move || {
                     if let Ok(listener) = crate::transparent::recv_fd(&ours) {

@@ -110,6 +110,18 @@ pub fn run(args: &[OsString]) -> ! {
         },
         None => fail("inner stage: unknown seccomp mode", EXIT_CANNOT_EXEC),
     }
+    // The boundary seccomp cannot draw: no write into the memory of an
+    // unfiltered process (bubblewrap's init, the bridge, the server).
+    // Where Landlock is missing the server warned at start.
+    // SAFETY: prctl with integer arguments (set already by the filter's
+    // install; Landlock needs it).
+    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if let Err(Err(e)) = crate::domain::enter() {
+        fail(
+            &format!("cannot enter the Landlock domain: {e}"),
+            EXIT_CANNOT_EXEC,
+        );
+    }
     if let Some(channel) = transparent {
         // Fail closed: without the notifier raw TCP would silently stay
         // blocked while the client was promised it is routed.

@@ -87,6 +87,7 @@
 pub mod bridge;
 pub mod bwrap;
 pub mod denied;
+pub mod domain;
 pub mod glob;
 pub mod inner;
 pub mod pinned;

@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeccompMode {
     /// Network restricted: inet sockets and socket calls, `ptrace`,
-    /// `process_vm_*`, `io_uring_*`; `socket`/`socketpair` only for `AF_UNIX`.
+    /// `process_vm_*`, `io_uring_*`; `socket`/`socketpair` only for `AF_UNIX`,
+    /// and not of `SOCK_DGRAM` (a datagram could be sent to a host socket).
     Restricted,
     /// Network enabled: only `AF_VSOCK` sockets and `io_uring_*`.
     VmSocket,
@@ -55,6 +56,9 @@ impl SeccompMode {
 }
 
 const X32_SYSCALL_BIT: i64 = 0x4000_0000;
+/// The socket type's bits of `socket`'s second argument (the rest are
+/// `SOCK_NONBLOCK`, `SOCK_CLOEXEC`).
+const SOCK_TYPE_MASK: u64 = 0xf;
 
 fn arch() -> Result<TargetArch, String> {
     TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("{e:?}"))
@@ -84,9 +88,25 @@ pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
         libc::SYS_io_uring_setup,
         libc::SYS_io_uring_enter,
         libc::SYS_io_uring_register,
+        // Another process's descriptors (Landlock bounds it too).
+        libc::SYS_pidfd_getfd,
     ] {
         rules.insert(call, vec![]);
     }
+    // An AF_UNIX datagram socket can address any host datagram socket it
+    // can see by path (`sendmsg` carries the address, which seccomp cannot
+    // read): none where the network is restricted or managed. Stream and
+    // seqpacket pairs stay (they are connected to each other only).
+    let unix_dgram = || -> Result<SeccompRule, String> {
+        rule(vec![
+            cond(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?,
+            cond(
+                1,
+                SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK),
+                libc::SOCK_DGRAM as u64,
+            )?,
+        ])
+    };
     match mode {
         SeccompMode::Restricted => {
             for call in [
@@ -116,8 +136,10 @@ pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
                     libc::AF_UNIX as u64,
                 )?])?])
             };
-            rules.insert(libc::SYS_socket, not_unix()?);
-            rules.insert(libc::SYS_socketpair, not_unix()?);
+            let mut socket = not_unix()?;
+            socket.push(unix_dgram()?);
+            rules.insert(libc::SYS_socket, socket.clone());
+            rules.insert(libc::SYS_socketpair, socket);
         }
         SeccompMode::ProxyRouted | SeccompMode::ProxyRoutedAllUnix => {
             for call in [
@@ -135,15 +157,18 @@ pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
             if mode == SeccompMode::ProxyRoutedAllUnix {
                 allowed.push(cond(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?);
             }
-            rules.insert(libc::SYS_socket, vec![rule(allowed)?]);
-            rules.insert(
-                libc::SYS_socketpair,
-                vec![rule(vec![cond(
-                    0,
-                    SeccompCmpOp::Ne,
-                    libc::AF_UNIX as u64,
-                )?])?],
-            );
+            let mut socket = vec![rule(allowed)?];
+            let mut pair = vec![rule(vec![cond(
+                0,
+                SeccompCmpOp::Ne,
+                libc::AF_UNIX as u64,
+            )?])?];
+            if mode == SeccompMode::ProxyRouted {
+                socket.push(unix_dgram()?);
+                pair.push(unix_dgram()?);
+            }
+            rules.insert(libc::SYS_socket, socket);
+            rules.insert(libc::SYS_socketpair, pair);
         }
         SeccompMode::VmSocket => {
             rules.insert(

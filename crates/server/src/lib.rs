@@ -99,6 +99,11 @@ pub struct ServerConfig {
     /// its host keeps its own children's exit statuses. Process-wide: once a
     /// server turned it on, it stays on.
     pub reap_orphans: bool,
+    /// This server's own TCP listen ports (WebSocket, metrics; the CLI sets
+    /// them once bound): a managed proxy refuses a local destination on one
+    /// of them even where local binding is allowed, so no command reaches
+    /// this server through its proxy. Default: none.
+    pub reserved_ports: Vec<u16>,
 }
 
 /// Settings of the output spool (see [`process::spool`]).
@@ -162,6 +167,7 @@ impl Default for ServerConfig {
             transparent_tcp: network::TransparentTcpConfig::default(),
             hidden_paths: Vec::new(),
             reap_orphans: false,
+            reserved_ports: Vec::new(),
         }
     }
 }

@@ -74,6 +74,14 @@ pub enum Listener {
 }
 
 impl Listener {
+    /// The TCP port it listens on (WebSocket only).
+    pub fn tcp_port(&self) -> Option<u16> {
+        match self {
+            Listener::WebSocket(l, _) => l.local_addr().ok().map(|a| a.port()),
+            _ => None,
+        }
+    }
+
     /// The URL clients use, printed on start: `ws://127.0.0.1:PORT`, `stdio`,
     /// `unix:///path`.
     pub fn url(&self) -> String {
@@ -213,6 +221,22 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
                 let state = state.clone();
                 let slots = slots.clone();
                 tokio::spawn(async move {
+                    // A sandbox on the host's network reaches loopback too:
+                    // never this server (it would start unconfined processes).
+                    if let Ok(local) = stream.local_addr() {
+                        let judged = state.clone();
+                        let verdict = tokio::task::spawn_blocking(move || {
+                            judged.sandbox.pids().judge_tcp(local, peer)
+                        })
+                        .await;
+                        if !matches!(verdict, Ok(crate::sandbox::peers::Verdict::Outside)) {
+                            tracing::warn!(
+                                %peer,
+                                "refused a connection from inside one of this server's sandboxes"
+                            );
+                            return;
+                        }
+                    }
                     let auth = state.config.auth.clone();
                     // The slot is taken inside the upgrade callback, before the 101
                     // is sent: a client whose upgrade succeeded holds a slot, so the

@@ -150,9 +150,8 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
                 &p.process_id,
                 session.link.clone(),
                 routed,
-                &ctx.server.config.transparent_tcp,
+                &ctx.server.config,
                 mask,
-                &ctx.server.config.netproxy_upstream_roots,
             )
             .await?;
             if let (Some(c), Some(route)) = (confine.as_mut(), running.route.clone()) {

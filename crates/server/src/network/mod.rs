@@ -115,9 +115,10 @@ impl Drop for SocketDir {
 /// `link`); `routed`: the process runs in a sandbox whose only exit is this
 /// proxy, so it also listens on Unix sockets for the sandbox's bridge, in a
 /// new directory under this path (the server's runtime directory);
-/// `tcp`: the server's transparent-TCP settings; `mask`: the process's
+/// `server`: the server's settings (transparent TCP, extra upstream roots,
+/// its own ports, never reachable through the proxy); `mask`: the process's
 /// credential masking ([`masking::mask_start_env`]) and its (masked)
-/// environment; `upstream_roots`: extra upstream roots (DER).
+/// environment.
 /// Errors: -32603 when the listeners cannot be bound or the CA bundle
 /// cannot be written.
 pub async fn start(
@@ -125,13 +126,13 @@ pub async fn start(
     process_id: &str,
     link: Arc<Link>,
     routed: Option<&Path>,
-    tcp: &TransparentTcpConfig,
+    server: &crate::ServerConfig,
     mask: Option<(
         Arc<exec_server_netproxy::mask::Masking>,
         &std::collections::BTreeMap<String, String>,
     )>,
-    upstream_roots: &[Vec<u8>],
 ) -> Result<RunningProxy, ErrorObject> {
+    let tcp = &server.transparent_tcp;
     let failed =
         |e: std::io::Error| ErrorObject::internal(format!("cannot start the network proxy: {e}"));
     let timeout = Duration::from_millis(cfg.policy_decision_timeout_ms.unwrap_or(0));
@@ -147,7 +148,9 @@ pub async fn start(
     l.tcp_upstream = tcp.upstream_proxy.clone();
     let env = mask.as_ref().map(|(_, e)| *e);
     l.masking = mask.map(|(m, _)| m);
-    l.upstream_roots = upstream_roots
+    l.rules.reserved_local_ports = server.reserved_ports.clone();
+    l.upstream_roots = server
+        .netproxy_upstream_roots
         .iter()
         .map(|d| exec_server_netproxy::CertificateDer::from(d.clone()))
         .collect();

@@ -50,6 +50,14 @@ impl Support {
     /// [`fs_helper::FLAG`] first thing in `main`); `hidden` are this server's
     /// own paths no sandbox may see ([`Runtime::hidden`]).
     pub fn new(helper: Option<PathBuf>, allow_unsandboxed: bool, hidden: Vec<PathBuf>) -> Self {
+        if helper.is_some() && !exec_server_sandbox::domain::supported() {
+            tracing::warn!(
+                "this kernel has no Landlock (ABI 2+): a sandboxed command's seccomp filter does \
+                 not keep it from writing into the memory of unfiltered processes of its user \
+                 (bubblewrap's init, the network bridge, this server); use Linux 5.19+ with \
+                 Landlock enabled"
+            );
+        }
         Support {
             runtime: helper.map(|h| Runtime {
                 hidden: hidden.clone(),

@@ -12,6 +12,7 @@
 //! by the end of the check (its id may have been reused) is refused too.
 
 use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 
@@ -106,6 +107,107 @@ impl SandboxPids {
     }
 }
 
+impl SandboxPids {
+    /// Judges a TCP connection accepted on `local` from `peer`. Only a
+    /// sandbox sharing the host's network (`network: enabled`) can reach a
+    /// host listener directly: the connecting socket is found in this
+    /// network namespace's `/proc/net/tcp{,6}` and refused when a process of
+    /// a live sandbox holds it. A peer on another machine is
+    /// [`Verdict::Outside`]; so is every peer while no sandbox runs.
+    pub fn judge_tcp(&self, local: SocketAddr, peer: SocketAddr) -> Verdict {
+        let roots: Vec<u32> = match self.0.lock() {
+            Ok(s) if !s.is_empty() => s.iter().copied().collect(),
+            Ok(_) => return Verdict::Outside,
+            Err(_) => return Verdict::Unknown,
+        };
+        let Some(inode) = socket_inode(peer, local) else {
+            return Verdict::Outside;
+        };
+        let needle = format!("socket:[{inode}]");
+        let holds = |pid: u32| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| {
+                    std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == needle.as_str())
+                })
+        };
+        match tree_of(&roots).into_iter().any(holds) {
+            true => Verdict::Sandboxed,
+            false => Verdict::Outside,
+        }
+    }
+}
+
+/// Most processes visited below the sandboxes' roots: 10 000.
+const MAX_TREE: usize = 10_000;
+
+/// `roots` and their descendants (`/proc/<pid>/task/<tid>/children`).
+fn tree_of(roots: &[u32]) -> Vec<u32> {
+    let mut out: Vec<u32> = roots.to_vec();
+    let mut i = 0;
+    while i < out.len() && out.len() < MAX_TREE {
+        let pid = out[i];
+        i += 1;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            out.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    out
+}
+
+/// The inode of this namespace's TCP socket bound to `local` and connected
+/// to `remote`, from `/proc/net/tcp` or `/proc/net/tcp6`.
+fn socket_inode(local: SocketAddr, remote: SocketAddr) -> Option<u64> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .find_map(|table| {
+            let text = std::fs::read_to_string(table).ok()?;
+            text.lines().skip(1).find_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let (l, r, inode) = (f.get(1)?, f.get(2)?, f.get(9)?);
+                (parse_proc_addr(l)? == local && parse_proc_addr(r)? == remote)
+                    .then(|| inode.parse().ok())
+                    .flatten()
+            })
+        })
+}
+
+/// `0100007F:1F90` (IPv4) or 32 hex digits and a port (IPv6): the address
+/// words as the kernel holds them, in this host's byte order.
+fn parse_proc_addr(field: &str) -> Option<SocketAddr> {
+    let (ip, port) = field.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |h: &str| u32::from_str_radix(h, 16).ok().map(u32::to_ne_bytes);
+    let ip: IpAddr = match ip.len() {
+        8 => Ipv4Addr::from(word(ip)?).into(),
+        32 => {
+            let mut b = [0u8; 16];
+            for (i, chunk) in b.chunks_mut(4).enumerate() {
+                chunk.copy_from_slice(&word(ip.get(i * 8..i * 8 + 8)?)?);
+            }
+            let v6 = Ipv6Addr::from(b);
+            // A v4 peer on a dual-stack socket shows as ::ffff:a.b.c.d.
+            v6.to_ipv4_mapped()
+                .map(IpAddr::V4)
+                .unwrap_or(IpAddr::V6(v6))
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
 /// The parent of `pid`, from `/proc/<pid>/stat` (the field after the
 /// command name, which may itself hold spaces and parentheses).
 fn parent_of(pid: u32) -> Option<u32> {
@@ -176,6 +278,29 @@ mod tests {
         assert_eq!(pids.judge(ours.as_raw_fd()), Verdict::Sandboxed);
         drop(reg);
         assert_eq!(pids.judge(ours.as_raw_fd()), Verdict::Outside);
+    }
+
+    #[test]
+    fn a_loopback_connection_is_found_and_judged_by_who_holds_it() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_server, peer) = l.accept().unwrap();
+        let local = l.local_addr().unwrap();
+        assert_eq!(
+            parse_proc_addr("0100007F:1F90"),
+            Some("127.0.0.1:8080".parse().unwrap())
+        );
+        assert!(
+            socket_inode(peer, local).is_some(),
+            "the client's socket is listed"
+        );
+        let pids = Arc::new(SandboxPids::default());
+        assert_eq!(pids.judge_tcp(local, peer), Verdict::Outside, "no sandbox");
+        // This process holds the client socket: registered, it is "inside".
+        let reg = pids.register(std::process::id());
+        assert_eq!(pids.judge_tcp(local, peer), Verdict::Sandboxed);
+        drop(reg);
+        drop(client);
     }
 
     #[test]
