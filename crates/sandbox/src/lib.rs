@@ -53,6 +53,13 @@
 //!   loopback) and seccomp: inet sockets and socket calls fail with `EPERM`,
 //!   `AF_UNIX` works; `ptrace`, `process_vm_*`, `io_uring_*` fail too.
 //! - `TIOCSTI`/`TIOCLINUX` fail (no typing into a terminal it can open).
+//! - **A Landlock domain** ([`domain`]) around the command: `ptrace`-class
+//!   access (`/proc/PID/mem`, `pidfd_getfd`) reaches only its own
+//!   descendants, never bubblewrap's init, the bridge or the server, none of
+//!   which runs under the seccomp filter.
+//! - No `AF_UNIX` datagram sockets where the network is restricted or
+//!   managed (a datagram can be addressed to any host socket by path); no
+//!   descriptor of the server's beyond stdio.
 //! - `--die-with-parent`: the sandbox dies with the server.
 //!
 //! # What is not isolated
@@ -67,9 +74,9 @@
 //!   outright; a managed network denies `socket(AF_UNIX)` (unless
 //!   `dangerouslyAllowAllUnixSockets`). The server's own sockets and
 //!   directories ([`Runtime::hidden`]) are masked in every view.
-//! - A restricted command can still `sendmsg` a datagram to a host datagram
-//!   socket it can see (e.g. `/dev/log`): seccomp cannot read the address,
-//!   and the reference's filter allows `sendmsg` too.
+//! - Without Landlock (ABI 2, Linux 5.19+) a command could write into the
+//!   memory of an unfiltered process of its user through `/proc/PID/mem`
+//!   ([`domain`]); the server warns at start on such a kernel.
 //! - UTS, cgroup and time namespaces are shared; resource limits (CPU, memory,
 //!   process count) are not set here.
 //! - With network `enabled` the host network is fully reachable.
