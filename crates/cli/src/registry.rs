@@ -119,7 +119,7 @@ pub async fn run(args: RegistryArgs) -> i32 {
         tls,
         ..Config::default()
     };
-    let registry = match Registry::new(config, store, ws_base) {
+    let registry = match Registry::new(config, store, ws_base).await {
         Ok(r) => r,
         Err(e) => return fail(e.to_string()),
     };

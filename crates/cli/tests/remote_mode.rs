@@ -199,6 +199,7 @@ async fn seq_2000000_survives_harness_and_executor_drops() {
         Arc::new(MemoryStore::default()),
         format!("ws://127.0.0.1:{}", proxy.port),
     )
+    .await
     .unwrap();
     tokio::spawn(registry.serve(l));
     let url = format!("http://127.0.0.1:{reg_port}");

@@ -27,7 +27,9 @@ async fn start_registry(config: Config) -> (String, Arc<MemoryStore>) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let store = Arc::new(MemoryStore::default());
-    let reg = Registry::new(config, store.clone(), format!("ws://{addr}")).unwrap();
+    let reg = Registry::new(config, store.clone(), format!("ws://{addr}"))
+        .await
+        .unwrap();
     tokio::spawn(reg.serve(l));
     (format!("http://{addr}"), store)
 }
@@ -220,8 +222,8 @@ async fn a_wrong_prologue_or_executor_key_fails_the_handshake() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_or_forged_relay_urls_are_refused_with_a_reason() {
     let s = setup("e4").await;
-    let key = s.store.signing_key().unwrap();
-    let reg = s.store.registration("e4").unwrap().unwrap();
+    let key = s.store.signing_key().await.unwrap();
+    let reg = s.store.registration("e4").await.unwrap().unwrap();
     let grant = Grant {
         role: Role::Harness,
         environment_id: "e4".into(),
@@ -365,14 +367,14 @@ fn is_conflict(r: &Result<exec_server_relay::api::RegisterResponse, RegistryErro
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_registration_while_the_executor_is_connected_is_refused() {
     let s = setup("c1").await;
-    let before = s.store.registration("c1").unwrap().unwrap();
+    let before = s.store.registration("c1").await.unwrap().unwrap();
     let intruder = RegistryClient::new(&s.base, "exec", None, true).unwrap();
     let key = Identity::generate(&mut OsRandom).public_key();
     for _ in 0..2 {
         let r = intruder.register("c1", &key).await;
         assert!(is_conflict(&r), "{r:?}");
     }
-    assert_eq!(s.store.registration("c1").unwrap(), Some(before.clone()));
+    assert_eq!(s.store.registration("c1").await.unwrap(), Some(before.clone()));
     let me = Identity::generate(&mut OsRandom);
     let bundle = s.client.connect("c1", &me.public_key()).await.unwrap();
     assert_eq!(bundle.executor_registration_id, before.registration_id);
@@ -537,7 +539,7 @@ impl executor::Observer for RegistrationEvents {
 async fn our_executor_retries_a_registration_conflict_until_the_live_socket_is_gone() {
     let (base, store) = start_registry(Config::default()).await;
     let live = silent_executor(&base, "c2").await;
-    let first = store.registration("c2").unwrap().unwrap();
+    let first = store.registration("c2").await.unwrap().unwrap();
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     let config = executor::Config {
         registry: RegistryClient::new(&base, "exec", None, true).unwrap(),
@@ -549,7 +551,7 @@ async fn our_executor_retries_a_registration_conflict_until_the_live_socket_is_g
     let ours = tokio::spawn(executor::run(config, echo_handler()));
     let event = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
     assert_eq!(event.unwrap(), Some("conflict"));
-    assert_eq!(store.registration("c2").unwrap(), Some(first.clone()));
+    assert_eq!(store.registration("c2").await.unwrap(), Some(first.clone()));
     assert!(events.try_recv().is_err(), "no registration while it lives");
     // The live executor goes away (its socket closes): ours gets in.
     drop(live);
@@ -563,7 +565,7 @@ async fn our_executor_retries_a_registration_conflict_until_the_live_socket_is_g
     })
     .await;
     assert_eq!(registered.ok(), Some(true));
-    assert_ne!(store.registration("c2").unwrap(), Some(first));
+    assert_ne!(store.registration("c2").await.unwrap(), Some(first));
     let client = RegistryClient::new(&base, "harness", None, true).unwrap();
     let mut ch = connect_when_attached(&client, "c2").await;
     echo(&mut ch, b"the new executor").await;
@@ -592,7 +594,7 @@ async fn a_silent_executor_socket_blocks_registration_only_until_the_silence_tim
     assert!(waited >= silence.mul_f64(0.9), "dropped after {waited:?}");
     assert_eq!(got.first(), Some(&0x89), "the relay pinged it first");
     let reg = other.register("c3", &key).await.unwrap();
-    let now = store.registration("c3").unwrap().unwrap();
+    let now = store.registration("c3").await.unwrap().unwrap();
     assert_eq!(now.registration_id, reg.executor_registration_id);
     let me = Identity::generate(&mut OsRandom);
     let bundle = other.connect("c3", &me.public_key()).await.unwrap();

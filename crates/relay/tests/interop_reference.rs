@@ -30,6 +30,7 @@ async fn start_registry() -> String {
         Arc::new(MemoryStore::default()),
         format!("ws://{addr}"),
     )
+    .await
     .unwrap();
     tokio::spawn(reg.serve(l));
     format!("http://{addr}")

@@ -195,7 +195,7 @@ where
         )
         .await;
     };
-    let reply = registry.handle_post(env, action, bearer(&req), &body);
+    let reply = registry.handle_post(env, action, bearer(&req), &body).await;
     respond(&mut stream, reply).await;
 }
 
@@ -213,7 +213,7 @@ where
             .await
         }
     };
-    let admitted = match registry.admit_upgrade(query) {
+    let admitted = match registry.admit_upgrade(query).await {
         Ok(a) => a,
         Err(reason) => {
             let mut r = Reply::error(403, reason, "relay upgrade refused");

@@ -61,7 +61,7 @@ pub struct Hub {
     /// Serialises "is it live? then register" against "is this registration
     /// current? then attach", so neither can slip between the other's check
     /// and its action. Never held while `routes` is waited for by a socket.
-    admission: Mutex<()>,
+    admission: tokio::sync::Mutex<()>,
     next_id: AtomicU64,
     executor_silence: Duration,
 }
@@ -144,7 +144,7 @@ impl Hub {
     pub fn new(executor_silence: Duration) -> Hub {
         Hub {
             routes: Routes::default(),
-            admission: Mutex::new(()),
+            admission: tokio::sync::Mutex::new(()),
             next_id: AtomicU64::new(0),
             executor_silence,
         }
@@ -154,8 +154,8 @@ impl Hub {
         lock_routes(&self.routes)
     }
 
-    fn admit(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.admission.lock().unwrap_or_else(|p| p.into_inner())
+    async fn admit(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.admission.lock().await
     }
 
     /// Whether an executor socket is attached for `env`.
@@ -165,30 +165,36 @@ impl Hub {
 
     /// Runs `register` unless `env`'s executor is live, with no executor
     /// attaching in between.
-    pub fn unless_executor_live<T>(
+    pub async fn unless_executor_live<T, F>(
         &self,
         env: &str,
-        register: impl FnOnce() -> T,
-    ) -> Result<T, ExecutorLive> {
-        let _admission = self.admit();
+        register: impl FnOnce() -> F,
+    ) -> Result<T, ExecutorLive>
+    where
+        F: std::future::Future<Output = T>,
+    {
+        let _admission = self.admit().await;
         if self.executor_live(env) {
             return Err(ExecutorLive);
         }
-        Ok(register())
+        Ok(register().await)
     }
 
     /// Attaches an executor socket for `registration_id` if `current` (run
     /// with no registration in between) says that registration is still the
     /// environment's; a socket of the same registration already attached is
     /// replaced (a reconnect), and its streams end.
-    pub fn attach_executor<E>(
+    pub async fn attach_executor<E, F>(
         &self,
         env: &str,
         registration_id: &str,
-        current: impl FnOnce() -> Result<(), E>,
-    ) -> Result<ExecutorAttachment, E> {
-        let _admission = self.admit();
-        current()?;
+        current: impl FnOnce() -> F,
+    ) -> Result<ExecutorAttachment, E>
+    where
+        F: std::future::Future<Output = Result<(), E>>,
+    {
+        let _admission = self.admit().await;
+        current().await?;
         let (tx, rx) = mpsc::channel(QUEUE_FRAMES);
         let stop = CancellationToken::new();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

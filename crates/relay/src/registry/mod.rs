@@ -118,13 +118,13 @@ fn now_unix() -> u64 {
 impl Registry {
     /// Builds the registry; `ws_base` is the relay's base URL (`ws://HOST:PORT`,
     /// or `wss://…` with TLS) that relay URLs are made from.
-    pub fn new(
+    pub async fn new(
         config: Config,
         store: Arc<dyn Store>,
         ws_base: String,
     ) -> Result<Arc<Registry>, store::StoreError> {
         Ok(Arc::new(Registry {
-            signing_key: store.signing_key()?,
+            signing_key: store.signing_key().await?,
             hub: hub::Hub::new(config.executor_silence_timeout),
             config,
             store,
@@ -152,7 +152,7 @@ impl Registry {
         }
     }
 
-    pub(crate) fn handle_post(
+    pub(crate) async fn handle_post(
         &self,
         env: &str,
         action: &str,
@@ -164,9 +164,9 @@ impl Registry {
             return Reply::error(400, "invalid_environment_id", &e.to_string());
         }
         let result = match action {
-            "register" => self.register(env, bearer, body),
-            "connect" => self.connect(env, bearer, body),
-            "validate" => self.validate(env, bearer, body),
+            "register" => self.register(env, bearer, body).await,
+            "connect" => self.connect(env, bearer, body).await,
+            "validate" => self.validate(env, bearer, body).await,
             _ => return Reply::error(404, "not_found", "no such endpoint"),
         };
         result.unwrap_or_else(|e| {
@@ -175,7 +175,7 @@ impl Registry {
         })
     }
 
-    fn register(
+    async fn register(
         &self,
         env: &str,
         bearer: Option<&str>,
@@ -204,7 +204,8 @@ impl Registry {
         };
         let put = self
             .hub
-            .unless_executor_live(env, || self.store.put_registration(registration));
+            .unless_executor_live(env, || self.store.put_registration(registration))
+            .await;
         match put {
             Ok(stored) => stored?,
             Err(hub::ExecutorLive) => {
@@ -232,7 +233,7 @@ impl Registry {
         }))
     }
 
-    fn connect(
+    async fn connect(
         &self,
         env: &str,
         bearer: Option<&str>,
@@ -247,7 +248,7 @@ impl Registry {
         if PublicKey::from_wire(&req.harness_public_key).is_err() {
             return Ok(Reply::error(400, "bad_request", "invalid harness key"));
         }
-        let Some(reg) = self.store.registration(env)? else {
+        let Some(reg) = self.store.registration(env).await? else {
             return Ok(Reply::error(
                 404,
                 "environment_not_found",
@@ -263,7 +264,8 @@ impl Registry {
                 harness_key: req.harness_public_key,
                 expires_unix: now_unix() + AUTHORIZATION_TTL.as_secs(),
             },
-        )?;
+        )
+        .await?;
         let grant = Grant {
             role: Role::Harness,
             environment_id: env.into(),
@@ -279,7 +281,7 @@ impl Registry {
         }))
     }
 
-    fn validate(
+    async fn validate(
         &self,
         env: &str,
         bearer: Option<&str>,
@@ -293,10 +295,11 @@ impl Registry {
         };
         let valid = match self
             .store
-            .take_authorization(&req.harness_key_authorization, now_unix())?
+            .take_authorization(&req.harness_key_authorization, now_unix())
+            .await?
         {
             Some(a) => {
-                let current = self.store.registration(env)?;
+                let current = self.store.registration(env).await?;
                 a.environment_id == env
                     && a.registration_id == req.executor_registration_id
                     && current.is_some_and(|r| r.registration_id == a.registration_id)
@@ -309,10 +312,11 @@ impl Registry {
 
     /// Whether `grant`'s registration is still its environment's; the error
     /// is the rejection reason.
-    fn current(&self, grant: &Grant) -> Result<(), &'static str> {
+    async fn current(&self, grant: &Grant) -> Result<(), &'static str> {
         let current = self
             .store
             .registration(&grant.environment_id)
+            .await
             .map_err(|_| "route_unavailable")?;
         match current {
             Some(r) if r.registration_id == grant.registration_id => Ok(()),
@@ -324,11 +328,11 @@ impl Registry {
     /// Checks a relay upgrade's query and, for an executor, attaches its
     /// socket before the upgrade is answered (so it is live from then on);
     /// the error is the rejection reason.
-    pub(crate) fn admit_upgrade(&self, query: &str) -> Result<Admitted, &'static str> {
+    pub(crate) async fn admit_upgrade(&self, query: &str) -> Result<Admitted, &'static str> {
         let grant = signing::verify(&self.signing_key, query, now_unix())?;
         match grant.role {
             Role::Harness => {
-                self.current(&grant)?;
+                self.current(&grant).await?;
                 Ok(Admitted::Harness(grant))
             }
             Role::Executor => self
@@ -336,6 +340,7 @@ impl Registry {
                 .attach_executor(&grant.environment_id, &grant.registration_id, || {
                     self.current(&grant)
                 })
+                .await
                 .map(Admitted::Executor),
         }
     }

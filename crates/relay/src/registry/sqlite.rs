@@ -101,8 +101,9 @@ fn key_from(text: String) -> rusqlite::Result<WirePublicKey> {
     })
 }
 
+#[async_trait::async_trait]
 impl Store for SqliteStore {
-    fn put_registration(&self, r: Registration) -> Result<(), StoreError> {
+    async fn put_registration(&self, r: Registration) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute(
                 "INSERT INTO registrations (environment_id, registration_id, executor_key)
@@ -120,7 +121,7 @@ impl Store for SqliteStore {
         })
     }
 
-    fn registration(&self, environment_id: &str) -> Result<Option<Registration>, StoreError> {
+    async fn registration(&self, environment_id: &str) -> Result<Option<Registration>, StoreError> {
         self.with(|c| {
             c.query_row(
                 "SELECT registration_id, executor_key FROM registrations WHERE environment_id = ?1",
@@ -137,7 +138,7 @@ impl Store for SqliteStore {
         })
     }
 
-    fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
+    async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute(
                 "INSERT OR REPLACE INTO authorizations
@@ -155,7 +156,7 @@ impl Store for SqliteStore {
         })
     }
 
-    fn take_authorization(
+    async fn take_authorization(
         &self,
         token: &str,
         now_unix: u64,
@@ -186,7 +187,7 @@ impl Store for SqliteStore {
         })
     }
 
-    fn signing_key(&self) -> Result<[u8; 32], StoreError> {
+    async fn signing_key(&self) -> Result<[u8; 32], StoreError> {
         let mut fresh = [0u8; 32];
         crate::noise::Randomness::fill(&mut crate::noise::OsRandom, &mut fresh);
         let stored: Vec<u8> = self.with(|c| {
@@ -213,22 +214,22 @@ mod tests {
     use super::*;
     use crate::registry::store::tests::{contract, key};
 
-    #[test]
-    fn sqlite_store_contract_wal_and_restart() {
+    #[tokio::test]
+    async fn sqlite_store_contract_wal_and_restart() {
         let dir = std::env::temp_dir().join(format!("relay-sqlite-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("registry.db");
         let s = SqliteStore::open(&path).unwrap();
         assert_eq!(s.journal_mode().unwrap(), "wal");
-        contract(&s);
-        let k = s.signing_key().unwrap();
+        contract(&s).await;
+        let k = s.signing_key().await.unwrap();
         let a = Authorization {
             environment_id: "e".into(),
             registration_id: "r".into(),
             harness_key: key(),
             expires_unix: 1000,
         };
-        s.put_authorization("kept", a.clone()).unwrap();
+        s.put_authorization("kept", a.clone()).await.unwrap();
         drop(s);
         {
             use std::os::unix::fs::PermissionsExt;
@@ -236,9 +237,9 @@ mod tests {
             assert_eq!(mode & 0o077, 0, "{mode:o}");
         }
         let s = SqliteStore::open(&path).unwrap();
-        assert_eq!(s.signing_key().unwrap(), k);
-        assert_eq!(s.registration("e").unwrap().unwrap().registration_id, "r");
-        assert_eq!(s.take_authorization("kept", 10).unwrap(), Some(a));
+        assert_eq!(s.signing_key().await.unwrap(), k);
+        assert_eq!(s.registration("e").await.unwrap().unwrap().registration_id, "r");
+        assert_eq!(s.take_authorization("kept", 10).await.unwrap(), Some(a));
         drop(s);
         std::fs::write(dir.join("junk.db"), b"this is not sqlite, not at all....").unwrap();
         assert!(SqliteStore::open(&dir.join("junk.db")).is_err());

@@ -40,22 +40,24 @@ pub struct Authorization {
 pub struct StoreError(pub String);
 
 /// Registrations and authorizations. Implementations must be safe to call from
-/// many tasks; each call is atomic.
+/// many tasks; each call is atomic (across every node sharing the store).
+#[async_trait::async_trait]
 pub trait Store: Send + Sync {
     /// Sets the environment's registration (replacing any earlier one).
-    fn put_registration(&self, r: Registration) -> Result<(), StoreError>;
+    async fn put_registration(&self, r: Registration) -> Result<(), StoreError>;
     /// The environment's registration.
-    fn registration(&self, environment_id: &str) -> Result<Option<Registration>, StoreError>;
+    async fn registration(&self, environment_id: &str)
+        -> Result<Option<Registration>, StoreError>;
     /// Records an authorization under its opaque token.
-    fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError>;
+    async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError>;
     /// Removes and returns the authorization (single use); also drops expired ones.
-    fn take_authorization(
+    async fn take_authorization(
         &self,
         token: &str,
         now_unix: u64,
     ) -> Result<Option<Authorization>, StoreError>;
     /// The key that signs relay URLs; created on first use and kept.
-    fn signing_key(&self) -> Result<[u8; 32], StoreError>;
+    async fn signing_key(&self) -> Result<[u8; 32], StoreError>;
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -100,22 +102,23 @@ fn hex_decode(h: &str) -> Option<[u8; 32]> {
 #[derive(Default)]
 pub struct MemoryStore(Mutex<Data>);
 
+#[async_trait::async_trait]
 impl Store for MemoryStore {
-    fn put_registration(&self, r: Registration) -> Result<(), StoreError> {
+    async fn put_registration(&self, r: Registration) -> Result<(), StoreError> {
         let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
         d.registrations.insert(r.environment_id.clone(), r);
         Ok(())
     }
-    fn registration(&self, env: &str) -> Result<Option<Registration>, StoreError> {
+    async fn registration(&self, env: &str) -> Result<Option<Registration>, StoreError> {
         let d = self.0.lock().unwrap_or_else(|p| p.into_inner());
         Ok(d.registrations.get(env).cloned())
     }
-    fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
+    async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
         let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
         d.authorizations.insert(token.to_string(), a);
         Ok(())
     }
-    fn take_authorization(
+    async fn take_authorization(
         &self,
         token: &str,
         now: u64,
@@ -123,7 +126,7 @@ impl Store for MemoryStore {
         let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
         Ok(d.take(token, now))
     }
-    fn signing_key(&self) -> Result<[u8; 32], StoreError> {
+    async fn signing_key(&self) -> Result<[u8; 32], StoreError> {
         let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
         Ok(d.signing_key().0)
     }
@@ -143,34 +146,34 @@ pub(crate) mod tests {
 
     /// What every store must do: replace registrations, keep the signing key,
     /// hand out an authorization once, and never after it expired.
-    pub(crate) fn contract(s: &dyn Store) {
-        let k = s.signing_key().unwrap();
-        assert_eq!(s.signing_key().unwrap(), k);
-        assert_eq!(s.registration("e").unwrap(), None);
+    pub(crate) async fn contract(s: &dyn Store) {
+        let k = s.signing_key().await.unwrap();
+        assert_eq!(s.signing_key().await.unwrap(), k);
+        assert_eq!(s.registration("e").await.unwrap(), None);
         let mut r = Registration {
             environment_id: "e".into(),
             registration_id: "r0".into(),
             executor_key: key(),
         };
-        s.put_registration(r.clone()).unwrap();
+        s.put_registration(r.clone()).await.unwrap();
         r.registration_id = "r".into();
-        s.put_registration(r.clone()).unwrap();
-        assert_eq!(s.registration("e").unwrap(), Some(r));
+        s.put_registration(r.clone()).await.unwrap();
+        assert_eq!(s.registration("e").await.unwrap(), Some(r));
         let a = Authorization {
             environment_id: "e".into(),
             registration_id: "r".into(),
             harness_key: key(),
             expires_unix: 100,
         };
-        s.put_authorization("t1", a.clone()).unwrap();
-        s.put_authorization("t2", a.clone()).unwrap();
-        assert_eq!(s.take_authorization("t1", 50).unwrap(), Some(a));
-        assert_eq!(s.take_authorization("t1", 50).unwrap(), None);
-        assert_eq!(s.take_authorization("t2", 101).unwrap(), None, "expired");
+        s.put_authorization("t1", a.clone()).await.unwrap();
+        s.put_authorization("t2", a.clone()).await.unwrap();
+        assert_eq!(s.take_authorization("t1", 50).await.unwrap(), Some(a));
+        assert_eq!(s.take_authorization("t1", 50).await.unwrap(), None);
+        assert_eq!(s.take_authorization("t2", 101).await.unwrap(), None, "expired");
     }
 
-    #[test]
-    fn memory_store_contract() {
-        contract(&MemoryStore::default());
+    #[tokio::test]
+    async fn memory_store_contract() {
+        contract(&MemoryStore::default()).await;
     }
 }
