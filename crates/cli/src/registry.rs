@@ -3,6 +3,7 @@
 //! or --public-url) as the only stdout line.
 
 use clap::Args;
+use exec_server_relay::registry::postgres::{self, PostgresStore};
 use exec_server_relay::registry::sqlite::SqliteStore;
 use exec_server_relay::registry::store::{MemoryStore, Store};
 use exec_server_relay::registry::tokens::Tokens;
@@ -30,11 +31,14 @@ pub struct RegistryArgs {
     /// name in the certificate); relay URLs are derived from it.
     #[arg(long, value_name = "URL")]
     pub public_url: Option<String>,
-    /// Keep registrations, authorizations and the relay-URL signing key in this
-    /// SQLite database (WAL mode; created mode 0600; kept across restarts);
-    /// without it they live in memory.
-    #[arg(long, value_name = "PATH")]
-    pub db: Option<PathBuf>,
+    /// Where registrations, authorizations and the relay-URL signing key are
+    /// kept: a PostgreSQL URL (`postgres://USER:PW@HOST:5432/DB`, add
+    /// `?sslmode=require` for TLS; several registry nodes can share one
+    /// database; tables are created and migrated at start), or the PATH of a
+    /// SQLite database (WAL mode; created mode 0600; kept across restarts).
+    /// Without it they live in memory.
+    #[arg(long, value_name = "URL|PATH")]
+    pub db: Option<String>,
     /// Executors' bearer tokens: one a line, `TOKEN` or `sha256:HEX`, optionally
     /// preceded by `ENV_ID ` to allow one environment only.
     #[arg(long, value_name = "FILE")]
@@ -89,7 +93,11 @@ pub async fn run(args: RegistryArgs) -> i32 {
         tracing::warn!("without --executor-tokens/--harness-tokens any bearer is accepted");
     }
     let store: Arc<dyn Store> = match &args.db {
-        Some(p) => match SqliteStore::open(p) {
+        Some(url) if postgres::is_url(url) => match PostgresStore::connect(url).await {
+            Ok(s) => Arc::new(s),
+            Err(e) => return fail(e.to_string()),
+        },
+        Some(p) => match SqliteStore::open(std::path::Path::new(p)) {
             Ok(s) => Arc::new(s),
             Err(e) => return fail(e.to_string()),
         },

@@ -14,6 +14,7 @@
 //! once closed or silent for [`Config::executor_silence_timeout`].
 
 pub mod hub;
+pub mod postgres;
 pub mod signing;
 pub mod sqlite;
 pub mod store;

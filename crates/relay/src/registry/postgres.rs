@@ -1,0 +1,299 @@
+//! The registry's state in PostgreSQL (`exec-server registry --db postgres://…`),
+//! so that several registry nodes can share it: tokio-postgres behind a
+//! deadpool pool, versioned migrations applied at start under an advisory
+//! lock (nodes starting together apply each migration once), TLS (rustls,
+//! the Mozilla roots) when the URL says `sslmode=require`.
+//!
+//! Atomicity across nodes comes from the database: a registration is one
+//! upsert, an authorization is taken with one `DELETE … RETURNING` (so two
+//! nodes can never both hand out the same one), and the signing key is
+//! created with `INSERT … ON CONFLICT DO NOTHING` and then read, so every
+//! node signs with the same key.
+
+use super::store::{Authorization, Registration, Store, StoreError};
+use crate::keys::WirePublicKey;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::config::SslMode;
+
+/// Connections kept open per node: 16.
+pub const POOL_SIZE: usize = 16;
+/// How long a call waits for a pooled connection (or a new one): 10 s.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Arbitrary, fixed: the advisory lock key migrations run under.
+const MIGRATION_LOCK: i64 = 0x6578_6563_7376_7231;
+
+/// The migrations, in order; each runs once, in a transaction, and is
+/// recorded in `exec_server_schema`. Never edit one that shipped: add one.
+const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    "CREATE TABLE registrations (
+         environment_id  TEXT PRIMARY KEY,
+         registration_id TEXT NOT NULL,
+         executor_key    TEXT NOT NULL,
+         updated_at      TIMESTAMPTZ NOT NULL DEFAULT now()
+     );
+     CREATE TABLE authorizations (
+         token           TEXT PRIMARY KEY,
+         environment_id  TEXT NOT NULL,
+         registration_id TEXT NOT NULL,
+         harness_key     TEXT NOT NULL,
+         expires_unix    BIGINT NOT NULL
+     );
+     CREATE INDEX authorizations_expiry ON authorizations (expires_unix);
+     CREATE TABLE signing_keys (
+         id         INTEGER PRIMARY KEY,
+         key        BYTEA NOT NULL,
+         created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+     );",
+)];
+
+fn err(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError(format!("PostgreSQL {what}: {e}"))
+}
+
+/// A store shared by every node on the same database.
+pub struct PostgresStore {
+    pool: Pool,
+}
+
+/// Whether `db` names a PostgreSQL database (`postgres://` or `postgresql://`)
+/// rather than a SQLite file.
+pub fn is_url(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
+impl PostgresStore {
+    /// Connects to `url` (libpq URL syntax, e.g.
+    /// `postgres://user:pw@host:5432/db?sslmode=require`, or a Unix socket
+    /// directory as `postgresql:///db?host=/run/postgresql`) and applies the
+    /// migrations this build knows.
+    ///
+    /// Errors: an unparsable URL, an `sslmode` this build does not offer
+    /// (`disable`, `prefer` and `require` are), the database unreachable,
+    /// or a migration failing (each names the step).
+    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| err("URL", e))?;
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match config.get_ssl_mode() {
+            SslMode::Require => Manager::from_config(config, tls_connector()?, manager_config),
+            SslMode::Disable | SslMode::Prefer => {
+                Manager::from_config(config, tokio_postgres::NoTls, manager_config)
+            }
+            other => return Err(err("URL", format!("unsupported sslmode {other:?}"))),
+        };
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| err("pool", e))?;
+        let store = PostgresStore { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(|e| err("connection", e))
+    }
+
+    /// Applies the migrations not yet recorded, one transaction each, under
+    /// an advisory lock.
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut c = self.client().await?;
+        c.batch_execute(
+            "CREATE TABLE IF NOT EXISTS exec_server_schema (
+                 version    INTEGER PRIMARY KEY,
+                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+             )",
+        )
+        .await
+        .map_err(|e| err("migration table", e))?;
+        for (version, sql) in MIGRATIONS {
+            let tx = c.transaction().await.map_err(|e| err("migration", e))?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                .await
+                .map_err(|e| err("migration lock", e))?;
+            let done = tx
+                .query_opt(
+                    "SELECT 1 FROM exec_server_schema WHERE version = $1",
+                    &[version],
+                )
+                .await
+                .map_err(|e| err("migration", e))?
+                .is_some();
+            if !done {
+                tx.batch_execute(sql)
+                    .await
+                    .map_err(|e| err(&format!("migration {version}"), e))?;
+                tx.execute(
+                    "INSERT INTO exec_server_schema (version) VALUES ($1)",
+                    &[version],
+                )
+                .await
+                .map_err(|e| err(&format!("migration {version}"), e))?;
+            }
+            tx.commit()
+                .await
+                .map_err(|e| err(&format!("migration {version}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// The schema version applied (the highest migration recorded).
+    pub async fn schema_version(&self) -> Result<i32, StoreError> {
+        let c = self.client().await?;
+        let row = c
+            .query_one(
+                "SELECT COALESCE(MAX(version), 0) FROM exec_server_schema",
+                &[],
+            )
+            .await
+            .map_err(|e| err("schema version", e))?;
+        Ok(row.get(0))
+    }
+}
+
+fn tls_connector() -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err("TLS", e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+fn key_json(k: &WirePublicKey) -> Result<String, StoreError> {
+    serde_json::to_string(k).map_err(|e| err("key", e))
+}
+
+fn key_from(text: &str) -> Result<WirePublicKey, StoreError> {
+    serde_json::from_str(text).map_err(|e| err("stored key", e))
+}
+
+fn unix(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    async fn put_registration(&self, r: Registration) -> Result<(), StoreError> {
+        let key = key_json(&r.executor_key)?;
+        self.client()
+            .await?
+            .execute(
+                "INSERT INTO registrations (environment_id, registration_id, executor_key)
+                 VALUES ($1, $2, $3)
+                 ON CONFLICT (environment_id) DO UPDATE
+                 SET registration_id = EXCLUDED.registration_id,
+                     executor_key = EXCLUDED.executor_key,
+                     updated_at = now()",
+                &[&r.environment_id, &r.registration_id, &key],
+            )
+            .await
+            .map_err(|e| err("registration", e))?;
+        Ok(())
+    }
+
+    async fn registration(&self, environment_id: &str) -> Result<Option<Registration>, StoreError> {
+        let row = self
+            .client()
+            .await?
+            .query_opt(
+                "SELECT registration_id, executor_key FROM registrations WHERE environment_id = $1",
+                &[&environment_id],
+            )
+            .await
+            .map_err(|e| err("registration", e))?;
+        row.map(|row| {
+            Ok(Registration {
+                environment_id: environment_id.to_string(),
+                registration_id: row.get(0),
+                executor_key: key_from(row.get(1))?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
+        let key = key_json(&a.harness_key)?;
+        self.client()
+            .await?
+            .execute(
+                "INSERT INTO authorizations
+                     (token, environment_id, registration_id, harness_key, expires_unix)
+                 VALUES ($1, $2, $3, $4, $5)",
+                &[
+                    &token,
+                    &a.environment_id,
+                    &a.registration_id,
+                    &key,
+                    &unix(a.expires_unix),
+                ],
+            )
+            .await
+            .map_err(|e| err("authorization", e))?;
+        Ok(())
+    }
+
+    async fn take_authorization(
+        &self,
+        token: &str,
+        now_unix: u64,
+    ) -> Result<Option<Authorization>, StoreError> {
+        let c = self.client().await?;
+        let now = unix(now_unix);
+        c.execute(
+            "DELETE FROM authorizations WHERE expires_unix < $1",
+            &[&now],
+        )
+        .await
+        .map_err(|e| err("authorization", e))?;
+        let row = c
+            .query_opt(
+                "DELETE FROM authorizations WHERE token = $1 AND expires_unix >= $2
+                 RETURNING environment_id, registration_id, harness_key, expires_unix",
+                &[&token, &now],
+            )
+            .await
+            .map_err(|e| err("authorization", e))?;
+        row.map(|row| {
+            Ok(Authorization {
+                environment_id: row.get(0),
+                registration_id: row.get(1),
+                harness_key: key_from(row.get(2))?,
+                expires_unix: u64::try_from(row.get::<_, i64>(3)).unwrap_or(0),
+            })
+        })
+        .transpose()
+    }
+
+    async fn signing_key(&self) -> Result<[u8; 32], StoreError> {
+        let mut fresh = [0u8; 32];
+        crate::noise::Randomness::fill(&mut crate::noise::OsRandom, &mut fresh);
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO signing_keys (id, key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+            &[&&fresh[..]],
+        )
+        .await
+        .map_err(|e| err("signing key", e))?;
+        let row = c
+            .query_one("SELECT key FROM signing_keys WHERE id = 1", &[])
+            .await
+            .map_err(|e| err("signing key", e))?;
+        let key: Vec<u8> = row.get(0);
+        key.try_into()
+            .map_err(|_| err("signing key", "the stored key is not 32 bytes"))
+    }
+}
+
+#[cfg(test)]
+#[path = "postgres_tests.rs"]
+mod tests;
