@@ -17,8 +17,11 @@ const MAX_BEARER_BYTES: usize = 16 * 1024;
 #[derive(Args, Debug, Clone, Default)]
 pub struct RemoteArgs {
     /// Register with the environment registry at URL and serve through its relay
-    /// instead of listening (https, or http on loopback).
-    #[arg(long, value_name = "URL", requires = "environment_id")]
+    /// instead of listening (https, or http on loopback). Several nodes of one
+    /// registry, comma-separated (`URL,URL,…`), are tried in turn: when the
+    /// node holding this executor's relay socket goes, it registers again
+    /// with one that answers.
+    #[arg(long, value_name = "URL[,URL…]", requires = "environment_id")]
     pub remote: Option<String>,
     /// The environment id to register as: 1 to 256 of A-Z, a-z, 0-9, `_`, `-`.
     #[arg(
@@ -33,7 +36,13 @@ pub struct RemoteArgs {
     pub registration_bearer_stdin: bool,
 }
 
-fn host_allows_api_key(url: &str) -> bool {
+/// Whether CODEX_API_KEY may be sent to every registry URL in `urls`
+/// (comma-separated).
+fn host_allows_api_key(urls: &str) -> bool {
+    urls.split(',').all(one_host_allows_api_key)
+}
+
+fn one_host_allows_api_key(url: &str) -> bool {
     let Ok(u) = url::Url::parse(url.trim()) else {
         return false;
     };
@@ -197,5 +206,7 @@ mod tests {
         assert!(!host_allows_api_key("http://api.openai.com"));
         assert!(!host_allows_api_key("https://evilopenai.com"));
         assert!(!host_allows_api_key("https://example.com"));
+        assert!(host_allows_api_key("http://127.0.0.1:5,http://localhost:6"));
+        assert!(!host_allows_api_key("http://127.0.0.1:5,https://example.com"));
     }
 }

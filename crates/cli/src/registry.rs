@@ -141,9 +141,14 @@ pub async fn run(args: RegistryArgs) -> i32 {
         Err(e) => return fail(format!("cannot handle SIGTERM: {e}")),
     };
     tokio::select! {
-        _ = registry.serve(listener) => {}
+        _ = registry.clone().serve(listener) => {}
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+    // Stopping: the other nodes stop sending harnesses here at once, and this
+    // node's executors, whose sockets close as it exits, register elsewhere.
+    if let Err(e) = registry.leave().await {
+        tracing::warn!(node = registry.node_id(), "cannot leave the fleet: {e}");
     }
     0
 }

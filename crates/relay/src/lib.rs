@@ -16,6 +16,8 @@ pub mod records;
 pub mod registry;
 pub mod registry_client;
 pub mod stream;
+#[doc(hidden)]
+pub mod testing;
 pub mod tls;
 
 pub use keys::{Identity, PublicKey, WirePublicKey};

@@ -54,7 +54,10 @@ impl RegistryError {
 /// A registry at one base URL with one credential.
 #[derive(Clone)]
 pub struct RegistryClient {
-    base: String,
+    /// One base URL per registry node, tried in turn.
+    bases: Vec<String>,
+    /// The base that answered last (tried first).
+    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     bearer: String,
     account_id: Option<String>,
     http: reqwest::Client,
@@ -64,7 +67,7 @@ pub struct RegistryClient {
 impl std::fmt::Debug for RegistryClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegistryClient")
-            .field("base", &self.base)
+            .field("bases", &self.bases)
             .field("bearer", &"<redacted>")
             .finish_non_exhaustive()
     }
@@ -75,37 +78,48 @@ impl std::fmt::Debug for RegistryClient {
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+/// Checks one registry base URL (trimmed, trailing `/` removed): https, or
+/// http on a loopback host.
+fn check_base(base: &str) -> Result<String, ConfigError> {
+    let base = base.trim().trim_end_matches('/').to_string();
+    if base.is_empty() {
+        return Err(ConfigError("the registry URL is empty".into()));
+    }
+    let url =
+        url::Url::parse(&base).map_err(|e| ConfigError(format!("invalid registry URL: {e}")))?;
+    let loopback = match url.host() {
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => false,
+    };
+    match url.scheme() {
+        "https" => Ok(base),
+        "http" if loopback => Ok(base),
+        _ => Err(ConfigError(
+            "the registry URL must be https (http only on loopback)".into(),
+        )),
+    }
+}
+
 impl RegistryClient {
-    /// A client for `base` (trimmed, trailing `/` removed; must be https, or
-    /// http on a loopback host). `bearer` is trimmed and must not be empty.
-    /// `show_bodies`: quote error bodies in errors (off when they might echo secrets).
+    /// A client for `base`: one registry URL, or several nodes of one
+    /// registry comma-separated (`https://a,https://b`), tried in turn —
+    /// starting with the one that answered last — when one cannot be reached,
+    /// so a fleet needs no load balancer to survive a node. Each is trimmed,
+    /// its trailing `/` removed, and must be https, or http on a loopback
+    /// host. `bearer` is trimmed and must not be empty. `show_bodies`: quote
+    /// error bodies in errors (off when they might echo secrets).
     pub fn new(
         base: &str,
         bearer: &str,
         account_id: Option<String>,
         show_bodies: bool,
     ) -> Result<RegistryClient, ConfigError> {
-        let base = base.trim().trim_end_matches('/').to_string();
-        if base.is_empty() {
-            return Err(ConfigError("the registry URL is empty".into()));
-        }
-        let url = url::Url::parse(&base)
-            .map_err(|e| ConfigError(format!("invalid registry URL: {e}")))?;
-        let loopback = match url.host() {
-            Some(url::Host::Ipv4(a)) => a.is_loopback(),
-            Some(url::Host::Ipv6(a)) => a.is_loopback(),
-            Some(url::Host::Domain(d)) => d == "localhost",
-            None => false,
-        };
-        match url.scheme() {
-            "https" => {}
-            "http" if loopback => {}
-            _ => {
-                return Err(ConfigError(
-                    "the registry URL must be https (http only on loopback)".into(),
-                ))
-            }
-        }
+        let bases = base
+            .split(',')
+            .map(check_base)
+            .collect::<Result<Vec<_>, _>>()?;
         let bearer = bearer.trim().to_string();
         if bearer.is_empty() {
             return Err(ConfigError("the registry token is empty".into()));
@@ -122,7 +136,8 @@ impl RegistryClient {
             .build()
             .map_err(|e| ConfigError(format!("cannot build the HTTP client: {e}")))?;
         Ok(RegistryClient {
-            base,
+            bases,
+            current: Default::default(),
             bearer,
             account_id: account_id.filter(|a| !a.trim().is_empty()),
             http,
@@ -130,8 +145,9 @@ impl RegistryClient {
         })
     }
 
-    fn endpoint(&self, env: &str, action: &str) -> String {
-        format!("{}/cloud/environment/{env}/{action}", self.base)
+    /// The registry nodes' base URLs, in the order given.
+    pub fn bases(&self) -> &[String] {
+        &self.bases
     }
 
     async fn post<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
@@ -141,23 +157,46 @@ impl RegistryClient {
         body: &Req,
         extra: Option<(&str, &str)>,
     ) -> Result<Resp, RegistryError> {
+        use std::sync::atomic::Ordering;
         let body = serde_json::to_vec(body).map_err(|e| RegistryError::Protocol(e.to_string()))?;
-        let mut req = self
-            .http
-            .post(self.endpoint(env, action))
-            .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {}", self.bearer))
-            .body(body);
-        if let Some((k, v)) = extra {
-            req = req.header(k, v);
+        let first = self.current.load(Ordering::Relaxed);
+        let mut failures = Vec::new();
+        let mut answered = None;
+        for i in 0..self.bases.len() {
+            let at = (first + i) % self.bases.len();
+            let mut req = self
+                .http
+                .post(format!(
+                    "{}/cloud/environment/{env}/{action}",
+                    self.bases[at]
+                ))
+                .header("content-type", "application/json")
+                .header("authorization", format!("Bearer {}", self.bearer))
+                .body(body.clone());
+            if let Some((k, v)) = extra {
+                req = req.header(k, v);
+            }
+            if let (Some(a), "connect") = (&self.account_id, action) {
+                req = req.header("chatgpt-account-id", a);
+            }
+            match req.send().await {
+                Ok(r) => {
+                    self.current.store(at, Ordering::Relaxed);
+                    answered = Some(r);
+                    break;
+                }
+                Err(e) => {
+                    let why = e.without_url().to_string();
+                    if self.bases.len() > 1 {
+                        tracing::warn!(registry = %self.bases[at], "registry node unreachable: {why}");
+                    }
+                    failures.push(format!("{}: {why}", self.bases[at]));
+                }
+            }
         }
-        if let (Some(a), "connect") = (&self.account_id, action) {
-            req = req.header("chatgpt-account-id", a);
-        }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| RegistryError::Transport(e.without_url().to_string()))?;
+        let Some(resp) = answered else {
+            return Err(RegistryError::Transport(failures.join("; ")));
+        };
         let status = resp.status().as_u16();
         let bytes = resp
             .bytes()

@@ -26,10 +26,11 @@ pub struct ConnectArgs {
     /// with --registry, the registry token (or set CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN).
     #[arg(long, value_name = "PATH", global = true)]
     pub token_file: Option<PathBuf>,
-    /// Reach an environment through this registry and relay (remote mode).
+    /// Reach an environment through this registry and relay (remote mode);
+    /// several nodes of one registry, comma-separated, are tried in turn.
     #[arg(
         long,
-        value_name = "URL",
+        value_name = "URL[,URL…]",
         global = true,
         requires = "environment",
         conflicts_with = "connect"

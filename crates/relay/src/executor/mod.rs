@@ -5,7 +5,9 @@
 //! (retrying only `503 registration_conflict`, with jitter); connect; when the
 //! socket dies, sleep a jittered backoff (1, 2, 4… capped at 30 s, not reset by
 //! a good connection) and reconnect with the same registration; an HTTP 4xx on
-//! the upgrade means the registration is gone: register again at once.
+//! the upgrade means the registration is gone: register again at once. Ours
+//! also registers again when the relay cannot be reached at all (its registry
+//! node may have died; another node of the fleet answers the registration).
 
 pub mod mux;
 
@@ -219,7 +221,12 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
                 );
                 reregister = true;
             }
-            Err(e) => tracing::warn!("cannot connect to the relay: {e}"),
+            Err(e) => {
+                // Its node may be gone: registering again (with every
+                // registry URL given) finds the relay of a live node.
+                tracing::warn!("cannot connect to the relay: {e}; registering again");
+                reregister = true;
+            }
         }
         if reregister {
             match register(&config, &identity).await {

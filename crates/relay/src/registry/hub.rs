@@ -85,6 +85,13 @@ pub struct ExecutorAttachment {
     rx: mpsc::Receiver<Vec<u8>>,
 }
 
+impl ExecutorAttachment {
+    /// This attachment's number on this node (a reconnect gets a new one).
+    pub fn id(&self) -> u64 {
+        self.link.id
+    }
+}
+
 /// Removes its executor link from the route when dropped, unless another
 /// socket has replaced it since.
 struct AttachedLink {

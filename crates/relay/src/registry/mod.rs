@@ -13,6 +13,7 @@
 //! executors retry with a growing jittered delay), and a socket stops counting
 //! once closed or silent for [`Config::executor_silence_timeout`].
 
+pub mod fleet;
 pub mod hub;
 pub mod postgres;
 pub mod signing;
@@ -28,7 +29,7 @@ use crate::keys::{PublicKey, SECURITY_PROFILE};
 use signing::{Grant, Role};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use store::{Authorization, Registration, Store};
+use store::{Attachment, Authorization, Registration, Store};
 use tokens::Tokens;
 
 /// How long an executor's relay URL stays valid: 10 minutes (then the executor
@@ -75,6 +76,8 @@ pub struct Registry {
     hub: hub::Hub,
     signing_key: [u8; 32],
     ws_base: String,
+    /// This node's id among the nodes sharing the store.
+    node_id: String,
 }
 
 /// An HTTP answer: status, JSON body, extra headers.
@@ -130,18 +133,21 @@ impl Registry {
             config,
             store,
             ws_base,
+            node_id: fleet::new_node_id(),
         }))
     }
 
-    /// Serves connections on `listener` until it fails.
+    /// Serves connections on `listener` until it fails, and tells the other
+    /// nodes sharing the store that this one is alive ([`fleet::HEARTBEAT`]).
     pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
-        http::serve(self, listener).await
+        let heartbeat = tokio::spawn(fleet::heartbeat(self.clone()));
+        http::serve(self, listener).await;
+        heartbeat.abort();
     }
 
-    fn relay_url(&self, grant: &Grant, ttl: Duration) -> String {
+    fn relay_url(&self, base: &str, grant: &Grant, ttl: Duration) -> String {
         format!(
-            "{}/relay?{}",
-            self.ws_base,
+            "{base}/relay?{}",
             signing::sign(&self.signing_key, grant, now_unix() + ttl.as_secs())
         )
     }
@@ -205,11 +211,18 @@ impl Registry {
         };
         let put = self
             .hub
-            .unless_executor_live(env, || self.store.put_registration(registration))
+            .unless_executor_live(env, || async {
+                if self.live_elsewhere(env).await? {
+                    return Ok(false);
+                }
+                self.store.put_registration(registration).await?;
+                Ok::<bool, store::StoreError>(true)
+            })
             .await;
         match put {
-            Ok(stored) => stored?,
-            Err(hub::ExecutorLive) => {
+            Ok(Ok(true)) => {}
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(false)) | Err(hub::ExecutorLive) => {
                 return Ok(Reply::error(
                     503,
                     "registration_conflict",
@@ -228,7 +241,7 @@ impl Registry {
         };
         Ok(Reply::json(&RegisterResponse {
             environment_id: env.into(),
-            url: self.relay_url(&grant, self.config.executor_url_ttl),
+            url: self.relay_url(&self.ws_base, &grant, self.config.executor_url_ttl),
             security_profile: SECURITY_PROFILE.into(),
             executor_registration_id: registration_id,
         }))
@@ -257,24 +270,26 @@ impl Registry {
             ));
         };
         let token = format!("hka_{}", uuid::Uuid::new_v4().simple());
-        self.store.put_authorization(
-            &token,
-            Authorization {
-                environment_id: env.into(),
-                registration_id: reg.registration_id.clone(),
-                harness_key: req.harness_public_key,
-                expires_unix: now_unix() + AUTHORIZATION_TTL.as_secs(),
-            },
-        )
-        .await?;
+        self.store
+            .put_authorization(
+                &token,
+                Authorization {
+                    environment_id: env.into(),
+                    registration_id: reg.registration_id.clone(),
+                    harness_key: req.harness_public_key,
+                    expires_unix: now_unix() + AUTHORIZATION_TTL.as_secs(),
+                },
+            )
+            .await?;
         let grant = Grant {
             role: Role::Harness,
             environment_id: env.into(),
             registration_id: reg.registration_id.clone(),
         };
+        let base = self.relay_base_for(env).await?;
         Ok(Reply::json(&ConnectResponse {
             environment_id: env.into(),
-            url: self.relay_url(&grant, HARNESS_URL_TTL),
+            url: self.relay_url(&base, &grant, HARNESS_URL_TTL),
             security_profile: SECURITY_PROFILE.into(),
             executor_registration_id: reg.registration_id,
             executor_public_key: reg.executor_key,
@@ -336,13 +351,27 @@ impl Registry {
                 self.current(&grant).await?;
                 Ok(Admitted::Harness(grant))
             }
-            Role::Executor => self
-                .hub
-                .attach_executor(&grant.environment_id, &grant.registration_id, || {
-                    self.current(&grant)
-                })
-                .await
-                .map(Admitted::Executor),
+            Role::Executor => {
+                let attachment = self
+                    .hub
+                    .attach_executor(&grant.environment_id, &grant.registration_id, || {
+                        self.current(&grant)
+                    })
+                    .await?;
+                let record = Attachment {
+                    environment_id: grant.environment_id.clone(),
+                    registration_id: grant.registration_id.clone(),
+                    node_id: self.node_id.clone(),
+                    ws_base: self.ws_base.clone(),
+                    attach_id: format!("{}-{}", self.node_id, attachment.id()),
+                };
+                if let Err(e) = self.store.attach(&record).await {
+                    // Served here all the same; other nodes send harnesses
+                    // here once a later attach or heartbeat gets through.
+                    tracing::warn!(node = %self.node_id, "cannot record the executor's attachment: {e}");
+                }
+                Ok(Admitted::Executor(attachment, record))
+            }
         }
     }
 
@@ -354,7 +383,16 @@ impl Registry {
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         match admitted {
-            Admitted::Executor(attachment) => self.hub.serve_executor(ws, attachment).await,
+            Admitted::Executor(attachment, record) => {
+                self.hub.serve_executor(ws, attachment).await;
+                if let Err(e) = self
+                    .store
+                    .detach(&record.environment_id, &record.attach_id)
+                    .await
+                {
+                    tracing::warn!(node = %self.node_id, "cannot record the executor's detachment: {e}");
+                }
+            }
             Admitted::Harness(grant) => {
                 self.hub
                     .serve_harness(ws, grant.environment_id, grant.registration_id)
@@ -366,8 +404,9 @@ impl Registry {
 
 /// A relay upgrade that passed its checks.
 pub(crate) enum Admitted {
-    /// An executor socket, already attached to its environment's route.
-    Executor(hub::ExecutorAttachment),
+    /// An executor socket, already attached to its environment's route, and
+    /// its record in the store.
+    Executor(hub::ExecutorAttachment, Attachment),
     /// A harness socket for this grant.
     Harness(Grant),
 }

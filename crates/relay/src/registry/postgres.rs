@@ -10,7 +10,7 @@
 //! created with `INSERT … ON CONFLICT DO NOTHING` and then read, so every
 //! node signs with the same key.
 
-use super::store::{Authorization, Registration, Store, StoreError};
+use super::store::{Attachment, Authorization, Registration, Store, StoreError};
 use crate::keys::WirePublicKey;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::config::SslMode;
@@ -24,9 +24,10 @@ const MIGRATION_LOCK: i64 = 0x6578_6563_7376_7231;
 
 /// The migrations, in order; each runs once, in a transaction, and is
 /// recorded in `exec_server_schema`. Never edit one that shipped: add one.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE registrations (
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE registrations (
          environment_id  TEXT PRIMARY KEY,
          registration_id TEXT NOT NULL,
          executor_key    TEXT NOT NULL,
@@ -45,7 +46,24 @@ const MIGRATIONS: &[(i32, &str)] = &[(
          key        BYTEA NOT NULL,
          created_at TIMESTAMPTZ NOT NULL DEFAULT now()
      );",
-)];
+    ),
+    (
+        2,
+        "CREATE TABLE nodes (
+         node_id TEXT PRIMARY KEY,
+         ws_base TEXT NOT NULL,
+         seen_at TIMESTAMPTZ NOT NULL DEFAULT now()
+     );
+     CREATE TABLE attachments (
+         environment_id  TEXT PRIMARY KEY,
+         registration_id TEXT NOT NULL,
+         node_id         TEXT NOT NULL,
+         attach_id       TEXT NOT NULL,
+         attached_at     TIMESTAMPTZ NOT NULL DEFAULT now()
+     );
+     CREATE INDEX attachments_node ON attachments (node_id);",
+    ),
+];
 
 fn err(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError(format!("PostgreSQL {what}: {e}"))
@@ -291,6 +309,89 @@ impl Store for PostgresStore {
         let key: Vec<u8> = row.get(0);
         key.try_into()
             .map_err(|_| err("signing key", "the stored key is not 32 bytes"))
+    }
+
+    async fn node_heartbeat(&self, node_id: &str, ws_base: &str) -> Result<(), StoreError> {
+        self.client()
+            .await?
+            .execute(
+                "INSERT INTO nodes (node_id, ws_base) VALUES ($1, $2)
+                 ON CONFLICT (node_id) DO UPDATE SET ws_base = EXCLUDED.ws_base, seen_at = now()",
+                &[&node_id, &ws_base],
+            )
+            .await
+            .map_err(|e| err("node heartbeat", e))?;
+        Ok(())
+    }
+
+    async fn node_gone(&self, node_id: &str) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.execute("DELETE FROM attachments WHERE node_id = $1", &[&node_id])
+            .await
+            .map_err(|e| err("node", e))?;
+        c.execute("DELETE FROM nodes WHERE node_id = $1", &[&node_id])
+            .await
+            .map_err(|e| err("node", e))?;
+        Ok(())
+    }
+
+    async fn attach(&self, a: &Attachment) -> Result<(), StoreError> {
+        self.client()
+            .await?
+            .execute(
+                "INSERT INTO attachments (environment_id, registration_id, node_id, attach_id)
+                 VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (environment_id) DO UPDATE
+                 SET registration_id = EXCLUDED.registration_id, node_id = EXCLUDED.node_id,
+                     attach_id = EXCLUDED.attach_id, attached_at = now()",
+                &[
+                    &a.environment_id,
+                    &a.registration_id,
+                    &a.node_id,
+                    &a.attach_id,
+                ],
+            )
+            .await
+            .map_err(|e| err("attachment", e))?;
+        Ok(())
+    }
+
+    async fn detach(&self, environment_id: &str, attach_id: &str) -> Result<(), StoreError> {
+        self.client()
+            .await?
+            .execute(
+                "DELETE FROM attachments WHERE environment_id = $1 AND attach_id = $2",
+                &[&environment_id, &attach_id],
+            )
+            .await
+            .map_err(|e| err("attachment", e))?;
+        Ok(())
+    }
+
+    async fn attachment(
+        &self,
+        environment_id: &str,
+        fresh: std::time::Duration,
+    ) -> Result<Option<Attachment>, StoreError> {
+        let row = self
+            .client()
+            .await?
+            .query_opt(
+                "SELECT a.registration_id, a.node_id, n.ws_base, a.attach_id
+                 FROM attachments a JOIN nodes n ON n.node_id = a.node_id
+                 WHERE a.environment_id = $1
+                   AND n.seen_at > now() - make_interval(secs => $2)",
+                &[&environment_id, &fresh.as_secs_f64()],
+            )
+            .await
+            .map_err(|e| err("attachment", e))?;
+        Ok(row.map(|row| Attachment {
+            environment_id: environment_id.to_string(),
+            registration_id: row.get(0),
+            node_id: row.get(1),
+            ws_base: row.get(2),
+            attach_id: row.get(3),
+        }))
     }
 }
 

@@ -1,124 +1,13 @@
-//! The PostgreSQL store against a real PostgreSQL (Debian's `postgresql`
-//! package, which `.ci/run` installs): each test starts its own server as the
-//! `postgres` system user in a temporary directory, on a Unix socket there
-//! only (no TCP), and stops it by PID.
+//! The PostgreSQL store against a real PostgreSQL ([`crate::testing`]: each
+//! test starts its own server and stops it by PID).
 
 use super::*;
 use crate::registry::store::tests::{contract, key};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use crate::registry::store::Attachment;
+use crate::testing::TestPostgres as TestDb;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const PORT: u16 = 5432;
-
-/// A PostgreSQL server of the test's own, stopped (SIGINT: fast shutdown)
-/// and removed when dropped.
-struct TestDb {
-    child: Child,
-    dir: PathBuf,
-}
-
-fn bin_dir() -> PathBuf {
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|d| d.flatten().map(|e| e.path().join("bin")).collect())
-        .unwrap_or_default();
-    versions.sort();
-    versions
-        .pop()
-        .filter(|b| b.join("postgres").exists())
-        .expect("PostgreSQL is not installed: apt-get install postgresql (.ci/run does)")
-}
-
-fn postgres_user() -> (u32, u32) {
-    // SAFETY: getpwnam returns a pointer into static storage or null.
-    let pw = unsafe { libc::getpwnam(c"postgres".as_ptr()) };
-    assert!(
-        !pw.is_null(),
-        "no postgres system user (the postgresql package makes it)"
-    );
-    // SAFETY: non-null, as checked.
-    unsafe { ((*pw).pw_uid, (*pw).pw_gid) }
-}
-
-impl TestDb {
-    fn start() -> TestDb {
-        let bin = bin_dir();
-        let (uid, gid) = postgres_user();
-        let dir = std::env::temp_dir().join(format!("relay-pg-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: chown of a directory this test made.
-        assert_eq!(unsafe { libc::chown(c.as_ptr(), uid, gid) }, 0);
-        let data = dir.join("data");
-        let as_postgres = |cmd: &mut Command| {
-            cmd.uid(uid).gid(gid).env("LC_ALL", "C").current_dir(&dir);
-        };
-        let mut init = Command::new(bin.join("initdb"));
-        init.args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
-            .arg(&data)
-            .stdout(Stdio::null());
-        as_postgres(&mut init);
-        let out = init.output().expect("run initdb");
-        assert!(
-            out.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let log = std::fs::File::create(dir.join("server.log")).unwrap();
-        let mut server = Command::new(bin.join("postgres"));
-        server
-            .arg("-D")
-            .arg(&data)
-            .arg("-k")
-            .arg(&dir)
-            .args([
-                "-c",
-                "listen_addresses=",
-                "-c",
-                "fsync=off",
-                "-p",
-                &PORT.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(log);
-        as_postgres(&mut server);
-        let child = server.spawn().expect("start postgres");
-        let db = TestDb { child, dir };
-        let socket = db.dir.join(format!(".s.PGSQL.{PORT}"));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !socket.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "postgres did not start: {}",
-                db.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        db
-    }
-
-    fn url(&self) -> String {
-        format!(
-            "postgresql:///postgres?host={}&port={PORT}&user=postgres",
-            self.dir.display()
-        )
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        // SAFETY: a signal to the server this test started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// Waits for the server to accept connections (its socket appears a moment
 /// before it does), then connects a store.
@@ -205,4 +94,59 @@ async fn a_bad_url_or_an_absent_server_is_a_clear_error() {
     let url = format!("postgresql:///postgres?host={}&port=1", dir.display());
     let e = PostgresStore::connect(&url).await.err().unwrap();
     assert!(e.to_string().contains("PostgreSQL connection"), "{e}");
+}
+
+/// Which node holds an environment's executor: seen only while that node
+/// is heard from; a newer attachment wins over an older one's detach; a node
+/// leaving takes its attachments with it.
+#[tokio::test]
+async fn attachments_follow_live_nodes() {
+    let db = TestDb::start();
+    let s = store(&db).await;
+    let fresh = Duration::from_secs(5);
+    let att = |node: &str, id: &str| Attachment {
+        environment_id: "env".into(),
+        registration_id: "reg".into(),
+        node_id: node.into(),
+        ws_base: format!("ws://{node}"),
+        attach_id: id.into(),
+    };
+    s.attach(&att("a", "a-1")).await.unwrap();
+    assert_eq!(
+        s.attachment("env", fresh).await.unwrap(),
+        None,
+        "node a never heard from"
+    );
+    s.node_heartbeat("a", "ws://a").await.unwrap();
+    assert_eq!(
+        s.attachment("env", fresh).await.unwrap(),
+        Some(att("a", "a-1"))
+    );
+    // Node b takes the executor over; a's late detach of its old socket is a no-op.
+    s.node_heartbeat("b", "ws://b").await.unwrap();
+    s.attach(&att("b", "b-7")).await.unwrap();
+    s.detach("env", "a-1").await.unwrap();
+    assert_eq!(
+        s.attachment("env", fresh).await.unwrap(),
+        Some(att("b", "b-7"))
+    );
+    // A node not heard from for longer than `fresh` no longer counts.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        s.attachment("env", Duration::from_secs(1)).await.unwrap(),
+        None
+    );
+    assert!(s.attachment("env", fresh).await.unwrap().is_some());
+    s.node_gone("b").await.unwrap();
+    assert_eq!(
+        s.attachment("env", fresh).await.unwrap(),
+        None,
+        "left with its node"
+    );
+    s.node_heartbeat("b", "ws://b").await.unwrap();
+    assert_eq!(
+        s.attachment("env", fresh).await.unwrap(),
+        None,
+        "not re-created"
+    );
 }

@@ -238,7 +238,10 @@ mod tests {
         }
         let s = SqliteStore::open(&path).unwrap();
         assert_eq!(s.signing_key().await.unwrap(), k);
-        assert_eq!(s.registration("e").await.unwrap().unwrap().registration_id, "r");
+        assert_eq!(
+            s.registration("e").await.unwrap().unwrap().registration_id,
+            "r"
+        );
         assert_eq!(s.take_authorization("kept", 10).await.unwrap(), Some(a));
         drop(s);
         std::fs::write(dir.join("junk.db"), b"this is not sqlite, not at all....").unwrap();

@@ -46,8 +46,7 @@ pub trait Store: Send + Sync {
     /// Sets the environment's registration (replacing any earlier one).
     async fn put_registration(&self, r: Registration) -> Result<(), StoreError>;
     /// The environment's registration.
-    async fn registration(&self, environment_id: &str)
-        -> Result<Option<Registration>, StoreError>;
+    async fn registration(&self, environment_id: &str) -> Result<Option<Registration>, StoreError>;
     /// Records an authorization under its opaque token.
     async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError>;
     /// Removes and returns the authorization (single use); also drops expired ones.
@@ -58,6 +57,50 @@ pub trait Store: Send + Sync {
     ) -> Result<Option<Authorization>, StoreError>;
     /// The key that signs relay URLs; created on first use and kept.
     async fn signing_key(&self) -> Result<[u8; 32], StoreError>;
+
+    /// Records that registry node `node_id` is alive and its relay is at
+    /// `ws_base` (each node calls it every [`super::fleet::HEARTBEAT`]).
+    /// A store one node owns (memory, SQLite) keeps no fleet: nothing to do.
+    async fn node_heartbeat(&self, _node_id: &str, _ws_base: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Removes node `node_id` and the attachments it held (a node stopping).
+    async fn node_gone(&self, _node_id: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Records that `a.node_id` holds the executor socket of `a.environment_id`.
+    async fn attach(&self, _a: &Attachment) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Removes the attachment `attach_id` of `environment_id` (its socket
+    /// ended), unless a newer one replaced it.
+    async fn detach(&self, _environment_id: &str, _attach_id: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Where `environment_id`'s executor socket is attached, when the node
+    /// holding it was heard from within `fresh`.
+    async fn attachment(
+        &self,
+        _environment_id: &str,
+        _fresh: std::time::Duration,
+    ) -> Result<Option<Attachment>, StoreError> {
+        Ok(None)
+    }
+}
+
+/// Which registry node holds an environment's executor socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    /// Environment id.
+    pub environment_id: String,
+    /// The registration the socket was attached for.
+    pub registration_id: String,
+    /// The node holding the socket.
+    pub node_id: String,
+    /// That node's relay base URL (`ws://…` or `wss://…`).
+    pub ws_base: String,
+    /// This attachment (a reconnect on the same node replaces it).
+    pub attach_id: String,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -169,7 +212,11 @@ pub(crate) mod tests {
         s.put_authorization("t2", a.clone()).await.unwrap();
         assert_eq!(s.take_authorization("t1", 50).await.unwrap(), Some(a));
         assert_eq!(s.take_authorization("t1", 50).await.unwrap(), None);
-        assert_eq!(s.take_authorization("t2", 101).await.unwrap(), None, "expired");
+        assert_eq!(
+            s.take_authorization("t2", 101).await.unwrap(),
+            None,
+            "expired"
+        );
     }
 
     #[tokio::test]

@@ -1,0 +1,126 @@
+//! Test support, not part of the API: a throwaway PostgreSQL for the
+//! registry's database tests (here and in the CLI's integration tests).
+//! Debian's `postgresql` package provides it (`.ci/run` installs it); the
+//! server runs as the `postgres` system user (it refuses root) in a new
+//! temporary directory, on a Unix socket there only (no TCP), and is stopped
+//! by PID and removed when dropped.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PORT: u16 = 5432;
+
+/// A PostgreSQL server of the test's own, stopped (SIGINT: fast shutdown)
+/// and removed when dropped.
+pub struct TestPostgres {
+    child: Child,
+    dir: PathBuf,
+}
+
+fn bin_dir() -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| d.flatten().map(|e| e.path().join("bin")).collect())
+        .unwrap_or_default();
+    versions.sort();
+    versions
+        .pop()
+        .filter(|b| b.join("postgres").exists())
+        .expect("PostgreSQL is not installed: apt-get install postgresql (.ci/run does)")
+}
+
+fn postgres_user() -> (u32, u32) {
+    // SAFETY: getpwnam returns a pointer into static storage or null.
+    let pw = unsafe { libc::getpwnam(c"postgres".as_ptr()) };
+    assert!(
+        !pw.is_null(),
+        "no postgres system user (the postgresql package makes it)"
+    );
+    // SAFETY: non-null, as checked.
+    unsafe { ((*pw).pw_uid, (*pw).pw_gid) }
+}
+
+impl TestPostgres {
+    /// Starts a fresh server (initdb into a new temporary directory).
+    ///
+    /// Panics (it is for tests) when PostgreSQL is not installed or does
+    /// not start within 30 s, with its log.
+    pub fn start() -> TestPostgres {
+        let bin = bin_dir();
+        let (uid, gid) = postgres_user();
+        let dir = std::env::temp_dir().join(format!("relay-pg-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: chown of a directory this test made.
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), uid, gid) }, 0);
+        let data = dir.join("data");
+        let as_postgres = |cmd: &mut Command| {
+            cmd.uid(uid).gid(gid).env("LC_ALL", "C").current_dir(&dir);
+        };
+        let mut init = Command::new(bin.join("initdb"));
+        init.args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(&data)
+            .stdout(Stdio::null());
+        as_postgres(&mut init);
+        let out = init.output().expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let log = std::fs::File::create(dir.join("server.log")).unwrap();
+        let mut server = Command::new(bin.join("postgres"));
+        server
+            .arg("-D")
+            .arg(&data)
+            .arg("-k")
+            .arg(&dir)
+            .args([
+                "-c",
+                "listen_addresses=",
+                "-c",
+                "fsync=off",
+                "-p",
+                &PORT.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(log);
+        as_postgres(&mut server);
+        let child = server.spawn().expect("start postgres");
+        let db = TestPostgres { child, dir };
+        let socket = db.dir.join(format!(".s.PGSQL.{PORT}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not start: {}",
+                db.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        db
+    }
+
+    /// A libpq URL for it (`postgresql:///postgres?host=DIR&port=…`).
+    pub fn url(&self) -> String {
+        format!(
+            "postgresql:///postgres?host={}&port={PORT}&user=postgres",
+            self.dir.display()
+        )
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for TestPostgres {
+    fn drop(&mut self) {
+        // SAFETY: a signal to the server this test started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
