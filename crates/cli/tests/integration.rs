@@ -10,6 +10,7 @@ mod client;
 mod daemons;
 mod field_cases;
 mod field_cases_exit;
+mod fleet;
 mod fs_fuzz;
 mod fs_http;
 mod fs_safety;

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A child process killed (by PID) when dropped.
-struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = nix::sys::signal::kill(
@@ -24,7 +24,7 @@ impl Drop for Proc {
 }
 
 /// Starts `exec-server registry` with `extra` flags; returns it and its URL.
-fn start_registry(extra: &[&str]) -> (Proc, String) {
+pub(crate) fn start_registry(extra: &[&str]) -> (Proc, String) {
     let mut child = Command::new(BIN)
         .arg("registry")
         .args(extra)
@@ -39,7 +39,7 @@ fn start_registry(extra: &[&str]) -> (Proc, String) {
 }
 
 /// Starts our executor registered as `env` at `url` with bearer `token`.
-fn start_executor(url: &str, env: &str, token: &str) -> Proc {
+pub(crate) fn start_executor(url: &str, env: &str, token: &str) -> Proc {
     start_executor_with(url, env, token, &[])
 }
 
@@ -65,7 +65,7 @@ fn start_executor_with(url: &str, env: &str, token: &str, extra: &[&str]) -> Pro
 }
 
 /// `exec-server run --registry … -- argv` with the harness token in the environment.
-fn run_cli(url: &str, env: &str, token: &str, argv: &[&str]) -> std::process::Output {
+pub(crate) fn run_cli(url: &str, env: &str, token: &str, argv: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .args(["run", "--registry", url, "--environment", env, "--"])
         .args(argv)
@@ -85,7 +85,7 @@ fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
 
 /// Waits (bounded) until `run` through the relay succeeds: the executor registers
 /// and attaches in the background.
-fn wait_ready(url: &str, env: &str, token: &str) {
+pub(crate) fn wait_ready(url: &str, env: &str, token: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let out = run_cli(url, env, token, &["true"]);

@@ -99,6 +99,24 @@ impl TestPostgres {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        // The socket exists a moment before connections are accepted.
+        let ready = || {
+            Command::new(bin.join("pg_isready"))
+                .arg("-q")
+                .arg("-h")
+                .arg(&db.dir)
+                .args(["-p", &PORT.to_string()])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        while !ready() {
+            assert!(
+                Instant::now() < deadline,
+                "postgres not ready: {}",
+                db.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         db
     }
 
