@@ -45,3 +45,74 @@ fn three_nodes_on_postgres_survive_the_carrying_nodes_loss() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "after the loss\n");
     assert!(out.status.success());
 }
+
+/// `seq 1 2000000` through the fleet is byte-identical at the client when
+/// the node carrying the stream is killed (`kill -9`) a quarter of the way:
+/// the executor moves to a survivor, the client resumes its session there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seq_2000000_survives_the_carrying_nodes_kill() {
+    use exec_server_client::relay::RelaySource;
+    use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let db = TestPostgres::start();
+    let mut nodes: Vec<_> = (0..3)
+        .map(|_| start_registry(&["--listen", "127.0.0.1:0", "--db", &db.url()]))
+        .collect();
+    let urls = nodes
+        .iter()
+        .map(|(_, u)| u.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let _executor = start_executor(&urls, "fleet-seq", "exec-token");
+    let source = RelaySource::new(&urls, "fleet-seq", "harness-token", None).unwrap();
+    let mut opts = ClientOptions::new(Source::Relay(Arc::new(source)));
+    opts.connect_timeout = Duration::from_secs(10);
+    opts.recovery_timeout = Duration::from_secs(60);
+    let c = ExecServerClient::new(opts);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.connect().await.is_err() {
+        assert!(Instant::now() < deadline, "executor never reachable");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut want = Vec::new();
+    for i in 1..=2_000_000u64 {
+        want.extend_from_slice(format!("{i}\n").as_bytes());
+    }
+    let mut p = c
+        .start_process(crate::common::exec_params("big", &["seq", "1", "2000000"]))
+        .await
+        .unwrap();
+    let mut bytes = Vec::with_capacity(want.len());
+    let mut exit = None;
+    let mut killed = false;
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(60), p.next_event())
+            .await
+            .expect("event within 60 s");
+        match ev {
+            Some(ProcessEvent::Output { data, .. }) => {
+                bytes.extend_from_slice(&data);
+                if !killed && bytes.len() * 4 >= want.len() {
+                    killed = true;
+                    // The executor registered with the first node.
+                    let (first, _) = &mut nodes[0];
+                    let _ = first.0.kill();
+                    let _ = first.0.wait();
+                }
+            }
+            Some(ProcessEvent::Exited { code, .. }) => exit = Some(code),
+            Some(ProcessEvent::Closed { .. }) | None => break,
+            Some(ProcessEvent::Failed(why)) => panic!("stream failed: {why}"),
+        }
+    }
+    assert!(killed);
+    assert_eq!(exit, Some(0));
+    assert!(
+        bytes == want,
+        "output differs from seq 1 2000000 ({} of {} bytes)",
+        bytes.len(),
+        want.len()
+    );
+    assert!(c.recoveries() >= 1, "recoveries: {}", c.recoveries());
+}
