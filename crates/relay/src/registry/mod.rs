@@ -177,8 +177,12 @@ impl Registry {
             _ => return Reply::error(404, "not_found", "no such endpoint"),
         };
         result.unwrap_or_else(|e| {
-            tracing::warn!("registry store failed: {e}");
-            Reply::error(500, "store_failed", "registry store failed")
+            tracing::warn!(node = %self.node_id, "registry store failed: {e}");
+            Reply::error(
+                500,
+                "store_failed",
+                &format!("registry node {}: its store failed", self.node_id),
+            )
         })
     }
 
