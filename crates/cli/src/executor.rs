@@ -207,6 +207,8 @@ mod tests {
         assert!(!host_allows_api_key("https://evilopenai.com"));
         assert!(!host_allows_api_key("https://example.com"));
         assert!(host_allows_api_key("http://127.0.0.1:5,http://localhost:6"));
-        assert!(!host_allows_api_key("http://127.0.0.1:5,https://example.com"));
+        assert!(!host_allows_api_key(
+            "http://127.0.0.1:5,https://example.com"
+        ));
     }
 }

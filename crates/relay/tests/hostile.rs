@@ -374,7 +374,10 @@ async fn a_second_registration_while_the_executor_is_connected_is_refused() {
         let r = intruder.register("c1", &key).await;
         assert!(is_conflict(&r), "{r:?}");
     }
-    assert_eq!(s.store.registration("c1").await.unwrap(), Some(before.clone()));
+    assert_eq!(
+        s.store.registration("c1").await.unwrap(),
+        Some(before.clone())
+    );
     let me = Identity::generate(&mut OsRandom);
     let bundle = s.client.connect("c1", &me.public_key()).await.unwrap();
     assert_eq!(bundle.executor_registration_id, before.registration_id);
