@@ -428,6 +428,22 @@ print("ws=101" if b" 101 " in got else "ws=closed")
     );
     let (out, _) = run_ws(&mut c, python("ws-net", &f.ws, &upgrade, net.clone())).await;
     assert!(out.contains("ws=closed"), "network enabled: {out}");
+    // The same, with the socket in flight (SCM_RIGHTS) while the server
+    // looks for who holds it, taken back afterwards.
+    let inflight = upgrade.replace(
+        "s.sendall(",
+        "a, b = socket.socketpair()\nsocket.send_fds(a, [b'x'], [s.fileno()])\ns.close()\n\
+         import time; time.sleep(1.5)\n_, fds, _, _ = socket.recv_fds(b, 1, 1)\n\
+         s = socket.socket(fileno=fds[0])\ns.settimeout(10)\ns.sendall(",
+    );
+    let (out, _) = run_ws(&mut c, python("ws-inflight", &f.ws, &inflight, net.clone())).await;
+    assert!(out.contains("ws=closed"), "in flight: {out}");
+    let outside = start_params("inflight-out", &[PY, "-c", &inflight], &f.ws, false, false);
+    let (out, _) = run_ws(&mut c, outside).await;
+    assert!(
+        out.contains("ws=101"),
+        "the in-flight client outside a sandbox: {out}"
+    );
     let outside = start_params("ws-out", &[PY, "-c", &upgrade], &f.ws, false, false);
     let (out, _) = run_ws(&mut c, outside).await;
     assert!(
@@ -476,6 +492,7 @@ print("ws=101" if b" 101 " in got else "ws=closed")
     let dgram = r#"
 import socket
 for name, make in (("dgram", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)),
+                   ("raw", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_RAW)),
                    ("dgram_pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)),
                    ("stream_pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))):
     try:
@@ -491,7 +508,7 @@ for name, make in (("dgram", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_D
         ),
     ] {
         let (out, _) = run_ws(&mut c, p).await;
-        for want in ["dgram=1", "dgram_pair=1", "stream_pair=ok"] {
+        for want in ["dgram=1", "raw=1", "dgram_pair=1", "stream_pair=ok"] {
             assert!(out.contains(want), "{name}: {want}: {out}");
         }
     }

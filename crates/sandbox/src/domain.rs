@@ -11,9 +11,11 @@
 //! `process_vm_*`) only towards processes in the same domain or a nested
 //! one: the command and its descendants, never what started it.
 //!
-//! The domain restricts nothing else: it handles only execution and
-//! cross-directory renames and links (`REFER`, which every domain denies
-//! unless granted) and grants both beneath `/`. Landlock ABI 2 (Linux 5.19)
+//! The domain restricts nothing else on the file system: it handles only
+//! execution and cross-directory renames and links (`REFER`, which every
+//! domain denies unless granted) and grants both beneath `/`. Where the
+//! kernel can (ABI 6, Linux 6.12+) it also scopes signals: the command cannot
+//! signal a process outside its domain (the server included). Landlock ABI 2 (Linux 5.19)
 //! or newer is needed (ABI 1 would forbid every cross-directory rename);
 //! without it [`enter`] reports [`Unsupported`] and the server says so at
 //! start.
@@ -26,10 +28,16 @@ const ACCESS_FS_EXECUTE: u64 = 1 << 0;
 const ACCESS_FS_REFER: u64 = 1 << 13;
 /// Lowest ABI used: 2 (`REFER` can be granted).
 pub const MIN_ABI: i64 = 2;
+/// ABI 6: signals to processes outside the domain can be refused.
+const SCOPE_ABI: i64 = 6;
+const SCOPE_SIGNAL: u64 = 1 << 1;
 
 #[repr(C)]
 struct RulesetAttr {
     handled_access_fs: u64,
+    handled_access_net: u64,
+    /// ABI 6+; zero (and so accepted) on older kernels.
+    scoped: u64,
 }
 
 #[repr(C, packed)]
@@ -73,6 +81,13 @@ pub fn enter() -> Result<(), Result<Unsupported, std::io::Error>> {
     let access = ACCESS_FS_EXECUTE | ACCESS_FS_REFER;
     let attr = RulesetAttr {
         handled_access_fs: access,
+        handled_access_net: 0,
+        // No signal to a process outside the sandbox either (the server,
+        // whose child a command without namespaces is; bubblewrap's init).
+        scoped: match abi() {
+            Some(v) if v >= SCOPE_ABI => SCOPE_SIGNAL,
+            _ => 0,
+        },
     };
     // SAFETY: a valid attribute of the size given; the result is checked.
     let fd = unsafe {
@@ -139,8 +154,9 @@ mod tests {
         std::fs::create_dir_all(dir.join("b")).unwrap();
         std::fs::write(dir.join("a/f"), "x").unwrap();
         let script = format!(
-            "(exec 3< /proc/{}/mem) 2>/dev/null && echo opened; mv {d}/a/f {d}/b/f && echo moved",
-            std::process::id(),
+            "(exec 3< /proc/{p}/mem) 2>/dev/null && echo opened; mv {d}/a/f {d}/b/f && echo moved; \
+             kill -0 {p} 2>/dev/null && echo signalled",
+            p = std::process::id(),
             d = dir.display()
         );
         let run = |confined: bool| {
@@ -159,9 +175,19 @@ mod tests {
             }
             String::from_utf8(cmd.output().unwrap().stdout).unwrap()
         };
-        assert_eq!(run(true), "moved\n", "confined");
+        let scoped = abi().is_some_and(|v| v >= SCOPE_ABI);
+        let want = if scoped {
+            "moved\n"
+        } else {
+            "moved\nsignalled\n"
+        };
+        assert_eq!(run(true), want, "confined");
         std::fs::rename(dir.join("b/f"), dir.join("a/f")).unwrap();
-        assert_eq!(run(false), "opened\nmoved\n", "the same shell outside");
+        assert_eq!(
+            run(false),
+            "opened\nmoved\nsignalled\n",
+            "the same shell outside"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

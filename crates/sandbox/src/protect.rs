@@ -114,14 +114,13 @@ pub fn scan(root: &Path) -> Result<Found, Error> {
     let mut found = Found::default();
     for name in PROTECTED_NAMES {
         let p = root.join(name);
-        if p.symlink_metadata().is_ok() {
-            if let Ok(c) = std::fs::canonicalize(&p) {
-                found.existing.push(c);
-            }
-        } else if let Some(ph) = Placeholder::acquire(&p)? {
+        // A placeholder another child holds is shared, never taken for an
+        // existing name: its last user removes it from the host, which
+        // detaches it in every sandbox still running, so each user must
+        // count (an adversarial pass created `.git` in a sandbox that way).
+        if let Some(ph) = Placeholder::acquire(&p)? {
             found.placeholders.push(ph);
         } else if p.symlink_metadata().is_ok() {
-            // Created by someone else in between: protect it as it is.
             if let Ok(c) = std::fs::canonicalize(&p) {
                 found.existing.push(c);
             }
@@ -161,4 +160,32 @@ pub fn scan(root: &Path) -> Result<Found, Error> {
         level = next;
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placeholder_lives_while_any_of_its_users_does() {
+        let root = std::env::temp_dir().join(format!("sbx-protect-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        let root = std::fs::canonicalize(&root).unwrap();
+        let first = scan(&root).unwrap();
+        assert_eq!(first.existing, vec![root.join(".git")]);
+        assert_eq!(first.placeholders.len(), 3, "absent names get placeholders");
+        // A second child while the first runs shares the same placeholders.
+        let second = scan(&root).unwrap();
+        assert_eq!(second.existing, vec![root.join(".git")]);
+        assert_eq!(second.placeholders.len(), 3);
+        drop(first);
+        assert!(
+            root.join(".codex").is_dir(),
+            "kept while the second child runs"
+        );
+        drop(second);
+        assert!(!root.join(".codex").exists(), "removed by its last user");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeccompMode {
     /// Network restricted: inet sockets and socket calls, `ptrace`,
-    /// `process_vm_*`, `io_uring_*`; `socket`/`socketpair` only for `AF_UNIX`,
-    /// and not of `SOCK_DGRAM` (a datagram could be sent to a host socket).
+    /// `process_vm_*`, `io_uring_*`; `socket`/`socketpair` only for `AF_UNIX`
+    /// of the stream and seqpacket types (a datagram could be sent to a host
+    /// socket).
     Restricted,
     /// Network enabled: only `AF_VSOCK` sockets and `io_uring_*`.
     VmSocket,
@@ -95,17 +96,19 @@ pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
     }
     // An AF_UNIX datagram socket can address any host datagram socket it
     // can see by path (`sendmsg` carries the address, which seccomp cannot
-    // read): none where the network is restricted or managed. Stream and
-    // seqpacket pairs stay (they are connected to each other only).
-    let unix_dgram = || -> Result<SeccompRule, String> {
-        rule(vec![
-            cond(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?,
-            cond(
-                1,
-                SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK),
-                libc::SOCK_DGRAM as u64,
-            )?,
-        ])
+    // read): where the network is restricted or managed, only stream and
+    // seqpacket types are allowed (a `SOCK_RAW` one is a datagram socket
+    // too), so every other type value is refused.
+    let unix_dgram = || -> Result<Vec<SeccompRule>, String> {
+        (0..=SOCK_TYPE_MASK)
+            .filter(|t| ![libc::SOCK_STREAM as u64, libc::SOCK_SEQPACKET as u64].contains(t))
+            .map(|t| {
+                rule(vec![
+                    cond(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?,
+                    cond(1, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), t)?,
+                ])
+            })
+            .collect()
     };
     match mode {
         SeccompMode::Restricted => {
@@ -137,7 +140,7 @@ pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
                 )?])?])
             };
             let mut socket = not_unix()?;
-            socket.push(unix_dgram()?);
+            socket.extend(unix_dgram()?);
             rules.insert(libc::SYS_socket, socket.clone());
             rules.insert(libc::SYS_socketpair, socket);
         }
@@ -164,8 +167,8 @@ pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
                 libc::AF_UNIX as u64,
             )?])?];
             if mode == SeccompMode::ProxyRouted {
-                socket.push(unix_dgram()?);
-                pair.push(unix_dgram()?);
+                socket.extend(unix_dgram()?);
+                pair.extend(unix_dgram()?);
             }
             rules.insert(libc::SYS_socket, socket);
             rules.insert(libc::SYS_socketpair, pair);

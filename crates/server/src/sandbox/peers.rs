@@ -111,15 +111,19 @@ impl SandboxPids {
     /// Judges a TCP connection accepted on `local` from `peer`. Only a
     /// sandbox sharing the host's network (`network: enabled`) can reach a
     /// host listener directly: the connecting socket is found in this
-    /// network namespace's `/proc/net/tcp{,6}` and refused when a process of
-    /// a live sandbox holds it. A peer on another machine is
-    /// [`Verdict::Outside`]; so is every peer while no sandbox runs.
+    /// network namespace's `/proc/net/tcp{,6}`; it is
+    /// [`Verdict::Outside`] only when a process outside every live sandbox
+    /// holds it, [`Verdict::Sandboxed`] when a sandbox's process does, and
+    /// [`Verdict::Unknown`] when nobody does (a socket in flight in an
+    /// `SCM_RIGHTS` message, to be taken back after the check: refused). A
+    /// peer on another machine is `Outside`; so is every peer while no
+    /// sandbox runs.
     pub fn judge_tcp(&self, local: SocketAddr, peer: SocketAddr) -> Verdict {
-        let roots: Vec<u32> = match self.0.lock() {
-            Ok(s) if !s.is_empty() => s.iter().copied().collect(),
-            Ok(_) => return Verdict::Outside,
+        match self.0.lock() {
+            Ok(s) if s.is_empty() => return Verdict::Outside,
+            Ok(_) => {}
             Err(_) => return Verdict::Unknown,
-        };
+        }
         let Some(inode) = socket_inode(peer, local) else {
             return Verdict::Outside;
         };
@@ -133,38 +137,28 @@ impl SandboxPids {
                     std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == needle.as_str())
                 })
         };
-        match tree_of(&roots).into_iter().any(holds) {
-            true => Verdict::Sandboxed,
-            false => Verdict::Outside,
-        }
-    }
-}
-
-/// Most processes visited below the sandboxes' roots: 10 000.
-const MAX_TREE: usize = 10_000;
-
-/// `roots` and their descendants (`/proc/<pid>/task/<tid>/children`).
-fn tree_of(roots: &[u32]) -> Vec<u32> {
-    let mut out: Vec<u32> = roots.to_vec();
-    let mut i = 0;
-    while i < out.len() && out.len() < MAX_TREE {
-        let pid = out[i];
-        i += 1;
-        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        // Every holder is judged by its ancestry (a fresh fork of a
+        // sandboxed holder is still below its sandbox's root).
+        let mut outside = false;
+        for pid in std::fs::read_dir("/proc")
             .into_iter()
             .flatten()
             .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         {
-            let children =
-                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            out.extend(
-                children
-                    .split_whitespace()
-                    .filter_map(|c| c.parse::<u32>().ok()),
-            );
+            if !holds(pid) {
+                continue;
+            }
+            match self.walk(pid) {
+                Verdict::Outside => outside = true,
+                _ => return Verdict::Sandboxed,
+            }
+        }
+        match outside {
+            true => Verdict::Outside,
+            false => Verdict::Unknown,
         }
     }
-    out
 }
 
 /// The inode of this namespace's TCP socket bound to `local` and connected
@@ -301,6 +295,28 @@ mod tests {
         assert_eq!(pids.judge_tcp(local, peer), Verdict::Sandboxed);
         drop(reg);
         drop(client);
+    }
+
+    /// A socket in flight (sent with SCM_RIGHTS, its sender's copy closed)
+    /// is held by nobody: it cannot be told apart from a sandbox's, refused.
+    #[test]
+    fn a_socket_nobody_holds_is_refused_while_sandboxes_run() {
+        use std::os::fd::AsRawFd;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_server, peer) = l.accept().unwrap();
+        let local = l.local_addr().unwrap();
+        let (tx, _rx) = UnixStream::pair().unwrap();
+        super::super::fd_pass::send_with_fds(tx.as_raw_fd(), b"x", &[client.as_raw_fd()]).unwrap();
+        drop(client);
+        let pids = Arc::new(SandboxPids::default());
+        assert_eq!(
+            pids.judge_tcp(local, peer),
+            Verdict::Outside,
+            "no sandbox runs"
+        );
+        let _reg = pids.register(u32::MAX - 1);
+        assert_eq!(pids.judge_tcp(local, peer), Verdict::Unknown);
     }
 
     #[test]
