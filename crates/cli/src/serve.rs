@@ -318,6 +318,12 @@ pub async fn run(args: ServeArgs) -> i32 {
     if args.process_cgroups == ProcessCgroups::Off {
         exec_server::process::cgroup::disable();
     }
+    // Not dumpable: a command of the same user (say one under a full-write
+    // policy, which runs without namespaces) must not read this server's
+    // environment or memory (masked secrets live there) through /proc.
+    // Children are dumpable again after their exec.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     // Bound before the state, so the proxies it starts know this server's
     // own ports (never reachable through them).
     let metrics = match args.metrics_listen {
