@@ -116,3 +116,28 @@ async fn seq_2000000_survives_the_carrying_nodes_kill() {
     );
     assert!(c.recoveries() >= 1, "recoveries: {}", c.recoveries());
 }
+
+/// A node stopped with SIGTERM leaves the fleet first: its executor
+/// registers with another node at once (no wait for its heartbeat to
+/// expire), where clients find it.
+#[test]
+fn a_node_stopped_with_sigterm_hands_its_executor_over() {
+    let db = TestPostgres::start();
+    let nodes: Vec<_> = (0..2)
+        .map(|_| start_registry(&["--listen", "127.0.0.1:0", "--db", &db.url()]))
+        .collect();
+    let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
+    let _executor = start_executor(&urls.join(","), "fleet-term", "exec-token");
+    wait_ready(&urls[1], "fleet-term", "harness-token");
+    let mut nodes = nodes.into_iter();
+    let (mut first, _) = nodes.next().unwrap();
+    let pid = nix::unistd::Pid::from_raw(first.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = first.0.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "a clean stop");
+    let started = std::time::Instant::now();
+    wait_ready(&urls[1], "fleet-term", "harness-token");
+    let out = run_cli(&urls[1], "fleet-term", "harness-token", &["echo", "moved"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "moved\n");
+    eprintln!("executor moved in {:?}", started.elapsed());
+}
