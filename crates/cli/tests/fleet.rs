@@ -3,7 +3,9 @@
 //! URL, clients reaching it through any node, and the loss of the node that
 //! carries the executor's relay socket.
 
-use crate::remote_mode::{run_cli, start_executor, start_registry, wait_ready};
+use crate::remote_mode::{
+    codex_harness_runs_a_command, run_cli, start_executor, start_registry, wait_ready,
+};
 use exec_server_relay::testing::TestPostgres;
 
 /// Three nodes: a client through any node reaches the executor (attached
@@ -140,4 +142,17 @@ fn a_node_stopped_with_sigterm_hands_its_executor_over() {
     let out = run_cli(&urls[1], "fleet-term", "harness-token", &["echo", "moved"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "moved\n");
     eprintln!("executor moved in {:?}", started.elapsed());
+}
+
+/// The real Codex harness, given one node, reaches our executor attached to
+/// another (skipped without `codex-ref`, as in `remote_mode`).
+#[test]
+fn the_real_codex_harness_reaches_an_executor_on_another_node() {
+    let db = TestPostgres::start();
+    let nodes: Vec<_> = (0..2)
+        .map(|_| start_registry(&["--listen", "127.0.0.1:0", "--db", &db.url()]))
+        .collect();
+    let _executor = start_executor(&nodes[0].1, "fleet-codex", "exec-token");
+    wait_ready(&nodes[0].1, "fleet-codex", "harness-token");
+    codex_harness_runs_a_command(&nodes[1].1, "fleet-codex", "harness-token");
 }

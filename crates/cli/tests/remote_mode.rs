@@ -281,6 +281,17 @@ fn codex_ref() -> Option<String> {
 /// the shared directory.
 #[test]
 fn real_codex_harness_through_our_registry_to_our_executor() {
+    let (_reg, url) = start_registry(&[]);
+    let _exec = start_executor(&url, "devbox", "t");
+    wait_ready(&url, "devbox", "h");
+    codex_harness_runs_a_command(&url, "devbox", "h");
+}
+
+/// Runs the real Codex harness against environment `env` at the registry
+/// `url` (harness token `token`) and asserts that a command's output reached
+/// its (mock) model. Does nothing, and says so, without `codex-ref` or the
+/// shared directory.
+pub(crate) fn codex_harness_runs_a_command(url: &str, env: &str, token: &str) {
     let shared = std::env::var("SHARED_DIR")
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared").to_string());
     let mock = std::path::Path::new(&shared).join("realclient/mock_model.py");
@@ -288,7 +299,7 @@ fn real_codex_harness_through_our_registry_to_our_executor() {
         eprintln!("codex-ref or {} missing; skipping", mock.display());
         return;
     };
-    let dir = std::env::temp_dir().join(format!("remote-realclient-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("remote-realclient-{}-{env}", std::process::id()));
     std::fs::create_dir_all(dir.join("home")).unwrap();
     std::fs::create_dir_all(dir.join("work")).unwrap();
     let script = r#"{"remote1": {"steps": [{"kind": "function", "name": "exec_command", "arguments": {"cmd": "echo REMOTE-MARKER-$((6*7))", "yield_time_ms": 3000}}], "final": "done"}}"#;
@@ -319,9 +330,6 @@ fn real_codex_harness_through_our_registry_to_our_executor() {
         port.trim()
     );
     std::fs::write(dir.join("home/config.toml"), config).unwrap();
-    let (_reg, url) = start_registry(&[]);
-    let _exec = start_executor(&url, "devbox", "t");
-    wait_ready(&url, "devbox", "h");
     let out = Command::new(codex)
         .args([
             "exec",
@@ -336,9 +344,9 @@ fn real_codex_harness_through_our_registry_to_our_executor() {
         .env_remove("CODEX_EXEC_SERVER_URL")
         .env("CODEX_HOME", dir.join("home"))
         .env("NO_COLOR", "1")
-        .env("CODEX_EXEC_SERVER_NOISE_REGISTRY_URL", &url)
-        .env("CODEX_EXEC_SERVER_NOISE_ENVIRONMENT_ID", "devbox")
-        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "h")
+        .env("CODEX_EXEC_SERVER_NOISE_REGISTRY_URL", url)
+        .env("CODEX_EXEC_SERVER_NOISE_ENVIRONMENT_ID", env)
+        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", token)
         .stdin(Stdio::null())
         .output()
         .unwrap();
