@@ -35,11 +35,14 @@ pub fn new_node_id() -> String {
 pub(super) async fn heartbeat(registry: Arc<Registry>) {
     let mut failing = false;
     loop {
-        match registry
+        let beat = registry
             .store
             .node_heartbeat(&registry.node_id, &registry.ws_base)
-            .await
-        {
+            .await;
+        registry
+            .store_ok
+            .store(beat.is_ok(), std::sync::atomic::Ordering::Relaxed);
+        match beat {
             Ok(()) if failing => {
                 tracing::info!(node = %registry.node_id, "registry store reachable again");
                 failing = false;
@@ -59,6 +62,19 @@ impl Registry {
     /// This node's id in the fleet.
     pub fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    /// `/readyz`: ready once the store answered this node's last heartbeat
+    /// (so other nodes know it and it can serve registrations). The error
+    /// says why not, naming the node.
+    pub fn ready(&self) -> Result<(), String> {
+        match self.store_ok.load(std::sync::atomic::Ordering::Relaxed) {
+            true => Ok(()),
+            false => Err(format!(
+                "registry node {}: its store did not answer the last heartbeat",
+                self.node_id
+            )),
+        }
     }
 
     /// Removes this node and its executor attachments from the store, so

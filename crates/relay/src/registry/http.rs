@@ -153,6 +153,15 @@ where
     if req.method == "GET" && path == "/relay" {
         return upgrade(registry, stream, &req, &query).await;
     }
+    if req.method == "GET" && (path == "/livez" || path == "/readyz") {
+        let reply = match (path.as_str(), registry.ready()) {
+            ("/livez", _) | (_, Ok(())) => Reply::json(&serde_json::json!({
+                "status": "ok", "node": registry.node_id()
+            })),
+            (_, Err(why)) => Reply::error(503, "not_ready", &why),
+        };
+        return respond(&mut stream, reply).await;
+    }
     let Some(rest) = path.strip_prefix("/cloud/environment/") else {
         return respond(
             &mut stream,

@@ -1,6 +1,8 @@
 //! Our environment registry and rendezvous relay in one process: the three
 //! registry endpoints (`POST /cloud/environment/{id}/register`, `/connect`,
-//! `/validate`) and the relay WebSocket (`GET /relay?…`, signed URL) on one
+//! `/validate`), the relay WebSocket (`GET /relay?…`, signed URL) and
+//! `GET /livez` (200 while the process serves) and `GET /readyz` (200 once
+//! the store answered the node's last heartbeat, else 503) on one
 //! port, HTTP/1.1 (over TLS when configured) with one request per connection.
 //!
 //! What it guarantees: relay URLs are signed and expire; an authorization names
@@ -78,6 +80,8 @@ pub struct Registry {
     ws_base: String,
     /// This node's id among the nodes sharing the store.
     node_id: String,
+    /// The store answered this node's last heartbeat (`/readyz`).
+    store_ok: std::sync::atomic::AtomicBool,
 }
 
 /// An HTTP answer: status, JSON body, extra headers.
@@ -134,6 +138,7 @@ impl Registry {
             store,
             ws_base,
             node_id: fleet::new_node_id(),
+            store_ok: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 

@@ -150,3 +150,42 @@ async fn attachments_follow_live_nodes() {
         "not re-created"
     );
 }
+
+/// `/readyz` follows the store: 200 once a heartbeat got through, 503
+/// naming the node once the database is gone; `/livez` stays 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_database() {
+    let db = TestDb::start();
+    let s: Arc<dyn Store> = Arc::new(store(&db).await);
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let reg = crate::registry::Registry::new(
+        crate::registry::Config::default(),
+        s,
+        format!("ws://{addr}"),
+    )
+    .await
+    .unwrap();
+    let node = reg.node_id().to_string();
+    tokio::spawn(reg.serve(l));
+    let get = |path: &'static str| async move {
+        let r = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    let wait_for = |path: &'static str, want: u16| async move {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (status, body) = get(path).await;
+            if status == want {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "{path}: {status} {body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    wait_for("/readyz", 200).await;
+    drop(db);
+    let body = wait_for("/readyz", 503).await;
+    assert!(body.contains("not_ready") && body.contains(&node), "{body}");
+    assert_eq!(get("/livez").await.0, 200);
+}
