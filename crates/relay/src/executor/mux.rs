@@ -42,6 +42,16 @@ struct Active {
     /// Tells the observer the stream closed when the entry goes, whichever
     /// of the several removal paths takes it.
     _counted: OpenStream,
+    /// The stream's writer: stopped when the entry goes (a reset, an error),
+    /// so the program's sends on it fail instead of being sealed and sent
+    /// for a stream the relay no longer routes.
+    writer: tokio::task::AbortHandle,
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.writer.abort();
+    }
 }
 
 struct OpenStream(Arc<dyn Observer>);
@@ -202,7 +212,7 @@ impl Mux<'_> {
         let out = self.out.clone();
         let events = self.events.clone();
         let sid = stream_id.clone();
-        tokio::spawn(async move {
+        let writer = tokio::spawn(async move {
             'msgs: while let Some(msg) = out_rx.recv().await {
                 let Ok(frames) = send.seal(&msg) else { break };
                 for f in frames {
@@ -220,6 +230,7 @@ impl Mux<'_> {
                 recv,
                 inbound: in_tx,
                 _counted: OpenStream::new(self.ctx.observer.clone()),
+                writer: writer.abort_handle(),
             },
         );
         (self.ctx.handler)(Channel {

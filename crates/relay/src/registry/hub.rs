@@ -1,9 +1,15 @@
 //! The rendezvous relay: one executor socket per environment, one harness
 //! socket per stream, frames routed by `stream_id` without being opened.
 //!
-//! Backpressure: a frame is handed to its destination's bounded queue, waiting
-//! while it is full, so a slow reader slows its sender down instead of growing
-//! memory (the cost: one slow harness can delay its executor's other streams).
+//! Backpressure: frames from harnesses wait for room in their executor's
+//! bounded queue, so a slow executor slows its harnesses down. Frames from an
+//! executor never wait for a harness: each stream has its own queue, bounded
+//! at [`STREAM_BUFFER_BYTES`], past which that stream alone is reset (its
+//! client resumes the session on a new stream). So a harness that stops
+//! reading holds at most its own budget, and its executor's other streams
+//! keep flowing. The executor's server bounds what a process may have in
+//! flight anyway (its output window), so a client that reads, however
+//! slowly, stays far below the budget.
 //!
 //! Liveness: an environment whose executor socket is attached is *live*, and
 //! a new registration for it is refused ([`Hub::unless_executor_live`]) so it
@@ -15,7 +21,7 @@
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -24,8 +30,12 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
-/// Frames queued towards one socket before its senders wait.
+/// Frames queued towards an executor socket before its harnesses wait.
 pub const QUEUE_FRAMES: usize = 64;
+/// Bytes queued towards one harness before its stream is reset: 32 MiB,
+/// four times the output window an acknowledging client lets a process
+/// have in flight (8 MiB), so only a harness that stopped reading gets there.
+pub const STREAM_BUFFER_BYTES: usize = 32 << 20;
 /// Time a harness has to claim its stream with `Resume` after the upgrade.
 pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle sockets are pinged this often (executor sockets at least twice per
@@ -46,7 +56,52 @@ struct ExecutorLink {
 #[derive(Default)]
 struct Route {
     executor: Option<ExecutorLink>,
-    streams: HashMap<String, mpsc::Sender<Vec<u8>>>,
+    streams: HashMap<String, HarnessQueue>,
+}
+
+/// Frames from an executor towards one harness socket. The executor's
+/// reader never waits on it — one harness that stops reading must not hold
+/// its executor's other streams — so it is bounded in bytes instead: a
+/// stream whose harness lets more than [`STREAM_BUFFER_BYTES`] pile up is
+/// reset (the client resumes its session on a new stream, losing nothing).
+#[derive(Clone)]
+struct HarnessQueue {
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    queued: Arc<AtomicUsize>,
+    stop: CancellationToken,
+}
+
+impl HarnessQueue {
+    /// Queues `frame`; false when the harness is gone or over its budget.
+    fn push(&self, frame: Vec<u8>) -> bool {
+        let n = frame.len();
+        if self.queued.fetch_add(n, Ordering::SeqCst) + n > STREAM_BUFFER_BYTES {
+            self.queued.fetch_sub(n, Ordering::SeqCst);
+            return false;
+        }
+        self.tx.send(frame).is_ok()
+    }
+}
+
+/// What a socket's writer takes frames from.
+enum Inbox {
+    /// From harnesses to an executor: senders wait when it is full.
+    Bounded(mpsc::Receiver<Vec<u8>>),
+    /// From an executor to one harness ([`HarnessQueue`]).
+    Counted(mpsc::UnboundedReceiver<Vec<u8>>, Arc<AtomicUsize>),
+}
+
+impl Inbox {
+    async fn recv(&mut self) -> Option<Vec<u8>> {
+        match self {
+            Inbox::Bounded(rx) => rx.recv().await,
+            Inbox::Counted(rx, queued) => {
+                let frame = rx.recv().await?;
+                queued.fetch_sub(frame.len(), Ordering::SeqCst);
+                Some(frame)
+            }
+        }
+    }
 }
 
 type Routes = Arc<Mutex<HashMap<String, Route>>>;
@@ -118,7 +173,7 @@ impl Drop for AttachedLink {
 /// Writes queued frames and pings; ends when the queue closes or `stop` fires.
 fn spawn_writer<S>(
     mut sink: futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
-    mut rx: mpsc::Receiver<Vec<u8>>,
+    mut rx: Inbox,
     stop: CancellationToken,
     ping_every: Duration,
 ) -> tokio::task::JoinHandle<()>
@@ -237,7 +292,7 @@ impl Hub {
         let (sink, mut stream) = ws.split();
         let stop = link.stop.clone();
         let ping_every = PING_INTERVAL.min(self.executor_silence / 2);
-        let writer = spawn_writer(sink, rx, stop.clone(), ping_every);
+        let writer = spawn_writer(sink, Inbox::Bounded(rx), stop.clone(), ping_every);
         loop {
             let msg = tokio::select! {
                 m = tokio::time::timeout(self.executor_silence, stream.next()) => match m {
@@ -262,7 +317,9 @@ impl Hub {
                 .get(&link.env)
                 .and_then(|r| r.streams.get(&stream_id).cloned());
             if let Some(t) = target {
-                let _ = t.send(bytes.to_vec()).await;
+                if !t.push(bytes.to_vec()) {
+                    self.reset_stalled(&link.env, &stream_id, &t);
+                }
             }
         }
         writer.abort();
@@ -270,6 +327,25 @@ impl Hub {
         // may register at once.
         drop(link);
         drop(stream);
+    }
+
+    /// Resets `stream_id`, whose harness let [`STREAM_BUFFER_BYTES`] pile up:
+    /// its socket is closed (the client resumes on a new stream) and the
+    /// executor is told, as when a harness disconnects.
+    fn reset_stalled(&self, env: &str, stream_id: &str, queue: &HarnessQueue) {
+        let executor = {
+            let mut routes = self.lock();
+            let Some(route) = routes.get_mut(env) else {
+                return;
+            };
+            route.streams.remove(stream_id);
+            route.executor.as_ref().map(|e| e.tx.clone())
+        };
+        tracing::info!(environment = %env, "a harness stopped reading: its stream is reset");
+        queue.stop.cancel();
+        if let Some(executor) = executor {
+            let _ = executor.try_send(Frame::reset(stream_id, RESET_HARNESS_DISCONNECTED).encode());
+        }
     }
 
     /// Serves one harness socket: it must claim a stream with `Resume` first;
@@ -293,7 +369,13 @@ impl Hub {
             }
             _ => return,
         };
-        let (tx, rx) = mpsc::channel(QUEUE_FRAMES);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let queue = HarnessQueue {
+            tx,
+            queued: Arc::new(AtomicUsize::new(0)),
+            stop: stop.clone(),
+        };
         let executor = {
             let mut routes = self.lock();
             let route = routes.entry(env.clone()).or_default();
@@ -304,17 +386,22 @@ impl Hub {
             if route.streams.contains_key(&stream_id) {
                 return; // someone else holds this stream id
             }
-            route.streams.insert(stream_id.clone(), tx.clone());
+            route.streams.insert(stream_id.clone(), queue.clone());
             exec
         };
-        let stop = CancellationToken::new();
-        let writer = spawn_writer(sink, rx, stop.clone(), PING_INTERVAL);
-        drop(tx);
+        let writer = spawn_writer(
+            sink,
+            Inbox::Counted(rx, queue.queued.clone()),
+            stop.clone(),
+            PING_INTERVAL,
+        );
+        drop(queue);
         let mut ok = executor.send(first.to_vec()).await.is_ok();
         while ok {
             let msg = tokio::select! {
                 m = stream.next() => m,
                 _ = executor.closed() => None,
+                _ = stop.cancelled() => None,
             };
             let bytes = match msg {
                 Some(Ok(Message::Binary(b))) => b,
@@ -342,3 +429,7 @@ impl Hub {
         let _ = writer.await;
     }
 }
+
+#[cfg(test)]
+#[path = "hub_tests.rs"]
+mod tests;
