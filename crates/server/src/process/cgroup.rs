@@ -7,7 +7,7 @@
 //! access to the hierarchy, so killing a process's cgroup (`cgroup.kill`) takes
 //! such daemons with it — on `process/terminate`, session expiry and shutdown.
 //!
-//! The server makes `exec-server-<pid>/` below its own cgroup in the first
+//! The server makes `exec-server-<pid>-<random>/` below its own cgroup in the first
 //! writable cgroup2 mount, and `p<n>/` below that per process; the child joins
 //! it between fork and exec (see [`ProcessCgroup::join_handle`]). That needs a
 //! `pre_exec` hook, so such children are started with fork rather than
@@ -45,10 +45,16 @@ pub fn disable() {
 /// OS does not let us create one.
 fn base() -> Option<&'static Path> {
     BASE.get_or_init(|| {
-        let dir = own_cgroup_dir()?.join(format!("exec-server-{}", std::process::id()));
+        let parent = own_cgroup_dir()?;
+        sweep_dead(&parent);
+        // Named by pid and a random suffix: a server killed with SIGKILL
+        // leaves its directory behind, and a later server given the same pid
+        // must not inherit it (its `p<n>` names would clash, and a process
+        // whose cgroup cannot be made escapes the cgroup kill).
+        let suffix = uuid::Uuid::new_v4().as_u128() & 0xffff_ffff;
+        let dir = parent.join(format!("exec-server-{}-{suffix:08x}", std::process::id()));
         match std::fs::create_dir(&dir) {
             Ok(()) => Some(dir),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Some(dir),
             Err(e) => {
                 tracing::debug!("no per-process cgroups ({e}); process-group kill only");
                 None
@@ -56,6 +62,33 @@ fn base() -> Option<&'static Path> {
         }
     })
     .as_deref()
+}
+
+/// Removes the cgroup directories of servers that are gone (killed before
+/// they could remove their own): `exec-server-<pid>[-<suffix>]` whose pid no
+/// longer runs. Only empty cgroups can be removed, so a live daemon of a
+/// dead server keeps its directory.
+fn sweep_dead(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("exec-server-")) else {
+            continue;
+        };
+        let pid = rest.split('-').next().unwrap_or("");
+        if pid.is_empty() || Path::new("/proc").join(pid).exists() {
+            continue;
+        }
+        let dir = entry.path();
+        for child in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if child.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir(child.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&dir);
+    }
 }
 
 /// True when processes get a cgroup of their own.
@@ -93,8 +126,16 @@ impl ProcessCgroup {
             return Some(ProcessCgroup { dir });
         }
         let dir = base.join(format!("p{}", NEXT.fetch_add(1, Ordering::Relaxed)));
-        std::fs::create_dir(&dir).ok()?;
-        Some(ProcessCgroup { dir })
+        match std::fs::create_dir(&dir) {
+            Ok(()) => Some(ProcessCgroup { dir }),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot make the cgroup {}: {e}; its daemons escape the cgroup kill",
+                    dir.display()
+                );
+                None
+            }
+        }
     }
 
     /// `cgroup.procs` opened for writing (close-on-exec). The child writes
