@@ -37,6 +37,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let env = envs
         .default_environment()
         .ok_or("no environment configured")?;
-    run(&env.client, std::path::Path::new("/etc/hostname")).await?;
+    // A file that is certainly not executable (on the local machine: pass
+    // one of the server's host to `run` for a remote environment).
+    let not_executable =
+        std::env::temp_dir().join(format!("errors-example-{}", std::process::id()));
+    std::fs::write(&not_executable, "not a program")?;
+    let result = run(&env.client, &not_executable).await;
+    std::fs::remove_file(&not_executable)?;
+    result?;
     Ok(())
 }

@@ -2,13 +2,13 @@
 
 use exec_server_client::{Command, Environments, ExecServerClient};
 
-/// Runs a shell on a 30×100 PTY that prints its terminal size, then again
-/// after a resize to 40×120; returns everything it printed.
+/// Runs a shell on a 100×30 (cols × rows) PTY that prints its terminal size, then again
+/// after a resize to 120×40; returns everything it printed.
 pub async fn run(client: &ExecServerClient) -> Result<String, Box<dyn std::error::Error>> {
     let mut p = Command::new("sh")
         // `read` waits for our line, so the resize happens before the second `stty`.
         .args(["-c", "stty size; read _; stty size"])
-        .pty(30, 100)
+        .pty(100, 30)
         .spawn(client)
         .await?;
     let mut seen = String::new();

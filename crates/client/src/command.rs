@@ -115,10 +115,12 @@ impl Command {
         self
     }
 
-    /// Runs on a pseudo-terminal of `rows` × `cols` cells (stdout and stderr
-    /// merged into [`OutputStream::Pty`](crate::OutputStream::Pty); stdin
-    /// always writable).
-    pub fn pty(mut self, rows: u16, cols: u16) -> Self {
+    /// Runs on a pseudo-terminal `cols` cells wide and `rows` high, the same
+    /// order as [`ProcessHandle::resize`](crate::ProcessHandle::resize)
+    /// (stdout and stderr merged into
+    /// [`OutputStream::Pty`](crate::OutputStream::Pty); stdin always
+    /// writable).
+    pub fn pty(mut self, cols: u16, rows: u16) -> Self {
         self.pty = Some(PtySize { rows, cols });
         self
     }
@@ -238,7 +240,7 @@ mod tests {
             Some(DEFAULT_CHILD_PATH)
         );
         let p = Command::new("vi")
-            .pty(30, 100)
+            .pty(100, 30)
             .inherit_env()
             .process_id("mine")
             .to_params("x")

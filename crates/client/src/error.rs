@@ -354,7 +354,19 @@ impl From<StreamFailure> for ClientError {
 impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ClientError::Server(e) => write!(f, "{} (code {})", e.message, e.code),
+            ClientError::Server(e) => {
+                // What a log line needs besides the message: the kind and
+                // the path this server puts in `data` (the reference sends none).
+                f.write_str(&e.message)?;
+                let field = |k: &str| e.data.as_ref()?.get(k)?.as_str();
+                match (field("kind"), field("path")) {
+                    (Some(kind), Some(path)) => write!(f, " [{kind}: {path}]")?,
+                    (Some(kind), None) => write!(f, " [{kind}]")?,
+                    (None, Some(path)) => write!(f, " [{path}]")?,
+                    (None, None) => {}
+                }
+                write!(f, " (code {})", e.code)
+            }
             ClientError::Connection(c) => write!(f, "connection: {c}"),
             ClientError::TimedOut => f.write_str("request timed out"),
             ClientError::Stream(s) => write!(f, "process stream failed: {s}"),
@@ -404,6 +416,24 @@ impl From<CallError> for ClientError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_error_names_its_kind_and_path() {
+        let mut e = ErrorObject::internal("No such file or directory (os error 2)");
+        e.data = Some(serde_json::json!({"kind": "programNotFound", "path": "/no/tool"}));
+        assert_eq!(
+            ClientError::Server(e.clone()).to_string(),
+            format!(
+                "No such file or directory (os error 2) [programNotFound: /no/tool] (code {})",
+                e.code
+            )
+        );
+        e.data = None;
+        assert_eq!(
+            ClientError::Server(e.clone()).to_string(),
+            format!("No such file or directory (os error 2) (code {})", e.code)
+        );
+    }
 
     #[test]
     fn queries_follow_the_types_not_the_text() {

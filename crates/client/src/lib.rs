@@ -52,7 +52,22 @@
 //! ```
 //!
 //! More in `crates/client/examples/` (each one runs in the test suite).
+//!
+//! # Features
+//!
+//! | feature | default | what it adds | what it pulls in |
+//! |---|---|---|---|
+//! | `embedded` | yes | [`Environment::local`]: a server in this process | the whole server (process management, the sandbox, the network proxy) |
+//! | `relay` | yes | environments reached by id through a registry and an end-to-end encrypted relay ([`relay`]) | reqwest and the Noise crypto |
+//!
+//! A harness that only talks to servers elsewhere over WebSocket, a Unix
+//! socket or a program's stdio needs neither: `default-features = false`.
+//!
+//! Output arrives as [`Bytes`] (re-exported), and
+//! [`ProcessHandle::output_stream`] is a [`futures_util::Stream`]: bring
+//! [`StreamExt`] (re-exported) into scope to use it.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod client;
 mod command;
@@ -74,6 +89,11 @@ pub use environment::{Environment, Environments};
 pub use error::{ClientError, ConnectionError, ConnectionErrorKind, ErrorKind};
 pub use events::{FailureReason, ProcessEvent, StreamFailure, MAX_QUEUED_OUTPUT_BYTES};
 pub use network::{AllowHosts, NetworkPolicy};
+
+/// The buffer type of [`ProcessEvent::Output`] (from the `bytes` crate).
+pub use bytes::Bytes;
+/// What [`ProcessHandle::output_stream`] needs in scope (from `futures-util`).
+pub use futures_util::StreamExt;
 
 #[doc(inline)]
 pub use exec_server_protocol::types::{

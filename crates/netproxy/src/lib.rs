@@ -9,6 +9,7 @@
 //!
 //! Dropping the [`Proxy`] closes the listeners and ends every connection and
 //! tunnel it carried.
+#![forbid(unsafe_code)]
 
 pub mod env;
 pub mod host;

@@ -12,6 +12,7 @@
 //!
 //! Without an OpenTelemetry layer in the subscriber both functions do nothing
 //! (a failed downcast per call), so tracing costs nothing when it is off.
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 use exec_server_protocol::TraceContext;
