@@ -75,19 +75,17 @@ pub fn supported() -> bool {
 /// Errors: `Err(Ok(Unsupported))` where Landlock cannot be used; `Err(Err(e))`
 /// for a failing call.
 pub fn enter() -> Result<(), Result<Unsupported, std::io::Error>> {
-    if !supported() {
-        return Err(Ok(Unsupported));
-    }
+    let abi = match abi() {
+        Some(v) if v >= MIN_ABI => v,
+        _ => return Err(Ok(Unsupported)),
+    };
     let access = ACCESS_FS_EXECUTE | ACCESS_FS_REFER;
     let attr = RulesetAttr {
         handled_access_fs: access,
         handled_access_net: 0,
         // No signal to a process outside the sandbox either (the server,
         // whose child a command without namespaces is; bubblewrap's init).
-        scoped: match abi() {
-            Some(v) if v >= SCOPE_ABI => SCOPE_SIGNAL,
-            _ => 0,
-        },
+        scoped: if abi >= SCOPE_ABI { SCOPE_SIGNAL } else { 0 },
     };
     // SAFETY: a valid attribute of the size given; the result is checked.
     let fd = unsafe {

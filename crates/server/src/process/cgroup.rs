@@ -7,7 +7,7 @@
 //! access to the hierarchy, so killing a process's cgroup (`cgroup.kill`) takes
 //! such daemons with it — on `process/terminate`, session expiry and shutdown.
 //!
-//! The server makes `exec-server-<pid>-<random>/` below its own cgroup in the first
+//! The server makes `exec-server-<pid>-<12 hex>/` below its own cgroup in the first
 //! writable cgroup2 mount, and `p<n>/` below that per process; the child joins
 //! it between fork and exec (see [`ProcessCgroup::join_handle`]). That needs a
 //! `pre_exec` hook, so such children are started with fork rather than
@@ -51,8 +51,11 @@ fn base() -> Option<&'static Path> {
         // leaves its directory behind, and a later server given the same pid
         // must not inherit it (its `p<n>` names would clash, and a process
         // whose cgroup cannot be made escapes the cgroup kill).
-        let suffix = uuid::Uuid::new_v4().as_u128() & 0xffff_ffff;
-        let dir = parent.join(format!("exec-server-{}-{suffix:08x}", std::process::id()));
+        let dir = parent.join(format!(
+            "exec-server-{}-{}",
+            std::process::id(),
+            crate::rundir::short_id()
+        ));
         match std::fs::create_dir(&dir) {
             Ok(()) => Some(dir),
             Err(e) => {

@@ -26,6 +26,25 @@ struct ProcInfo {
     session: i32,
 }
 
+/// `/proc/<pid>/stat`'s parent, process group and session.
+fn proc_info(pid: i32) -> Option<ProcInfo> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces; fields follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // f[0]=state f[1]=ppid f[2]=pgrp f[3]=session
+    Some(ProcInfo {
+        ppid: f.get(1)?.parse().ok()?,
+        pgrp: f.get(2)?.parse().ok()?,
+        session: f.get(3)?.parse().ok()?,
+    })
+}
+
+/// The parent of `pid`; `None` once it is gone.
+pub(crate) fn parent_of(pid: i32) -> Option<i32> {
+    proc_info(pid).map(|i| i.ppid)
+}
+
 fn read_proc_table() -> HashMap<i32, ProcInfo> {
     let mut out = HashMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -36,29 +55,9 @@ fn read_proc_table() -> HashMap<i32, ProcInfo> {
         let Some(pid) = name.to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // The command name is in parentheses and may hold spaces; fields follow the last ')'.
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        // f[0]=state f[1]=ppid f[2]=pgrp f[3]=session
-        if f.len() < 4 {
-            continue;
+        if let Some(info) = proc_info(pid) {
+            out.insert(pid, info);
         }
-        let (Ok(ppid), Ok(pgrp), Ok(session)) = (f[1].parse(), f[2].parse(), f[3].parse()) else {
-            continue;
-        };
-        out.insert(
-            pid,
-            ProcInfo {
-                ppid,
-                pgrp,
-                session,
-            },
-        );
     }
     out
 }

@@ -202,12 +202,10 @@ fn parse_proc_addr(field: &str) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port))
 }
 
-/// The parent of `pid`, from `/proc/<pid>/stat` (the field after the
-/// command name, which may itself hold spaces and parentheses).
+/// The parent of `pid` (`/proc/<pid>/stat`).
 fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
+    let pid = i32::try_from(pid).ok()?;
+    crate::process::kill::parent_of(pid).and_then(|p| u32::try_from(p).ok())
 }
 
 fn peer_pid(fd: RawFd) -> Option<u32> {
