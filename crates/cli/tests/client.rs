@@ -26,14 +26,6 @@ fn client(url: &str) -> ExecServerClient {
     ExecServerClient::new(ClientOptions::new(Source::from_url(url, None).unwrap()))
 }
 
-fn expected_seq(n: u64) -> Vec<u8> {
-    let mut v = Vec::new();
-    for i in 1..=n {
-        v.extend_from_slice(format!("{i}\n").as_bytes());
-    }
-    v
-}
-
 /// Drops the connection `drops` times during `seq 1 n`; returns (bytes, exit).
 async fn run_with_drops(
     c: &ExecServerClient,

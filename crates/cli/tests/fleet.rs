@@ -77,10 +77,7 @@ async fn seq_2000000_survives_the_carrying_nodes_kill() {
         assert!(Instant::now() < deadline, "executor never reachable");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut want = Vec::new();
-    for i in 1..=2_000_000u64 {
-        want.extend_from_slice(format!("{i}\n").as_bytes());
-    }
+    let want = crate::common::expected_seq(2_000_000);
     let mut p = c
         .start_process(crate::common::exec_params("big", &["seq", "1", "2000000"]))
         .await

@@ -88,7 +88,8 @@ async fn upstream(
     (port, task, served)
 }
 
-fn proxy(extra: Value) -> Value {
+/// A `networkProxy.proxy` object: full mode, nothing allowed locally, `extra` on top.
+pub(crate) fn proxy(extra: Value) -> Value {
     let mut p = json!({"enabled": true, "enableSocks5": false, "enableSocks5Udp": false,
         "allowUpstreamProxy": false, "dangerouslyAllowAllUnixSockets": false, "mode": "full",
         "allowLocalBinding": false});

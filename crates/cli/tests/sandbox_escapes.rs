@@ -8,6 +8,7 @@
 
 use crate::common::sandbox::*;
 use crate::common::*;
+use crate::managed_network::proxy;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -134,24 +135,41 @@ impl Lines {
     async fn run(&mut self, p: Value) -> (String, i64) {
         let id = p["processId"].clone();
         self.call("process/start", p).await;
-        let mut out = Vec::new();
-        let mut exit = None;
+        let mut run = Run::default();
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             let m = self.recv().await;
-            if m["params"]["processId"] != id {
-                continue;
-            }
-            match m["method"].as_str() {
-                Some("process/output") => out.extend(unb64(&m["params"]["chunk"])),
-                Some("process/exited") => exit = m["params"]["exitCode"].as_i64(),
-                Some("process/closed") => break,
-                _ => {}
+            if m["params"]["processId"] == id && run.take(&m) {
+                break;
             }
         }
+        run.finish()
+    }
+}
+
+/// One process's output and exit code, gathered from its notifications.
+#[derive(Default)]
+struct Run {
+    out: Vec<u8>,
+    exit: Option<i64>,
+}
+
+impl Run {
+    /// Takes one notification of the process; true once it closed.
+    fn take(&mut self, m: &Value) -> bool {
+        match m["method"].as_str() {
+            Some("process/output") => self.out.extend(unb64(&m["params"]["chunk"])),
+            Some("process/exited") => self.exit = m["params"]["exitCode"].as_i64(),
+            Some("process/closed") => return true,
+            _ => {}
+        }
+        false
+    }
+
+    fn finish(self) -> (String, i64) {
         (
-            String::from_utf8_lossy(&out).into_owned(),
-            exit.expect("exit code"),
+            String::from_utf8_lossy(&self.out).into_owned(),
+            self.exit.expect("exit code"),
         )
     }
 }
@@ -200,16 +218,6 @@ time.sleep(1)
 fn python(id: &str, cwd: &Path, script: &str, sandbox: Value) -> Value {
     let mut p = start_params(id, &[PY, "-c", script], cwd, false, false);
     p["sandbox"] = sandbox;
-    p
-}
-
-fn proxy(extra: Value) -> Value {
-    let mut p = json!({"enabled": true, "enableSocks5": false, "enableSocks5Udp": false,
-        "allowUpstreamProxy": false, "dangerouslyAllowAllUnixSockets": false, "mode": "full",
-        "allowLocalBinding": false});
-    if let (Some(o), Some(e)) = (p.as_object_mut(), extra.as_object()) {
-        o.extend(e.clone());
-    }
     p
 }
 
@@ -369,24 +377,16 @@ async fn the_proxy_socket_cannot_be_swapped_nor_its_directory_written() {
 async fn run_ws(c: &mut Conn, p: Value) -> (String, i64) {
     let id = p["processId"].clone();
     c.ok("process/start", p).await;
-    let mut out = Vec::new();
-    let mut exit = None;
+    let mut run = Run::default();
     loop {
         let m = c
             .expect(|m| m["params"]["processId"] == id, WAIT * 6)
             .await
             .unwrap_or_else(|| panic!("{id}: no close"));
-        match m["method"].as_str() {
-            Some("process/output") => out.extend(unb64(&m["params"]["chunk"])),
-            Some("process/exited") => exit = m["params"]["exitCode"].as_i64(),
-            Some("process/closed") => break,
-            _ => {}
+        if run.take(&m) {
+            return run.finish();
         }
     }
-    (
-        String::from_utf8_lossy(&out).into_owned(),
-        exit.expect("exit code"),
-    )
 }
 
 fn sh(id: &str, cwd: &Path, script: &str, sandbox: Option<Value>) -> Value {

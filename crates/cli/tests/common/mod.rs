@@ -547,3 +547,12 @@ pub fn alive(pid: u32) -> bool {
         .and_then(|s| Some(s[s.rfind(')')? + 1..].trim_start().starts_with('Z')))
         .is_some_and(|zombie| !zombie)
 }
+
+/// What `seq 1 n` prints.
+pub fn expected_seq(n: u64) -> Vec<u8> {
+    let mut v = Vec::new();
+    for i in 1..=n {
+        v.extend_from_slice(format!("{i}\n").as_bytes());
+    }
+    v
+}
