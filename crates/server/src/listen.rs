@@ -140,6 +140,29 @@ fn refuse(status: u16, message: &str) -> ErrorResponse {
     resp
 }
 
+/// Whether a connection (from `peer`, for the log) is refused: its peer is
+/// inside one of this server's sandboxes, or cannot be told apart from one.
+fn refused(verdict: crate::sandbox::peers::Verdict, peer: &str) -> bool {
+    use crate::sandbox::peers::Verdict;
+    match verdict {
+        Verdict::Outside => false,
+        Verdict::Sandboxed => {
+            tracing::warn!(
+                peer,
+                "refused a connection from inside one of this server's sandboxes"
+            );
+            true
+        }
+        Verdict::Unknown => {
+            tracing::warn!(
+                peer,
+                "refused a connection whose peer process cannot be identified"
+            );
+            true
+        }
+    }
+}
+
 /// Serves connections until the listener fails (WebSocket, Unix) or the single
 /// connection ends (stdio).
 pub async fn serve(listener: Listener, state: Arc<ServerState>) {
@@ -170,22 +193,10 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
                 continue;
             };
             {
-                use crate::sandbox::peers::Verdict;
                 use std::os::fd::AsRawFd;
-                match state.sandbox.pids().judge(stream.as_raw_fd()) {
-                    Verdict::Outside => {}
-                    Verdict::Sandboxed => {
-                        tracing::warn!(
-                            "refused a unix socket connection from inside one of this server's sandboxes"
-                        );
-                        continue;
-                    }
-                    Verdict::Unknown => {
-                        tracing::warn!(
-                            "refused a unix socket connection whose peer process cannot be identified"
-                        );
-                        continue;
-                    }
+                let verdict = state.sandbox.pids().judge(stream.as_raw_fd());
+                if refused(verdict, &path.display().to_string()) {
+                    continue;
                 }
             }
             let state = state.clone();
@@ -229,11 +240,8 @@ pub async fn serve(listener: Listener, state: Arc<ServerState>) {
                             judged.sandbox.pids().judge_tcp(local, peer)
                         })
                         .await;
-                        if !matches!(verdict, Ok(crate::sandbox::peers::Verdict::Outside)) {
-                            tracing::warn!(
-                                %peer,
-                                "refused a connection from inside one of this server's sandboxes"
-                            );
+                        let verdict = verdict.unwrap_or(crate::sandbox::peers::Verdict::Unknown);
+                        if refused(verdict, &peer.to_string()) {
                             return;
                         }
                     }

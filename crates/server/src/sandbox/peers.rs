@@ -72,6 +72,10 @@ impl SandboxPids {
 
     /// Judges the peer of the connected Unix socket `fd`.
     pub fn judge(&self, fd: RawFd) -> Verdict {
+        if self.0.lock().is_ok_and(|s| s.is_empty()) {
+            // No sandbox runs: nobody to walk up to.
+            return Verdict::Outside;
+        }
         let Some(pid) = peer_pid(fd) else {
             return Verdict::Unknown;
         };
