@@ -33,26 +33,22 @@ pub fn new_node_id() -> String {
 
 /// Runs the node's heartbeat until the task is dropped.
 pub(super) async fn heartbeat(registry: Arc<Registry>) {
-    let mut failing = false;
+    use std::sync::atomic::Ordering;
+    let mut first = true;
     loop {
         let beat = registry
             .store
             .node_heartbeat(&registry.node_id, &registry.ws_base)
             .await;
-        registry
-            .store_ok
-            .store(beat.is_ok(), std::sync::atomic::Ordering::Relaxed);
+        // Logged on each change only (the first failure, the recovery).
+        let was_ok = registry.store_ok.swap(beat.is_ok(), Ordering::Relaxed) || first;
+        first = false;
         match beat {
-            Ok(()) if failing => {
-                tracing::info!(node = %registry.node_id, "registry store reachable again");
-                failing = false;
+            Ok(()) if !was_ok => {
+                tracing::info!(node = %registry.node_id, "registry store reachable again")
             }
-            Ok(()) => {}
-            Err(e) if !failing => {
-                tracing::warn!(node = %registry.node_id, "heartbeat failed: {e}");
-                failing = true;
-            }
-            Err(_) => {}
+            Err(e) if was_ok => tracing::warn!(node = %registry.node_id, "heartbeat failed: {e}"),
+            _ => {}
         }
         tokio::time::sleep(HEARTBEAT).await;
     }
