@@ -29,7 +29,7 @@ pub use policy::{
 pub use rustls::pki_types::CertificateDer;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
@@ -231,11 +231,4 @@ where
             _ = stop.stopped() => {}
         }
     });
-}
-
-/// Removes the Unix sockets of a [`Launch::unix_dir`] (best effort).
-pub fn remove_sockets(dir: &Path) {
-    let _ = std::fs::remove_file(dir.join(HTTP_SOCKET));
-    let _ = std::fs::remove_file(dir.join(SOCKS_SOCKET));
-    let _ = std::fs::remove_file(dir.join(TCP_SOCKET));
 }
