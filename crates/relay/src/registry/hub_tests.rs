@@ -13,16 +13,38 @@ use crate::stream::Channel;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Each stream, once its harness says anything, sends 64 KiB messages for
-/// as long as the stream lasts.
+/// Bytes a windowed stream may have unacknowledged: 8 MiB, the output
+/// window an acknowledging exec-server client gives a process.
+const WINDOW: usize = 8 << 20;
+/// One acknowledgement grants this many bytes: 1 MiB.
+const ACK_BYTES: usize = 1 << 20;
+const CHUNK: usize = 64 << 10;
+
+/// Each stream sends 64 KiB messages for as long as it lasts, once its
+/// harness says `go` (windowed: at most [`WINDOW`] unacknowledged, each
+/// `more` grants [`ACK_BYTES`], as the server's output window does) or
+/// `flood` (no window: a producer only the relay's budget stops).
 fn flood_handler() -> StreamHandler {
     Arc::new(|mut ch: Channel| {
         tokio::spawn(async move {
-            if ch.inbound.recv().await.is_none() {
+            let Some(mode) = ch.inbound.recv().await else {
                 return;
+            };
+            let windowed = mode == b"go";
+            let chunk = vec![7u8; CHUNK];
+            let mut credit = WINDOW;
+            loop {
+                while windowed && credit < CHUNK {
+                    match ch.inbound.recv().await {
+                        Some(_) => credit += ACK_BYTES,
+                        None => return,
+                    }
+                }
+                if ch.outbound.send(chunk.clone()).await.is_err() {
+                    return;
+                }
+                credit = credit.saturating_sub(CHUNK);
             }
-            let chunk = vec![7u8; 64 << 10];
-            while ch.outbound.send(chunk.clone()).await.is_ok() {}
         });
     })
 }
@@ -39,9 +61,12 @@ async fn harness_stream(client: &RegistryClient, env: &str) -> Channel {
     }
 }
 
-/// Two streams on one executor, one harness stops reading: the other keeps
-/// at least half the throughput it had alone (the relay's executor reader
-/// used to wait on the stalled harness's queue, stalling every stream).
+/// Two streams on one executor, one harness stops reading while its
+/// producer floods: the relay resets that stream alone once it holds its
+/// budget, and the other stream keeps flowing all along (the relay's
+/// executor reader used to wait on the stalled harness's queue, stalling
+/// every stream). Asserted by bytes, not by rate: the reading stream must
+/// receive several budgets' worth while the other is stalled and after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_harness_does_not_hold_the_executors_other_streams() {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -66,36 +91,70 @@ async fn a_stalled_harness_does_not_hold_the_executors_other_streams() {
     let client = RegistryClient::new(&base, "harness", None, true).unwrap();
     let mut reader = harness_stream(&client, "flood").await;
     reader.outbound.send(b"go".to_vec()).await.unwrap();
-    // Read all along, also while the other stream is being opened.
-    let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = read.clone();
+    // Read (and acknowledge) all along, also while the other stream opens.
+    let (counter, mut read) = tokio::sync::watch::channel(0usize);
     let reading = tokio::spawn(async move {
+        let mut unacked = 0;
         while let Some(m) = reader.inbound.recv().await {
-            counter.fetch_add(m.len(), std::sync::atomic::Ordering::Relaxed);
+            counter.send_modify(|n| *n += m.len());
+            unacked += m.len();
+            while unacked >= ACK_BYTES {
+                unacked -= ACK_BYTES;
+                if reader.outbound.send(b"more".to_vec()).await.is_err() {
+                    return;
+                }
+            }
         }
     });
-    let bytes_in = |span: Duration| {
-        let read = read.clone();
-        async move {
-            let before = read.load(std::sync::atomic::Ordering::Relaxed);
-            tokio::time::sleep(span).await;
-            read.load(std::sync::atomic::Ordering::Relaxed) - before
-        }
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let alone = bytes_in(Duration::from_secs(1)).await;
-    let stalled = harness_stream(&client, "flood").await;
-    stalled.outbound.send(b"go".to_vec()).await.unwrap();
-    // `stalled` is never read from here on: its queue fills and the relay
-    // resets it (its client would resume on a new stream).
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let shared = bytes_in(Duration::from_secs(2)).await / 2;
-    eprintln!("alone {alone} B/s, beside a stalled stream {shared} B/s");
-    assert!(
-        shared * 2 >= alone,
-        "alone {alone} B/s, beside a stalled stream {shared} B/s"
+    let mut stalled = harness_stream(&client, "flood").await;
+    stalled.outbound.send(b"flood".to_vec()).await.unwrap();
+    let since_stall = *read.borrow();
+    // `stalled` is not read until the relay has reset it: its socket closes,
+    // so its messages end after at most the budget (plus what the sockets
+    // and the harness's queue hold).
+    // Wait until the reading stream has had four budgets' worth (the stalled
+    // one fills its budget long before): proof that it flowed while the
+    // other was stalled.
+    let flowed = matches!(
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            read.wait_for(|n| n - since_stall >= 4 * super::STREAM_BUFFER_BYTES),
+        )
+        .await,
+        Ok(Ok(_))
     );
+    let got = *read.borrow() - since_stall;
+    assert!(
+        flowed,
+        "beside a stalled stream, the reading stream got {got} B and then stopped or ended"
+    );
+    // Then drain the stalled one: it must end (it was reset).
+    let mut stalled_bytes = 0usize;
+    let reset = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(m) = stalled.inbound.recv().await {
+            stalled_bytes += m.len();
+        }
+    })
+    .await;
+    assert!(
+        reset.is_ok(),
+        "the stalled stream was not reset ({stalled_bytes} B so far)"
+    );
+    assert!(
+        stalled_bytes <= 2 * super::STREAM_BUFFER_BYTES,
+        "the stalled stream delivered {stalled_bytes} B, over its budget"
+    );
+    // And the reading stream still flows after the reset.
+    let after = *read.borrow();
+    let flowing = matches!(
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            read.wait_for(|n| n - after >= super::STREAM_BUFFER_BYTES),
+        )
+        .await,
+        Ok(Ok(_))
+    );
+    assert!(flowing, "the reading stream stopped after the reset");
     reading.abort();
-    drop(stalled);
     exec.abort();
 }
