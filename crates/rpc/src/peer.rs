@@ -154,9 +154,11 @@ impl RpcPeer {
                 }
             }
             // Responses already read were delivered above, in order; only now fail
-            // the calls still waiting.
-            reader_pending.close_all();
+            // the calls still waiting. Closed is said first: a caller woken
+            // by the failure must see the peer closed (and reconnect), not
+            // reuse it and fail again at once.
             let _ = closed_tx.send(true);
+            reader_pending.close_all();
         });
         (
             RpcPeer {
@@ -330,4 +332,33 @@ fn with_base64_chunk(
         );
     }
     encode_request_traced(id, method, &params, trace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncBufReadExt;
+
+    /// A call failed by the connection's end finds the peer already closed,
+    /// on every one of many tries across two worker threads (the closed flag
+    /// used to be set after the calls were failed, so a caller could retry
+    /// on the dead peer and fail again at once).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_failed_by_the_end_of_the_connection_sees_the_peer_closed() {
+        for _ in 0..2000 {
+            let (ours, theirs) = tokio::io::duplex(4096);
+            let (r, w) = tokio::io::split(ours);
+            let (peer, _incoming) = RpcPeer::start(crate::transport::lines(r, w, "t".into()));
+            let server = tokio::spawn(async move {
+                let (r, _w) = tokio::io::split(theirs);
+                let mut line = String::new();
+                let _ = tokio::io::BufReader::new(r).read_line(&mut line).await;
+                // Dropping both halves ends the connection unanswered.
+            });
+            let got = peer.call("x", Value::Null, None).await;
+            assert!(matches!(got, Err(CallError::Closed)), "{got:?}");
+            assert!(peer.is_closed(), "failed as closed, yet not closed");
+            server.await.unwrap();
+        }
+    }
 }
