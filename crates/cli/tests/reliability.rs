@@ -22,14 +22,6 @@ fn seq_output(n: usize) -> Vec<u8> {
     out
 }
 
-/// The first byte where `got` and `want` differ, for a readable failure.
-fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
-    got.iter()
-        .zip(want)
-        .position(|(a, b)| a != b)
-        .or((got.len() != want.len()).then(|| got.len().min(want.len())))
-}
-
 /// Runs the binary with `args` (stdin empty), at most 120 s.
 async fn run_bin(args: &[&str]) -> std::process::Output {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();

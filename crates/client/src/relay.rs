@@ -6,12 +6,13 @@
 //! pinned to the executor key the registry names (see
 //! `exec_server_relay::harness`), so session recovery above works unchanged.
 
+use exec_server_protocol::binary;
 use exec_server_relay::harness::{self, HarnessError};
 use exec_server_relay::registry_client::RegistryClient;
 use exec_server_relay::stream::Channel;
 use exec_server_relay::{Identity, OsRandom};
 use exec_server_rpc::transport::{self, Inbound};
-use exec_server_rpc::Connection;
+use exec_server_rpc::{Connection, Outgoing};
 
 /// `CODEX_EXEC_SERVER_NOISE_REGISTRY_URL`: the registry's base URL.
 pub const ENV_REGISTRY_URL: &str = "CODEX_EXEC_SERVER_NOISE_REGISTRY_URL";
@@ -94,10 +95,13 @@ impl RelaySource {
     }
 }
 
-/// Makes a relay stream an ordinary connection: messages are JSON text; a
-/// message that is not UTF-8 is passed on as undecodable.
+/// Makes a relay stream an ordinary connection. Messages are JSON text (a
+/// message that is not UTF-8 is passed on as undecodable) unless both ends
+/// agree on binary frames in `initialize`: only ours do, so a reference
+/// harness or executor at the other end keeps JSON, while ours get the
+/// binary fast path (raw bytes instead of base64) over the relay too.
 pub fn connection_from_channel(ch: Channel) -> Connection {
-    let (conn, mut end) = transport::channel(ch.peer);
+    let (conn, mut end) = transport::binary_channel(ch.peer);
     let Channel {
         mut inbound,
         outbound,
@@ -105,6 +109,8 @@ pub fn connection_from_channel(ch: Channel) -> Connection {
     } = ch;
     let closer = end.closer.clone();
     let in_tx = end.inbound;
+    // JSON text never starts with a binary frame's kind byte; whether binary
+    // frames were agreed is checked by the connection's reader.
     let inbound_pump = tokio::spawn(async move {
         loop {
             let m = tokio::select! {
@@ -112,9 +118,13 @@ pub fn connection_from_channel(ch: Channel) -> Connection {
                 _ = in_tx.closed() => None,
             };
             let Some(m) = m else { break };
-            let item = match String::from_utf8(m) {
-                Ok(s) => Inbound::Message(s),
-                Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
+            let item = if binary::looks_binary(&m) {
+                Inbound::Binary(m.into())
+            } else {
+                match String::from_utf8(m) {
+                    Ok(s) => Inbound::Message(s),
+                    Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
+                }
             };
             if in_tx.send(item).await.is_err() {
                 break;
@@ -127,12 +137,20 @@ pub fn connection_from_channel(ch: Channel) -> Connection {
                 m = end.outbound.recv() => m,
                 _ = closer.notified() => None,
             };
-            let Some(m) = m else { break };
-            // Binary frames are never agreed on a channel (`enable_binary` refuses).
-            let exec_server_rpc::Outgoing::Text(m) = m else {
-                break;
+            let message = match m {
+                None => break,
+                Some(Outgoing::Text(m)) => m.into_bytes(),
+                Some(Outgoing::Binary(frame)) => Vec::from(frame),
+                Some(Outgoing::BinaryParts(head, payload)) => {
+                    let mut frame = Vec::with_capacity(head.len() + payload.len());
+                    frame.extend_from_slice(&head);
+                    frame.extend_from_slice(&payload);
+                    frame
+                }
+                // Never queued: a channel does not stream text.
+                Some(Outgoing::Stream(_)) => break,
             };
-            if outbound.send(m.into_bytes()).await.is_err() {
+            if outbound.send(message).await.is_err() {
                 break;
             }
         }

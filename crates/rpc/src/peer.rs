@@ -260,6 +260,11 @@ impl RpcPeer {
         self.outbound.enable_binary()
     }
 
+    /// True once binary frames are on for this connection (both ends agreed).
+    pub fn binary_frames(&self) -> bool {
+        self.outbound.binary_frames()
+    }
+
     /// True when the transport could carry binary frames (a WebSocket), so
     /// announcing them in `initialize` makes sense.
     pub fn binary_capable(&self) -> bool {

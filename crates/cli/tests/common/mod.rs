@@ -556,3 +556,11 @@ pub fn expected_seq(n: u64) -> Vec<u8> {
     }
     v
 }
+
+/// The first byte where `got` and `want` differ, for a readable failure.
+pub fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
+    got.iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .or((got.len() != want.len()).then(|| got.len().min(want.len())))
+}

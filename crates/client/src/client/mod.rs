@@ -265,6 +265,17 @@ impl ExecServerClient {
         lock(&self.inner.session_id).clone()
     }
 
+    /// Whether the current connection carries binary frames: bytes travel
+    /// raw instead of as base64 (both ends are ours and agreed in
+    /// `initialize`; over WebSocket and relay streams). False while not
+    /// connected.
+    pub async fn binary_frames(&self) -> bool {
+        let slot = self.inner.slot.lock().await;
+        slot.peer
+            .as_ref()
+            .is_some_and(|p| !p.is_closed() && p.binary_frames())
+    }
+
     /// How many times the session was resumed after a drop.
     pub fn recoveries(&self) -> u64 {
         self.inner.recoveries.load(Ordering::Relaxed)

@@ -310,7 +310,8 @@ pub struct ChannelEnd {
     /// Feed the connection's inbound messages here; dropping it is end of input.
     pub inbound: mpsc::Sender<Inbound>,
     /// What the connection sends; `None` once every [`Outbound`] clone is gone.
-    /// Text only: a channel does not carry binary frames.
+    /// Text only, unless made by [`binary_channel`] and binary frames were
+    /// agreed ([`Outgoing::Binary`] and [`Outgoing::BinaryParts`] then too).
     pub outbound: mpsc::Receiver<Outgoing>,
     /// Notified when [`Outbound::close`] is called: stop and drop both ends.
     pub closer: Arc<Notify>,
@@ -318,14 +319,27 @@ pub struct ChannelEnd {
 
 /// A connection whose far end is in this program (e.g. one relay stream): the
 /// caller moves messages between the [`ChannelEnd`] and wherever they travel.
+/// Text only: [`Outbound::enable_binary`] refuses.
 pub fn channel(peer: String) -> (Connection, ChannelEnd) {
+    channel_of(peer, false)
+}
+
+/// A [`channel`] whose far end carries binary frames as well as text (a relay
+/// stream between our client and our executor): [`Outbound::enable_binary`]
+/// succeeds once both ends agree in `initialize`, and the caller then passes
+/// binary messages both ways.
+pub fn binary_channel(peer: String) -> (Connection, ChannelEnd) {
+    channel_of(peer, true)
+}
+
+fn channel_of(peer: String, binary_capable: bool) -> (Connection, ChannelEnd) {
     let (in_tx, in_rx) = mpsc::channel(64);
     let (out_tx, out_rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MESSAGES);
     let closer = Arc::new(Notify::new());
     (
         Connection {
             inbound: in_rx,
-            outbound: Outbound::new(out_tx, closer.clone(), false, false),
+            outbound: Outbound::new(out_tx, closer.clone(), binary_capable, false),
             peer,
         },
         ChannelEnd {
