@@ -97,7 +97,10 @@ impl Registry {
         env: &str,
     ) -> Result<String, super::store::StoreError> {
         Ok(match self.store.attachment(env, NODE_TIMEOUT).await? {
-            Some(a) if a.node_id != self.node_id => a.ws_base,
+            Some(a) if a.node_id != self.node_id => {
+                self.hub.counters.cross_node.inc();
+                a.ws_base
+            }
             _ => self.ws_base.clone(),
         })
     }

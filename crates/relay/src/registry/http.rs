@@ -1,22 +1,35 @@
-//! A small HTTP/1.1 front: one request per connection (`Connection: close`),
-//! bounded head and body, then either a JSON answer or a WebSocket upgrade.
-//! With TLS configured every connection is a TLS connection first (a client
-//! has [`REQUEST_TIMEOUT`] for the handshake and its request together).
+//! The registry's HTTP/1.1 front, served by hyper: keep-alive, bounded heads
+//! ([`MAX_HEAD`]) and bodies ([`MAX_BODY`]), a slow-client timeout on every
+//! request head that also closes a keep-alive connection left idle
+//! ([`HEAD_TIMEOUT`]), then a JSON answer, the node's metrics, or a
+//! WebSocket upgrade for `/relay`. With TLS configured every connection is a
+//! TLS connection first (the handshake has [`HEAD_TIMEOUT`] too).
 
 use super::{Registry, Reply};
 use crate::api::REJECTION_HEADER;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
-/// Largest request head: 16 KiB.
+/// Largest request head: 16 KiB (hyper's read buffer, so also the most a
+/// client may send ahead).
 const MAX_HEAD: usize = 16 * 1024;
 /// Largest request body: 64 KiB (a connect body is about 1.7 KB).
 const MAX_BODY: usize = 64 * 1024;
-/// Time a client has to send its whole request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a client has to send a request head (or to start its next one on a
+/// kept-alive connection), its body, or its TLS handshake: 10 s.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Body = Full<Bytes>;
 
 pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
     loop {
@@ -32,13 +45,13 @@ pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
         let registry = registry.clone();
         match registry.config.tls.clone() {
             None => {
-                tokio::spawn(async move { handle(registry, stream).await });
+                tokio::spawn(serve_connection(registry, stream));
             }
             Some(tls) => {
                 tokio::spawn(async move {
                     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-                    match tokio::time::timeout(REQUEST_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => handle(registry, stream).await,
+                    match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_connection(registry, stream).await,
                         Ok(Err(e)) => tracing::debug!("tls handshake failed: {e}"),
                         Err(_) => tracing::debug!("tls handshake timed out"),
                     }
@@ -48,199 +61,173 @@ pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
     }
 }
 
-struct Request {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body_start: Vec<u8>,
-    content_length: usize,
-}
-
-impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Option<Request> {
-    let mut buf = Vec::with_capacity(2048);
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; 64];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(len)) => {
-                let headers: Vec<(String, String)> = req
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.name.to_string(),
-                            String::from_utf8_lossy(h.value).into_owned(),
-                        )
-                    })
-                    .collect();
-                let content_length = headers
-                    .iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
-                    .and_then(|(_, v)| v.trim().parse().ok())
-                    .unwrap_or(0);
-                return Some(Request {
-                    method: req.method?.to_string(),
-                    path: req.path?.to_string(),
-                    headers,
-                    body_start: buf[len..].to_vec(),
-                    content_length,
-                });
-            }
-            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
-            _ => return None,
-        }
-    }
-}
-
-async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, reply: Reply) {
-    let reason = match reply.status {
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        413 => "Payload Too Large",
-        503 => "Service Unavailable",
-        _ => "Error",
-    };
-    let mut head = format!(
-        "HTTP/1.1 {} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
-        reply.status,
-        reply.body.len()
-    );
-    for (k, v) in &reply.headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    let _ = stream.write_all(head.as_bytes()).await;
-    let _ = stream.write_all(reply.body.as_bytes()).await;
-    let _ = stream.shutdown().await;
-}
-
-fn bearer(req: &Request) -> Option<&str> {
-    let v = req.header("authorization")?.trim();
-    let (scheme, token) = v.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
-async fn handle<S>(registry: Arc<Registry>, mut stream: S)
+/// Serves one connection's requests until it closes, idles past
+/// [`HEAD_TIMEOUT`], or is upgraded to a relay socket.
+async fn serve_connection<S>(registry: Arc<Registry>, io: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let Ok(Some(req)) = tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream)).await else {
-        return;
-    };
-    let (path, query) = match req.path.split_once('?') {
-        Some((p, q)) => (p.to_string(), q.to_string()),
-        None => (req.path.clone(), String::new()),
-    };
-    if req.method == "GET" && path == "/relay" {
-        return upgrade(registry, stream, &req, &query).await;
+    let service = hyper::service::service_fn(move |req| {
+        let registry = registry.clone();
+        async move { Ok::<_, Infallible>(route(registry, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        tracing::debug!("registry connection ended: {e}");
     }
-    if req.method == "GET" && (path == "/livez" || path == "/readyz") {
-        let reply = match (path.as_str(), registry.ready()) {
+}
+
+fn respond(reply: Reply) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(reply.body)));
+    *r.status_mut() = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = r.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    for (name, value) in reply.headers {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    }
+    r
+}
+
+fn bearer(req: &Request<Incoming>) -> Option<String> {
+    let v = req.headers().get(AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, token) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_string())
+}
+
+async fn route(registry: Arc<Registry>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    if method == Method::GET && path == "/relay" {
+        return upgrade(registry, req).await;
+    }
+    if method == Method::GET && (path == "/livez" || path == "/readyz") {
+        return respond(match (path.as_str(), registry.ready()) {
             ("/livez", _) | (_, Ok(())) => Reply::json(&serde_json::json!({
                 "status": "ok", "node": registry.node_id()
             })),
             (_, Err(why)) => Reply::error(503, "not_ready", &why),
-        };
-        return respond(&mut stream, reply).await;
+        });
     }
-    let Some(rest) = path.strip_prefix("/cloud/environment/") else {
-        return respond(
-            &mut stream,
-            Reply::error(404, "not_found", "no such endpoint"),
-        )
-        .await;
-    };
-    if req.method != "POST" {
-        return respond(
-            &mut stream,
-            Reply::error(405, "method_not_allowed", "use POST"),
-        )
-        .await;
+    if method == Method::GET && path == "/metrics" {
+        let mut r = Response::new(Full::new(Bytes::from(registry.render_metrics())));
+        r.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        return r;
     }
-    if req.content_length > MAX_BODY {
-        return respond(
-            &mut stream,
-            Reply::error(413, "too_large", "request body too large"),
-        )
-        .await;
-    }
-    let mut body = req.body_start.clone();
-    if body.len() < req.content_length {
-        let mut more = vec![0u8; req.content_length - body.len()];
-        if tokio::time::timeout(REQUEST_TIMEOUT, stream.read_exact(&mut more))
-            .await
-            .map_or(true, |r| r.is_err())
-        {
-            return;
-        }
-        body.extend_from_slice(&more);
-    }
-    body.truncate(req.content_length);
     // `{id}/{action}`: the id is the first segment, taken as sent (a valid id
     // never needs percent-encoding, so an encoded one is refused as invalid).
-    let Some((env, action)) = rest.split_once('/') else {
-        return respond(
-            &mut stream,
-            Reply::error(404, "not_found", "no such endpoint"),
-        )
-        .await;
+    let Some((env, action)) = path
+        .strip_prefix("/cloud/environment/")
+        .and_then(|rest| rest.split_once('/'))
+    else {
+        return respond(Reply::error(404, "not_found", "no such endpoint"));
     };
-    let reply = registry.handle_post(env, action, bearer(&req), &body).await;
-    respond(&mut stream, reply).await;
-}
-
-async fn upgrade<S>(registry: Arc<Registry>, mut stream: S, req: &Request, query: &str)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let key = match (req.header("upgrade"), req.header("sec-websocket-key")) {
-        (Some(u), Some(k)) if u.eq_ignore_ascii_case("websocket") => k.trim().to_string(),
-        _ => {
-            return respond(
-                &mut stream,
-                Reply::error(400, "bad_request", "expected a WebSocket upgrade"),
-            )
-            .await
+    if method != Method::POST {
+        return respond(Reply::error(405, "method_not_allowed", "use POST"));
+    }
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return respond(too_large());
+    }
+    let bearer = bearer(&req);
+    let body = match tokio::time::timeout(
+        HEAD_TIMEOUT,
+        Limited::new(req.into_body(), MAX_BODY).collect(),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return respond(too_large()),
+        Ok(Err(_)) => return respond(Reply::error(400, "bad_request", "unreadable body")),
+        Err(_) => {
+            return respond(Reply::error(408, "timeout", "request body too slow"));
         }
     };
-    let admitted = match registry.admit_upgrade(query).await {
+    let reply = registry
+        .handle_post(env, action, bearer.as_deref(), &body)
+        .await;
+    respond(reply)
+}
+
+fn too_large() -> Reply {
+    Reply::error(413, "too_large", "request body too large")
+}
+
+/// Answers a `/relay` upgrade once its signed URL is admitted, and serves the
+/// socket after the 101 is sent.
+async fn upgrade(registry: Arc<Registry>, mut req: Request<Incoming>) -> Response<Body> {
+    let headers = req.headers();
+    let is_websocket = headers
+        .get(hyper::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|u| u.trim().eq_ignore_ascii_case("websocket"));
+    let key = headers
+        .get(hyper::header::SEC_WEBSOCKET_KEY)
+        .map(|k| k.as_bytes().to_vec());
+    let (true, Some(key)) = (is_websocket, key) else {
+        return respond(Reply::error(
+            400,
+            "bad_request",
+            "expected a WebSocket upgrade",
+        ));
+    };
+    let query = req.uri().query().unwrap_or("").to_string();
+    let admitted = match registry.admit_upgrade(&query).await {
         Ok(a) => a,
         Err(reason) => {
             let mut r = Reply::error(403, reason, "relay upgrade refused");
             r.headers.push((REJECTION_HEADER, reason.to_string()));
-            return respond(&mut stream, r).await;
+            return respond(r);
         }
     };
-    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
-    let head = format!(
-        "HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: websocket\r\nsec-websocket-accept: {accept}\r\n\r\n"
+    let upgraded = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let io = match upgraded.await {
+            Ok(io) => io,
+            Err(e) => {
+                tracing::debug!("relay upgrade failed: {e}");
+                return;
+            }
+        };
+        let mut cfg = WebSocketConfig::default();
+        cfg.max_message_size = Some(crate::frame::MAX_FRAME_BYTES);
+        cfg.max_frame_size = Some(crate::frame::MAX_FRAME_BYTES);
+        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(io),
+            Role::Server,
+            Some(cfg),
+        )
+        .await;
+        registry.serve_socket(ws, admitted).await;
+    });
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(&key);
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(
+        hyper::header::CONNECTION,
+        HeaderValue::from_static("Upgrade"),
     );
-    if stream.write_all(head.as_bytes()).await.is_err() || !req.body_start.is_empty() {
-        return;
+    h.insert(
+        hyper::header::UPGRADE,
+        HeaderValue::from_static("websocket"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        h.insert(hyper::header::SEC_WEBSOCKET_ACCEPT, v);
     }
-    let mut cfg = WebSocketConfig::default();
-    cfg.max_message_size = Some(crate::frame::MAX_FRAME_BYTES);
-    cfg.max_frame_size = Some(crate::frame::MAX_FRAME_BYTES);
-    let ws =
-        tokio_tungstenite::WebSocketStream::from_raw_socket(stream, Role::Server, Some(cfg)).await;
-    registry.serve_socket(ws, admitted).await;
+    r
 }

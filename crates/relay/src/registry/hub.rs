@@ -119,6 +119,8 @@ pub struct Hub {
     admission: tokio::sync::Mutex<()>,
     next_id: AtomicU64,
     executor_silence: Duration,
+    /// Bytes routed and streams reset, for the node's metrics.
+    pub(crate) counters: super::metrics::Counters,
 }
 
 impl Default for Hub {
@@ -209,6 +211,7 @@ impl Hub {
             admission: tokio::sync::Mutex::new(()),
             next_id: AtomicU64::new(0),
             executor_silence,
+            counters: super::metrics::Counters::default(),
         }
     }
 
@@ -218,6 +221,14 @@ impl Hub {
 
     async fn admit(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.admission.lock().await
+    }
+
+    /// Executor sockets attached and harness streams open on this node.
+    pub fn counts(&self) -> (usize, usize) {
+        let routes = self.lock();
+        let executors = routes.values().filter(|r| r.executor.is_some()).count();
+        let streams = routes.values().map(|r| r.streams.len()).sum();
+        (executors, streams)
     }
 
     /// Whether an executor socket is attached for `env`.
@@ -317,7 +328,10 @@ impl Hub {
                 .get(&link.env)
                 .and_then(|r| r.streams.get(&stream_id).cloned());
             if let Some(t) = target {
-                if !t.push(bytes.to_vec()) {
+                let n = bytes.len() as u64;
+                if t.push(bytes.to_vec()) {
+                    self.counters.to_harness.inc_by(n);
+                } else {
                     self.reset_stalled(&link.env, &stream_id, &t);
                 }
             }
@@ -342,6 +356,7 @@ impl Hub {
             route.executor.as_ref().map(|e| e.tx.clone())
         };
         tracing::info!(environment = %env, "a harness stopped reading: its stream is reset");
+        self.counters.stalled_resets.inc();
         queue.stop.cancel();
         if let Some(executor) = executor {
             let _ = executor.try_send(Frame::reset(stream_id, RESET_HARNESS_DISCONNECTED).encode());
@@ -412,7 +427,11 @@ impl Hub {
             if frame::peek_stream_id(&bytes).ok().as_deref() != Some(stream_id.as_str()) {
                 continue;
             }
+            let n = bytes.len() as u64;
             ok = executor.send(bytes.to_vec()).await.is_ok();
+            if ok {
+                self.counters.to_executor.inc_by(n);
+            }
         }
         let still_ours = {
             let mut routes = self.lock();

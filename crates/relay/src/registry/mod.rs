@@ -1,9 +1,10 @@
 //! Our environment registry and rendezvous relay in one process: the three
 //! registry endpoints (`POST /cloud/environment/{id}/register`, `/connect`,
 //! `/validate`), the relay WebSocket (`GET /relay?…`, signed URL) and
-//! `GET /livez` (200 while the process serves) and `GET /readyz` (200 once
-//! the store answered the node's last heartbeat, else 503) on one
-//! port, HTTP/1.1 (over TLS when configured) with one request per connection.
+//! `GET /livez` (200 while the process serves), `GET /readyz` (200 once
+//! the store answered the node's last heartbeat, else 503) and
+//! `GET /metrics` (the node's Prometheus metrics, see [`metrics`]) on one
+//! port, HTTP/1.1 with keep-alive (over TLS when configured), served by hyper.
 //!
 //! What it guarantees: relay URLs are signed and expire; an authorization names
 //! one harness key, one registration and one environment, is single use and
@@ -17,6 +18,7 @@
 
 pub mod fleet;
 pub mod hub;
+pub mod metrics;
 pub mod postgres;
 pub mod signing;
 pub mod sqlite;
@@ -82,6 +84,7 @@ pub struct Registry {
     node_id: String,
     /// The store answered this node's last heartbeat (`/readyz`).
     store_ok: std::sync::atomic::AtomicBool,
+    metrics: metrics::NodeMetrics,
 }
 
 /// An HTTP answer: status, JSON body, extra headers.
@@ -131,9 +134,17 @@ impl Registry {
         store: Arc<dyn Store>,
         ws_base: String,
     ) -> Result<Arc<Registry>, store::StoreError> {
+        let store_seconds = metrics::store_histogram();
+        let store: Arc<dyn Store> = Arc::new(metrics::TimedStore {
+            inner: store,
+            seconds: store_seconds.clone(),
+        });
+        let hub = hub::Hub::new(config.executor_silence_timeout);
+        let metrics = metrics::NodeMetrics::new(&hub.counters, &store_seconds);
         Ok(Arc::new(Registry {
             signing_key: store.signing_key().await?,
-            hub: hub::Hub::new(config.executor_silence_timeout),
+            hub,
+            metrics,
             config,
             store,
             ws_base,
@@ -148,6 +159,12 @@ impl Registry {
         let heartbeat = tokio::spawn(fleet::heartbeat(self.clone()));
         http::serve(self, listener).await;
         heartbeat.abort();
+    }
+
+    /// This node's metrics in the Prometheus text format (`GET /metrics`).
+    fn render_metrics(&self) -> String {
+        let (executors, streams) = self.hub.counts();
+        self.metrics.render(executors, streams)
     }
 
     fn relay_url(&self, base: &str, grant: &Grant, ttl: Duration) -> String {

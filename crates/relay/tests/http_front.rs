@@ -1,0 +1,220 @@
+//! The registry's HTTP side as a client sees it on the wire: keep-alive,
+//! size limits, the slow-client timeout, and the node's metrics.
+
+use exec_server_relay::executor::{self, StreamHandler};
+use exec_server_relay::harness;
+use exec_server_relay::keys::Identity;
+use exec_server_relay::noise::OsRandom;
+use exec_server_relay::registry::store::MemoryStore;
+use exec_server_relay::registry::{Config, Registry};
+use exec_server_relay::registry_client::RegistryClient;
+use exec_server_relay::stream::Channel;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+async fn start_registry() -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let reg = Registry::new(
+        Config::default(),
+        Arc::new(MemoryStore::default()),
+        format!("ws://{addr}"),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(reg.serve(l));
+    addr.to_string()
+}
+
+/// Reads one response: its status and body (by `content-length`).
+async fn read_response(r: &mut BufReader<TcpStream>) -> (u16, String) {
+    let mut line = String::new();
+    r.read_line(&mut line).await.unwrap();
+    let status = line.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let mut len = 0;
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).await.unwrap();
+        if h == "\r\n" || h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).await.unwrap();
+    (status, String::from_utf8(body).unwrap())
+}
+
+/// Reads until the server closes the connection (bounded at 30 s).
+async fn read_to_close(r: &mut BufReader<TcpStream>) -> String {
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), r.read_to_end(&mut rest))
+        .await
+        .expect("the server closes the connection")
+        .unwrap_or(0);
+    String::from_utf8_lossy(&rest).into_owned()
+}
+
+/// Three requests on one connection get three answers: the connection is
+/// kept alive.
+#[tokio::test]
+async fn one_connection_serves_several_requests() {
+    let addr = start_registry().await;
+    let mut conn = BufReader::new(TcpStream::connect(&addr).await.unwrap());
+    for path in ["/livez", "/readyz", "/livez"] {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+        conn.get_mut().write_all(req.as_bytes()).await.unwrap();
+        let (status, body) = read_response(&mut conn).await;
+        assert!(
+            status == 200 || (path == "/readyz" && status == 503),
+            "{path}: {status} {body}"
+        );
+        assert!(
+            body.contains("\"node\"") || body.contains("not_ready"),
+            "{body}"
+        );
+    }
+    let body = "{}";
+    let req = format!(
+        "POST /cloud/environment/a%2Fb/connect HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.get_mut().write_all(req.as_bytes()).await.unwrap();
+    let (status, body) = read_response(&mut conn).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid_environment_id"), "{body}");
+}
+
+/// A body over 64 KiB is refused with 413 before it is read; a head over
+/// 16 KiB is refused (431) and the connection closed.
+#[tokio::test]
+async fn oversized_bodies_and_heads_are_refused() {
+    let addr = start_registry().await;
+    let mut conn = BufReader::new(TcpStream::connect(&addr).await.unwrap());
+    let req = format!(
+        "POST /cloud/environment/e/connect HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 100000\r\n\r\n"
+    );
+    conn.get_mut().write_all(req.as_bytes()).await.unwrap();
+    let (status, body) = read_response(&mut conn).await;
+    assert_eq!(status, 413, "{body}");
+
+    let mut conn = BufReader::new(TcpStream::connect(&addr).await.unwrap());
+    let big = "x".repeat(20 * 1024);
+    let req = format!("GET /livez HTTP/1.1\r\nHost: {addr}\r\nX-Big: {big}\r\n\r\n");
+    // The server may close before it has read everything: a failed write is
+    // the same outcome as an answer.
+    let _ = conn.get_mut().write_all(req.as_bytes()).await;
+    let rest = read_to_close(&mut conn).await;
+    assert!(
+        rest.is_empty() || rest.starts_with("HTTP/1.1 431"),
+        "{rest:?}"
+    );
+}
+
+/// A client that sends half a head and then nothing is cut off after the
+/// head timeout (10 s), and so is one idle between requests.
+#[tokio::test]
+async fn slow_and_idle_clients_are_cut_off() {
+    let addr = start_registry().await;
+    let start = Instant::now();
+    let mut slow = BufReader::new(TcpStream::connect(&addr).await.unwrap());
+    slow.get_mut().write_all(b"GET /livez HT").await.unwrap();
+    let mut idle = BufReader::new(TcpStream::connect(&addr).await.unwrap());
+    let req = format!("GET /livez HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    idle.get_mut().write_all(req.as_bytes()).await.unwrap();
+    assert_eq!(read_response(&mut idle).await.0, 200);
+    let (slow_rest, idle_rest) = tokio::join!(read_to_close(&mut slow), read_to_close(&mut idle));
+    assert!(!slow_rest.contains(" 200 "), "{slow_rest:?}");
+    assert!(
+        idle_rest.is_empty() || idle_rest.starts_with("HTTP/1.1 408"),
+        "{idle_rest:?}"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(9),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+fn echo_handler() -> StreamHandler {
+    Arc::new(|mut ch: Channel| {
+        tokio::spawn(async move {
+            while let Some(m) = ch.inbound.recv().await {
+                if ch.outbound.send(m).await.is_err() {
+                    break;
+                }
+            }
+        });
+    })
+}
+
+/// The value of the metric line that starts with `name ` (0 when absent).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `/metrics` counts the node's executor sockets, streams, relayed bytes
+/// and store calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_sockets_streams_and_bytes() {
+    let addr = start_registry().await;
+    let base = format!("http://{addr}");
+    let config = executor::Config {
+        registry: RegistryClient::new(&base, "exec", None, true).unwrap(),
+        environment_id: "m".into(),
+        keepalive: executor::KEEPALIVE,
+        pong_timeout: executor::PONG_TIMEOUT,
+        observer: Arc::new(executor::NoObserver),
+    };
+    let exec = tokio::spawn(executor::run(config, echo_handler()));
+    let client = RegistryClient::new(&base, "harness", None, true).unwrap();
+    let me = Identity::generate(&mut OsRandom);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut ch = loop {
+        match harness::connect(&client, "m", &me).await {
+            Ok(ch) => break ch,
+            Err(e) => assert!(Instant::now() < deadline, "executor never attached: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let msg = vec![5u8; 100_000];
+    ch.outbound.send(msg.clone()).await.unwrap();
+    let back = tokio::time::timeout(Duration::from_secs(10), ch.inbound.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, msg);
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(&text, "exec_server_registry_executors_attached"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "exec_server_registry_streams_open"),
+        1.0,
+        "{text}"
+    );
+    for direction in ["to_executor", "to_harness"] {
+        let name = format!("exec_server_registry_relayed_bytes_{direction}_total");
+        assert!(metric(&text, &name) > 100_000.0, "{name}: {text}");
+    }
+    assert!(
+        metric(&text, "exec_server_registry_store_seconds_count") >= 3.0,
+        "{text}"
+    );
+    exec.abort();
+}
