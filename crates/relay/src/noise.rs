@@ -358,25 +358,36 @@ impl CipherState {
     }
 
     fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
+        let mut out = Vec::with_capacity(plaintext.len() + TAG_LEN);
+        out.extend_from_slice(plaintext);
+        self.seal_in_place(&mut out, 0)?;
+        Ok(out)
+    }
+
+    fn seal_in_place(&mut self, buf: &mut Vec<u8>, start: usize) -> Result<(), NoiseError> {
+        let plaintext = buf.get_mut(start..).ok_or(NoiseError::Length)?;
         if plaintext.len() + TAG_LEN > MAX_MESSAGE_LEN {
             return Err(NoiseError::Length);
         }
         let nonce = self.next_nonce()?;
-        let mut out = Vec::with_capacity(plaintext.len() + TAG_LEN);
-        out.extend_from_slice(plaintext);
-        self.key
-            .seal_in_place_append_tag(nonce, ring::aead::Aad::empty(), &mut out)
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(nonce, ring::aead::Aad::empty(), plaintext)
             .map_err(|_| NoiseError::Length)?;
+        buf.extend_from_slice(tag.as_ref());
         self.nonce += 1;
-        Ok(out)
+        Ok(())
     }
 
     fn decrypt(&mut self, ciphertext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        if ciphertext.len() < TAG_LEN || ciphertext.len() > MAX_MESSAGE_LEN {
+        self.open_owned(ciphertext.to_vec())
+    }
+
+    fn open_owned(&mut self, mut buf: Vec<u8>) -> Result<Vec<u8>, NoiseError> {
+        if buf.len() < TAG_LEN || buf.len() > MAX_MESSAGE_LEN {
             return Err(NoiseError::Length);
         }
         let nonce = self.next_nonce()?;
-        let mut buf = ciphertext.to_vec();
         let n = self
             .key
             .open_in_place(nonce, ring::aead::Aad::empty(), &mut buf)
@@ -405,6 +416,13 @@ impl Sealer {
     pub fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
         self.0.encrypt(plaintext)
     }
+
+    /// Encrypts `buf[start..]` (the next record's plaintext) where it lies
+    /// and appends its tag: the same record as [`Sealer::encrypt`], with no
+    /// copy. Errors as [`Transport::encrypt`].
+    pub fn seal_in_place(&mut self, buf: &mut Vec<u8>, start: usize) -> Result<(), NoiseError> {
+        self.0.seal_in_place(buf, start)
+    }
 }
 
 impl Opener {
@@ -412,9 +430,27 @@ impl Opener {
     pub fn decrypt(&mut self, ciphertext: &[u8]) -> Result<Vec<u8>, NoiseError> {
         self.0.decrypt(ciphertext)
     }
+
+    /// As [`Opener::decrypt`], decrypting `record` where it lies.
+    pub fn decrypt_owned(&mut self, record: Vec<u8>) -> Result<Vec<u8>, NoiseError> {
+        self.0.open_owned(record)
+    }
 }
 
 impl Transport {
+    /// A transport whose send and receive keys are `send` and `recv` (from
+    /// nonce 0), for tests that need two identical ones.
+    #[cfg(test)]
+    pub(crate) fn from_keys(send: &[u8; 32], recv: &[u8; 32]) -> Transport {
+        let state = |k: &[u8; 32]| {
+            CipherState::from_handshake(ClatterCipher::new(k, 0)).unwrap_or_else(|_| unreachable!())
+        };
+        Transport {
+            send: state(send),
+            recv: state(recv),
+        }
+    }
+
     /// Separates the directions so a writer task and a reader task can each own one.
     pub fn split(self) -> (Sealer, Opener) {
         (Sealer(self.send), Opener(self.recv))

@@ -28,36 +28,54 @@ pub fn split(message: &[u8]) -> Result<Vec<Vec<u8>>, BadLength> {
         .collect())
 }
 
-/// Reassembles messages from decrypted records. Holds at most one partial
-/// message (≤ 4 + 64 MiB).
+/// Capacity reserved for a message when its length prefix arrives, at most:
+/// 4 MiB (a longer one grows as its records come, so a prefix alone cannot
+/// make the receiver reserve 64 MiB).
+const RESERVE_BYTES: usize = 4 << 20;
+
+/// Reassembles messages from decrypted records, wherever the records cut
+/// them. Holds at most one partial message (≤ 64 MiB), each byte copied once
+/// into the message it belongs to.
 #[derive(Default)]
 pub struct Reassembler {
-    buf: Vec<u8>,
+    prefix: [u8; 4],
+    prefix_len: usize,
+    body: Vec<u8>,
+    /// Bytes of `body` still missing, once the prefix is whole.
+    need: usize,
 }
 
 impl Reassembler {
     /// Appends one record and returns every message now complete. Errors:
     /// [`BadLength`]; the stream must then be torn down.
-    pub fn push(&mut self, record: &[u8]) -> Result<Vec<Vec<u8>>, BadLength> {
-        self.buf.extend_from_slice(record);
+    pub fn push(&mut self, mut record: &[u8]) -> Result<Vec<Vec<u8>>, BadLength> {
         let mut out = Vec::new();
-        let mut start = 0;
-        loop {
-            let rest = &self.buf[start..];
-            if rest.len() < 4 {
-                break;
+        while !record.is_empty() {
+            if self.prefix_len < 4 {
+                let k = (4 - self.prefix_len).min(record.len());
+                self.prefix[self.prefix_len..self.prefix_len + k].copy_from_slice(&record[..k]);
+                self.prefix_len += k;
+                record = &record[k..];
+                if self.prefix_len < 4 {
+                    break;
+                }
+                let len = u32::from_be_bytes(self.prefix) as usize;
+                if len == 0 || len > MAX_MESSAGE_LEN {
+                    return Err(BadLength);
+                }
+                self.body = Vec::with_capacity(len.min(RESERVE_BYTES));
+                self.need = len;
+                continue;
             }
-            let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            if len == 0 || len > MAX_MESSAGE_LEN {
-                return Err(BadLength);
+            let k = self.need.min(record.len());
+            self.body.extend_from_slice(&record[..k]);
+            record = &record[k..];
+            self.need -= k;
+            if self.need == 0 {
+                out.push(std::mem::take(&mut self.body));
+                self.prefix_len = 0;
             }
-            if rest.len() < 4 + len {
-                break;
-            }
-            out.push(rest[4..4 + len].to_vec());
-            start += 4 + len;
         }
-        self.buf.drain(..start);
         Ok(out)
     }
 }

@@ -19,6 +19,7 @@
 //! live for at most that long after its last frame.
 
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -49,7 +50,7 @@ pub const EXECUTOR_SILENCE_TIMEOUT: Duration = Duration::from_secs(60);
 struct ExecutorLink {
     id: u64,
     registration_id: String,
-    tx: mpsc::Sender<Vec<u8>>,
+    tx: mpsc::Sender<Bytes>,
     stop: CancellationToken,
 }
 
@@ -66,14 +67,14 @@ struct Route {
 /// reset (the client resumes its session on a new stream, losing nothing).
 #[derive(Clone)]
 struct HarnessQueue {
-    tx: mpsc::UnboundedSender<Vec<u8>>,
+    tx: mpsc::UnboundedSender<Bytes>,
     queued: Arc<AtomicUsize>,
     stop: CancellationToken,
 }
 
 impl HarnessQueue {
     /// Queues `frame`; false when the harness is gone or over its budget.
-    fn push(&self, frame: Vec<u8>) -> bool {
+    fn push(&self, frame: Bytes) -> bool {
         let n = frame.len();
         if self.queued.fetch_add(n, Ordering::SeqCst) + n > STREAM_BUFFER_BYTES {
             self.queued.fetch_sub(n, Ordering::SeqCst);
@@ -86,13 +87,13 @@ impl HarnessQueue {
 /// What a socket's writer takes frames from.
 enum Inbox {
     /// From harnesses to an executor: senders wait when it is full.
-    Bounded(mpsc::Receiver<Vec<u8>>),
+    Bounded(mpsc::Receiver<Bytes>),
     /// From an executor to one harness ([`HarnessQueue`]).
-    Counted(mpsc::UnboundedReceiver<Vec<u8>>, Arc<AtomicUsize>),
+    Counted(mpsc::UnboundedReceiver<Bytes>, Arc<AtomicUsize>),
 }
 
 impl Inbox {
-    async fn recv(&mut self) -> Option<Vec<u8>> {
+    async fn recv(&mut self) -> Option<Bytes> {
         match self {
             Inbox::Bounded(rx) => rx.recv().await,
             Inbox::Counted(rx, queued) => {
@@ -139,7 +140,7 @@ pub struct ExecutorLive;
 /// Dropping it unserved detaches it again.
 pub struct ExecutorAttachment {
     link: AttachedLink,
-    rx: mpsc::Receiver<Vec<u8>>,
+    rx: mpsc::Receiver<Bytes>,
 }
 
 impl ExecutorAttachment {
@@ -187,7 +188,7 @@ where
         ping.tick().await;
         loop {
             let msg = tokio::select! {
-                m = rx.recv() => match m { Some(b) => Message::Binary(b.into()), None => break },
+                m = rx.recv() => match m { Some(b) => Message::Binary(b), None => break },
                 _ = ping.tick() => Message::Ping(Vec::new().into()),
                 _ = stop.cancelled() => break,
             };
@@ -329,7 +330,7 @@ impl Hub {
                 .and_then(|r| r.streams.get(&stream_id).cloned());
             if let Some(t) = target {
                 let n = bytes.len() as u64;
-                if t.push(bytes.to_vec()) {
+                if t.push(bytes) {
                     self.counters.to_harness.inc_by(n);
                 } else {
                     self.reset_stalled(&link.env, &stream_id, &t);
@@ -359,7 +360,11 @@ impl Hub {
         self.counters.stalled_resets.inc();
         queue.stop.cancel();
         if let Some(executor) = executor {
-            let _ = executor.try_send(Frame::reset(stream_id, RESET_HARNESS_DISCONNECTED).encode());
+            let _ = executor.try_send(
+                Frame::reset(stream_id, RESET_HARNESS_DISCONNECTED)
+                    .encode()
+                    .into(),
+            );
         }
     }
 
@@ -411,7 +416,7 @@ impl Hub {
             PING_INTERVAL,
         );
         drop(queue);
-        let mut ok = executor.send(first.to_vec()).await.is_ok();
+        let mut ok = executor.send(first).await.is_ok();
         while ok {
             let msg = tokio::select! {
                 m = stream.next() => m,
@@ -428,7 +433,7 @@ impl Hub {
                 continue;
             }
             let n = bytes.len() as u64;
-            ok = executor.send(bytes.to_vec()).await.is_ok();
+            ok = executor.send(bytes).await.is_ok();
             if ok {
                 self.counters.to_executor.inc_by(n);
             }
@@ -441,7 +446,9 @@ impl Hub {
                 .is_some()
         };
         if still_ours {
-            let reset = Frame::reset(&stream_id, RESET_HARNESS_DISCONNECTED).encode();
+            let reset = Frame::reset(&stream_id, RESET_HARNESS_DISCONNECTED)
+                .encode()
+                .into();
             let _ = executor.try_send(reset);
         }
         stop.cancel();
