@@ -29,6 +29,13 @@ const MAX_BODY: usize = 64 * 1024;
 /// kept-alive connection), its body, or its TLS handshake: 10 s.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Read buffer of a relay socket, and the most one read takes: 8 KiB.
+/// tungstenite fills its whole read buffer with zeros before reading, so
+/// this is memory every attached socket holds, idle or not (its 128 KiB
+/// default made an idle executor cost a node about 146 KiB); a frame larger
+/// than this grows the buffer for as long as it takes.
+const SOCKET_READ_BUFFER: usize = 8 * 1024;
+
 type Body = Full<Bytes>;
 
 pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
@@ -204,6 +211,7 @@ async fn upgrade(registry: Arc<Registry>, mut req: Request<Incoming>) -> Respons
             }
         };
         let mut cfg = WebSocketConfig::default();
+        cfg.read_buffer_size = SOCKET_READ_BUFFER;
         cfg.max_message_size = Some(crate::frame::MAX_FRAME_BYTES);
         cfg.max_frame_size = Some(crate::frame::MAX_FRAME_BYTES);
         let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
