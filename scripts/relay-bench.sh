@@ -2,7 +2,10 @@
 # Remote-mode benchmark on loopback: one release exec-server serving directly,
 # our registry+relay, and an executor behind it; then relay_bench drives both.
 # Usage: scripts/relay-bench.sh [SPAWNS] [IDLE]   (after the two release builds
-# named in BENCHMARKS.md). Every process started here is stopped by PID.
+# named in BENCHMARKS.md). EXEC names the server and executor program (default
+# ours; EXEC="codex-ref exec-server" measures the reference's behind our
+# registry and relay, with our client). Every process started here is stopped
+# by PID.
 set -eu
 BIN=${BIN:-target/release/exec-server}
 BENCH=${BENCH:-target/release/examples/relay_bench}
@@ -10,7 +13,8 @@ dir=$(mktemp -d)
 pids=""
 cleanup() { for p in $pids; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT INT TERM
-"$BIN" --listen ws://127.0.0.1:0 >"$dir/direct" 2>/dev/null &
+EXEC=${EXEC:-$BIN}
+$EXEC --listen ws://127.0.0.1:0 >"$dir/direct" 2>/dev/null &
 pids="$pids $!"
 "$BIN" registry --listen 127.0.0.1:0 >"$dir/registry" 2>/dev/null &
 pids="$pids $!"
@@ -20,7 +24,9 @@ for f in direct registry; do
 done
 direct=$(head -n1 "$dir/direct")
 registry=$(head -n1 "$dir/registry")
-echo bench | "$BIN" --remote "$registry" --environment-id bench --registration-bearer-stdin 2>/dev/null &
+# A bearer that cannot occur in a relay URL (the reference refuses a
+# registration answer whose url contains its bearer).
+echo executor-bearer-0123456789 | $EXEC --remote "$registry" --environment-id bench --registration-bearer-stdin >/dev/null 2>&1 &
 exec_pid=$!
 pids="$pids $exec_pid"
 "$BENCH" "$direct" "$registry" bench "$exec_pid" "${1:-300}" "${2:-100}"
