@@ -37,7 +37,11 @@ async fn delayed_copy(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if tx.send((Instant::now() + delay, buf[..n].to_vec())).await.is_err() {
+        if tx
+            .send((Instant::now() + delay, buf[..n].to_vec()))
+            .await
+            .is_err()
+        {
             break;
         }
     }
