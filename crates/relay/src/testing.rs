@@ -16,6 +16,9 @@ const PORT: u16 = 5432;
 /// and removed when dropped.
 pub struct TestPostgres {
     child: Child,
+    /// The child is running (not yet stopped and waited for): only then is
+    /// its PID ours to signal.
+    running: bool,
     dir: PathBuf,
 }
 
@@ -39,6 +42,37 @@ fn postgres_user() -> (u32, u32) {
     );
     // SAFETY: non-null, as checked.
     unsafe { ((*pw).pw_uid, (*pw).pw_gid) }
+}
+
+/// Starts `postgres` on the data in `dir`, its socket there, its log
+/// appended to `dir/server.log`.
+fn spawn_server(bin: &std::path::Path, dir: &std::path::Path, uid: u32, gid: u32) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .unwrap();
+    let mut server = Command::new(bin.join("postgres"));
+    server
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-k")
+        .arg(dir)
+        .args([
+            "-c",
+            "listen_addresses=",
+            "-c",
+            "fsync=off",
+            "-p",
+            &PORT.to_string(),
+        ])
+        .uid(uid)
+        .gid(gid)
+        .env("LC_ALL", "C")
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(log);
+    server.spawn().expect("start postgres")
 }
 
 impl TestPostgres {
@@ -69,42 +103,58 @@ impl TestPostgres {
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let log = std::fs::File::create(dir.join("server.log")).unwrap();
-        let mut server = Command::new(bin.join("postgres"));
-        server
-            .arg("-D")
-            .arg(&data)
-            .arg("-k")
-            .arg(&dir)
-            .args([
-                "-c",
-                "listen_addresses=",
-                "-c",
-                "fsync=off",
-                "-p",
-                &PORT.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(log);
-        as_postgres(&mut server);
-        let child = server.spawn().expect("start postgres");
-        let db = TestPostgres { child, dir };
-        let socket = db.dir.join(format!(".s.PGSQL.{PORT}"));
+        let child = spawn_server(&bin, &dir, uid, gid);
+        let db = TestPostgres {
+            child,
+            running: true,
+            dir,
+        };
+        db.wait_ready();
+        db
+    }
+
+    /// Stops the server (fast shutdown) and waits for it to exit; its data
+    /// stays, for [`TestPostgres::start_again`].
+    pub fn stop(&mut self) {
+        if !self.running {
+            return;
+        }
+        // SAFETY: a signal to the server this test started and has not
+        // reaped yet.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+        self.running = false;
+    }
+
+    /// Starts the stopped server again on the same data and socket, and
+    /// waits until it accepts connections.
+    pub fn start_again(&mut self) {
+        let (uid, gid) = postgres_user();
+        self.stop();
+        self.child = spawn_server(&bin_dir(), &self.dir, uid, gid);
+        self.running = true;
+        self.wait_ready();
+    }
+
+    /// Waits (at most 30 s, else panics with the log) until the server
+    /// accepts connections.
+    fn wait_ready(&self) {
+        let socket = self.dir.join(format!(".s.PGSQL.{PORT}"));
         let deadline = Instant::now() + Duration::from_secs(30);
         while !socket.exists() {
             assert!(
                 Instant::now() < deadline,
                 "postgres did not start: {}",
-                db.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
         // The socket exists a moment before connections are accepted.
         let ready = || {
-            Command::new(bin.join("pg_isready"))
+            Command::new(bin_dir().join("pg_isready"))
                 .arg("-q")
                 .arg("-h")
-                .arg(&db.dir)
+                .arg(&self.dir)
                 .args(["-p", &PORT.to_string()])
                 .status()
                 .is_ok_and(|s| s.success())
@@ -113,11 +163,10 @@ impl TestPostgres {
             assert!(
                 Instant::now() < deadline,
                 "postgres not ready: {}",
-                db.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        db
     }
 
     /// A libpq URL for it (`postgresql:///postgres?host=DIR&port=…`).
@@ -136,9 +185,7 @@ impl TestPostgres {
 
 impl Drop for TestPostgres {
     fn drop(&mut self) {
-        // SAFETY: a signal to the server this test started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let _ = self.child.wait();
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -125,8 +125,12 @@ fn conflict_delays() -> impl Iterator<Item = Duration> {
     .take(MAX_CONFLICT_RETRIES as usize)
 }
 
+/// A refusal worth registering again for: another executor holds the
+/// environment (`registration_conflict`, retried as the reference does), or
+/// the node cannot reach its database for now (`store_unavailable`, ours).
 fn is_conflict(e: &RegistryError) -> bool {
-    matches!(e, RegistryError::Http { status: 503, code, .. } if code == "registration_conflict")
+    matches!(e, RegistryError::Http { status: 503, code, .. }
+        if code == "registration_conflict" || code == "store_unavailable")
 }
 
 /// Registers, retrying (as the reference does) only `503 registration_conflict`,

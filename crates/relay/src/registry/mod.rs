@@ -200,11 +200,22 @@ impl Registry {
         };
         result.unwrap_or_else(|e| {
             tracing::warn!(node = %self.node_id, "registry store failed: {e}");
-            Reply::error(
-                500,
-                "store_failed",
-                &format!("registry node {}: its store failed", self.node_id),
-            )
+            if e.is_unreachable() {
+                Reply::error(
+                    503,
+                    "store_unavailable",
+                    &format!(
+                        "registry node {}: its database is unreachable; try again shortly",
+                        self.node_id
+                    ),
+                )
+            } else {
+                Reply::error(
+                    500,
+                    "store_failed",
+                    &format!("registry node {}: its store failed", self.node_id),
+                )
+            }
         })
     }
 

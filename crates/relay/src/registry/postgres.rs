@@ -65,8 +65,30 @@ const MIGRATIONS: &[(i32, &str)] = &[
     ),
 ];
 
+/// How long a store call keeps retrying while the database is unreachable
+/// (a restart, a failover) before it fails: 8 s, so a request that gives up
+/// is answered (`500 store_failed`, naming the node) within the 10 s our
+/// clients wait. Calls made meanwhile wait; established relay streams never
+/// touch the database.
+pub const UNREACHABLE_WINDOW: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// Whether `e` means the database could not be reached or went away (worth
+/// retrying on a new connection), rather than refusing the statement.
+fn unreachable(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        // Class 08: connection exception; 57P01-03: admin or crash shutdown,
+        // cannot connect now (starting up or shutting down).
+        Some(code) => code.code().starts_with("08") || code.code().starts_with("57P"),
+        // No SQLSTATE: the socket failed (refused, reset, no such socket file).
+        None => std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
+    }
+}
+
 fn err(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError(format!("PostgreSQL {what}: {e}"))
+    StoreError::new(format!("PostgreSQL {what}: {e}"))
 }
 
 /// A store shared by every node on the same database.
@@ -115,6 +137,56 @@ impl PostgresStore {
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(|e| err("connection", e))
+    }
+
+    /// Runs `op` on a pooled connection. While the database is unreachable
+    /// (down, restarting, failing over: no connection, a closed one, or a
+    /// shutdown or connection error from the server) it retries, 50 ms
+    /// apart at first and then up to 1 s, for [`UNREACHABLE_WINDOW`], then
+    /// fails naming the last failure. Any other error fails at once.
+    async fn with_client<T, F, Fut>(&self, what: &str, op: F) -> Result<T, StoreError>
+    where
+        F: Fn(deadpool_postgres::Object) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        self.retrying(UNREACHABLE_WINDOW, what, op).await
+    }
+
+    /// [`Self::with_client`] retrying for `window` (zero: one attempt).
+    async fn retrying<T, F, Fut>(
+        &self,
+        window: std::time::Duration,
+        what: &str,
+        op: F,
+    ) -> Result<T, StoreError>
+    where
+        F: Fn(deadpool_postgres::Object) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + window;
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            let failure = match self.pool.get().await {
+                Ok(c) => match op(c).await {
+                    Ok(v) => return Ok(v),
+                    Err(e) if unreachable(&e) => e.to_string(),
+                    Err(e) => return Err(err(what, e)),
+                },
+                Err(deadpool_postgres::PoolError::Backend(e)) if !unreachable(&e) => {
+                    return Err(err("connection", e))
+                }
+                Err(e) => e.to_string(),
+            };
+            if tokio::time::Instant::now() + pause > deadline {
+                return Err(StoreError::unreachable(format!(
+                    "PostgreSQL {what}: the database is unreachable (retried for {} s): {failure}",
+                    window.as_secs()
+                )));
+            }
+            tracing::debug!("PostgreSQL {what}: unreachable ({failure}); retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(1));
+        }
     }
 
     /// Applies the migrations not yet recorded, one transaction each, under
@@ -203,32 +275,33 @@ fn unix(v: u64) -> i64 {
 impl Store for PostgresStore {
     async fn put_registration(&self, r: Registration) -> Result<(), StoreError> {
         let key = key_json(&r.executor_key)?;
-        self.client()
-            .await?
-            .execute(
+        let (env, reg, key) = (&r.environment_id, &r.registration_id, &key);
+        self.with_client("registration", |c| async move {
+            c.execute(
                 "INSERT INTO registrations (environment_id, registration_id, executor_key)
                  VALUES ($1, $2, $3)
                  ON CONFLICT (environment_id) DO UPDATE
                  SET registration_id = EXCLUDED.registration_id,
                      executor_key = EXCLUDED.executor_key,
                      updated_at = now()",
-                &[&r.environment_id, &r.registration_id, &key],
+                &[env, reg, key],
             )
             .await
-            .map_err(|e| err("registration", e))?;
+        })
+        .await?;
         Ok(())
     }
 
     async fn registration(&self, environment_id: &str) -> Result<Option<Registration>, StoreError> {
         let row = self
-            .client()
-            .await?
-            .query_opt(
-                "SELECT registration_id, executor_key FROM registrations WHERE environment_id = $1",
-                &[&environment_id],
-            )
-            .await
-            .map_err(|e| err("registration", e))?;
+            .with_client("registration", |c| async move {
+                c.query_opt(
+                    "SELECT registration_id, executor_key FROM registrations WHERE environment_id = $1",
+                    &[&environment_id],
+                )
+                .await
+            })
+            .await?;
         row.map(|row| {
             Ok(Registration {
                 environment_id: environment_id.to_string(),
@@ -241,22 +314,18 @@ impl Store for PostgresStore {
 
     async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
         let key = key_json(&a.harness_key)?;
-        self.client()
-            .await?
-            .execute(
+        let (a, key, expires) = (&a, &key, unix(a.expires_unix));
+        self.with_client("authorization", |c| async move {
+            c.execute(
                 "INSERT INTO authorizations
                      (token, environment_id, registration_id, harness_key, expires_unix)
-                 VALUES ($1, $2, $3, $4, $5)",
-                &[
-                    &token,
-                    &a.environment_id,
-                    &a.registration_id,
-                    &key,
-                    &unix(a.expires_unix),
-                ],
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (token) DO NOTHING",
+                &[&token, &a.environment_id, &a.registration_id, key, &expires],
             )
             .await
-            .map_err(|e| err("authorization", e))?;
+        })
+        .await?;
         Ok(())
     }
 
@@ -265,22 +334,22 @@ impl Store for PostgresStore {
         token: &str,
         now_unix: u64,
     ) -> Result<Option<Authorization>, StoreError> {
-        let c = self.client().await?;
         let now = unix(now_unix);
-        c.execute(
-            "DELETE FROM authorizations WHERE expires_unix < $1",
-            &[&now],
-        )
-        .await
-        .map_err(|e| err("authorization", e))?;
-        let row = c
-            .query_opt(
-                "DELETE FROM authorizations WHERE token = $1 AND expires_unix >= $2
-                 RETURNING environment_id, registration_id, harness_key, expires_unix",
-                &[&token, &now],
-            )
-            .await
-            .map_err(|e| err("authorization", e))?;
+        let row = self
+            .with_client("authorization", |c| async move {
+                c.execute(
+                    "DELETE FROM authorizations WHERE expires_unix < $1",
+                    &[&now],
+                )
+                .await?;
+                c.query_opt(
+                    "DELETE FROM authorizations WHERE token = $1 AND expires_unix >= $2
+                     RETURNING environment_id, registration_id, harness_key, expires_unix",
+                    &[&token, &now],
+                )
+                .await
+            })
+            .await?;
         row.map(|row| {
             Ok(Authorization {
                 environment_id: row.get(0),
@@ -295,50 +364,56 @@ impl Store for PostgresStore {
     async fn signing_key(&self) -> Result<[u8; 32], StoreError> {
         let mut fresh = [0u8; 32];
         crate::noise::Randomness::fill(&mut crate::noise::OsRandom, &mut fresh);
-        let c = self.client().await?;
-        c.execute(
-            "INSERT INTO signing_keys (id, key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
-            &[&&fresh[..]],
-        )
-        .await
-        .map_err(|e| err("signing key", e))?;
-        let row = c
-            .query_one("SELECT key FROM signing_keys WHERE id = 1", &[])
-            .await
-            .map_err(|e| err("signing key", e))?;
+        let fresh = &fresh[..];
+        let row = self
+            .with_client("signing key", |c| async move {
+                c.execute(
+                    "INSERT INTO signing_keys (id, key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+                    &[&fresh],
+                )
+                .await?;
+                c.query_one("SELECT key FROM signing_keys WHERE id = 1", &[])
+                    .await
+            })
+            .await?;
         let key: Vec<u8> = row.get(0);
         key.try_into()
             .map_err(|_| err("signing key", "the stored key is not 32 bytes"))
     }
 
     async fn node_heartbeat(&self, node_id: &str, ws_base: &str) -> Result<(), StoreError> {
-        self.client()
-            .await?
-            .execute(
-                "INSERT INTO nodes (node_id, ws_base) VALUES ($1, $2)
+        // One attempt: a missed heartbeat is what tells `/readyz` (and the
+        // other nodes) that this node cannot reach the database.
+        self.retrying(
+            std::time::Duration::ZERO,
+            "node heartbeat",
+            |c| async move {
+                c.execute(
+                    "INSERT INTO nodes (node_id, ws_base) VALUES ($1, $2)
                  ON CONFLICT (node_id) DO UPDATE SET ws_base = EXCLUDED.ws_base, seen_at = now()",
-                &[&node_id, &ws_base],
-            )
-            .await
-            .map_err(|e| err("node heartbeat", e))?;
+                    &[&node_id, &ws_base],
+                )
+                .await
+            },
+        )
+        .await?;
         Ok(())
     }
 
     async fn node_gone(&self, node_id: &str) -> Result<(), StoreError> {
-        let c = self.client().await?;
-        c.execute("DELETE FROM attachments WHERE node_id = $1", &[&node_id])
-            .await
-            .map_err(|e| err("node", e))?;
-        c.execute("DELETE FROM nodes WHERE node_id = $1", &[&node_id])
-            .await
-            .map_err(|e| err("node", e))?;
+        self.with_client("node", |c| async move {
+            c.execute("DELETE FROM attachments WHERE node_id = $1", &[&node_id])
+                .await?;
+            c.execute("DELETE FROM nodes WHERE node_id = $1", &[&node_id])
+                .await
+        })
+        .await?;
         Ok(())
     }
 
     async fn attach(&self, a: &Attachment) -> Result<(), StoreError> {
-        self.client()
-            .await?
-            .execute(
+        self.with_client("attachment", |c| async move {
+            c.execute(
                 "INSERT INTO attachments (environment_id, registration_id, node_id, attach_id)
                  VALUES ($1, $2, $3, $4)
                  ON CONFLICT (environment_id) DO UPDATE
@@ -352,19 +427,20 @@ impl Store for PostgresStore {
                 ],
             )
             .await
-            .map_err(|e| err("attachment", e))?;
+        })
+        .await?;
         Ok(())
     }
 
     async fn detach(&self, environment_id: &str, attach_id: &str) -> Result<(), StoreError> {
-        self.client()
-            .await?
-            .execute(
+        self.with_client("attachment", |c| async move {
+            c.execute(
                 "DELETE FROM attachments WHERE environment_id = $1 AND attach_id = $2",
                 &[&environment_id, &attach_id],
             )
             .await
-            .map_err(|e| err("attachment", e))?;
+        })
+        .await?;
         Ok(())
     }
 
@@ -373,18 +449,19 @@ impl Store for PostgresStore {
         environment_id: &str,
         fresh: std::time::Duration,
     ) -> Result<Option<Attachment>, StoreError> {
+        let fresh = fresh.as_secs_f64();
         let row = self
-            .client()
-            .await?
-            .query_opt(
-                "SELECT a.registration_id, a.node_id, n.ws_base, a.attach_id
-                 FROM attachments a JOIN nodes n ON n.node_id = a.node_id
-                 WHERE a.environment_id = $1
-                   AND n.seen_at > now() - make_interval(secs => $2)",
-                &[&environment_id, &fresh.as_secs_f64()],
-            )
-            .await
-            .map_err(|e| err("attachment", e))?;
+            .with_client("attachment", |c| async move {
+                c.query_opt(
+                    "SELECT a.registration_id, a.node_id, n.ws_base, a.attach_id
+                     FROM attachments a JOIN nodes n ON n.node_id = a.node_id
+                     WHERE a.environment_id = $1
+                       AND n.seen_at > now() - make_interval(secs => $2)",
+                    &[&environment_id, &fresh],
+                )
+                .await
+            })
+            .await?;
         Ok(row.map(|row| Attachment {
             environment_id: environment_id.to_string(),
             registration_id: row.get(0),

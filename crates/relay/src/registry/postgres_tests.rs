@@ -9,18 +9,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Waits for the server to accept connections (its socket appears a moment
-/// before it does), then connects a store.
+/// Connects a store (the test server accepts connections once started).
 async fn store(db: &TestDb) -> PostgresStore {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match PostgresStore::connect(&db.url()).await {
-            Ok(s) => return s,
-            Err(e) if Instant::now() < deadline && e.0.contains("connection") => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(e) => panic!("{e}; server log: {}", db.log()),
-        }
+    match PostgresStore::connect(&db.url()).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}; server log: {}", db.log()),
     }
 }
 
@@ -188,4 +181,96 @@ async fn readiness_follows_the_database() {
     let body = wait_for("/readyz", 503).await;
     assert!(body.contains("not_ready") && body.contains(&node), "{body}");
     assert_eq!(get("/livez").await.0, 200);
+}
+
+/// A database restart under traffic: an established stream keeps flowing
+/// while the database is down (its frames never touch it), and a harness
+/// that connects meanwhile waits and gets its stream once the database is
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_breaks_no_stream_and_new_connections_wait() {
+    use crate::executor;
+    use crate::harness;
+    use crate::keys::Identity;
+    use crate::noise::OsRandom;
+    use crate::registry_client::RegistryClient;
+    use crate::stream::Channel;
+    let mut db = TestDb::start();
+    let s: Arc<dyn Store> = Arc::new(store(&db).await);
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let reg = crate::registry::Registry::new(
+        crate::registry::Config::default(),
+        s,
+        format!("ws://{addr}"),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(reg.serve(l));
+    let base = format!("http://{addr}");
+    let echo: executor::StreamHandler = Arc::new(|mut ch: Channel| {
+        tokio::spawn(async move {
+            while let Some(m) = ch.inbound.recv().await {
+                if ch.outbound.send(m).await.is_err() {
+                    break;
+                }
+            }
+        });
+    });
+    let exec = tokio::spawn(executor::run(
+        executor::Config {
+            registry: RegistryClient::new(&base, "exec", None, true).unwrap(),
+            environment_id: "pg".into(),
+            keepalive: executor::KEEPALIVE,
+            pong_timeout: executor::PONG_TIMEOUT,
+            observer: Arc::new(executor::NoObserver),
+        },
+        echo,
+    ));
+    let client = RegistryClient::new(&base, "harness", None, true).unwrap();
+    let me = Identity::generate(&mut OsRandom);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut ch = loop {
+        match harness::connect(&client, "pg", &me).await {
+            Ok(ch) => break ch,
+            Err(e) => assert!(Instant::now() < deadline, "never attached: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    async fn round_trip(ch: &mut Channel, msg: &[u8]) {
+        ch.outbound.send(msg.to_vec()).await.unwrap();
+        let back = tokio::time::timeout(Duration::from_secs(10), ch.inbound.recv())
+            .await
+            .expect("an echo within 10 s")
+            .expect("the stream is open");
+        assert_eq!(back, msg);
+    }
+    round_trip(&mut ch, b"before").await;
+    tokio::task::block_in_place(|| db.stop());
+    for i in 0..20u8 {
+        round_trip(&mut ch, &[i; 1000]).await;
+    }
+    let pending = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let me = Identity::generate(&mut OsRandom);
+            harness::connect(&client, "pg", &me).await
+        })
+    };
+    // The database stays down for a second while that connection waits.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !pending.is_finished(),
+        "a connect failed while the database was down"
+    );
+    round_trip(&mut ch, b"still down").await;
+    tokio::task::block_in_place(|| db.start_again());
+    let mut late = tokio::time::timeout(Duration::from_secs(20), pending)
+        .await
+        .expect("the waiting connect finishes once the database is back")
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the waiting connect failed: {e}; log: {}", db.log()));
+    round_trip(&mut late, b"late").await;
+    round_trip(&mut ch, b"after").await;
+    exec.abort();
 }

@@ -17,7 +17,7 @@ pub struct SqliteStore {
 }
 
 fn err(e: impl std::fmt::Display) -> StoreError {
-    StoreError(e.to_string())
+    StoreError::new(e.to_string())
 }
 
 const SCHEMA: &str = "
@@ -54,15 +54,17 @@ impl SqliteStore {
                 .append(true)
                 .mode(0o600)
                 .open(path)
-                .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
+                .map_err(|e| StoreError::new(format!("cannot open {}: {e}", path.display())))?;
         }
         let conn = Connection::open(path)
-            .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::new(format!("cannot open {}: {e}", path.display())))?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(|e| StoreError(format!("{} is not a usable database: {e}", path.display())))?;
+            .map_err(|e| {
+                StoreError::new(format!("{} is not a usable database: {e}", path.display()))
+            })?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError(format!(
+            return Err(StoreError::new(format!(
                 "{}: cannot switch to WAL mode (got {mode})",
                 path.display()
             )));
@@ -205,7 +207,7 @@ impl Store for SqliteStore {
         })?;
         stored
             .try_into()
-            .map_err(|_| StoreError("stored signing key is not 32 bytes".into()))
+            .map_err(|_| StoreError::new("stored signing key is not 32 bytes"))
     }
 }
 

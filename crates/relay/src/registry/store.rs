@@ -34,10 +34,43 @@ pub struct Authorization {
     pub expires_unix: u64,
 }
 
-/// A store failure (I/O or a corrupt file).
+/// A store failure: I/O, a corrupt file, a refused statement, or a database
+/// that stayed unreachable ([`StoreError::is_unreachable`]).
 #[derive(Debug, thiserror::Error)]
-#[error("registry store: {0}")]
-pub struct StoreError(pub String);
+#[error("registry store: {message}")]
+pub struct StoreError {
+    message: String,
+    unreachable: bool,
+}
+
+impl StoreError {
+    /// A failure described by `message`.
+    pub fn new(message: impl Into<String>) -> StoreError {
+        StoreError {
+            message: message.into(),
+            unreachable: false,
+        }
+    }
+
+    /// The database could not be reached for as long as the store retries.
+    pub fn unreachable(message: impl Into<String>) -> StoreError {
+        StoreError {
+            message: message.into(),
+            unreachable: true,
+        }
+    }
+
+    /// Whether the database could not be reached (worth trying again later),
+    /// rather than refusing what was asked.
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable
+    }
+
+    /// What failed.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
 
 /// Registrations and authorizations. Implementations must be safe to call from
 /// many tasks; each call is atomic (across every node sharing the store).
