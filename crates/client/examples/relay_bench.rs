@@ -92,6 +92,35 @@ async fn measure(name: &str, c: &ExecServerClient, spawns: usize) -> f64 {
     p50
 }
 
+/// A stream to the executor whose harness starts `yes` and then never reads
+/// again: what a hung or stalled client looks like to the relay.
+async fn stalled_neighbour(registry: &str, env: &str) -> exec_server_relay::stream::Channel {
+    use exec_server_relay::harness;
+    use exec_server_relay::registry_client::RegistryClient;
+    use exec_server_relay::{Identity, OsRandom};
+    let client = RegistryClient::new(registry, "bench", None, true).expect("registry url");
+    let me = Identity::generate(&mut OsRandom);
+    let mut ch = harness::connect(&client, env, &me).await.expect("stream");
+    let init = r#"{"id":1,"method":"initialize","params":{"clientName":"stalled"}}"#;
+    ch.outbound
+        .send(init.as_bytes().to_vec())
+        .await
+        .expect("send");
+    ch.inbound.recv().await.expect("initialize answer");
+    ch.outbound
+        .send(br#"{"method":"initialized"}"#.to_vec())
+        .await
+        .expect("send");
+    let start = serde_json::json!({
+        "id": 2, "method": "process/start", "params": params("stalled", &["yes"]),
+    });
+    ch.outbound
+        .send(start.to_string().into_bytes())
+        .await
+        .expect("send");
+    ch
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("executor pid");
     s.lines()
@@ -122,6 +151,22 @@ async fn main() {
     let d = measure("direct", &direct, spawns).await;
     let r = measure("relay", &through, spawns).await;
     println!("relay adds {:.3} ms to the spawn p50", r - d);
+    // One stream beside a stalled one on the same executor.
+    let stalled = stalled_neighbour(&a[2], &a[3]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut beside = 0f64;
+    for i in 0..3 {
+        let t = Instant::now();
+        let n = run(
+            &through,
+            &format!("b-{i}"),
+            &["head", "-c", &STREAM_BYTES.to_string(), "/dev/zero"],
+        )
+        .await;
+        beside = beside.max(n as f64 / t.elapsed().as_secs_f64() / (1024.0 * 1024.0));
+    }
+    println!("  relay: stream {beside:.0} MiB/s beside a stalled stream on the same executor");
+    drop(stalled);
     drop(direct);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = rss_kib(pid);
