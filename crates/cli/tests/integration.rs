@@ -15,6 +15,7 @@ mod fs_fuzz;
 mod fs_http;
 mod fs_safety;
 mod hostile;
+mod limits;
 mod managed_network;
 mod net_safety;
 mod ops;

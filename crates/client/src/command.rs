@@ -49,6 +49,12 @@ pub struct Command {
     arg0: Option<String>,
     pub(crate) kill_on_drop: bool,
     pub(crate) kill_leftovers_after: Option<Duration>,
+    limits: exec_server_protocol::types::ProcessLimits,
+}
+
+/// `d` in whole milliseconds, at least 1.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 impl Command {
@@ -66,6 +72,7 @@ impl Command {
             arg0: None,
             kill_on_drop: false,
             kill_leftovers_after: None,
+            limits: Default::default(),
         }
     }
 
@@ -168,6 +175,32 @@ impl Command {
         self
     }
 
+    /// Ends the process (and its whole tree: SIGTERM, then SIGKILL 2 s
+    /// later) once it has run `limit`; its exit then carries
+    /// [`LimitReason::WallTimeout`](crate::LimitReason::WallTimeout). Wire:
+    /// `limits.timeoutMs` (a server without the `processLimits` capability
+    /// ignores it). A limit under 1 ms counts as 1 ms.
+    pub fn timeout(mut self, limit: Duration) -> Self {
+        self.limits.timeout_ms = Some(millis(limit));
+        self
+    }
+
+    /// Ends the process once it has printed nothing (stdout, stderr or
+    /// terminal) for `limit` ([`LimitReason::IdleTimeout`](crate::LimitReason::IdleTimeout));
+    /// wire: `limits.idleTimeoutMs`.
+    pub fn idle_timeout(mut self, limit: Duration) -> Self {
+        self.limits.idle_timeout_ms = Some(millis(limit));
+        self
+    }
+
+    /// Delivers at most `bytes` of output (all streams), then ends the
+    /// process ([`LimitReason::OutputLimit`](crate::LimitReason::OutputLimit));
+    /// wire: `limits.maxOutputBytes`. At least 1.
+    pub fn max_output(mut self, bytes: u64) -> Self {
+        self.limits.max_output_bytes = Some(bytes.max(1));
+        self
+    }
+
     /// The `process/start` params this command sends, with `process_id` as the
     /// id when none was given. Errors: a relative or non-UTF-8 working directory
     /// ([`ErrorKind::InvalidRequest`](crate::ErrorKind::InvalidRequest)).
@@ -203,6 +236,9 @@ impl Command {
         p.pty_size = self.pty;
         p.pipe_stdin = self.stdin_piped;
         p.arg0 = self.arg0.clone();
+        if self.limits != Default::default() {
+            p.limits = Some(self.limits.clone());
+        }
         Ok(p)
     }
 

@@ -154,6 +154,9 @@ pub enum ProcessEvent {
         seq: u64,
         /// Exit code.
         code: i32,
+        /// The limit that ended it (`Command::timeout` and the like; only
+        /// from servers that advertise `processLimits`), else `None`.
+        limit: Option<exec_server_protocol::types::LimitReason>,
     },
     /// All output is drained; the last event.
     Closed {
@@ -351,8 +354,14 @@ impl OrderedEvents {
         ) {
             ([], _, _) => {}
             ([one], true, Some(code)) => {
-                self.pending
-                    .insert(*one, ProcessEvent::Exited { seq: *one, code });
+                self.pending.insert(
+                    *one,
+                    ProcessEvent::Exited {
+                        seq: *one,
+                        code,
+                        limit: r.limit,
+                    },
+                );
             }
             _ => {
                 self.fail(StreamFailure::new(
@@ -441,7 +450,11 @@ mod tests {
         assert_eq!(rx.queued_output_bytes(), 0, "held until seq 1 arrives");
         o.add(out(1, "a"));
         o.add(out(1, "a"));
-        o.add(ProcessEvent::Exited { seq: 3, code: 0 });
+        o.add(ProcessEvent::Exited {
+            seq: 3,
+            code: 0,
+            limit: None,
+        });
         o.add(ProcessEvent::Closed { seq: 4 });
         let got: Vec<_> = drain(&mut rx).collect();
         assert_eq!(
@@ -449,7 +462,11 @@ mod tests {
             vec![
                 out(1, "a"),
                 out(2, "b"),
-                ProcessEvent::Exited { seq: 3, code: 0 },
+                ProcessEvent::Exited {
+                    seq: 3,
+                    code: 0,
+                    limit: None,
+                },
                 ProcessEvent::Closed { seq: 4 }
             ]
         );
@@ -477,6 +494,7 @@ mod tests {
             closed,
             failure: None,
             sandbox_denied: false,
+            limit: None,
         }
     }
 
@@ -492,7 +510,11 @@ mod tests {
             vec![
                 out(1, "a"),
                 out(2, "b"),
-                ProcessEvent::Exited { seq: 3, code: 3 },
+                ProcessEvent::Exited {
+                    seq: 3,
+                    code: 3,
+                    limit: None,
+                },
                 ProcessEvent::Closed { seq: 4 }
             ]
         );

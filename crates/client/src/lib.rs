@@ -97,7 +97,8 @@ pub use futures_util::StreamExt;
 
 #[doc(inline)]
 pub use exec_server_protocol::types::{
-    EnvInherit, EnvPolicy, ExecParams, OutputStream, ProcessSignal, PtySize, WriteStatus,
+    EnvInherit, EnvPolicy, ExecParams, LimitReason, OutputStream, ProcessLimits, ProcessSignal,
+    PtySize, WriteStatus,
 };
 #[doc(inline)]
 pub use exec_server_protocol::{ErrorObject, PathUri};

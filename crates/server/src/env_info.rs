@@ -46,6 +46,9 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("processExtendedSignals", true),
         ("processOutputAck", true),
         ("processTreeKill", true),
+        // `limits` of `process/start`: timeoutMs, idleTimeoutMs,
+        // maxOutputBytes; the exit names the one that fired.
+        ("processLimits", true),
         ("fsWatch", true),
         ("sandboxEnforced", sandbox_enforced),
         // Binary frames (`docs/binary-frames.md`): offered to a client that

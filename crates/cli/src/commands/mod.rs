@@ -3,6 +3,7 @@
 
 pub mod fs;
 pub mod info;
+mod limits;
 mod network;
 pub mod run;
 pub mod shell;

@@ -5,7 +5,9 @@ use super::terminal::{terminal_size, RawMode};
 use super::{explain, fail, remote_path, server_cwd, ConnectArgs};
 use clap::Args;
 use exec_server_client::{ExecServerClient, ProcessEvent, ProcessHandle};
-use exec_server_protocol::types::{EnvInherit, EnvPolicy, ExecParams, OutputStream, ProcessSignal};
+use exec_server_protocol::types::{
+    EnvInherit, EnvPolicy, ExecParams, LimitReason, OutputStream, ProcessLimits, ProcessSignal,
+};
 use exec_server_protocol::PathUri;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -37,6 +39,19 @@ pub struct RunArgs {
     /// `--allow-host` and a terminal on stdin, ask there about each new host.
     #[arg(long)]
     pub network_proxy: bool,
+    /// End the command (and everything it started: SIGTERM, then SIGKILL 2 s
+    /// later) once it has run this long: 500ms, 90s, 10m, 2h. Exits 124 then
+    /// (137 if it had to be killed), with a line on stderr.
+    #[arg(long, value_name = "DURATION", value_parser = super::limits::parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+    /// End the command once it has printed nothing for this long (same
+    /// syntax and exit as --timeout).
+    #[arg(long, value_name = "DURATION", value_parser = super::limits::parse_duration)]
+    pub idle_timeout: Option<std::time::Duration>,
+    /// Deliver at most this much output (64K, 512M, 1G; all streams), then
+    /// end the command (same exit as --timeout).
+    #[arg(long, value_name = "BYTES", value_parser = super::limits::parse_bytes)]
+    pub max_output: Option<u64>,
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -51,6 +66,8 @@ pub struct Spec {
     pub tty: bool,
     /// The managed network launch, when asked for.
     pub network: Option<exec_server_protocol::types::RemoteNetworkProxyLaunchConfig>,
+    /// `limits`, when any was asked for.
+    pub limits: Option<ProcessLimits>,
 }
 
 /// Exit code of a program that does not exist (as a shell answers).
@@ -75,6 +92,7 @@ pub async fn run(args: RunArgs) -> i32 {
         clean_env: args.clean_env,
         tty: args.tty,
         network,
+        limits: limits_of(args.timeout, args.idle_timeout, args.max_output),
     };
     // The root of this command's trace when spans are exported
     // (--otlp-endpoint): the server's request and process spans join it.
@@ -108,7 +126,11 @@ pub async fn execute(client: ExecServerClient, spec: Spec) -> i32 {
     signal_task.abort();
     drop(raw);
     let code = match outcome {
-        Ok(code) => code.unwrap_or(1),
+        Ok((Some(code), Some(limit))) => {
+            eprintln!("exec-server: {}", super::limits::describe(limit));
+            super::limits::exit_code(code)
+        }
+        Ok((code, _)) => code.unwrap_or(1),
         Err(why) => {
             let _ = proc.terminate().await;
             fail(why)
@@ -154,6 +176,24 @@ async fn exec_params(client: &ExecServerClient, spec: &Spec) -> Result<ExecParam
     });
     params.pty_size = if spec.tty { terminal_size() } else { None };
     params.network_proxy = spec.network.clone();
+    if let Some(limits) = &spec.limits {
+        // A server that does not know `limits` would ignore them: refuse
+        // rather than run the command unbounded.
+        let info = client.environment_info().await.map_err(|e| explain(&e))?;
+        if !info
+            .capabilities
+            .get("processLimits")
+            .copied()
+            .unwrap_or(false)
+        {
+            return Err(
+                "the server does not enforce --timeout, --idle-timeout or --max-output \
+                 (no processLimits capability)"
+                    .into(),
+            );
+        }
+        params.limits = Some(limits.clone());
+    }
     Ok(params)
 }
 
@@ -250,8 +290,11 @@ async fn forward_signals(client: ExecServerClient, id: String, tty: bool) {
 }
 
 /// Writes the process's output to stdout / stderr until it closes. Returns its
-/// exit code (if it reported one), or why its events stopped.
-async fn relay_output(proc: &mut ProcessHandle) -> Result<Option<i32>, String> {
+/// exit code (if it reported one) and the limit that ended it, or why its
+/// events stopped.
+async fn relay_output(
+    proc: &mut ProcessHandle,
+) -> Result<(Option<i32>, Option<LimitReason>), String> {
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     // Chunks go to descriptor 1 as they are: the standard handle is line
@@ -273,6 +316,7 @@ async fn relay_output(proc: &mut ProcessHandle) -> Result<Option<i32>, String> {
         let _ = nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1024 * 1024));
     }
     let mut code = None;
+    let mut limit = None;
     while let Some(ev) = proc.next_event().await {
         match ev {
             ProcessEvent::Output { stream, data, .. } => {
@@ -291,7 +335,12 @@ async fn relay_output(proc: &mut ProcessHandle) -> Result<Option<i32>, String> {
                     let _ = proc.terminate().await;
                 }
             }
-            ProcessEvent::Exited { code: c, .. } => code = Some(c),
+            ProcessEvent::Exited {
+                code: c, limit: l, ..
+            } => {
+                code = Some(c);
+                limit = l;
+            }
             ProcessEvent::Closed { .. } => break,
             ProcessEvent::Failed(why) => {
                 let _ = stdout.lock().flush();
@@ -300,5 +349,20 @@ async fn relay_output(proc: &mut ProcessHandle) -> Result<Option<i32>, String> {
         }
     }
     let _ = stdout.lock().flush();
-    Ok(code)
+    Ok((code, limit))
+}
+
+/// `limits` from the flags; `None` when none was given.
+fn limits_of(
+    timeout: Option<std::time::Duration>,
+    idle: Option<std::time::Duration>,
+    max_output: Option<u64>,
+) -> Option<ProcessLimits> {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+    let limits = ProcessLimits {
+        timeout_ms: timeout.map(ms),
+        idle_timeout_ms: idle.map(ms),
+        max_output_bytes: max_output,
+    };
+    (limits != ProcessLimits::default()).then_some(limits)
 }

@@ -32,6 +32,7 @@ pub async fn shell(args: ShellArgs) -> i32 {
         clean_env: false,
         tty: true,
         network: None,
+        limits: None,
     };
     execute(client, spec).await
 }

@@ -295,6 +295,7 @@ impl Conn {
                 Some("process/exited") => {
                     c.exit = m["params"]["exitCode"].as_i64();
                     c.exit_seq = seq;
+                    c.limit = m["params"]["limit"].as_str().map(str::to_string);
                 }
                 Some("process/closed") => {
                     c.closed_seq = seq;
@@ -310,6 +311,8 @@ impl Conn {
 pub struct Collected {
     pub bytes: Vec<u8>,
     pub exit: Option<i64>,
+    /// `limit` of `process/exited` (ours), when one fired.
+    pub limit: Option<String>,
     pub exit_seq: u64,
     pub closed_seq: u64,
     pub seqs: Vec<u64>,

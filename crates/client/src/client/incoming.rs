@@ -114,6 +114,7 @@ fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Opt
                 e.events.add(ProcessEvent::Exited {
                     seq: n.seq,
                     code: n.exit_code,
+                    limit: n.limit,
                 });
             }
         }

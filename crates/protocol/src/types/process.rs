@@ -119,6 +119,56 @@ pub struct ExecParams {
     /// Ours: keep unacknowledged output until `process/ack` (flow control, no loss).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ack_output: bool,
+    /// Ours: `limits`, what the process may use before the server ends it
+    /// (advertised by the `processLimits` capability; absent = none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ProcessLimits>,
+}
+
+/// `limits` of `process/start` (an extension the reference does not know).
+/// Each member is optional; an unknown member is refused (-32602) rather
+/// than ignored, so a limit this server cannot hold is never pretended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProcessLimits {
+    /// `timeoutMs`: wall-clock time from the start, in milliseconds (≥ 1),
+    /// after which the whole tree is ended ([`LimitReason::WallTimeout`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// `idleTimeoutMs`: milliseconds (≥ 1) without any stdout, stderr or
+    /// terminal output after which the tree is ended
+    /// ([`LimitReason::IdleTimeout`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
+    /// `maxOutputBytes`: output bytes (all streams, ≥ 1) delivered at most;
+    /// the chunk that crosses it is cut there, nothing after it is
+    /// delivered, and the tree is ended ([`LimitReason::OutputLimit`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+}
+
+/// Which limit ended a process (`limit` of `process/exited` and of a
+/// `process/read` answer, an extension; absent when none did).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LimitReason {
+    /// `wallTimeout`: `limits.timeoutMs` passed.
+    WallTimeout,
+    /// `idleTimeout`: no output for `limits.idleTimeoutMs`.
+    IdleTimeout,
+    /// `outputLimit`: `limits.maxOutputBytes` were delivered.
+    OutputLimit,
+}
+
+impl LimitReason {
+    /// The wire name (`wallTimeout`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitReason::WallTimeout => "wallTimeout",
+            LimitReason::IdleTimeout => "idleTimeout",
+            LimitReason::OutputLimit => "outputLimit",
+        }
+    }
 }
 
 impl ExecParams {
@@ -147,6 +197,7 @@ impl ExecParams {
             metadata: None,
             pty_size: None,
             ack_output: false,
+            limits: None,
         }
     }
 }
@@ -237,6 +288,9 @@ pub struct ReadResponse {
     /// Sandbox denial (always false here).
     #[serde(default)]
     pub sandbox_denied: bool,
+    /// Ours: the limit that ended the process, once it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitReason>,
 }
 
 /// Params of `process/write`.
@@ -382,6 +436,9 @@ pub struct ProcessExitedNotification {
     /// Always false here.
     #[serde(default)]
     pub sandbox_denied: bool,
+    /// Ours: the limit that ended the process (absent when none did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitReason>,
 }
 
 /// `process/closed` notification.

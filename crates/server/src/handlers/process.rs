@@ -113,6 +113,9 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     if p.argv.is_empty() {
         return Err(ErrorObject::invalid_params("argv must not be empty"));
     }
+    if let Some(limits) = &p.limits {
+        crate::process::limits::validate(limits).map_err(ErrorObject::invalid_params)?;
+    }
     if let Some(np) = &p.network_proxy {
         np.validate(&p.process_id)
             .map_err(ErrorObject::invalid_params)?;

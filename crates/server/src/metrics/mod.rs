@@ -46,6 +46,7 @@ pub struct Metrics {
     processes_running: Gauge,
     process_starts: Family<Labels, Counter>,
     process_exits: Family<Labels, Counter>,
+    limits_fired: Family<Labels, Counter>,
     request_duration: Family<Labels, Histogram, fn() -> Histogram>,
     errors: Family<CodeLabels, Counter>,
     output_bytes: Counter,
@@ -103,6 +104,12 @@ impl Metrics {
             "process_exits",
             "Process exits by class: zero, nonzero, signal (exit code above 128, as a shell reports a signal)",
             process_exits.clone(),
+        );
+        let limits_fired = Family::<Labels, Counter>::default();
+        registry.register(
+            "process_limits_fired",
+            "Processes ended by a limit, by reason (wallTimeout, idleTimeout, outputLimit)",
+            limits_fired.clone(),
         );
         let request_duration: Family<Labels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(|| Histogram::new(duration_buckets()));
@@ -180,6 +187,7 @@ impl Metrics {
             processes_running,
             process_starts,
             process_exits,
+            limits_fired,
             request_duration,
             errors,
             output_bytes,
@@ -259,6 +267,14 @@ pub fn process_start(started: bool) {
 /// A child was spawned; [`process_exit`] balances it.
 pub fn process_spawned() {
     metrics().processes_running.inc();
+}
+
+/// A limit ended a process (`exec_server_process_limits_fired_total{reason}`).
+pub fn limit_fired(reason: exec_server_protocol::types::LimitReason) {
+    metrics()
+        .limits_fired
+        .get_or_create(&[("reason", reason.as_str())])
+        .inc();
 }
 
 /// A spawned process exited with `code` (its status, or 128+N for signal N).

@@ -6,6 +6,7 @@
 
 pub mod cgroup;
 pub mod kill;
+pub mod limits;
 mod notify;
 pub mod output_log;
 mod pty_line;
@@ -98,6 +99,8 @@ struct State {
     has_stdin: bool,
     /// `sandboxDenied`, computed at exit (SANDBOX.md §2.8).
     sandbox_denied: bool,
+    /// The limit that ended the process, once one fired.
+    limit: Option<exec_server_protocol::types::LimitReason>,
 }
 
 /// A managed process.
@@ -254,6 +257,7 @@ impl Process {
                 stdin_broken: false,
                 has_stdin,
                 sandbox_denied: false,
+                limit: None,
             }),
             changed,
             resume: Notify::new(),
@@ -273,7 +277,11 @@ impl Process {
             link,
             start_gate,
             on_retire,
-            Held { confinement, span },
+            Held {
+                confinement,
+                span,
+                limits: limits::Watch::new(params.limits.as_ref(), tokio::time::Instant::now()),
+            },
         ));
         Ok(proc)
     }
@@ -352,6 +360,7 @@ impl Process {
                     // close: the reader goes on from `nextSeq`.
                     let closed = st.log.is_closed() && !page.truncated;
                     let sandbox_denied = st.sandbox_denied;
+                    let limit = st.limit.filter(|_| exit.is_some());
                     drop(st);
                     self.resume.notify_one();
                     return ReadResponse {
@@ -362,6 +371,7 @@ impl Process {
                         closed,
                         failure: None,
                         sandbox_denied,
+                        limit,
                     };
                 }
                 rx.borrow_and_update();

@@ -51,7 +51,13 @@ pub fn output_frame_headroom(process_id: &str) -> usize {
     exec_server_protocol::binary::HEADER_BYTES + head.len()
 }
 
-pub(super) fn exited_json(id: &str, seq: u64, code: i32, sandbox_denied: bool) -> String {
+pub(super) fn exited_json(
+    id: &str,
+    seq: u64,
+    code: i32,
+    sandbox_denied: bool,
+    limit: Option<exec_server_protocol::types::LimitReason>,
+) -> String {
     exec_server_protocol::encode_notification(
         methods::PROCESS_EXITED,
         &ProcessExitedNotification {
@@ -59,6 +65,7 @@ pub(super) fn exited_json(id: &str, seq: u64, code: i32, sandbox_denied: bool) -
             seq,
             exit_code: code,
             sandbox_denied,
+            limit,
         },
     )
 }

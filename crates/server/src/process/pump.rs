@@ -14,6 +14,8 @@ use exec_server_protocol::binary;
 pub(super) struct Held {
     pub(super) confinement: Option<crate::sandbox::Confinement>,
     pub(super) span: tracing::Span,
+    /// Its `limits`, watched from the spawn.
+    pub(super) limits: super::limits::Watch,
 }
 
 pub(super) async fn pump(
@@ -28,6 +30,7 @@ pub(super) async fn pump(
     let Held {
         mut confinement,
         span,
+        limits: mut watch,
     } = held;
     let _ = start_gate.await;
     // Room for a frame's header in front of large reads; an id so long that
@@ -57,6 +60,7 @@ pub(super) async fn pump(
             break;
         }
         let paused = lock(&proc.state).log.window_full();
+        let due = watch.next_due();
         tokio::select! {
             r = read_opt(a, &mut buf_a, 0), if a.is_some() && !paused => {
                 match r {
@@ -67,7 +71,7 @@ pub(super) async fn pump(
                             n
                         };
                         widen_if_full(a, &mut buf_a, n, &link);
-                        emit(&proc, &link, stream_a, buf_a.take(n)).await;
+                        emit_within(&proc, &link, stream_a, buf_a.take(n), &mut watch).await;
                     }
                     _ => a = None,
                 }
@@ -76,7 +80,7 @@ pub(super) async fn pump(
                 match r {
                     Ok(n) if n > 0 => {
                         widen_if_full(b, &mut buf_b, n, &link);
-                        emit(&proc, &link, stream_b, buf_b.take(n)).await;
+                        emit_within(&proc, &link, stream_b, buf_b.take(n), &mut watch).await;
                     }
                     _ => b = None,
                 }
@@ -88,7 +92,7 @@ pub(super) async fn pump(
                     while let Some(f) = *fd {
                         match raw_read(f.get_ref(), &mut buf_a, 0) {
                             Ok(0) => { *fd = None; }
-                            Ok(n) => emit(&proc, &link, stream, buf_a.take(n)).await,
+                            Ok(n) => emit_within(&proc, &link, stream, buf_a.take(n), &mut watch).await,
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                             Err(_) => { *fd = None; }
                         }
@@ -110,7 +114,33 @@ pub(super) async fn pump(
                 };
                 proc.stdin_budget.close();
                 proc.bump();
-                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied)).await;
+                let limit = watch.fired();
+                if limit.is_some() {
+                    // A limit ends the whole tree: what the process left
+                    // behind (a daemon in its cgroup) goes with it now.
+                    proc.terminate();
+                }
+                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied, limit)).await;
+            }
+            _ = tokio::time::sleep_until(due.unwrap_or_else(far_future)), if due.is_some() => {
+                match watch.tick(tokio::time::Instant::now()) {
+                    super::limits::Action::Terminate(reason) => {
+                        lock(&proc.state).limit = Some(reason);
+                        crate::metrics::limit_fired(reason);
+                        tracing::info!(process_id = %proc.id, limit = reason.as_str(), "a limit ended the process");
+                        if exit_code.is_none() {
+                            kill::signal_group(proc.pid, nix::sys::signal::Signal::SIGTERM);
+                        } else {
+                            // Exited, yet its output is held open (a
+                            // daemon): nothing to ask, end what is left.
+                            proc.terminate();
+                        }
+                    }
+                    super::limits::Action::Kill => {
+                        proc.terminate();
+                    }
+                    super::limits::Action::Wait => {}
+                }
             }
             _ = proc.resume.notified(), if paused => {}
         }
@@ -164,6 +194,31 @@ const MAX_FRAME_HEADROOM: usize = 1024;
 /// quick succession (a prompt, then a command's output) reach a client as they
 /// were written rather than merged by scheduling luck. Larger reads are one chunk.
 pub const PTY_LINE_SPLIT_MAX_BYTES: usize = 4096;
+
+/// A far-off instant for a timer branch that is disabled anyway.
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)
+}
+
+/// [`emit`] within the output cap: a chunk that crosses it is cut there
+/// (one copy of the part kept), and output past it is read and dropped, so
+/// the child never blocks on a full pipe before the limit ends it.
+async fn emit_within(
+    proc: &Process,
+    link: &Link,
+    stream: OutputStream,
+    data: Filled,
+    watch: &mut super::limits::Watch,
+) {
+    let n = data.payload().len();
+    let allowed = watch.output(n, tokio::time::Instant::now());
+    if allowed == n {
+        emit(proc, link, stream, data).await;
+    } else if allowed > 0 {
+        let kept = Filled::copy_of(&data.payload()[..allowed], 0);
+        emit(proc, link, stream, kept).await;
+    }
+}
 
 async fn emit(proc: &Process, link: &Link, stream: OutputStream, data: Filled) {
     if stream == OutputStream::Pty && data.payload().len() <= PTY_LINE_SPLIT_MAX_BYTES {

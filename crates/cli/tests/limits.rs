@@ -1,0 +1,202 @@
+//! `limits` of `process/start` against the real binary: each limit ends the
+//! whole tree with its reason on `process/exited`, on pipes, on a PTY and in
+//! the sandbox; bad limits are -32602 naming the member; `run`'s flags.
+
+use crate::common;
+use common::sandbox::ro;
+use common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn with_limits(mut params: Value, limits: Value) -> Value {
+    params["limits"] = limits;
+    params
+}
+
+/// Starts `argv` with `limits` (optionally on a PTY or in a sandbox) and
+/// collects it: (what it delivered, exit code, limit, seconds it took).
+async fn run_limited(
+    s: &Server,
+    argv: &[&str],
+    limits: Value,
+    tty: bool,
+    sandbox: Option<Value>,
+) -> (Collected, f64) {
+    let d = tmpdir("limits");
+    let mut c = Conn::open(&s.url, None).await;
+    let mut params = with_limits(start_params("p", argv, &d, tty, false), limits);
+    if let Some(sb) = sandbox {
+        params["sandbox"] = sb;
+    }
+    let t = Instant::now();
+    c.ok("process/start", params).await;
+    let got = c.collect("p", Duration::from_secs(30)).await;
+    let took = t.elapsed().as_secs_f64();
+    c.close().await;
+    let _ = std::fs::remove_dir_all(&d);
+    (got, took)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_ends_a_sleep_on_pipes_on_a_pty_and_in_the_sandbox() {
+    let s = Server::start(&[]);
+    let ws = tmpdir("limits-ws");
+    for (tty, sandbox) in [(false, None), (true, None), (false, Some(ro(&ws)))] {
+        let (got, took) = run_limited(
+            &s,
+            &["sleep", "1000"],
+            json!({"timeoutMs": 500}),
+            tty,
+            sandbox.clone(),
+        )
+        .await;
+        assert_eq!(
+            got.limit.as_deref(),
+            Some("wallTimeout"),
+            "tty {tty}, sandbox {}",
+            sandbox.is_some()
+        );
+        assert_eq!(got.exit, Some(128 + 15), "ended by SIGTERM");
+        assert!(took < 3.0, "took {took:.2} s");
+    }
+    let _ = std::fs::remove_dir_all(&ws);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idle_timeout_ends_a_silent_command_and_spares_a_chatty_one() {
+    let s = Server::start(&[]);
+    let (silent, _) = run_limited(
+        &s,
+        &["sh", "-c", "echo start; exec sleep 1000"],
+        json!({"idleTimeoutMs": 300}),
+        false,
+        None,
+    )
+    .await;
+    assert_eq!(silent.limit.as_deref(), Some("idleTimeout"));
+    assert_eq!(silent.bytes, b"start\n");
+    // Printing every 100 ms, it outlives a 400 ms idle timeout until its
+    // 1.5 s deadline.
+    let (chatty, took) = run_limited(
+        &s,
+        &["sh", "-c", "while :; do echo x; sleep 0.1; done"],
+        json!({"idleTimeoutMs": 400, "timeoutMs": 1500}),
+        false,
+        None,
+    )
+    .await;
+    assert_eq!(
+        chatty.limit.as_deref(),
+        Some("wallTimeout"),
+        "took {took:.2} s"
+    );
+    assert!(chatty.bytes.len() >= 10, "{} bytes", chatty.bytes.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn yes_under_an_output_cap_delivers_exactly_the_cap() {
+    let s = Server::start(&[]);
+    for tty in [false, true] {
+        let (got, _) =
+            run_limited(&s, &["yes"], json!({"maxOutputBytes": 1 << 20}), tty, None).await;
+        assert_eq!(got.limit.as_deref(), Some("outputLimit"), "tty {tty}");
+        assert_eq!(got.bytes.len(), 1 << 20, "tty {tty}");
+        let line: &[u8] = if tty { b"y\r\n" } else { b"y\n" };
+        assert!(got.bytes.chunks(line.len()).take(1000).all(|c| c == line));
+    }
+}
+
+/// A command that ignores SIGTERM is killed after the grace (2 s), and a
+/// daemon it double-forked dies with the deadline too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_kills_what_ignores_sigterm_and_the_daemons_it_left() {
+    let s = Server::start(&[]);
+    let d = tmpdir("limits-daemon");
+    let pidfile = d.join("daemon.pid");
+    let script = format!(
+        "trap '' TERM; (setsid sh -c 'echo $$ > {}; exec sleep 1000' </dev/null >/dev/null 2>&1 &); sleep 1000",
+        pidfile.display()
+    );
+    let (got, took) = run_limited(
+        &s,
+        &["sh", "-c", &script],
+        json!({"timeoutMs": 500}),
+        false,
+        None,
+    )
+    .await;
+    assert_eq!(got.limit.as_deref(), Some("wallTimeout"));
+    assert_eq!(got.exit, Some(128 + 9), "killed after the grace");
+    assert!((2.0..6.0).contains(&took), "took {took:.2} s");
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon {pid} outlived the deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[tokio::test]
+async fn bad_limits_are_refused_naming_the_member() {
+    let s = Server::start(&[]);
+    let d = tmpdir("limits-bad");
+    let mut c = Conn::open(&s.url, None).await;
+    for (limits, want) in [
+        (
+            json!({"timeoutMs": 0}),
+            "limits.timeoutMs must be at least 1",
+        ),
+        (
+            json!({"idleTimeoutMs": 0}),
+            "limits.idleTimeoutMs must be at least 1",
+        ),
+        (json!({"memoryBytes": 1}), "memoryBytes"),
+        (json!({"timeoutMs": "soon"}), "expected u64"),
+    ] {
+        let r = c
+            .call(
+                "process/start",
+                with_limits(start_params("x", &["true"], &d, false, false), limits),
+            )
+            .await;
+        assert_eq!(r["error"]["code"], json!(-32602), "{r}");
+        let msg = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(want), "{msg}");
+    }
+    let info = c.ok("environment/info", Value::Null).await;
+    assert_eq!(info["capabilities"]["processLimits"], json!(true));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `run --timeout` exits 124 with one line on stderr; `--max-output` cuts.
+#[test]
+fn run_flags_end_the_command_and_say_why() {
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--timeout", "300ms", "--", "sleep", "1000"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(124));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ran past --timeout"), "{err}");
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--max-output", "64K", "--", "yes"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(124));
+    assert_eq!(out.stdout.len(), 65536);
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--timeout", "0", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a zero limit is a usage error");
+}

@@ -1,0 +1,203 @@
+//! A process's `limits` (an extension of `process/start`): when each is due,
+//! how much output may still be delivered, and what the pump does when one
+//! fires. Pure bookkeeping over instants the pump passes in; the pump signals.
+//!
+//! A limit that fires records its [`LimitReason`] once (the first wins), and
+//! the tree is asked to stop with SIGTERM, then killed (SIGKILL to the tree and
+//! its cgroup) [`KILL_GRACE`] later if it still runs.
+
+use exec_server_protocol::types::{LimitReason, ProcessLimits};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Time between the SIGTERM a fired limit sends and the SIGKILL that
+/// follows if the process has not exited: 2 s.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// Checks `limits` before a start: each given member must be at least 1.
+/// Errors name the member (`limits.timeoutMs must be at least 1`).
+pub fn validate(limits: &ProcessLimits) -> Result<(), String> {
+    for (name, v) in [
+        ("timeoutMs", limits.timeout_ms),
+        ("idleTimeoutMs", limits.idle_timeout_ms),
+        ("maxOutputBytes", limits.max_output_bytes),
+    ] {
+        if v == Some(0) {
+            return Err(format!("limits.{name} must be at least 1"));
+        }
+    }
+    Ok(())
+}
+
+/// What the pump should do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing is due.
+    Wait,
+    /// A limit fired: SIGTERM the tree.
+    Terminate(LimitReason),
+    /// The grace after SIGTERM ran out: kill the tree.
+    Kill,
+}
+
+/// One process's limits and where it stands against them.
+#[derive(Debug)]
+pub struct Watch {
+    deadline: Option<Instant>,
+    idle: Option<Duration>,
+    last_output: Instant,
+    max_output: Option<u64>,
+    output: u64,
+    /// The limit that fired, and when.
+    fired: Option<(LimitReason, Instant)>,
+    /// SIGTERM was sent.
+    terminated: bool,
+    /// When the SIGKILL is due, until it is sent.
+    kill_at: Option<Instant>,
+}
+
+impl Watch {
+    /// Starts watching at `now` (no limits: never fires).
+    pub fn new(limits: Option<&ProcessLimits>, now: Instant) -> Watch {
+        let limits = limits.cloned().unwrap_or_default();
+        Watch {
+            deadline: limits.timeout_ms.map(|ms| now + Duration::from_millis(ms)),
+            idle: limits.idle_timeout_ms.map(Duration::from_millis),
+            last_output: now,
+            max_output: limits.max_output_bytes,
+            output: 0,
+            fired: None,
+            terminated: false,
+            kill_at: None,
+        }
+    }
+
+    /// The limit that fired, if one did.
+    pub fn fired(&self) -> Option<LimitReason> {
+        self.fired.map(|(r, _)| r)
+    }
+
+    /// When [`Watch::tick`] next has something to do (possibly already
+    /// past); `None`: never.
+    pub fn next_due(&self) -> Option<Instant> {
+        if let Some((_, at)) = self.fired {
+            return if self.terminated {
+                self.kill_at
+            } else {
+                Some(at)
+            };
+        }
+        let idle = self.idle.map(|d| self.last_output + d);
+        match (self.deadline, idle) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// `n` bytes of output were read at `now`: how many of them may be
+    /// delivered. Reaching the output cap fires [`LimitReason::OutputLimit`]
+    /// (due at once); past it, nothing more is delivered.
+    pub fn output(&mut self, n: usize, now: Instant) -> usize {
+        self.last_output = now;
+        let Some(max) = self.max_output else {
+            return n;
+        };
+        let allowed = (n as u64).min(max.saturating_sub(self.output)) as usize;
+        self.output += allowed as u64;
+        if self.output >= max {
+            self.fire(LimitReason::OutputLimit, now);
+        }
+        allowed
+    }
+
+    fn fire(&mut self, reason: LimitReason, now: Instant) {
+        if self.fired.is_none() {
+            self.fired = Some((reason, now));
+        }
+    }
+
+    /// Time is `now`: fires a due deadline or idle timeout; asks for the
+    /// SIGTERM of a fired limit once, then for the SIGKILL when the grace
+    /// has run out.
+    pub fn tick(&mut self, now: Instant) -> Action {
+        if self.fired.is_none() {
+            if self.deadline.is_some_and(|d| now >= d) {
+                self.fire(LimitReason::WallTimeout, now);
+            } else if self.idle.is_some_and(|d| now >= self.last_output + d) {
+                self.fire(LimitReason::IdleTimeout, now);
+            }
+        }
+        let Some((reason, _)) = self.fired else {
+            return Action::Wait;
+        };
+        if !self.terminated {
+            self.terminated = true;
+            self.kill_at = Some(now + KILL_GRACE);
+            return Action::Terminate(reason);
+        }
+        match self.kill_at {
+            Some(t) if now >= t => {
+                self.kill_at = None;
+                Action::Kill
+            }
+            _ => Action::Wait,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(timeout: Option<u64>, idle: Option<u64>, max: Option<u64>) -> ProcessLimits {
+        ProcessLimits {
+            timeout_ms: timeout,
+            idle_timeout_ms: idle,
+            max_output_bytes: max,
+        }
+    }
+
+    #[test]
+    fn deadline_then_sigterm_then_sigkill_after_the_grace() {
+        let t0 = Instant::now();
+        let mut w = Watch::new(Some(&limits(Some(1000), None, None)), t0);
+        assert_eq!(w.next_due(), Some(t0 + Duration::from_millis(1000)));
+        assert_eq!(w.tick(t0 + Duration::from_millis(999)), Action::Wait);
+        let t1 = t0 + Duration::from_millis(1000);
+        assert_eq!(w.tick(t1), Action::Terminate(LimitReason::WallTimeout));
+        assert_eq!(w.next_due(), Some(t1 + KILL_GRACE));
+        assert_eq!(w.tick(t1 + Duration::from_millis(10)), Action::Wait);
+        assert_eq!(w.tick(t1 + KILL_GRACE), Action::Kill);
+        assert_eq!(w.next_due(), None);
+        assert_eq!(w.fired(), Some(LimitReason::WallTimeout));
+    }
+
+    #[test]
+    fn output_moves_the_idle_timeout_and_the_cap_cuts_the_chunk() {
+        let t0 = Instant::now();
+        let mut w = Watch::new(Some(&limits(None, Some(100), Some(10))), t0);
+        let t1 = t0 + Duration::from_millis(90);
+        assert_eq!(w.output(4, t1), 4);
+        assert_eq!(w.next_due(), Some(t1 + Duration::from_millis(100)));
+        assert_eq!(w.tick(t0 + Duration::from_millis(150)), Action::Wait);
+        assert_eq!(w.output(8, t1), 6, "cut at the cap");
+        assert_eq!(w.next_due(), Some(t1), "due at once");
+        assert_eq!(w.tick(t1), Action::Terminate(LimitReason::OutputLimit));
+        assert_eq!(w.output(5, t1), 0, "nothing past the cap");
+        assert_eq!(w.fired(), Some(LimitReason::OutputLimit));
+    }
+
+    #[test]
+    fn no_limits_never_fire_and_zero_is_refused() {
+        let t0 = Instant::now();
+        let mut w = Watch::new(None, t0);
+        assert_eq!(w.next_due(), None);
+        assert_eq!(w.output(1 << 20, t0), 1 << 20);
+        assert_eq!(w.tick(t0 + Duration::from_secs(86_400)), Action::Wait);
+        assert_eq!(
+            validate(&limits(Some(0), None, None)).unwrap_err(),
+            "limits.timeoutMs must be at least 1"
+        );
+        assert!(validate(&limits(Some(1), Some(1), Some(1))).is_ok());
+    }
+}
