@@ -200,3 +200,76 @@ fn run_flags_end_the_command_and_say_why() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "a zero limit is a usage error");
 }
+
+/// `process/list` shows the session's processes with what they were
+/// started with and where they stand; another session sees none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_process_list_shows_this_sessions_processes_only() {
+    let s = Server::start(&[]);
+    let d = tmpdir("list");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        with_limits(
+            start_params(
+                "long",
+                &["sh", "-c", "echo hello; exec sleep 1000"],
+                &d,
+                false,
+                false,
+            ),
+            json!({"timeoutMs": 60000}),
+        ),
+    )
+    .await;
+    c.ok(
+        "process/start",
+        start_params("short", &["true"], &d, true, false),
+    )
+    .await;
+    let short = c.collect("short", Duration::from_secs(10)).await;
+    assert_eq!(short.exit, Some(0));
+    // Wait until `long` has printed, so its output count is known.
+    c.expect(
+        |m| m["method"] == json!("process/output") && m["params"]["processId"] == json!("long"),
+        Duration::from_secs(10),
+    )
+    .await
+    .expect("long's output");
+    let list = c.ok("process/list", json!({})).await;
+    let procs = list["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "{list}");
+    let long = &procs[0];
+    assert_eq!(long["processId"], json!("long"));
+    assert_eq!(long["state"], json!("running"));
+    assert_eq!(long["argv"][0], json!("sh"));
+    assert_eq!(long["cwd"], json!(uri(&d)));
+    assert_eq!(long["tty"], json!(false));
+    assert_eq!(long["outputBytes"], json!(6));
+    assert_eq!(long["limits"], json!({"timeoutMs": 60000}));
+    assert!(long["pid"].as_u64().unwrap() > 1);
+    assert!(long["memoryBytes"].as_u64().unwrap() > 0, "{long}");
+    assert!(long["cpuTimeMs"].is_u64(), "{long}");
+    assert!(long["startedAtMs"].as_u64().unwrap() > 1_700_000_000_000);
+    let short = &procs[1];
+    assert_eq!(
+        (
+            &short["processId"],
+            &short["state"],
+            &short["exitCode"],
+            &short["tty"]
+        ),
+        (&json!("short"), &json!("closed"), &json!(0), &json!(true)),
+        "{short}"
+    );
+    assert!(short.get("memoryBytes").is_none(), "{short}");
+    // Another session lists nothing of this one's.
+    let mut other = Conn::open(&s.url, None).await;
+    let theirs = other.ok("process/list", Value::Null).await;
+    assert_eq!(theirs["processes"], json!([]));
+    c.ok("process/terminate", json!({"processId": "long"}))
+        .await;
+    c.close().await;
+    other.close().await;
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -24,6 +24,8 @@ pub const PROCESS_RESIZE: &str = "process/resize";
 pub const PROCESS_CLOSE_STDIN: &str = "process/closeStdin";
 /// Request (ours): acknowledge output through a seq (flow control).
 pub const PROCESS_ACK: &str = "process/ack";
+/// Ours: the caller's session's processes (`processList` capability).
+pub const PROCESS_LIST: &str = "process/list";
 /// Notification, server→client: a chunk of output.
 pub const PROCESS_OUTPUT: &str = "process/output";
 /// Notification, server→client: the process exited.

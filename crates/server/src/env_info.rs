@@ -49,6 +49,8 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         // `limits` of `process/start`: timeoutMs, idleTimeoutMs,
         // maxOutputBytes; the exit names the one that fired.
         ("processLimits", true),
+        // `process/list`: the caller's session's processes.
+        ("processList", true),
         ("fsWatch", true),
         ("sandboxEnforced", sandbox_enforced),
         // Binary frames (`docs/binary-frames.md`): offered to a client that

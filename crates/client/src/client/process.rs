@@ -247,6 +247,23 @@ impl ExecServerClient {
         })
     }
 
+    /// `process/list` (ours, `processList` capability): this session's
+    /// processes, oldest first, with their state, CPU time, memory, output
+    /// bytes and limits. Errors: a server without the method (the
+    /// reference) answers -32601 ([`ErrorKind::Other`](crate::ErrorKind::Other)).
+    pub async fn list_processes(
+        &self,
+    ) -> Result<Vec<exec_server_protocol::types::ProcessInfo>, ClientError> {
+        let r: exec_server_protocol::types::ProcessListResponse = self
+            .call(
+                m::PROCESS_LIST,
+                &exec_server_protocol::types::Empty {},
+                true,
+            )
+            .await?;
+        Ok(r.processes)
+    }
+
     /// `process/resize` (ours).
     pub async fn resize(&self, process_id: &str, cols: u16, rows: u16) -> Result<(), ClientError> {
         let _: Value = self

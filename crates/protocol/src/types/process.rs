@@ -450,3 +450,63 @@ pub struct ProcessClosedNotification {
     /// Sequence number.
     pub seq: u64,
 }
+
+/// Result of `process/list` (ours; advertised by the `processList`
+/// capability): the caller's session's processes, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessListResponse {
+    /// One entry per process the session still holds.
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// Where a process is in its life (`state` of [`ProcessInfo`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProcessState {
+    /// `running`: not exited yet.
+    Running,
+    /// `exited`: exited; something it started still holds its output open.
+    Exited,
+    /// `closed`: exited and all output closed (kept for reading for a while).
+    Closed,
+}
+
+/// One process of `process/list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessInfo {
+    /// Its id in the session.
+    pub process_id: String,
+    /// OS pid (also its process group id).
+    pub pid: u32,
+    /// Program and arguments as started.
+    pub argv: Vec<String>,
+    /// Working directory as started.
+    pub cwd: PathUri,
+    /// On a pseudo-terminal.
+    pub tty: bool,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+    /// CPU time (user + system) of the process itself so far, in
+    /// milliseconds; absent once it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_time_ms: Option<u64>,
+    /// Resident memory of the process itself, in bytes; absent once it
+    /// exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// Output bytes delivered so far (all streams).
+    pub output_bytes: u64,
+    /// Its `limits`, as started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ProcessLimits>,
+    /// Running, exited or closed.
+    pub state: ProcessState,
+    /// Exit status once exited (128+N for signal N).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The limit that ended it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitReason>,
+}

@@ -84,6 +84,18 @@ pub(super) fn register(r: &mut Router<Ctx>) {
         },
     );
     r.request(
+        m::PROCESS_LIST,
+        Mode::Inline,
+        |ctx: Ctx, _: Option<Empty>| async move {
+            let processes = session_of(&ctx)?
+                .processes()
+                .iter()
+                .map(|p| p.info())
+                .collect();
+            Ok(ProcessListResponse { processes })
+        },
+    );
+    r.request(
         m::PROCESS_ACK,
         Mode::Inline,
         |ctx: Ctx, p: AckParams| async move {

@@ -7,6 +7,7 @@
 pub mod cgroup;
 pub mod kill;
 pub mod limits;
+mod list;
 mod notify;
 pub mod output_log;
 mod pty_line;
@@ -129,6 +130,10 @@ pub struct Process {
     /// What lives exactly as long as the process is open (its network proxy):
     /// dropped when `process/closed` is sent; `None` once closed.
     kept: Mutex<Option<Vec<KeptUntilClosed>>>,
+    /// What it was started with, for `process/list`.
+    started_with: list::StartedWith,
+    /// Output bytes delivered so far (all streams), for `process/list`.
+    output_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// Something kept alive until the process closes.
@@ -266,6 +271,8 @@ impl Process {
             started: std::time::Instant::now(),
             discarded: Notify::new(),
             kept: Mutex::new(Some(Vec::new())),
+            started_with: list::StartedWith::of(params),
+            output_bytes: std::sync::atomic::AtomicU64::new(0),
         });
         if let Some((_, rx, fd)) = stdin_tx {
             tokio::spawn(stdin_writer(proc.clone(), rx, fd));

@@ -240,6 +240,10 @@ async fn emit(proc: &Process, link: &Link, stream: OutputStream, data: Filled) {
 
 async fn emit_one(proc: &Process, link: &Link, stream: OutputStream, data: Filled) {
     crate::metrics::output_bytes(data.payload().len());
+    proc.output_bytes.fetch_add(
+        data.payload().len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let out = link.outbound();
     // Raw bytes in a binary frame when the client agreed to them: the frame
     // and the log share the bytes. Otherwise base64 in a notification.

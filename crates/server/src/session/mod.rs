@@ -77,6 +77,13 @@ impl Session {
         self.procs().get(id).cloned()
     }
 
+    /// Every process the session holds, oldest first.
+    pub fn processes(&self) -> Vec<Arc<Process>> {
+        let mut all: Vec<Arc<Process>> = self.procs().values().cloned().collect();
+        all.sort_by_key(|p| p.started);
+        all
+    }
+
     /// Runs `start` while holding the table lock if `id` is free, and keeps the
     /// process it starts under `id`. Errors: `process <id> already exists`
     /// ([`AlreadyExists`](crate::error::ErrorKind::AlreadyExists)); the table holds
