@@ -34,7 +34,7 @@ fn local_blocking(sc: Scenario) -> Result<Outcome, String> {
             let lat = crate::sandboxed::bwrap_latencies_local(300)?;
             Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
         }
-        Scenario::Spawn => {
+        Scenario::Spawn | Scenario::SpawnLimited => {
             let lat: Vec<f64> = (0..300)
                 .map(|_| spawn_true_local())
                 .collect::<Result<_, _>>()?;

@@ -32,7 +32,7 @@ struct Args {
     /// Runs per scenario and server; the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Comma-separated scenarios, or `all`: connect, spawn, spawn-concurrent,
+    /// Comma-separated scenarios, or `all`: connect, spawn, spawn-limited, spawn-concurrent,
     /// spawn-pipelined, stream, fsread, fswrite, fsread-blocks, fswrite-blocks,
     /// many-procs, idle-conns, spawn-sandboxed, shell-snapshot.
     #[arg(long, default_value = "all")]

@@ -16,6 +16,8 @@ const BLOCK: usize = 1024 * 1024;
 pub enum Scenario {
     Connect,
     Spawn,
+    /// `spawn` with every `limits` member set (none fires): their cost.
+    SpawnLimited,
     SpawnConcurrent,
     SpawnPipelined,
     Stream,
@@ -30,9 +32,10 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 13] = [
+    pub const ALL: [Scenario; 14] = [
         Scenario::Connect,
         Scenario::Spawn,
+        Scenario::SpawnLimited,
         Scenario::SpawnConcurrent,
         Scenario::SpawnPipelined,
         Scenario::Stream,
@@ -58,6 +61,7 @@ impl Scenario {
         match self {
             Scenario::Connect => "connect",
             Scenario::Spawn => "spawn",
+            Scenario::SpawnLimited => "spawn-limited",
             Scenario::SpawnConcurrent => "spawn-concurrent",
             Scenario::SpawnPipelined => "spawn-pipelined",
             Scenario::Stream => "stream",
@@ -74,7 +78,10 @@ impl Scenario {
 
     pub fn metrics(self) -> &'static [&'static str] {
         match self {
-            Scenario::Connect | Scenario::Spawn | Scenario::SpawnSandboxed => &["p50 ms", "p99 ms"],
+            Scenario::Connect
+            | Scenario::Spawn
+            | Scenario::SpawnLimited
+            | Scenario::SpawnSandboxed => &["p50 ms", "p99 ms"],
             Scenario::SpawnConcurrent | Scenario::SpawnPipelined => &["ops/s"],
             Scenario::Stream
             | Scenario::FsRead
@@ -163,8 +170,17 @@ async fn with_usage<T>(srv: &Running, f: impl std::future::Future<Output = T>) -
 }
 
 async fn spawn_true(c: &Conn, id: &str) -> Result<f64, String> {
+    spawn_true_with(c, id, None).await
+}
+
+/// [`spawn_true`] with `limits` in its params.
+async fn spawn_true_with(c: &Conn, id: &str, limits: Option<Value>) -> Result<f64, String> {
+    let mut params = start_params(id, &["true"]);
+    if let Some(l) = limits {
+        params["limits"] = l;
+    }
     let t0 = Instant::now();
-    c.call("process/start", start_params(id, &["true"])).await?;
+    c.call("process/start", params).await?;
     let (_, exit) = wait_closed(c, id).await?;
     if exit != Some(0) {
         return Err(format!("{id}: exit {exit:?}"));
@@ -207,12 +223,15 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
             }
             Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
         }
-        Scenario::Spawn => {
+        Scenario::Spawn | Scenario::SpawnLimited => {
             let c = Conn::open(&url).await?;
+            let limits = (sc == Scenario::SpawnLimited).then(|| {
+                json!({"timeoutMs": 600_000, "idleTimeoutMs": 600_000, "maxOutputBytes": 1u64 << 30})
+            });
             let mut lat = Vec::new();
             for i in 0..300 {
                 let id = format!("t{i}");
-                lat.push(spawn_true(&c, &id).await?);
+                lat.push(spawn_true_with(&c, &id, limits.clone()).await?);
                 // The reference keeps finished processes; terminate as the Codex CLI does.
                 c.call("process/terminate", json!({"processId": id}))
                     .await?;
