@@ -76,6 +76,9 @@ enum Command {
     Fs(commands::fs::FsArgs),
     /// Print the server's environment info as JSON.
     Info(commands::ConnectArgs),
+    /// List every session's processes on the server (needs its operator
+    /// credential, `serve --operator-token-file`).
+    Ps(commands::ps::PsArgs),
     /// Run an environment registry and rendezvous relay (remote mode).
     Registry(registry::RegistryArgs),
     /// Bridge a listening exec-server into a registry, stream by stream.
@@ -179,6 +182,7 @@ fn main() {
             Some(Command::Shell(args)) => commands::shell::shell(args).await,
             Some(Command::Fs(args)) => commands::fs::fs(args).await,
             Some(Command::Info(args)) => commands::info::info(args).await,
+            Some(Command::Ps(args)) => commands::ps::ps(args).await,
             Some(Command::Registry(args)) => registry::run(args).await,
             Some(Command::Forward(args)) => forward::run(args).await,
             Some(Command::Completions(args)) => generate::completions(args),

@@ -152,6 +152,13 @@ pub struct ServeArgs {
     )]
     pub ws_token_file: Option<PathBuf>,
 
+    /// File holding the operator credential (absolute path; read once,
+    /// trimmed): a client that presents it may list every session's
+    /// processes (`process/list` with `allSessions`; `exec-server ps`).
+    /// Without it nobody sees another session's processes.
+    #[arg(long, value_name = "ABS_PATH")]
+    pub operator_token_file: Option<PathBuf>,
+
     /// SHA-256 of the token, 64 hex digits.
     #[arg(long, value_name = "HEX", requires = "ws_auth")]
     pub ws_token_sha256: Option<String>,
@@ -250,6 +257,25 @@ fn auth_from(args: &ServeArgs) -> Result<Option<WsAuth>, String> {
     Err("--ws-auth capability-token needs --ws-token-file or --ws-token-sha256".into())
 }
 
+/// `--operator-token-file`: the trimmed token. Errors: a relative path, an
+/// unreadable or empty file.
+fn operator_token_from(path: Option<&std::path::Path>) -> Result<Option<String>, String> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    if !path.is_absolute() {
+        return Err("--operator-token-file needs an absolute path".into());
+    }
+    check_permissions(path);
+    let token = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(Some(token.to_string()))
+}
+
 fn check_permissions(path: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(m) = std::fs::metadata(path) {
@@ -293,6 +319,13 @@ pub async fn run(args: ServeArgs) -> i32 {
         );
         return 2;
     }
+    let operator_token = match operator_token_from(args.operator_token_file.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("exec-server: {e}");
+            return 2;
+        }
+    };
     let auth = match auth_from(&args) {
         Ok(a) => a,
         Err(e) => {
@@ -360,6 +393,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         concurrent_requests: args.concurrent_requests.max(1),
         detached_session_ttl: Duration::from_secs(args.detached_session_ttl),
         auth,
+        operator_token,
         max_connections: args.max_connections.max(1),
         max_message_bytes: args.max_message_bytes.max(1024),
         max_http_body_bytes: args.max_http_body_bytes,

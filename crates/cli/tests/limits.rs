@@ -273,3 +273,82 @@ async fn the_process_list_shows_this_sessions_processes_only() {
     other.close().await;
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The operator view: with the server's operator credential, `process/list`
+/// (`allSessions`) and `exec-server ps` show every session's processes;
+/// without it, or with a wrong one, nothing of another session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_sees_every_session_and_nobody_else_does() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tmpdir("operator");
+    let token = d.join("operator.token");
+    std::fs::write(&token, "op-secret-4711\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let s = Server::start(&["--operator-token-file", token.to_str().unwrap()]);
+    let mut a = Conn::open(&s.url, None).await;
+    a.ok(
+        "process/start",
+        start_params("a1", &["sleep", "1000"], &d, false, false),
+    )
+    .await;
+    let mut b = Conn::open(&s.url, None).await;
+    for bad in [
+        json!({"allSessions": true}),
+        json!({"allSessions": true, "operatorToken": "nope"}),
+    ] {
+        let r = b.call("process/list", bad).await;
+        assert_eq!(r["error"]["code"], json!(-32600), "{r}");
+        assert!(!r.to_string().contains("op-secret"), "{r}");
+    }
+    let all = b
+        .ok(
+            "process/list",
+            json!({"allSessions": true, "operatorToken": "op-secret-4711"}),
+        )
+        .await;
+    let procs = all["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{all}");
+    assert_eq!(procs[0]["processId"], json!("a1"));
+    assert!(
+        procs[0]["sessionId"]
+            .as_str()
+            .is_some_and(|id| id.len() > 8),
+        "{all}"
+    );
+    let out = tokio::process::Command::new(BIN)
+        .args([
+            "ps",
+            "--connect",
+            &s.url,
+            "--operator-token-file",
+            token.to_str().unwrap(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("a1") && l.contains("running") && l.ends_with("sleep 1000")),
+        "{table}"
+    );
+    let out = tokio::process::Command::new(BIN)
+        .args(["ps", "--connect", &s.url])
+        .env_remove("EXEC_SERVER_OPERATOR_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("operator credential"));
+    a.ok("process/terminate", json!({"processId": "a1"})).await;
+    a.close().await;
+    b.close().await;
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -68,7 +68,8 @@ pub struct Refusal {
     pub message: &'static str,
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Equal bytes, compared in time that does not depend on where they differ.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -104,6 +104,10 @@ pub struct ServerConfig {
     /// of them even where local binding is allowed, so no command reaches
     /// this server through its proxy. Default: none.
     pub reserved_ports: Vec<u16>,
+    /// `--operator-token-file`: the credential that lets `process/list`
+    /// show every session's processes (`allSessions`). `None` (the
+    /// default): nobody sees another session's processes.
+    pub operator_token: Option<String>,
 }
 
 /// Settings of the output spool (see [`process::spool`]).
@@ -168,6 +172,7 @@ impl Default for ServerConfig {
             hidden_paths: Vec::new(),
             reap_orphans: false,
             reserved_ports: Vec::new(),
+            operator_token: None,
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod fs;
 pub mod info;
 mod limits;
 mod network;
+pub mod ps;
 pub mod run;
 pub mod shell;
 mod terminal;

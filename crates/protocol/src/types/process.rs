@@ -451,6 +451,20 @@ pub struct ProcessClosedNotification {
     pub seq: u64,
 }
 
+/// Params of `process/list` (ours); absent or `{}`: the caller's session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessListParams {
+    /// `allSessions`: every session's processes (the operator view), each
+    /// with its `sessionId`. Needs `operatorToken`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub all_sessions: bool,
+    /// `operatorToken`: the server's operator credential
+    /// (`--operator-token-file`); a missing or wrong one is -32600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_token: Option<String>,
+}
+
 /// Result of `process/list` (ours; advertised by the `processList`
 /// capability): the caller's session's processes, oldest first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -476,6 +490,9 @@ pub enum ProcessState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessInfo {
+    /// The session it belongs to (in the operator view only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
     /// Its id in the session.
     pub process_id: String,
     /// OS pid (also its process group id).

@@ -86,12 +86,34 @@ pub(super) fn register(r: &mut Router<Ctx>) {
     r.request(
         m::PROCESS_LIST,
         Mode::Inline,
-        |ctx: Ctx, _: Option<Empty>| async move {
-            let processes = session_of(&ctx)?
-                .processes()
-                .iter()
-                .map(|p| p.info())
-                .collect();
+        |ctx: Ctx, p: Option<ProcessListParams>| async move {
+            let p = p.unwrap_or_default();
+            let own = session_of(&ctx)?;
+            if !p.all_sessions {
+                let processes = own.processes().iter().map(|p| p.info()).collect();
+                return Ok(ProcessListResponse { processes });
+            }
+            let allowed = match (&ctx.server.config.operator_token, &p.operator_token) {
+                (Some(want), Some(got)) => {
+                    crate::auth::constant_time_eq(want.as_bytes(), got.as_bytes())
+                }
+                _ => false,
+            };
+            if !allowed {
+                return Err(ErrorObject::invalid_request(
+                    "allSessions needs the server's operator credential \
+                     (operatorToken, set with --operator-token-file)",
+                ));
+            }
+            let mut processes = Vec::new();
+            for session in ctx.server.sessions.all() {
+                for proc in session.processes() {
+                    let mut info = proc.info();
+                    info.session_id = Some(session.id.clone());
+                    processes.push(info);
+                }
+            }
+            processes.sort_by_key(|i| i.started_at_ms);
             Ok(ProcessListResponse { processes })
         },
     );

@@ -49,6 +49,7 @@ impl Process {
         let pid = self.pid as i32;
         let s = &self.started_with;
         ProcessInfo {
+            session_id: None,
             process_id: self.id.clone(),
             pid: self.pid,
             argv: s.argv.clone(),

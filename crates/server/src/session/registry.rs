@@ -124,6 +124,16 @@ impl SessionRegistry {
         self.len() == 0
     }
 
+    /// Every session (attached or detached), in no particular order.
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     /// Tears every session down (server shutdown).
     pub fn shutdown_all(&self) {
         let all: Vec<_> = self.lock().drain().map(|(_, s)| s).collect();

@@ -1,0 +1,107 @@
+//! `ps`: every session's processes on a server (the operator view of
+//! `process/list`), one line each.
+
+use super::{explain, fail, ConnectArgs};
+use clap::Args;
+use exec_server_protocol::types::{
+    ProcessInfo, ProcessListParams, ProcessListResponse, ProcessState,
+};
+use std::path::PathBuf;
+
+/// `ps` flags.
+#[derive(Args, Debug)]
+pub struct PsArgs {
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+    /// File holding the server's operator credential (its
+    /// `--operator-token-file`); or set EXEC_SERVER_OPERATOR_TOKEN.
+    #[arg(long, value_name = "PATH")]
+    pub operator_token_file: Option<PathBuf>,
+    /// Print the list as JSON (`process/list`'s answer) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `ps`; returns the exit code.
+pub async fn ps(args: PsArgs) -> i32 {
+    let token =
+        match (
+            &args.operator_token_file,
+            std::env::var("EXEC_SERVER_OPERATOR_TOKEN"),
+        ) {
+            (Some(path), _) => match std::fs::read_to_string(path) {
+                Ok(t) => t.trim().to_string(),
+                Err(e) => return fail(format!("cannot read {}: {e}", path.display())),
+            },
+            (None, Ok(t)) => t.trim().to_string(),
+            (None, Err(_)) => return fail(
+                "ps lists every session's processes and needs the server's operator credential: \
+                 --operator-token-file PATH or EXEC_SERVER_OPERATOR_TOKEN"
+                    .to_string(),
+            ),
+        };
+    let client = match args.conn.client("exec-server ps") {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let params = ProcessListParams {
+        all_sessions: true,
+        operator_token: Some(token),
+    };
+    let r: Result<ProcessListResponse, _> = client.call("process/list", &params, true).await;
+    client.close().await;
+    let list = match r {
+        Ok(l) => l,
+        Err(e) => return fail(explain(&e)),
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).unwrap_or_default()
+        );
+        return 0;
+    }
+    println!(
+        "{:<8} {:<16} {:>7} {:<8} {:>8} {:>9} {:>10}  COMMAND",
+        "SESSION", "PROCESS", "PID", "STATE", "CPU", "RSS", "OUTPUT"
+    );
+    for p in &list.processes {
+        println!("{}", line(p));
+    }
+    0
+}
+
+fn line(p: &ProcessInfo) -> String {
+    let session: String = p
+        .session_id
+        .as_deref()
+        .unwrap_or("-")
+        .chars()
+        .take(8)
+        .collect();
+    let state = match (p.state, p.limit) {
+        (_, Some(limit)) => limit.as_str().to_string(),
+        (ProcessState::Running, _) => "running".into(),
+        (ProcessState::Exited, _) => format!("exit {}", p.exit_code.unwrap_or(-1)),
+        (ProcessState::Closed, _) => format!("done {}", p.exit_code.unwrap_or(-1)),
+    };
+    let cpu = p
+        .cpu_time_ms
+        .map(|ms| format!("{}.{:02}s", ms / 1000, ms % 1000 / 10))
+        .unwrap_or_else(|| "-".into());
+    let rss = p
+        .memory_bytes
+        .map(|b| format!("{}K", b / 1024))
+        .unwrap_or_else(|| "-".into());
+    format!(
+        "{:<8} {:<16} {:>7} {:<8} {:>8} {:>9} {:>10}  {}",
+        session,
+        p.process_id,
+        p.pid,
+        state,
+        cpu,
+        rss,
+        p.output_bytes,
+        p.argv.join(" ")
+    )
+}
