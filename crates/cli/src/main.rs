@@ -79,6 +79,9 @@ enum Command {
     /// List every session's processes on the server (needs its operator
     /// credential, `serve --operator-token-file`).
     Ps(commands::ps::PsArgs),
+    /// Stop a process of any session on the server (needs its operator
+    /// credential): the whole tree, or one signal with --signal.
+    Kill(commands::kill::KillArgs),
     /// Run an environment registry and rendezvous relay (remote mode).
     Registry(registry::RegistryArgs),
     /// Bridge a listening exec-server into a registry, stream by stream.
@@ -183,6 +186,7 @@ fn main() {
             Some(Command::Fs(args)) => commands::fs::fs(args).await,
             Some(Command::Info(args)) => commands::info::info(args).await,
             Some(Command::Ps(args)) => commands::ps::ps(args).await,
+            Some(Command::Kill(args)) => commands::kill::kill(args).await,
             Some(Command::Registry(args)) => registry::run(args).await,
             Some(Command::Forward(args)) => forward::run(args).await,
             Some(Command::Completions(args)) => generate::completions(args),

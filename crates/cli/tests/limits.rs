@@ -347,7 +347,49 @@ async fn the_operator_sees_every_session_and_nobody_else_does() {
         .unwrap();
     assert_ne!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("operator credential"));
-    a.ok("process/terminate", json!({"processId": "a1"})).await;
+    // A wrong credential cannot stop another session's process either.
+    let r = b
+        .call(
+            "process/operatorSignal",
+            json!({"sessionId": procs[0]["sessionId"], "processId": "a1", "operatorToken": "nope"}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], json!(-32600), "{r}");
+    // `kill` with the credential ends it: session A sees it exit by SIGKILL.
+    let out = tokio::process::Command::new(BIN)
+        .args([
+            "kill",
+            "--connect",
+            &s.url,
+            "--operator-token-file",
+            token.to_str().unwrap(),
+            "a1",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = a.collect("a1", Duration::from_secs(10)).await;
+    assert_eq!(got.exit, Some(128 + 9));
+    let out = tokio::process::Command::new(BIN)
+        .args([
+            "kill",
+            "--connect",
+            &s.url,
+            "--operator-token-file",
+            token.to_str().unwrap(),
+            "nosuch",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no process nosuch"));
     a.close().await;
     b.close().await;
     let _ = std::fs::remove_dir_all(&d);

@@ -26,6 +26,9 @@ pub const PROCESS_CLOSE_STDIN: &str = "process/closeStdin";
 pub const PROCESS_ACK: &str = "process/ack";
 /// Ours: the caller's session's processes (`processList` capability).
 pub const PROCESS_LIST: &str = "process/list";
+/// Ours: signal or end a process of any session, with the operator
+/// credential (`processList` capability).
+pub const PROCESS_OPERATOR_SIGNAL: &str = "process/operatorSignal";
 /// Notification, server→client: a chunk of output.
 pub const PROCESS_OUTPUT: &str = "process/output";
 /// Notification, server→client: the process exited.

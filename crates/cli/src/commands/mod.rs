@@ -3,6 +3,7 @@
 
 pub mod fs;
 pub mod info;
+pub mod kill;
 mod limits;
 mod network;
 pub mod ps;

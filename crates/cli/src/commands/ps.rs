@@ -22,24 +22,28 @@ pub struct PsArgs {
     pub json: bool,
 }
 
+/// The operator credential from `path`, else EXEC_SERVER_OPERATOR_TOKEN.
+/// Errors: neither given, or the file unreadable.
+pub(super) fn operator_token(path: Option<&std::path::Path>) -> Result<String, String> {
+    match (path, std::env::var("EXEC_SERVER_OPERATOR_TOKEN")) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .map(|t| t.trim().to_string())
+            .map_err(|e| format!("cannot read {}: {e}", path.display())),
+        (None, Ok(t)) => Ok(t.trim().to_string()),
+        (None, Err(_)) => Err(
+            "this reaches every session's processes and needs the server's operator \
+             credential: --operator-token-file PATH or EXEC_SERVER_OPERATOR_TOKEN"
+                .to_string(),
+        ),
+    }
+}
+
 /// Runs `ps`; returns the exit code.
 pub async fn ps(args: PsArgs) -> i32 {
-    let token =
-        match (
-            &args.operator_token_file,
-            std::env::var("EXEC_SERVER_OPERATOR_TOKEN"),
-        ) {
-            (Some(path), _) => match std::fs::read_to_string(path) {
-                Ok(t) => t.trim().to_string(),
-                Err(e) => return fail(format!("cannot read {}: {e}", path.display())),
-            },
-            (None, Ok(t)) => t.trim().to_string(),
-            (None, Err(_)) => return fail(
-                "ps lists every session's processes and needs the server's operator credential: \
-                 --operator-token-file PATH or EXEC_SERVER_OPERATOR_TOKEN"
-                    .to_string(),
-            ),
-        };
+    let token = match operator_token(args.operator_token_file.as_deref()) {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
     let client = match args.conn.client("exec-server ps") {
         Ok(c) => c,
         Err(e) => return fail(e),

@@ -527,3 +527,20 @@ pub struct ProcessInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<LimitReason>,
 }
+
+/// Params of `process/operatorSignal` (ours): the operator's way to stop a
+/// process of any session (`exec-server kill`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorSignalParams {
+    /// The process's session (`sessionId` of the operator view).
+    pub session_id: String,
+    /// The process's id in that session.
+    pub process_id: String,
+    /// The signal for its process group; absent: end the whole tree as
+    /// `process/terminate` does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<ProcessSignal>,
+    /// The server's operator credential (`--operator-token-file`).
+    pub operator_token: String,
+}

@@ -93,18 +93,7 @@ pub(super) fn register(r: &mut Router<Ctx>) {
                 let processes = own.processes().iter().map(|p| p.info()).collect();
                 return Ok(ProcessListResponse { processes });
             }
-            let allowed = match (&ctx.server.config.operator_token, &p.operator_token) {
-                (Some(want), Some(got)) => {
-                    crate::auth::constant_time_eq(want.as_bytes(), got.as_bytes())
-                }
-                _ => false,
-            };
-            if !allowed {
-                return Err(ErrorObject::invalid_request(
-                    "allSessions needs the server's operator credential \
-                     (operatorToken, set with --operator-token-file)",
-                ));
-            }
+            operator(&ctx, p.operator_token.as_deref())?;
             let mut processes = Vec::new();
             for session in ctx.server.sessions.all() {
                 for proc in session.processes() {
@@ -118,6 +107,38 @@ pub(super) fn register(r: &mut Router<Ctx>) {
         },
     );
     r.request(
+        m::PROCESS_OPERATOR_SIGNAL,
+        Mode::Inline,
+        |ctx: Ctx, p: OperatorSignalParams| async move {
+            session_of(&ctx)?;
+            operator(&ctx, Some(&p.operator_token))?;
+            let proc = ctx
+                .server
+                .sessions
+                .all()
+                .into_iter()
+                .find(|s| s.id == p.session_id)
+                .and_then(|s| s.process(&p.process_id))
+                .ok_or_else(|| {
+                    ErrorObject::invalid_request(format!(
+                        "unknown process id {} in session {}",
+                        p.process_id, p.session_id
+                    ))
+                })?;
+            let running = proc.is_running();
+            match p.signal {
+                Some(signal) => proc.signal(signal),
+                None => {
+                    proc.terminate();
+                }
+            }
+            Ok(TerminateResponse {
+                running,
+                killed_leftovers: None,
+            })
+        },
+    );
+    r.request(
         m::PROCESS_ACK,
         Mode::Inline,
         |ctx: Ctx, p: AckParams| async move {
@@ -125,6 +146,24 @@ pub(super) fn register(r: &mut Router<Ctx>) {
             Ok(Empty {})
         },
     );
+}
+
+/// Checks the operator credential of a request that reaches beyond its own
+/// session: -32600 (never echoing what was sent) when the server has none
+/// or `token` is not it.
+fn operator(ctx: &Ctx, token: Option<&str>) -> Result<(), ErrorObject> {
+    let allowed = match (&ctx.server.config.operator_token, token) {
+        (Some(want), Some(got)) => crate::auth::constant_time_eq(want.as_bytes(), got.as_bytes()),
+        _ => false,
+    };
+    if allowed {
+        Ok(())
+    } else {
+        Err(ErrorObject::invalid_request(
+            "this needs the server's operator credential \
+             (operatorToken, set with --operator-token-file)",
+        ))
+    }
 }
 
 /// The process with this id in the connection's session, if any.
