@@ -152,6 +152,12 @@ pub struct ServeArgs {
     )]
     pub ws_token_file: Option<PathBuf>,
 
+    /// When a limit of a process fires (`run --timeout` and the like), how
+    /// long it has between SIGTERM and SIGKILL: 500ms, 2s, 1m.
+    #[arg(long, value_name = "DURATION", default_value = "2s",
+          value_parser = crate::commands::parse_duration)]
+    pub limit_grace: Duration,
+
     /// File holding the operator credential (absolute path; read once,
     /// trimmed): a client that presents it may list every session's
     /// processes (`process/list` with `allSessions`; `exec-server ps`).
@@ -394,6 +400,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         detached_session_ttl: Duration::from_secs(args.detached_session_ttl),
         auth,
         operator_token,
+        limit_grace: args.limit_grace,
         max_connections: args.max_connections.max(1),
         max_message_bytes: args.max_message_bytes.max(1024),
         max_http_body_bytes: args.max_http_body_bytes,

@@ -394,3 +394,20 @@ async fn the_operator_sees_every_session_and_nobody_else_does() {
     b.close().await;
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `--limit-grace` sets the time between SIGTERM and SIGKILL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grace_before_the_kill_is_the_servers_flag() {
+    let s = Server::start(&["--limit-grace", "200ms"]);
+    let (got, took) = run_limited(
+        &s,
+        &["sh", "-c", "trap '' TERM; sleep 1000"],
+        json!({"timeoutMs": 300}),
+        false,
+        None,
+    )
+    .await;
+    assert_eq!(got.limit.as_deref(), Some("wallTimeout"));
+    assert_eq!(got.exit, Some(128 + 9));
+    assert!(took < 1.8, "took {took:.2} s with a 200 ms grace");
+}

@@ -108,6 +108,9 @@ pub struct ServerConfig {
     /// show every session's processes (`allSessions`). `None` (the
     /// default): nobody sees another session's processes.
     pub operator_token: Option<String>,
+    /// `--limit-grace`: how long a process a limit ended has between SIGTERM
+    /// and SIGKILL ([`process::limits::DEFAULT_KILL_GRACE`]).
+    pub limit_grace: Duration,
 }
 
 /// Settings of the output spool (see [`process::spool`]).
@@ -173,6 +176,7 @@ impl Default for ServerConfig {
             reap_orphans: false,
             reserved_ports: Vec::new(),
             operator_token: None,
+            limit_grace: process::limits::DEFAULT_KILL_GRACE,
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod fs;
 pub mod info;
 pub mod kill;
 mod limits;
+pub use limits::parse_duration;
 mod network;
 pub mod ps;
 pub mod run;

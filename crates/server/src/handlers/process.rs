@@ -287,6 +287,7 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
             }),
             confine.as_ref(),
             ctx.server.spool.clone(),
+            ctx.server.config.limit_grace,
         )
     })?;
     if let Some(proxy) = proxy {

@@ -4,15 +4,16 @@
 //!
 //! A limit that fires records its [`LimitReason`] once (the first wins), and
 //! the tree is asked to stop with SIGTERM, then killed (SIGKILL to the tree and
-//! its cgroup) [`KILL_GRACE`] later if it still runs.
+//! its cgroup) a grace later ([`DEFAULT_KILL_GRACE`], `--limit-grace`) if it
+//! still runs.
 
 use exec_server_protocol::types::{LimitReason, ProcessLimits};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Time between the SIGTERM a fired limit sends and the SIGKILL that
-/// follows if the process has not exited: 2 s.
-pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// Default time between the SIGTERM a fired limit sends and the SIGKILL
+/// that follows if the process has not exited: 2 s (`--limit-grace`).
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// Checks `limits` before a start: each given member must be at least 1.
 /// Errors name the member (`limits.timeoutMs must be at least 1`).
@@ -54,11 +55,14 @@ pub struct Watch {
     terminated: bool,
     /// When the SIGKILL is due, until it is sent.
     kill_at: Option<Instant>,
+    /// Between SIGTERM and SIGKILL.
+    grace: Duration,
 }
 
 impl Watch {
-    /// Starts watching at `now` (no limits: never fires).
-    pub fn new(limits: Option<&ProcessLimits>, now: Instant) -> Watch {
+    /// Starts watching at `now` (no limits: never fires); a fired limit's
+    /// SIGKILL follows its SIGTERM after `grace`.
+    pub fn new(limits: Option<&ProcessLimits>, now: Instant, grace: Duration) -> Watch {
         let limits = limits.cloned().unwrap_or_default();
         Watch {
             deadline: limits.timeout_ms.map(|ms| now + Duration::from_millis(ms)),
@@ -69,6 +73,7 @@ impl Watch {
             fired: None,
             terminated: false,
             kill_at: None,
+            grace,
         }
     }
 
@@ -132,7 +137,7 @@ impl Watch {
         };
         if !self.terminated {
             self.terminated = true;
-            self.kill_at = Some(now + KILL_GRACE);
+            self.kill_at = Some(now + self.grace);
             return Action::Terminate(reason);
         }
         match self.kill_at {
@@ -160,14 +165,18 @@ mod tests {
     #[test]
     fn deadline_then_sigterm_then_sigkill_after_the_grace() {
         let t0 = Instant::now();
-        let mut w = Watch::new(Some(&limits(Some(1000), None, None)), t0);
+        let mut w = Watch::new(
+            Some(&limits(Some(1000), None, None)),
+            t0,
+            DEFAULT_KILL_GRACE,
+        );
         assert_eq!(w.next_due(), Some(t0 + Duration::from_millis(1000)));
         assert_eq!(w.tick(t0 + Duration::from_millis(999)), Action::Wait);
         let t1 = t0 + Duration::from_millis(1000);
         assert_eq!(w.tick(t1), Action::Terminate(LimitReason::WallTimeout));
-        assert_eq!(w.next_due(), Some(t1 + KILL_GRACE));
+        assert_eq!(w.next_due(), Some(t1 + DEFAULT_KILL_GRACE));
         assert_eq!(w.tick(t1 + Duration::from_millis(10)), Action::Wait);
-        assert_eq!(w.tick(t1 + KILL_GRACE), Action::Kill);
+        assert_eq!(w.tick(t1 + DEFAULT_KILL_GRACE), Action::Kill);
         assert_eq!(w.next_due(), None);
         assert_eq!(w.fired(), Some(LimitReason::WallTimeout));
     }
@@ -175,7 +184,11 @@ mod tests {
     #[test]
     fn output_moves_the_idle_timeout_and_the_cap_cuts_the_chunk() {
         let t0 = Instant::now();
-        let mut w = Watch::new(Some(&limits(None, Some(100), Some(10))), t0);
+        let mut w = Watch::new(
+            Some(&limits(None, Some(100), Some(10))),
+            t0,
+            DEFAULT_KILL_GRACE,
+        );
         let t1 = t0 + Duration::from_millis(90);
         assert_eq!(w.output(4, t1), 4);
         assert_eq!(w.next_due(), Some(t1 + Duration::from_millis(100)));
@@ -190,7 +203,7 @@ mod tests {
     #[test]
     fn no_limits_never_fire_and_zero_is_refused() {
         let t0 = Instant::now();
-        let mut w = Watch::new(None, t0);
+        let mut w = Watch::new(None, t0, DEFAULT_KILL_GRACE);
         assert_eq!(w.next_due(), None);
         assert_eq!(w.output(1 << 20, t0), 1 << 20);
         assert_eq!(w.tick(t0 + Duration::from_secs(86_400)), Action::Wait);

@@ -211,6 +211,7 @@ impl Process {
         on_retire: RetireHook,
         sandbox: Option<&crate::sandbox::StartSandbox>,
         spool: Option<Arc<spool::SpoolConfig>>,
+        limit_grace: Duration,
     ) -> std::io::Result<Arc<Process>> {
         let cgroup = cgroup::ProcessCgroup::create();
         let join = cgroup.as_ref().and_then(|g| g.join_handle().ok());
@@ -287,7 +288,11 @@ impl Process {
             Held {
                 confinement,
                 span,
-                limits: limits::Watch::new(params.limits.as_ref(), tokio::time::Instant::now()),
+                limits: limits::Watch::new(
+                    params.limits.as_ref(),
+                    tokio::time::Instant::now(),
+                    limit_grace,
+                ),
             },
         ));
         Ok(proc)
