@@ -286,8 +286,10 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
                 }
             }),
             confine.as_ref(),
-            ctx.server.spool.clone(),
-            ctx.server.config.limit_grace,
+            crate::process::SpawnSettings {
+                spool: ctx.server.spool.clone(),
+                limit_grace: ctx.server.config.limit_grace,
+            },
         )
     })?;
     if let Some(proxy) = proxy {

@@ -136,6 +136,14 @@ pub struct Process {
     output_bytes: std::sync::atomic::AtomicU64,
 }
 
+/// The server's settings a process is started with.
+pub struct SpawnSettings {
+    /// The output spool, when enabled.
+    pub spool: Option<Arc<spool::SpoolConfig>>,
+    /// Between the SIGTERM and the SIGKILL of a fired limit.
+    pub limit_grace: Duration,
+}
+
 /// Something kept alive until the process closes.
 pub type KeptUntilClosed = Box<dyn std::any::Any + Send>;
 
@@ -210,9 +218,9 @@ impl Process {
         start_gate: oneshot::Receiver<()>,
         on_retire: RetireHook,
         sandbox: Option<&crate::sandbox::StartSandbox>,
-        spool: Option<Arc<spool::SpoolConfig>>,
-        limit_grace: Duration,
+        settings: SpawnSettings,
     ) -> std::io::Result<Arc<Process>> {
+        let SpawnSettings { spool, limit_grace } = settings;
         let cgroup = cgroup::ProcessCgroup::create();
         let join = cgroup.as_ref().and_then(|g| g.join_handle().ok());
         let started = spawn::start(params, cwd, join.as_ref(), sandbox)?;
