@@ -411,3 +411,72 @@ async fn the_grace_before_the_kill_is_the_servers_flag() {
     assert_eq!(got.exit, Some(128 + 9));
     assert!(took < 1.8, "took {took:.2} s with a 200 ms grace");
 }
+
+/// The detached-session TTL ends every kind of process a session left:
+/// on pipes, on a PTY, in the sandbox, and a double-forked daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_ttl_ends_every_kind_of_process() {
+    let s = Server::start(&["--detached-session-ttl", "1"]);
+    let d = tmpdir("ttl-kinds");
+    let ws = tmpdir("ttl-kinds-ws");
+    let pidfile = d.join("daemon.pid");
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok(
+        "process/start",
+        start_params("pipe", &["sleep", "1001"], &d, false, false),
+    )
+    .await;
+    c.ok(
+        "process/start",
+        start_params("pty", &["sleep", "1002"], &d, true, false),
+    )
+    .await;
+    let mut sandboxed = start_params("sandboxed", &["sleep", "1003"], &ws, false, false);
+    sandboxed["sandbox"] = ro(&ws);
+    c.ok("process/start", sandboxed).await;
+    let daemon = format!(
+        "(setsid sh -c 'echo $$ > {}; exec sleep 1004' </dev/null >/dev/null 2>&1 &); exit 0",
+        pidfile.display()
+    );
+    c.ok(
+        "process/start",
+        start_params("daemon", &["sh", "-c", &daemon], &d, false, false),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pidfile.exists()
+        || ["sleep 1001", "sleep 1002", "sleep 1003"]
+            .iter()
+            .any(|n| pids_matching(n).is_empty())
+    {
+        assert!(Instant::now() < deadline, "not everything started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let daemon_pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    c.close().await;
+    let gone = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left: Vec<&str> = ["sleep 1001", "sleep 1002", "sleep 1003"]
+            .into_iter()
+            .filter(|n| !pids_matching(n).is_empty())
+            .collect();
+        if left.is_empty() && gone(daemon_pid) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left after the session's TTL: {left:?}, daemon alive: {}",
+            !gone(daemon_pid)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(&ws);
+}
