@@ -158,6 +158,16 @@ pub struct ServeArgs {
           value_parser = crate::commands::parse_duration)]
     pub limit_grace: Duration,
 
+    /// Most processes running at once across every session; a start past it
+    /// is refused with a clear error (the server and its other processes are
+    /// unaffected). Default: no cap.
+    #[arg(long, value_name = "N")]
+    pub max_processes: Option<usize>,
+
+    /// Most processes one session runs at once (same refusal).
+    #[arg(long, value_name = "N")]
+    pub max_session_processes: Option<usize>,
+
     /// File holding the operator credential (absolute path; read once,
     /// trimmed): a client that presents it may list every session's
     /// processes (`process/list` with `allSessions`; `exec-server ps`).
@@ -401,6 +411,8 @@ pub async fn run(args: ServeArgs) -> i32 {
         auth,
         operator_token,
         limit_grace: args.limit_grace,
+        max_processes: args.max_processes,
+        max_session_processes: args.max_session_processes,
         max_connections: args.max_connections.max(1),
         max_message_bytes: args.max_message_bytes.max(1024),
         max_http_body_bytes: args.max_http_body_bytes,

@@ -480,3 +480,58 @@ async fn the_session_ttl_ends_every_kind_of_process() {
     let _ = std::fs::remove_dir_all(&d);
     let _ = std::fs::remove_dir_all(&ws);
 }
+
+/// `--max-session-processes` and `--max-processes` refuse a start past
+/// them (-32600, `limitReached`, naming the flag); an exited process frees
+/// its place; the server keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_caps_refuse_past_them_and_free_on_exit() {
+    let s = Server::start(&["--max-session-processes", "2", "--max-processes", "3"]);
+    let d = tmpdir("caps");
+    let mut a = Conn::open(&s.url, None).await;
+    for id in ["a1", "a2"] {
+        a.ok(
+            "process/start",
+            start_params(id, &["sleep", "1000"], &d, false, false),
+        )
+        .await;
+    }
+    let r = a
+        .call(
+            "process/start",
+            start_params("a3", &["sleep", "1000"], &d, false, false),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], json!(-32600), "{r}");
+    assert_eq!(r["error"]["data"]["kind"], json!("limitReached"), "{r}");
+    assert!(r.to_string().contains("--max-session-processes"), "{r}");
+    let mut b = Conn::open(&s.url, None).await;
+    b.ok(
+        "process/start",
+        start_params("b1", &["sleep", "1000"], &d, false, false),
+    )
+    .await;
+    let r = b
+        .call(
+            "process/start",
+            start_params("b2", &["sleep", "1000"], &d, false, false),
+        )
+        .await;
+    assert!(r.to_string().contains("--max-processes"), "{r}");
+    // An exited process frees its place.
+    a.ok("process/terminate", json!({"processId": "a1"})).await;
+    a.collect("a1", Duration::from_secs(10)).await;
+    b.ok(
+        "process/start",
+        start_params("b2", &["true"], &d, false, false),
+    )
+    .await;
+    let info = b.ok("environment/info", Value::Null).await;
+    assert!(info["capabilities"].is_object());
+    for (c, id) in [(&mut a, "a2"), (&mut b, "b1")] {
+        c.ok("process/terminate", json!({"processId": id})).await;
+    }
+    a.close().await;
+    b.close().await;
+    let _ = std::fs::remove_dir_all(&d);
+}

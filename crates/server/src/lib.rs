@@ -111,6 +111,11 @@ pub struct ServerConfig {
     /// `--limit-grace`: how long a process a limit ended has between SIGTERM
     /// and SIGKILL ([`process::limits::DEFAULT_KILL_GRACE`]).
     pub limit_grace: Duration,
+    /// `--max-processes`: most processes running at once across every
+    /// session; a start past it is refused (`limitReached`). `None`: no cap.
+    pub max_processes: Option<usize>,
+    /// `--max-session-processes`: most processes one session runs at once.
+    pub max_session_processes: Option<usize>,
 }
 
 /// Settings of the output spool (see [`process::spool`]).
@@ -177,6 +182,8 @@ impl Default for ServerConfig {
             reserved_ports: Vec::new(),
             operator_token: None,
             limit_grace: process::limits::DEFAULT_KILL_GRACE,
+            max_processes: None,
+            max_session_processes: None,
         }
     }
 }

@@ -148,6 +148,33 @@ pub(super) fn register(r: &mut Router<Ctx>) {
     );
 }
 
+/// Refuses a start past `--max-session-processes` or `--max-processes`
+/// (counting processes that have not exited), naming the cap. Costs
+/// nothing when neither is set.
+fn check_process_caps(ctx: &Ctx) -> Result<(), ErrorObject> {
+    let config = &ctx.server.config;
+    let running =
+        |s: &crate::session::Session| s.processes().iter().filter(|p| p.is_running()).count();
+    if let Some(max) = config.max_session_processes {
+        if running(&*session_of(ctx)?) >= max {
+            return Err(crate::error::ExecError::limit_reached(format!(
+                "this session already runs {max} processes (--max-session-processes)"
+            ))
+            .into());
+        }
+    }
+    if let Some(max) = config.max_processes {
+        let all: usize = ctx.server.sessions.all().iter().map(|s| running(s)).sum();
+        if all >= max {
+            return Err(crate::error::ExecError::limit_reached(format!(
+                "the server already runs {max} processes (--max-processes)"
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// Checks the operator credential of a request that reaches beyond its own
 /// session: -32600 (never echoing what was sent) when the server has none
 /// or `token` is not it.
@@ -189,6 +216,7 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     if let Some(limits) = &p.limits {
         crate::process::limits::validate(limits).map_err(ErrorObject::invalid_params)?;
     }
+    check_process_caps(&ctx)?;
     if let Some(np) = &p.network_proxy {
         np.validate(&p.process_id)
             .map_err(ErrorObject::invalid_params)?;
