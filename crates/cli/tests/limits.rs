@@ -535,3 +535,31 @@ async fn process_caps_refuse_past_them_and_free_on_exit() {
     b.close().await;
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Starts racing on eight connections never overshoot `--max-processes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_starts_never_overshoot_the_server_cap() {
+    let s = Server::start(&["--max-processes", "3"]);
+    let d = tmpdir("caps-race");
+    let mut conns = Vec::new();
+    for _ in 0..8 {
+        conns.push(Conn::open(&s.url, None).await);
+    }
+    let results = futures_util::future::join_all(conns.iter_mut().enumerate().map(|(i, c)| {
+        let params = start_params(&format!("r{i}"), &["sleep", "1000"], &d, false, false);
+        async move { c.call("process/start", params).await }
+    }))
+    .await;
+    let started = results.iter().filter(|r| r.get("error").is_none()).count();
+    assert_eq!(started, 3, "{results:?}");
+    for (i, (c, r)) in conns.iter_mut().zip(&results).enumerate() {
+        if r.get("error").is_none() {
+            c.ok("process/terminate", json!({"processId": format!("r{i}")}))
+                .await;
+        }
+    }
+    for c in conns {
+        c.close().await;
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

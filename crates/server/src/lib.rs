@@ -210,6 +210,8 @@ pub struct ServerState {
     /// sockets), made at start; the error says why it could not be.
     runtime_dir: Result<rundir::RuntimeDir, String>,
     next_connection: AtomicU64,
+    /// Processes that have not exited, across sessions (`--max-processes`).
+    pub(crate) live_processes: process::live::LiveCount,
 }
 
 impl ServerState {
@@ -256,6 +258,7 @@ impl ServerState {
             http: http::HttpClients::new(config.max_http_body_bytes)
                 .map_err(std::io::Error::other)?,
             next_connection: AtomicU64::new(1),
+            live_processes: Default::default(),
             sandbox,
             config,
         }))

@@ -148,31 +148,31 @@ pub(super) fn register(r: &mut Router<Ctx>) {
     );
 }
 
-/// Refuses a start past `--max-session-processes` or `--max-processes`
-/// (counting processes that have not exited), naming the cap. Costs
-/// nothing when neither is set.
-fn check_process_caps(ctx: &Ctx) -> Result<(), ErrorObject> {
+/// Takes the new process's place in its session's and the server's running
+/// counts, refusing a start past `--max-session-processes` or
+/// `--max-processes` (naming the cap). Atomic: racing starts never overshoot.
+fn take_live_slot(ctx: &Ctx) -> Result<crate::process::live::LiveSlot, ErrorObject> {
     let config = &ctx.server.config;
-    let running =
-        |s: &crate::session::Session| s.processes().iter().filter(|p| p.is_running()).count();
-    if let Some(max) = config.max_session_processes {
-        if running(&*session_of(ctx)?) >= max {
-            return Err(crate::error::ExecError::limit_reached(format!(
-                "this session already runs {max} processes (--max-session-processes)"
-            ))
-            .into());
-        }
-    }
-    if let Some(max) = config.max_processes {
-        let all: usize = ctx.server.sessions.all().iter().map(|s| running(s)).sum();
-        if all >= max {
-            return Err(crate::error::ExecError::limit_reached(format!(
-                "the server already runs {max} processes (--max-processes)"
-            ))
-            .into());
-        }
-    }
-    Ok(())
+    let session = session_of(ctx)?;
+    crate::process::live::LiveSlot::take(&[
+        (&session.live, config.max_session_processes),
+        (&ctx.server.live_processes, config.max_processes),
+    ])
+    .map_err(|which| {
+        let (max, flag, whose) = match which {
+            0 => (
+                config.max_session_processes,
+                "--max-session-processes",
+                "this session",
+            ),
+            _ => (config.max_processes, "--max-processes", "the server"),
+        };
+        crate::error::ExecError::limit_reached(format!(
+            "{whose} already runs {} processes ({flag})",
+            max.unwrap_or(0)
+        ))
+        .into()
+    })
 }
 
 /// Checks the operator credential of a request that reaches beyond its own
@@ -216,7 +216,7 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     if let Some(limits) = &p.limits {
         crate::process::limits::validate(limits).map_err(ErrorObject::invalid_params)?;
     }
-    check_process_caps(&ctx)?;
+    let live = take_live_slot(&ctx)?;
     if let Some(np) = &p.network_proxy {
         np.validate(&p.process_id)
             .map_err(ErrorObject::invalid_params)?;
@@ -317,6 +317,7 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
             crate::process::SpawnSettings {
                 spool: ctx.server.spool.clone(),
                 limit_grace: ctx.server.config.limit_grace,
+                live: Some(live),
             },
         )
     })?;

@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod kill;
 pub mod limits;
 mod list;
+pub mod live;
 mod notify;
 pub mod output_log;
 mod pty_line;
@@ -142,6 +143,8 @@ pub struct SpawnSettings {
     pub spool: Option<Arc<spool::SpoolConfig>>,
     /// Between the SIGTERM and the SIGKILL of a fired limit.
     pub limit_grace: Duration,
+    /// Its place in the running counts, given back when it exits.
+    pub live: Option<live::LiveSlot>,
 }
 
 /// Something kept alive until the process closes.
@@ -220,7 +223,11 @@ impl Process {
         sandbox: Option<&crate::sandbox::StartSandbox>,
         settings: SpawnSettings,
     ) -> std::io::Result<Arc<Process>> {
-        let SpawnSettings { spool, limit_grace } = settings;
+        let SpawnSettings {
+            spool,
+            limit_grace,
+            live,
+        } = settings;
         let cgroup = cgroup::ProcessCgroup::create();
         let join = cgroup.as_ref().and_then(|g| g.join_handle().ok());
         let started = spawn::start(params, cwd, join.as_ref(), sandbox)?;
@@ -301,6 +308,7 @@ impl Process {
                     tokio::time::Instant::now(),
                     limit_grace,
                 ),
+                live,
             },
         ));
         Ok(proc)

@@ -16,6 +16,8 @@ pub(super) struct Held {
     pub(super) span: tracing::Span,
     /// Its `limits`, watched from the spawn.
     pub(super) limits: super::limits::Watch,
+    /// Its place in the running counts, given back at exit.
+    pub(super) live: Option<super::live::LiveSlot>,
 }
 
 pub(super) async fn pump(
@@ -31,6 +33,7 @@ pub(super) async fn pump(
         mut confinement,
         span,
         limits: mut watch,
+        mut live,
     } = held;
     let _ = start_gate.await;
     // Room for a frame's header in front of large reads; an id so long that
@@ -100,6 +103,7 @@ pub(super) async fn pump(
                 }
                 let code = code.unwrap_or(-1);
                 exit_code = Some(code);
+                drop(live.take());
                 span.record("exit_code", code);
                 crate::metrics::process_exit(code);
                 // The sandbox is gone with its last process: release what it held

@@ -50,6 +50,8 @@ pub struct Session {
     /// Set by [`Session::teardown`] under the process table's lock: no
     /// process is started after it.
     ended: AtomicBool,
+    /// Its processes that have not exited (`--max-session-processes`).
+    pub(crate) live: crate::process::live::LiveCount,
 }
 
 impl Session {
@@ -65,6 +67,7 @@ impl Session {
             leftovers: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
             ended: AtomicBool::new(false),
+            live: Default::default(),
         }
     }
 
