@@ -426,12 +426,7 @@ impl Sealer {
 }
 
 impl Opener {
-    /// As [`Transport::decrypt`].
-    pub fn decrypt(&mut self, ciphertext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        self.0.decrypt(ciphertext)
-    }
-
-    /// As [`Opener::decrypt`], decrypting `record` where it lies.
+    /// As [`Transport::decrypt`], decrypting `record` where it lies.
     pub fn decrypt_owned(&mut self, record: Vec<u8>) -> Result<Vec<u8>, NoiseError> {
         self.0.open_owned(record)
     }

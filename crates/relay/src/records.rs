@@ -13,9 +13,12 @@ pub const MAX_MESSAGE_LEN: usize = 64 * 1024 * 1024;
 #[error("invalid message length in the relay stream")]
 pub struct BadLength;
 
-/// Splits one message into plaintext records. Errors: [`BadLength`] for an
+/// Splits one message into plaintext records: the layout above, written
+/// plainly; the tests' oracle for `SendHalf::seal_parts`, which writes the
+/// same records straight into their frames. Errors: [`BadLength`] for an
 /// empty message or one above [`MAX_MESSAGE_LEN`].
-pub fn split(message: &[u8]) -> Result<Vec<Vec<u8>>, BadLength> {
+#[cfg(test)]
+pub(crate) fn split(message: &[u8]) -> Result<Vec<Vec<u8>>, BadLength> {
     if message.is_empty() || message.len() > MAX_MESSAGE_LEN {
         return Err(BadLength);
     }

@@ -4,9 +4,7 @@
 use super::ps::operator_token;
 use super::{explain, fail, ConnectArgs};
 use clap::Args;
-use exec_server_protocol::types::{
-    OperatorSignalParams, ProcessListParams, ProcessListResponse, ProcessSignal, TerminateResponse,
-};
+use exec_server_protocol::types::{OperatorSignalParams, ProcessSignal, TerminateResponse};
 use std::path::PathBuf;
 
 /// `kill` flags.
@@ -68,17 +66,7 @@ async fn kill_with(
     args: &KillArgs,
     token: String,
 ) -> i32 {
-    let list: ProcessListResponse = match client
-        .call(
-            "process/list",
-            &ProcessListParams {
-                all_sessions: true,
-                operator_token: Some(token.clone()),
-            },
-            true,
-        )
-        .await
-    {
+    let list = match super::ps::list_all(client, token.clone()).await {
         Ok(l) => l,
         Err(e) => return fail(explain(&e)),
     };

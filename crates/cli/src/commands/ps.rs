@@ -38,6 +38,18 @@ pub(super) fn operator_token(path: Option<&std::path::Path>) -> Result<String, S
     }
 }
 
+/// Every session's processes (`process/list` with `allSessions`).
+pub(super) async fn list_all(
+    client: &exec_server_client::ExecServerClient,
+    token: String,
+) -> Result<ProcessListResponse, exec_server_client::ClientError> {
+    let params = ProcessListParams {
+        all_sessions: true,
+        operator_token: Some(token),
+    };
+    client.call("process/list", &params, true).await
+}
+
 /// Runs `ps`; returns the exit code.
 pub async fn ps(args: PsArgs) -> i32 {
     let token = match operator_token(args.operator_token_file.as_deref()) {
@@ -48,11 +60,7 @@ pub async fn ps(args: PsArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let params = ProcessListParams {
-        all_sessions: true,
-        operator_token: Some(token),
-    };
-    let r: Result<ProcessListResponse, _> = client.call("process/list", &params, true).await;
+    let r = list_all(&client, token).await;
     client.close().await;
     let list = match r {
         Ok(l) => l,

@@ -115,9 +115,7 @@ pub(super) fn register(r: &mut Router<Ctx>) {
             let proc = ctx
                 .server
                 .sessions
-                .all()
-                .into_iter()
-                .find(|s| s.id == p.session_id)
+                .get(&p.session_id)
                 .and_then(|s| s.process(&p.process_id))
                 .ok_or_else(|| {
                     ErrorObject::invalid_request(format!(

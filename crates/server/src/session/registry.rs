@@ -124,14 +124,14 @@ impl SessionRegistry {
         self.len() == 0
     }
 
+    /// The session with this id (attached or detached).
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.lock().get(id).cloned()
+    }
+
     /// Every session (attached or detached), in no particular order.
     pub fn all(&self) -> Vec<Arc<Session>> {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.lock().values().cloned().collect()
     }
 
     /// Tears every session down (server shutdown).
