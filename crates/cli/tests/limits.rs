@@ -274,6 +274,18 @@ async fn the_process_list_shows_this_sessions_processes_only() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Runs `exec-server ARGS --operator-token-file TOKEN LAST`.
+async fn operator_cli(args: &[&str], token: &std::path::Path, last: &str) -> std::process::Output {
+    tokio::process::Command::new(BIN)
+        .args(args)
+        .arg("--operator-token-file")
+        .arg(token)
+        .arg(last)
+        .output()
+        .await
+        .unwrap()
+}
+
 /// The operator view: with the server's operator credential, `process/list`
 /// (`allSessions`) and `exec-server ps` show every session's processes;
 /// without it, or with a wrong one, nothing of another session.
@@ -356,18 +368,7 @@ async fn the_operator_sees_every_session_and_nobody_else_does() {
         .await;
     assert_eq!(r["error"]["code"], json!(-32600), "{r}");
     // `kill` with the credential ends it: session A sees it exit by SIGKILL.
-    let out = tokio::process::Command::new(BIN)
-        .args([
-            "kill",
-            "--connect",
-            &s.url,
-            "--operator-token-file",
-            token.to_str().unwrap(),
-            "a1",
-        ])
-        .output()
-        .await
-        .unwrap();
+    let out = operator_cli(&["kill", "--connect", &s.url], &token, "a1").await;
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -376,18 +377,7 @@ async fn the_operator_sees_every_session_and_nobody_else_does() {
     );
     let got = a.collect("a1", Duration::from_secs(10)).await;
     assert_eq!(got.exit, Some(128 + 9));
-    let out = tokio::process::Command::new(BIN)
-        .args([
-            "kill",
-            "--connect",
-            &s.url,
-            "--operator-token-file",
-            token.to_str().unwrap(),
-            "nosuch",
-        ])
-        .output()
-        .await
-        .unwrap();
+    let out = operator_cli(&["kill", "--connect", &s.url], &token, "nosuch").await;
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no process nosuch"));
     a.close().await;

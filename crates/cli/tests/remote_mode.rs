@@ -185,6 +185,21 @@ impl Proxy {
     }
 }
 
+/// Our client on `env` through the registry at `url` (harness token `h`),
+/// connected once the executor has attached (bounded at 20 s).
+async fn relay_client(url: &str, env: &str) -> ExecServerClient {
+    let source = RelaySource::new(url, env, "h", None).unwrap();
+    let mut opts = ClientOptions::new(Source::Relay(Arc::new(source)));
+    opts.connect_timeout = Duration::from_secs(10);
+    let c = ExecServerClient::new(opts);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.connect().await.is_err() {
+        assert!(Instant::now() < deadline, "executor never reachable");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c
+}
+
 /// `seq 1 2000000` through the relay is byte-identical across 5 drops of the
 /// harness's socket and 2 of every relay socket (the executor's included).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,15 +219,7 @@ async fn seq_2000000_survives_harness_and_executor_drops() {
     tokio::spawn(registry.serve(l));
     let url = format!("http://127.0.0.1:{reg_port}");
     let _exec = start_executor(&url, "seq-env", "t");
-    let source = RelaySource::new(&url, "seq-env", "h", None).unwrap();
-    let mut opts = ClientOptions::new(Source::Relay(Arc::new(source)));
-    opts.connect_timeout = Duration::from_secs(10);
-    let c = ExecServerClient::new(opts);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.connect().await.is_err() {
-        assert!(Instant::now() < deadline, "executor never reachable");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let c = relay_client(&url, "seq-env").await;
     assert!(
         c.binary_frames().await,
         "our client and executor agree on binary frames over a relay stream"
@@ -269,15 +276,7 @@ async fn files_cross_the_relay_raw_and_exact() {
     use exec_server_client::PathUri;
     let (_reg, url) = start_registry(&[]);
     let _exec = start_executor(&url, "files", "t");
-    let source = RelaySource::new(&url, "files", "h", None).unwrap();
-    let mut opts = ClientOptions::new(Source::Relay(Arc::new(source)));
-    opts.connect_timeout = Duration::from_secs(10);
-    let c = ExecServerClient::new(opts);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.connect().await.is_err() {
-        assert!(Instant::now() < deadline, "executor never reachable");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let c = relay_client(&url, "files").await;
     assert!(
         c.binary_frames().await,
         "binary frames agreed over the relay"

@@ -65,6 +65,23 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// `head -c 256 MiB /dev/zero` three times: the best MiB/s delivered.
+async fn best_stream(c: &ExecServerClient, tag: &str) -> f64 {
+    let mut best = 0f64;
+    for i in 0..3 {
+        let t = Instant::now();
+        let n = run(
+            c,
+            &format!("{tag}-{i}"),
+            &["head", "-c", &STREAM_BYTES.to_string(), "/dev/zero"],
+        )
+        .await;
+        assert_eq!(n, STREAM_BYTES);
+        best = best.max(n as f64 / t.elapsed().as_secs_f64() / (1024.0 * 1024.0));
+    }
+    best
+}
+
 async fn measure(name: &str, c: &ExecServerClient, spawns: usize) -> f64 {
     for i in 0..10 {
         run(c, &format!("warm-{i}"), &["true"]).await;
@@ -76,18 +93,7 @@ async fn measure(name: &str, c: &ExecServerClient, spawns: usize) -> f64 {
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
-    let mut best = 0f64;
-    for i in 0..3 {
-        let t = Instant::now();
-        let n = run(
-            c,
-            &format!("z-{i}"),
-            &["head", "-c", &STREAM_BYTES.to_string(), "/dev/zero"],
-        )
-        .await;
-        assert_eq!(n, STREAM_BYTES);
-        best = best.max(n as f64 / t.elapsed().as_secs_f64() / (1024.0 * 1024.0));
-    }
+    let best = best_stream(c, "z").await;
     println!("{name:>7}: spawn p50 {p50:.3} ms, p99 {p99:.3} ms ({spawns} spawns); stream {best:.0} MiB/s");
     p50
 }
@@ -154,17 +160,7 @@ async fn main() {
     // One stream beside a stalled one on the same executor.
     let stalled = stalled_neighbour(&a[2], &a[3]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut beside = 0f64;
-    for i in 0..3 {
-        let t = Instant::now();
-        let n = run(
-            &through,
-            &format!("b-{i}"),
-            &["head", "-c", &STREAM_BYTES.to_string(), "/dev/zero"],
-        )
-        .await;
-        beside = beside.max(n as f64 / t.elapsed().as_secs_f64() / (1024.0 * 1024.0));
-    }
+    let beside = best_stream(&through, "b").await;
     println!("  relay: stream {beside:.0} MiB/s beside a stalled stream on the same executor");
     drop(stalled);
     drop(direct);

@@ -1,5 +1,6 @@
 //! Test support, not part of the API: a throwaway PostgreSQL for the
-//! registry's database tests (here and in the CLI's integration tests).
+//! registry's database tests (here and in the CLI's integration tests), and
+//! an echoing stream handler.
 //! Debian's `postgresql` package provides it (`.ci/run` installs it); the
 //! server runs as the `postgres` system user (it refuses root) in a new
 //! temporary directory, on a Unix socket there only (no TCP), and is stopped
@@ -188,4 +189,18 @@ impl Drop for TestPostgres {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A stream handler that echoes every message back on its stream, until
+/// either side ends it.
+pub fn echo_handler() -> crate::executor::StreamHandler {
+    std::sync::Arc::new(|mut ch: crate::stream::Channel| {
+        tokio::spawn(async move {
+            while let Some(m) = ch.inbound.recv().await {
+                if ch.outbound.send(m).await.is_err() {
+                    break;
+                }
+            }
+        });
+    })
 }

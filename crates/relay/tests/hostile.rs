@@ -1,7 +1,7 @@
 //! Hostile and broken peers against our registry, relay and executor (in
 //! process, loopback): each gets a clear outcome and no other stream is disturbed.
 
-use exec_server_relay::executor::{self, StreamHandler};
+use exec_server_relay::executor;
 use exec_server_relay::frame::{Body, Frame, RESET_PROTOCOL_ERROR};
 use exec_server_relay::harness::{self, HarnessError};
 use exec_server_relay::keys::{prologue, Identity, PublicKey};
@@ -11,6 +11,7 @@ use exec_server_relay::registry::store::{MemoryStore, Store};
 use exec_server_relay::registry::{Config, Registry};
 use exec_server_relay::registry_client::{RegistryClient, RegistryError};
 use exec_server_relay::stream::Channel;
+use exec_server_relay::testing::echo_handler;
 use futures_util::{SinkExt, StreamExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,19 +33,6 @@ async fn start_registry(config: Config) -> (String, Arc<MemoryStore>) {
         .unwrap();
     tokio::spawn(reg.serve(l));
     (format!("http://{addr}"), store)
-}
-
-/// A stream handler that echoes every message back.
-fn echo_handler() -> StreamHandler {
-    Arc::new(|mut ch: Channel| {
-        tokio::spawn(async move {
-            while let Some(m) = ch.inbound.recv().await {
-                if ch.outbound.send(m).await.is_err() {
-                    break;
-                }
-            }
-        });
-    })
 }
 
 /// Registry + an executor whose streams echo every message back.

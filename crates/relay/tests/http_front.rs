@@ -1,14 +1,14 @@
 //! The registry's HTTP side as a client sees it on the wire: keep-alive,
 //! size limits, the slow-client timeout, and the node's metrics.
 
-use exec_server_relay::executor::{self, StreamHandler};
+use exec_server_relay::executor;
 use exec_server_relay::harness;
 use exec_server_relay::keys::Identity;
 use exec_server_relay::noise::OsRandom;
 use exec_server_relay::registry::store::MemoryStore;
 use exec_server_relay::registry::{Config, Registry};
 use exec_server_relay::registry_client::RegistryClient;
-use exec_server_relay::stream::Channel;
+use exec_server_relay::testing::echo_handler;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -140,18 +140,6 @@ async fn slow_and_idle_clients_are_cut_off() {
         "{:?}",
         start.elapsed()
     );
-}
-
-fn echo_handler() -> StreamHandler {
-    Arc::new(|mut ch: Channel| {
-        tokio::spawn(async move {
-            while let Some(m) = ch.inbound.recv().await {
-                if ch.outbound.send(m).await.is_err() {
-                    break;
-                }
-            }
-        });
-    })
 }
 
 /// The value of the metric line that starts with `name ` (0 when absent).

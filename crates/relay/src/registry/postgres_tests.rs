@@ -208,15 +208,7 @@ async fn a_database_restart_breaks_no_stream_and_new_connections_wait() {
     .unwrap();
     tokio::spawn(reg.serve(l));
     let base = format!("http://{addr}");
-    let echo: executor::StreamHandler = Arc::new(|mut ch: Channel| {
-        tokio::spawn(async move {
-            while let Some(m) = ch.inbound.recv().await {
-                if ch.outbound.send(m).await.is_err() {
-                    break;
-                }
-            }
-        });
-    });
+    let echo = crate::testing::echo_handler();
     let exec = tokio::spawn(executor::run(
         executor::Config {
             registry: RegistryClient::new(&base, "exec", None, true).unwrap(),
