@@ -139,6 +139,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = exec_server::process::spool::DEFAULT_SPOOL_TOTAL_BYTES, value_name = "BYTES")]
     pub output_spool_total_bytes: u64,
 
+    /// Most bytes spooled across one session's processes (its share of the
+    /// server's budget): a session past it drops its own oldest spooled
+    /// output, never another session's.
+    #[arg(long, default_value_t = exec_server::process::spool::DEFAULT_SPOOL_SESSION_BYTES, value_name = "BYTES")]
+    pub output_spool_session_bytes: u64,
+
     /// Require a bearer token on WebSocket upgrades.
     #[arg(long, value_enum, value_name = "MODE")]
     pub ws_auth: Option<AuthMode>,
@@ -157,6 +163,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DURATION", default_value = "2s",
           value_parser = crate::commands::parse_duration)]
     pub limit_grace: Duration,
+
+    /// Limits every process runs with unless its request sets them
+    /// (comma-separated KEY=VALUE: timeout=10m, idle-timeout=2m,
+    /// max-output=1G, memory=2G, max-tasks=512, cpus=2). Default: none.
+    #[arg(long, value_name = "LIST", value_parser = crate::commands::parse_limit_list)]
+    pub default_limits: Option<exec_server_protocol::types::ProcessLimits>,
+
+    /// Ceilings (same syntax): a process whose request gives no value for
+    /// one runs with the ceiling; a request may lower it, and one above it
+    /// is refused (-32602 naming the member). Default: none.
+    #[arg(long, value_name = "LIST", value_parser = crate::commands::parse_limit_list)]
+    pub max_limits: Option<exec_server_protocol::types::ProcessLimits>,
 
     /// Most processes running at once across every session; a start past it
     /// is refused with a clear error (the server and its other processes are
@@ -275,6 +293,21 @@ fn auth_from(args: &ServeArgs) -> Result<Option<WsAuth>, String> {
 
 /// `--operator-token-file`: the trimmed token. Errors: a relative path, an
 /// unreadable or empty file.
+/// `--default-limits` and `--max-limits` can hold here (each cap's
+/// controller is available), and no default is above its ceiling.
+fn server_limits_hold(
+    defaults: &exec_server_protocol::types::ProcessLimits,
+    ceilings: &exec_server_protocol::types::ProcessLimits,
+) -> Result<(), String> {
+    use exec_server::process::limits;
+    for (flag, l) in [("--default-limits", defaults), ("--max-limits", ceilings)] {
+        limits::validate(l).map_err(|e| format!("{flag}: {e}"))?;
+    }
+    limits::effective(Some(defaults), defaults, ceilings)
+        .map(|_| ())
+        .map_err(|e| format!("--default-limits: {e}"))
+}
+
 fn operator_token_from(path: Option<&std::path::Path>) -> Result<Option<String>, String> {
     let Some(path) = path else {
         return Ok(None);
@@ -335,6 +368,10 @@ pub async fn run(args: ServeArgs) -> i32 {
         );
         return 2;
     }
+    let (default_limits, max_limits) = (
+        args.default_limits.clone().unwrap_or_default(),
+        args.max_limits.clone().unwrap_or_default(),
+    );
     let operator_token = match operator_token_from(args.operator_token_file.as_deref()) {
         Ok(t) => t,
         Err(e) => {
@@ -366,6 +403,11 @@ pub async fn run(args: ServeArgs) -> i32 {
     }
     if args.process_cgroups == ProcessCgroups::Off {
         exec_server::process::cgroup::disable();
+    }
+    // After the cgroup switch: a cap's availability depends on it.
+    if let Err(e) = server_limits_hold(&default_limits, &max_limits) {
+        eprintln!("exec-server: {e}");
+        return 2;
     }
     // Not dumpable: a command of the same user (say one under a full-write
     // policy, which runs without namespaces) must not read this server's
@@ -413,6 +455,8 @@ pub async fn run(args: ServeArgs) -> i32 {
         limit_grace: args.limit_grace,
         max_processes: args.max_processes,
         max_session_processes: args.max_session_processes,
+        default_limits,
+        max_limits,
         max_connections: args.max_connections.max(1),
         max_message_bytes: args.max_message_bytes.max(1024),
         max_http_body_bytes: args.max_http_body_bytes,
@@ -428,6 +472,7 @@ pub async fn run(args: ServeArgs) -> i32 {
             dir: args.output_spool_dir.clone(),
             per_process_bytes: args.output_spool_bytes,
             total_bytes: args.output_spool_total_bytes,
+            per_session_bytes: args.output_spool_session_bytes,
         }),
         reap_orphans: true,
         reserved_ports,

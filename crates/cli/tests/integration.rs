@@ -4,6 +4,7 @@
 
 mod common;
 
+mod caps;
 mod chaos;
 mod cli;
 mod client;

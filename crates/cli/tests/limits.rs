@@ -15,7 +15,8 @@ fn with_limits(mut params: Value, limits: Value) -> Value {
 
 /// Starts `argv` with `limits` (optionally on a PTY or in a sandbox) and
 /// collects it: (what it delivered, exit code, limit, seconds it took).
-async fn run_limited(
+/// Also `caps`'.
+pub(crate) async fn run_limited(
     s: &Server,
     argv: &[&str],
     limits: Value,

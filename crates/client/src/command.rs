@@ -201,6 +201,34 @@ impl Command {
         self
     }
 
+    /// Caps the memory the process and everything it starts may use
+    /// together at `bytes` (at least 1 MiB); past it the kernel's OOM killer
+    /// ends a member and the exit carries
+    /// [`LimitReason::MemoryLimit`](crate::LimitReason::MemoryLimit). Wire:
+    /// `limits.memoryBytes`; a server without the `processMemoryLimit`
+    /// capability refuses the start (-32602) rather than run it uncapped.
+    pub fn memory(mut self, bytes: u64) -> Self {
+        self.limits.memory_bytes = Some(bytes);
+        self
+    }
+
+    /// Caps the processes and threads of the tree at `tasks` at once (a
+    /// `fork` past it fails with `EAGAIN`; the exit then carries
+    /// [`LimitReason::TasksLimit`](crate::LimitReason::TasksLimit)). Wire:
+    /// `limits.maxTasks`; needs `processTasksLimit`.
+    pub fn max_tasks(mut self, tasks: u64) -> Self {
+        self.limits.max_tasks = Some(tasks.max(1));
+        self
+    }
+
+    /// Caps the CPU time of the tree at `percent` of one CPU (150: one and
+    /// a half CPUs); the tree is slowed, never ended. Wire:
+    /// `limits.cpuPercent`; needs `processCpuLimit`.
+    pub fn cpu_percent(mut self, percent: u64) -> Self {
+        self.limits.cpu_percent = Some(percent.max(1));
+        self
+    }
+
     /// The `process/start` params this command sends, with `process_id` as the
     /// id when none was given. Errors: a relative or non-UTF-8 working directory
     /// ([`ErrorKind::InvalidRequest`](crate::ErrorKind::InvalidRequest)).

@@ -157,6 +157,9 @@ pub enum ProcessEvent {
         /// The limit that ended it (`Command::timeout` and the like; only
         /// from servers that advertise `processLimits`), else `None`.
         limit: Option<exec_server_protocol::types::LimitReason>,
+        /// The signal that ended it (`SIGKILL`, …), from servers that
+        /// report it; `None` for a normal exit.
+        signal: Option<String>,
     },
     /// All output is drained; the last event.
     Closed {
@@ -360,6 +363,7 @@ impl OrderedEvents {
                         seq: *one,
                         code,
                         limit: r.limit,
+                        signal: r.signal.clone(),
                     },
                 );
             }
@@ -454,6 +458,7 @@ mod tests {
             seq: 3,
             code: 0,
             limit: None,
+            signal: None,
         });
         o.add(ProcessEvent::Closed { seq: 4 });
         let got: Vec<_> = drain(&mut rx).collect();
@@ -466,6 +471,7 @@ mod tests {
                     seq: 3,
                     code: 0,
                     limit: None,
+                    signal: None,
                 },
                 ProcessEvent::Closed { seq: 4 }
             ]
@@ -495,6 +501,7 @@ mod tests {
             failure: None,
             sandbox_denied: false,
             limit: None,
+            signal: None,
         }
     }
 
@@ -514,6 +521,7 @@ mod tests {
                     seq: 3,
                     code: 3,
                     limit: None,
+                    signal: None,
                 },
                 ProcessEvent::Closed { seq: 4 }
             ]

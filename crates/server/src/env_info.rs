@@ -58,6 +58,9 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
         ("binaryFrames", true),
     ]
     .into_iter()
+    // `limits.memoryBytes`, `maxTasks`, `cpuPercent`: true where a cgroup
+    // controller holds them for the whole tree.
+    .chain(crate::process::resources::capabilities())
     .map(|(k, v)| (k.to_string(), v))
     .collect()
 }

@@ -116,6 +116,13 @@ pub struct ServerConfig {
     pub max_processes: Option<usize>,
     /// `--max-session-processes`: most processes one session runs at once.
     pub max_session_processes: Option<usize>,
+    /// `--default-limits`: the `limits` a start runs with for each member
+    /// it does not give. Default: none.
+    pub default_limits: exec_server_protocol::types::ProcessLimits,
+    /// `--max-limits`: the most each member of `limits` may be; a start
+    /// that gives none runs with the ceiling, one above it is refused.
+    /// Default: none.
+    pub max_limits: exec_server_protocol::types::ProcessLimits,
 }
 
 /// Settings of the output spool (see [`process::spool`]).
@@ -129,6 +136,9 @@ pub struct OutputSpoolConfig {
     pub per_process_bytes: u64,
     /// `--output-spool-total-bytes`: most output bytes spooled across the server.
     pub total_bytes: u64,
+    /// `--output-spool-session-bytes`: most output bytes spooled across one
+    /// session's processes.
+    pub per_session_bytes: u64,
 }
 
 impl Default for OutputSpoolConfig {
@@ -137,6 +147,7 @@ impl Default for OutputSpoolConfig {
             dir: None,
             per_process_bytes: process::spool::DEFAULT_SPOOL_BYTES_PER_PROCESS,
             total_bytes: process::spool::DEFAULT_SPOOL_TOTAL_BYTES,
+            per_session_bytes: process::spool::DEFAULT_SPOOL_SESSION_BYTES,
         }
     }
 }
@@ -151,7 +162,12 @@ impl OutputSpoolConfig {
             .dir
             .clone()
             .unwrap_or_else(process::spool::SpoolConfig::default_dir);
-        match process::spool::SpoolConfig::new(&dir, self.per_process_bytes, self.total_bytes) {
+        match process::spool::SpoolConfig::new(
+            &dir,
+            self.per_process_bytes,
+            self.per_session_bytes,
+            self.total_bytes,
+        ) {
             Ok(c) => Ok(Some(c)),
             Err(e) if self.dir.is_none() => {
                 tracing::warn!("output spool disabled: {e}");
@@ -184,6 +200,8 @@ impl Default for ServerConfig {
             limit_grace: process::limits::DEFAULT_KILL_GRACE,
             max_processes: None,
             max_session_processes: None,
+            default_limits: Default::default(),
+            max_limits: Default::default(),
         }
     }
 }

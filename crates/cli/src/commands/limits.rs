@@ -1,8 +1,150 @@
-//! `run`'s limit flags (`--timeout`, `--idle-timeout`, `--max-output`): their
-//! value syntax, and what the command's exit says when one fired.
+//! `run`'s limit flags (`--timeout`, `--idle-timeout`, `--max-output`,
+//! `--memory`, `--max-tasks`, `--cpus`): their value syntax, the
+//! capabilities they need, and what the command's exit says when one fired.
 
-use exec_server_protocol::types::LimitReason;
+use exec_server_protocol::types::{LimitReason, ProcessLimits};
+use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// The limit flags of `run` and `shell`.
+#[derive(clap::Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitArgs {
+    /// End the command (and everything it started: SIGTERM, then SIGKILL 2 s
+    /// later) once it has run this long: 500ms, 90s, 10m, 2h. Exits 124 then
+    /// (137 if it had to be killed), with a line on stderr.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// End the command once it has printed nothing for this long (same
+    /// syntax and exit as --timeout).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub idle_timeout: Option<Duration>,
+    /// Deliver at most this much output (64K, 512M, 1G; all streams), then
+    /// end the command (same exit as --timeout).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub max_output: Option<u64>,
+    /// Memory the command and everything it starts may use together (at
+    /// least 1M; 512M, 2G). Past it the kernel kills a member: exit 137.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub memory: Option<u64>,
+    /// Processes and threads the command's tree may have at once; a fork
+    /// past it fails (EAGAIN) and the tree is ended when the command exits.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tasks: Option<u64>,
+    /// CPUs the command's tree may keep busy (0.5, 2): it is slowed, never
+    /// ended.
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpus)]
+    pub cpus: Option<u64>,
+}
+
+impl LimitArgs {
+    /// `limits` for `process/start`; `None` when no flag was given.
+    pub fn to_limits(&self) -> Option<ProcessLimits> {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+        let limits = ProcessLimits {
+            timeout_ms: self.timeout.map(ms),
+            idle_timeout_ms: self.idle_timeout.map(ms),
+            max_output_bytes: self.max_output,
+            memory_bytes: self.memory,
+            max_tasks: self.max_tasks,
+            cpu_percent: self.cpus,
+        };
+        (limits != ProcessLimits::default()).then_some(limits)
+    }
+}
+
+/// Refuses limits the server would not hold: the `processLimits`
+/// capability, and for `--memory`, `--max-tasks`, `--cpus` the capability
+/// of each. The error names the flag and the capability.
+pub fn check_capabilities(
+    limits: &ProcessLimits,
+    capabilities: &BTreeMap<String, bool>,
+) -> Result<(), String> {
+    let has = |key: &str| capabilities.get(key).copied().unwrap_or(false);
+    if !has("processLimits") {
+        return Err(
+            "the server does not enforce limits such as --timeout, --idle-timeout or \
+                    --max-output (no processLimits capability)"
+                .into(),
+        );
+    }
+    for (asked, flag, key) in [
+        (
+            limits.memory_bytes.is_some(),
+            "--memory",
+            "processMemoryLimit",
+        ),
+        (
+            limits.max_tasks.is_some(),
+            "--max-tasks",
+            "processTasksLimit",
+        ),
+        (limits.cpu_percent.is_some(), "--cpus", "processCpuLimit"),
+    ] {
+        if asked && !has(key) {
+            return Err(format!(
+                "the server cannot hold {flag} (no {key} capability: no cgroup controller for it)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Parses `--default-limits`/`--max-limits`: comma-separated `KEY=VALUE`
+/// with the keys and value syntax of `run`'s flags (`timeout=10m,
+/// idle-timeout=2m,max-output=1G,memory=2G,max-tasks=512,cpus=2`).
+pub fn parse_limit_list(text: &str) -> Result<ProcessLimits, String> {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+    let mut l = ProcessLimits::default();
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("`{item}` is not KEY=VALUE (e.g. timeout=10m)"))?;
+        let slot = match key.trim() {
+            "timeout" => &mut l.timeout_ms,
+            "idle-timeout" => &mut l.idle_timeout_ms,
+            "max-output" => &mut l.max_output_bytes,
+            "memory" => &mut l.memory_bytes,
+            "max-tasks" => &mut l.max_tasks,
+            "cpus" => &mut l.cpu_percent,
+            other => {
+                return Err(format!(
+                    "unknown limit `{other}` (timeout, idle-timeout, max-output, memory, \
+                     max-tasks, cpus)"
+                ))
+            }
+        };
+        let v = match key.trim() {
+            "timeout" | "idle-timeout" => ms(parse_duration(value)?),
+            "max-output" | "memory" => parse_bytes(value)?,
+            "cpus" => parse_cpus(value)?,
+            _ => match value.trim().parse::<u64>() {
+                Ok(n) if n >= 1 => n,
+                _ => {
+                    return Err(format!(
+                        "`{value}`: max-tasks is a whole number, at least 1"
+                    ))
+                }
+            },
+        };
+        *slot = Some(v);
+    }
+    Ok(l)
+}
+
+/// Parses a CPU share: a decimal number of CPUs (`0.5`, `2`) into percent
+/// of one CPU. At least 0.01.
+pub fn parse_cpus(text: &str) -> Result<u64, String> {
+    let v: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of CPUs (e.g. 0.5, 2)"))?;
+    let pct = (v * 100.0).round();
+    if !pct.is_finite() || pct < 1.0 {
+        return Err(format!("`{text}`: at least 0.01 CPUs"));
+    }
+    Ok(pct.min(1e9) as u64)
+}
 
 /// Exit code of a command a time or output limit ended (as `timeout(1)`).
 pub const EXIT_LIMIT: i32 = 124;
@@ -66,16 +208,22 @@ pub fn describe(reason: LimitReason) -> &'static str {
         LimitReason::OutputLimit => {
             "the command reached --max-output and was ended (output cut there)"
         }
+        LimitReason::MemoryLimit => "the command reached --memory and was killed (out of memory)",
+        LimitReason::TasksLimit => {
+            "the command reached --max-tasks: a fork or thread was refused (EAGAIN)"
+        }
     }
 }
 
 /// `run`'s exit code for a command `reason` ended with `code`: 137 when it
-/// had to be killed (SIGKILL after the grace), else [`EXIT_LIMIT`].
-pub fn exit_code(code: i32) -> i32 {
-    if code == 128 + 9 {
-        code
-    } else {
-        EXIT_LIMIT
+/// was killed (SIGKILL after the grace, the OOM killer), the command's own
+/// code when a fork was refused at --max-tasks, else [`EXIT_LIMIT`].
+pub fn exit_code(reason: LimitReason, code: i32) -> i32 {
+    match reason {
+        LimitReason::TasksLimit => code,
+        _ if code == 128 + 9 => code,
+        LimitReason::MemoryLimit => code,
+        _ => EXIT_LIMIT,
     }
 }
 
@@ -100,7 +248,22 @@ mod tests {
         assert_eq!(parse_bytes("100"), Ok(100));
         assert!(parse_bytes("0").unwrap_err().contains("at least 1 byte"));
         assert!(parse_bytes("lots").unwrap_err().contains("not a size"));
-        assert_eq!(exit_code(143), EXIT_LIMIT);
-        assert_eq!(exit_code(137), 137);
+        assert_eq!(exit_code(LimitReason::WallTimeout, 143), EXIT_LIMIT);
+        assert_eq!(exit_code(LimitReason::WallTimeout, 137), 137);
+        assert_eq!(exit_code(LimitReason::MemoryLimit, 137), 137);
+        assert_eq!(exit_code(LimitReason::TasksLimit, 3), 3);
+        assert_eq!(parse_cpus("0.5"), Ok(50));
+        assert_eq!(parse_cpus("2"), Ok(200));
+        assert!(parse_cpus("0").unwrap_err().contains("at least"));
+        let l = parse_limit_list("timeout=10m, memory=2G,max-tasks=512,cpus=1.5").unwrap();
+        assert_eq!(l.timeout_ms, Some(600_000));
+        assert_eq!(l.memory_bytes, Some(2 << 30));
+        assert_eq!((l.max_tasks, l.cpu_percent), (Some(512), Some(150)));
+        assert!(parse_limit_list("speed=3")
+            .unwrap_err()
+            .contains("unknown limit"));
+        assert!(parse_limit_list("max-tasks=0")
+            .unwrap_err()
+            .contains("at least 1"));
     }
 }

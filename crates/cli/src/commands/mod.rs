@@ -5,7 +5,7 @@ pub mod fs;
 pub mod info;
 pub mod kill;
 mod limits;
-pub use limits::parse_duration;
+pub use limits::{parse_duration, parse_limit_list};
 mod network;
 pub mod ps;
 pub mod run;

@@ -39,19 +39,10 @@ pub struct RunArgs {
     /// `--allow-host` and a terminal on stdin, ask there about each new host.
     #[arg(long)]
     pub network_proxy: bool,
-    /// End the command (and everything it started: SIGTERM, then SIGKILL 2 s
-    /// later) once it has run this long: 500ms, 90s, 10m, 2h. Exits 124 then
-    /// (137 if it had to be killed), with a line on stderr.
-    #[arg(long, value_name = "DURATION", value_parser = super::limits::parse_duration)]
-    pub timeout: Option<std::time::Duration>,
-    /// End the command once it has printed nothing for this long (same
-    /// syntax and exit as --timeout).
-    #[arg(long, value_name = "DURATION", value_parser = super::limits::parse_duration)]
-    pub idle_timeout: Option<std::time::Duration>,
-    /// Deliver at most this much output (64K, 512M, 1G; all streams), then
-    /// end the command (same exit as --timeout).
-    #[arg(long, value_name = "BYTES", value_parser = super::limits::parse_bytes)]
-    pub max_output: Option<u64>,
+    /// Limits: --timeout, --idle-timeout, --max-output, --memory,
+    /// --max-tasks, --cpus.
+    #[command(flatten)]
+    pub limits: super::limits::LimitArgs,
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -92,7 +83,7 @@ pub async fn run(args: RunArgs) -> i32 {
         clean_env: args.clean_env,
         tty: args.tty,
         network,
-        limits: limits_of(args.timeout, args.idle_timeout, args.max_output),
+        limits: args.limits.to_limits(),
     };
     // The root of this command's trace when spans are exported
     // (--otlp-endpoint): the server's request and process spans join it.
@@ -128,7 +119,7 @@ pub async fn execute(client: ExecServerClient, spec: Spec) -> i32 {
     let code = match outcome {
         Ok((Some(code), Some(limit))) => {
             eprintln!("exec-server: {}", super::limits::describe(limit));
-            super::limits::exit_code(code)
+            super::limits::exit_code(limit, code)
         }
         Ok((code, _)) => code.unwrap_or(1),
         Err(why) => {
@@ -177,21 +168,10 @@ async fn exec_params(client: &ExecServerClient, spec: &Spec) -> Result<ExecParam
     params.pty_size = if spec.tty { terminal_size() } else { None };
     params.network_proxy = spec.network.clone();
     if let Some(limits) = &spec.limits {
-        // A server that does not know `limits` would ignore them: refuse
-        // rather than run the command unbounded.
+        // A server that does not know `limits` (or cannot hold one of them)
+        // would ignore it: refuse rather than run the command unbounded.
         let info = client.environment_info().await.map_err(|e| explain(&e))?;
-        if !info
-            .capabilities
-            .get("processLimits")
-            .copied()
-            .unwrap_or(false)
-        {
-            return Err(
-                "the server does not enforce --timeout, --idle-timeout or --max-output \
-                 (no processLimits capability)"
-                    .into(),
-            );
-        }
+        super::limits::check_capabilities(limits, &info.capabilities)?;
         params.limits = Some(limits.clone());
     }
     Ok(params)
@@ -350,19 +330,4 @@ async fn relay_output(
     }
     let _ = stdout.lock().flush();
     Ok((code, limit))
-}
-
-/// `limits` from the flags; `None` when none was given.
-fn limits_of(
-    timeout: Option<std::time::Duration>,
-    idle: Option<std::time::Duration>,
-    max_output: Option<u64>,
-) -> Option<ProcessLimits> {
-    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
-    let limits = ProcessLimits {
-        timeout_ms: timeout.map(ms),
-        idle_timeout_ms: idle.map(ms),
-        max_output_bytes: max_output,
-    };
-    (limits != ProcessLimits::default()).then_some(limits)
 }

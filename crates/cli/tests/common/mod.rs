@@ -296,6 +296,7 @@ impl Conn {
                     c.exit = m["params"]["exitCode"].as_i64();
                     c.exit_seq = seq;
                     c.limit = m["params"]["limit"].as_str().map(str::to_string);
+                    c.signal = m["params"]["signal"].as_str().map(str::to_string);
                 }
                 Some("process/closed") => {
                     c.closed_seq = seq;
@@ -313,6 +314,8 @@ pub struct Collected {
     pub exit: Option<i64>,
     /// `limit` of `process/exited` (ours), when one fired.
     pub limit: Option<String>,
+    /// `signal` of `process/exited` (ours), when a signal ended it.
+    pub signal: Option<String>,
     pub exit_seq: u64,
     pub closed_seq: u64,
     pub seqs: Vec<u64>,

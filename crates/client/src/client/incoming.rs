@@ -115,6 +115,7 @@ fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Opt
                     seq: n.seq,
                     code: n.exit_code,
                     limit: n.limit,
+                    signal: n.signal,
                 });
             }
         }

@@ -145,6 +145,23 @@ pub struct ProcessLimits {
     /// delivered, and the tree is ended ([`LimitReason::OutputLimit`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<u64>,
+    /// `memoryBytes`: memory (≥ 1 MiB) the whole tree may use, page cache
+    /// included, held by its cgroup (`memory.max`); past it the kernel's
+    /// OOM killer ends a member ([`LimitReason::MemoryLimit`]). Needs the
+    /// `processMemoryLimit` capability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// `maxTasks`: processes and threads (≥ 1) the whole tree may have at
+    /// once (`pids.max`); a `fork` or `clone` past it fails with `EAGAIN`
+    /// ([`LimitReason::TasksLimit`]). Needs `processTasksLimit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tasks: Option<u64>,
+    /// `cpuPercent`: CPU time the whole tree may use, in percent of one CPU
+    /// (≥ 1; 150 = one and a half CPUs), held by its cgroup (`cpu.max`,
+    /// 100 ms periods): the tree is slowed, never ended. Needs
+    /// `processCpuLimit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<u64>,
 }
 
 /// Which limit ended a process (`limit` of `process/exited` and of a
@@ -158,6 +175,12 @@ pub enum LimitReason {
     IdleTimeout,
     /// `outputLimit`: `limits.maxOutputBytes` were delivered.
     OutputLimit,
+    /// `memoryLimit`: the kernel's OOM killer ended a member of the tree
+    /// at `limits.memoryBytes` (its cgroup's `oom_kill` count).
+    MemoryLimit,
+    /// `tasksLimit`: a `fork`/`clone` in the tree was refused at
+    /// `limits.maxTasks` (its cgroup's `pids.events` `max` count).
+    TasksLimit,
 }
 
 impl LimitReason {
@@ -167,6 +190,8 @@ impl LimitReason {
             LimitReason::WallTimeout => "wallTimeout",
             LimitReason::IdleTimeout => "idleTimeout",
             LimitReason::OutputLimit => "outputLimit",
+            LimitReason::MemoryLimit => "memoryLimit",
+            LimitReason::TasksLimit => "tasksLimit",
         }
     }
 }
@@ -291,6 +316,10 @@ pub struct ReadResponse {
     /// Ours: the limit that ended the process, once it exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<LimitReason>,
+    /// Ours: the signal that ended the process (`SIGKILL`, …), once it
+    /// exited, when one did; absent for a normal exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
 }
 
 /// Params of `process/write`.
@@ -439,6 +468,14 @@ pub struct ProcessExitedNotification {
     /// Ours: the limit that ended the process (absent when none did).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<LimitReason>,
+    /// Ours: the signal that ended the process (`SIGKILL`, `SIGTERM`, …),
+    /// absent for a normal exit. `exitCode` is then 128+N, as a shell
+    /// reports it; this tells it from a program that exited 137 itself. A
+    /// sandboxed command's launcher reports its command's death by signal
+    /// N as exit 128+N, so there it is present only when the launcher
+    /// itself was signalled (a kill of the tree).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
 }
 
 /// `process/closed` notification.
@@ -526,6 +563,9 @@ pub struct ProcessInfo {
     /// The limit that ended it, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<LimitReason>,
+    /// The signal that ended it, if one did (`SIGKILL`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
 }
 
 /// Params of `process/operatorSignal` (ours): the operator's way to stop a

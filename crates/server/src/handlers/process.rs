@@ -211,6 +211,13 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     if p.argv.is_empty() {
         return Err(ErrorObject::invalid_params("argv must not be empty"));
     }
+    let config = &ctx.server.config;
+    p.limits = crate::process::limits::effective(
+        p.limits.as_ref(),
+        &config.default_limits,
+        &config.max_limits,
+    )
+    .map_err(ErrorObject::invalid_params)?;
     if let Some(limits) = &p.limits {
         crate::process::limits::validate(limits).map_err(ErrorObject::invalid_params)?;
     }
@@ -300,6 +307,7 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     let (gate_tx, gate_rx) = oneshot::channel();
     let weak = Arc::downgrade(&session);
     let link = session.link.clone();
+    let share = session.spool_share.clone();
     let proc = session.insert_process_with(&p.process_id, || {
         Process::spawn(
             &p,
@@ -314,6 +322,7 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
             confine.as_ref(),
             crate::process::SpawnSettings {
                 spool: ctx.server.spool.clone(),
+                spool_share: share,
                 limit_grace: ctx.server.config.limit_grace,
                 live: Some(live),
             },

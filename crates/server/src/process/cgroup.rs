@@ -51,11 +51,7 @@ fn base() -> Option<&'static Path> {
         // leaves its directory behind, and a later server given the same pid
         // must not inherit it (its `p<n>` names would clash, and a process
         // whose cgroup cannot be made escapes the cgroup kill).
-        let dir = parent.join(format!(
-            "exec-server-{}-{}",
-            std::process::id(),
-            crate::rundir::short_id()
-        ));
+        let dir = parent.join(server_dir_name());
         match std::fs::create_dir(&dir) {
             Ok(()) => Some(dir),
             Err(e) => {
@@ -67,11 +63,29 @@ fn base() -> Option<&'static Path> {
     .as_deref()
 }
 
+/// The name of this server's directories in each cgroup hierarchy:
+/// `exec-server-<pid>-<12 hex>`, the same in every one.
+pub(super) fn server_dir_name() -> &'static str {
+    static NAME: OnceLock<String> = OnceLock::new();
+    NAME.get_or_init(|| {
+        format!(
+            "exec-server-{}-{}",
+            std::process::id(),
+            crate::rundir::short_id()
+        )
+    })
+}
+
+/// The server's own cgroup v2 directory, where per-process cgroups are made.
+pub(super) fn base_dir() -> Option<&'static Path> {
+    base()
+}
+
 /// Removes the cgroup directories of servers that are gone (killed before
 /// they could remove their own): `exec-server-<pid>[-<suffix>]` whose pid no
 /// longer runs. Only empty cgroups can be removed, so a live daemon of a
 /// dead server keeps its directory.
-fn sweep_dead(parent: &Path) {
+pub(super) fn sweep_dead(parent: &Path) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
@@ -117,6 +131,9 @@ fn own_cgroup_dir() -> Option<PathBuf> {
 /// empty (a live daemon keeps it until it is killed or the server exits).
 pub struct ProcessCgroup {
     dir: PathBuf,
+    /// Its memory, task and CPU caps, if it has any: such a cgroup is
+    /// never pooled (its limits and event counts would carry over).
+    caps: Option<super::resources::Caps>,
 }
 
 impl ProcessCgroup {
@@ -126,11 +143,11 @@ impl ProcessCgroup {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let base = base()?;
         if let Some(dir) = pool().pop() {
-            return Some(ProcessCgroup { dir });
+            return Some(ProcessCgroup { dir, caps: None });
         }
         let dir = base.join(format!("p{}", NEXT.fetch_add(1, Ordering::Relaxed)));
         match std::fs::create_dir(&dir) {
-            Ok(()) => Some(ProcessCgroup { dir }),
+            Ok(()) => Some(ProcessCgroup { dir, caps: None }),
             Err(e) => {
                 tracing::warn!(
                     "cannot make the cgroup {}: {e}; its daemons escape the cgroup kill",
@@ -141,13 +158,33 @@ impl ProcessCgroup {
         }
     }
 
-    /// `cgroup.procs` opened for writing (close-on-exec). The child writes
-    /// `0` to it between fork and exec, so it is a member before it runs a
+    /// Writes the memory, task and CPU caps `limits` asks for (see
+    /// [`super::resources`]). Errors: a cap that cannot hold, named.
+    pub fn set_caps(
+        &mut self,
+        limits: &exec_server_protocol::types::ProcessLimits,
+    ) -> io::Result<()> {
+        self.caps = Some(super::resources::Caps::apply(limits, &self.dir)?);
+        Ok(())
+    }
+
+    /// The cap that fired, if one did (read at exit).
+    pub fn cap_exceeded(&self) -> Option<exec_server_protocol::types::LimitReason> {
+        self.caps.as_ref()?.exceeded()
+    }
+
+    /// `cgroup.procs` of its cgroups (the v2 one, then any v1 one its caps
+    /// made), opened for writing (close-on-exec). The child writes `0` to
+    /// each between fork and exec, so it is a member before it runs a
     /// single instruction of the command: nothing can fork out early.
-    pub fn join_handle(&self) -> io::Result<std::fs::File> {
-        std::fs::OpenOptions::new()
+    pub fn join_handles(&self) -> io::Result<Vec<std::fs::File>> {
+        let mut files = vec![std::fs::OpenOptions::new()
             .write(true)
-            .open(self.dir.join("cgroup.procs"))
+            .open(self.dir.join("cgroup.procs"))?];
+        if let Some(caps) = &self.caps {
+            files.extend(caps.join_handles()?);
+        }
+        Ok(files)
     }
 
     /// True while some process is still in the cgroup.
@@ -180,7 +217,7 @@ fn kill_members(dir: &Path) {
 
 impl Drop for ProcessCgroup {
     fn drop(&mut self) {
-        if !self.is_populated() {
+        if self.caps.is_none() && !self.is_populated() {
             let mut pool = pool();
             if pool.len() < POOLED_CGROUPS {
                 pool.push(std::mem::take(&mut self.dir));
@@ -216,4 +253,5 @@ pub fn kill_all_and_remove() {
         }
     }
     let _ = std::fs::remove_dir(base);
+    super::resources::remove_all();
 }

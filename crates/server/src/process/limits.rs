@@ -15,8 +15,10 @@ use tokio::time::Instant;
 /// that follows if the process has not exited: 2 s (`--limit-grace`).
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 
-/// Checks `limits` before a start: each given member must be at least 1.
-/// Errors name the member (`limits.timeoutMs must be at least 1`).
+/// Checks `limits` before a start: each given member must be at least 1,
+/// and the memory, task and CPU caps must hold here
+/// ([`super::resources::check`]). Errors name the member
+/// (`limits.timeoutMs must be at least 1`).
 pub fn validate(limits: &ProcessLimits) -> Result<(), String> {
     for (name, v) in [
         ("timeoutMs", limits.timeout_ms),
@@ -27,7 +29,49 @@ pub fn validate(limits: &ProcessLimits) -> Result<(), String> {
             return Err(format!("limits.{name} must be at least 1"));
         }
     }
-    Ok(())
+    super::resources::check(limits)
+}
+
+/// The members of `limits` by wire name, each with its value.
+fn members(l: &mut ProcessLimits) -> [(&'static str, &mut Option<u64>); 6] {
+    [
+        ("timeoutMs", &mut l.timeout_ms),
+        ("idleTimeoutMs", &mut l.idle_timeout_ms),
+        ("maxOutputBytes", &mut l.max_output_bytes),
+        ("memoryBytes", &mut l.memory_bytes),
+        ("maxTasks", &mut l.max_tasks),
+        ("cpuPercent", &mut l.cpu_percent),
+    ]
+}
+
+/// The limits a start runs with: each member as the request gives it, else
+/// the server's default (`--default-limits`), else its ceiling
+/// (`--max-limits`). `None` when no member is set. For every member a
+/// larger value allows more, so a request may lower a ceiling, never raise
+/// it. Errors: a member above its ceiling (`limits.timeoutMs (600000) is
+/// above this server's ceiling (300000, --max-limits)`).
+pub fn effective(
+    asked: Option<&ProcessLimits>,
+    defaults: &ProcessLimits,
+    ceilings: &ProcessLimits,
+) -> Result<Option<ProcessLimits>, String> {
+    let mut out = asked.cloned().unwrap_or_default();
+    let (mut d, mut c) = (defaults.clone(), ceilings.clone());
+    for (((name, v), (_, dv)), (_, cv)) in members(&mut out)
+        .into_iter()
+        .zip(members(&mut d))
+        .zip(members(&mut c))
+    {
+        if let (Some(a), Some(max)) = (*v, *cv) {
+            if a > max {
+                return Err(format!(
+                    "limits.{name} ({a}) is above this server's ceiling ({max}, --max-limits)"
+                ));
+            }
+        }
+        *v = v.or(*dv).or(*cv);
+    }
+    Ok((out != ProcessLimits::default()).then_some(out))
 }
 
 /// What the pump should do now.
@@ -159,6 +203,7 @@ mod tests {
             timeout_ms: timeout,
             idle_timeout_ms: idle,
             max_output_bytes: max,
+            ..Default::default()
         }
     }
 
@@ -198,6 +243,26 @@ mod tests {
         assert_eq!(w.tick(t1), Action::Terminate(LimitReason::OutputLimit));
         assert_eq!(w.output(5, t1), 0, "nothing past the cap");
         assert_eq!(w.fired(), Some(LimitReason::OutputLimit));
+    }
+
+    #[test]
+    fn defaults_fill_in_ceilings_cap_and_a_raise_is_refused() {
+        let defaults = limits(Some(60_000), None, None);
+        let ceilings = limits(Some(600_000), None, Some(1 << 30));
+        let got = effective(None, &defaults, &ceilings).unwrap().unwrap();
+        assert_eq!(got, limits(Some(60_000), None, Some(1 << 30)));
+        let asked = limits(Some(1000), Some(50), None);
+        let got = effective(Some(&asked), &defaults, &ceilings)
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, limits(Some(1000), Some(50), Some(1 << 30)));
+        let raise = limits(Some(600_001), None, None);
+        assert_eq!(
+            effective(Some(&raise), &defaults, &ceilings).unwrap_err(),
+            "limits.timeoutMs (600001) is above this server's ceiling (600000, --max-limits)"
+        );
+        let none = ProcessLimits::default();
+        assert_eq!(effective(None, &none, &none), Ok(None));
     }
 
     #[test]

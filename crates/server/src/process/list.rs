@@ -35,9 +35,9 @@ impl Process {
     /// This process for `process/list`. CPU time and memory are the
     /// process's own (not its children's), read from `/proc` while it runs.
     pub fn info(&self) -> ProcessInfo {
-        let (exit_code, closed, limit) = {
+        let (exit_code, closed, limit, signal) = {
             let st = lock(&self.state);
-            (st.log.exit_code(), st.log.is_closed(), st.limit)
+            (st.log.exit_code(), st.log.is_closed(), st.limit, st.signal)
         };
         let state = match (exit_code, closed) {
             (None, _) => ProcessState::Running,
@@ -63,6 +63,7 @@ impl Process {
             state,
             exit_code,
             limit: limit.filter(|_| exit_code.is_some()),
+            signal: signal.map(|s| s.as_str().to_string()),
         }
     }
 }

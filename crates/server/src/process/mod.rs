@@ -15,6 +15,7 @@ mod pty_line;
 mod pump;
 mod read_buf;
 pub mod reaper;
+pub mod resources;
 pub mod snapshot;
 pub mod spawn;
 pub mod spawn_error;
@@ -22,7 +23,9 @@ pub mod spool;
 
 use crate::error::{ExecError, ExecResult};
 use crate::link::Link;
-use exec_server_protocol::types::{OutputStream, ProcessSignal, ReadResponse, WriteStatus};
+use exec_server_protocol::types::{
+    LimitReason, OutputStream, ProcessSignal, ReadResponse, WriteStatus,
+};
 pub use notify::encode_output_notification;
 use output_log::OutputLog;
 use pump::{pump, Held};
@@ -103,6 +106,8 @@ struct State {
     sandbox_denied: bool,
     /// The limit that ended the process, once one fired.
     limit: Option<exec_server_protocol::types::LimitReason>,
+    /// The signal that ended the process, once it exited by one.
+    signal: Option<nix::sys::signal::Signal>,
 }
 
 /// A managed process.
@@ -141,6 +146,8 @@ pub struct Process {
 pub struct SpawnSettings {
     /// The output spool, when enabled.
     pub spool: Option<Arc<spool::SpoolConfig>>,
+    /// The session's share of the spool, which its output counts against.
+    pub spool_share: Arc<spool::SessionShare>,
     /// Between the SIGTERM and the SIGKILL of a fired limit.
     pub limit_grace: Duration,
     /// Its place in the running counts, given back when it exits.
@@ -225,12 +232,27 @@ impl Process {
     ) -> std::io::Result<Arc<Process>> {
         let SpawnSettings {
             spool,
+            spool_share,
             limit_grace,
             live,
         } = settings;
-        let cgroup = cgroup::ProcessCgroup::create();
-        let join = cgroup.as_ref().and_then(|g| g.join_handle().ok());
-        let started = spawn::start(params, cwd, join.as_ref(), sandbox)?;
+        let mut cgroup = cgroup::ProcessCgroup::create();
+        if let Some(limits) = params.limits.as_ref().filter(|l| resources::any(Some(l))) {
+            // A cap must hold or the start fails: never a command that
+            // runs believing it is capped.
+            let group = cgroup.as_mut().ok_or_else(|| {
+                std::io::Error::other(
+                    "the process's cgroup could not be made; its caps cannot hold",
+                )
+            })?;
+            group.set_caps(limits)?;
+        }
+        let join = match &cgroup {
+            Some(g) if resources::any(params.limits.as_ref()) => g.join_handles()?,
+            Some(g) => g.join_handles().unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let started = spawn::start(params, cwd, &join, sandbox)?;
         drop(join);
         crate::metrics::process_spawned();
         let confinement = started.confinement;
@@ -272,13 +294,17 @@ impl Process {
             cgroup: Mutex::new(cgroup),
             tty,
             state: Mutex::new(State {
-                log: OutputLog::new(params.ack_output, spool),
+                log: OutputLog::new(
+                    params.ack_output,
+                    spool.map(|c| spool::Spool::new(c, spool_share)),
+                ),
                 write_ids: WriteIds::default(),
                 stdin: stdin_tx.as_ref().map(|(tx, _, _)| tx.clone()),
                 stdin_broken: false,
                 has_stdin,
                 sandbox_denied: false,
                 limit: None,
+                signal: None,
             }),
             changed,
             resume: Notify::new(),
@@ -389,6 +415,7 @@ impl Process {
                     let closed = st.log.is_closed() && !page.truncated;
                     let sandbox_denied = st.sandbox_denied;
                     let limit = st.limit.filter(|_| exit.is_some());
+                    let signal = st.signal.map(|s| s.as_str().to_string());
                     drop(st);
                     self.resume.notify_one();
                     return ReadResponse {
@@ -400,6 +427,7 @@ impl Process {
                         failure: None,
                         sandbox_denied,
                         limit,
+                        signal,
                     };
                 }
                 rx.borrow_and_update();
@@ -528,6 +556,15 @@ impl Process {
         // A paused pump must run to observe the exit and drain.
         self.resume.notify_one();
         running
+    }
+
+    /// The memory or task cap that fired, read from its cgroup's counters.
+    fn cap_exceeded(&self) -> Option<LimitReason> {
+        self.cgroup
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()?
+            .cap_exceeded()
     }
 
     /// The process's cgroup when something still lives in it (a daemon it

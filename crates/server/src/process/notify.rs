@@ -57,6 +57,7 @@ pub(super) fn exited_json(
     code: i32,
     sandbox_denied: bool,
     limit: Option<exec_server_protocol::types::LimitReason>,
+    signal: Option<nix::sys::signal::Signal>,
 ) -> String {
     exec_server_protocol::encode_notification(
         methods::PROCESS_EXITED,
@@ -66,6 +67,7 @@ pub(super) fn exited_json(
             exit_code: code,
             sandbox_denied,
             limit,
+            signal: signal.map(|s| s.as_str().to_string()),
         },
     )
 }

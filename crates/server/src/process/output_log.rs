@@ -13,11 +13,10 @@
 //! being dropped, up to the spool's caps; `process/read` then serves them from
 //! there, at most [`SPOOL_PAGE_BYTES`] a page unless `maxBytes` asks for less.
 
-use super::spool::{Spool, SpoolConfig, SPOOL_PAGE_BYTES};
+use super::spool::{Spool, SPOOL_PAGE_BYTES};
 use exec_server_protocol::types::{OutputStream, ProcessOutputChunk};
 use exec_server_protocol::ByteChunk;
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 /// Bytes of delivered output retained per process: 1 MiB, as in the reference.
 pub const RETAINED_OUTPUT_BYTES_PER_PROCESS: usize = 1024 * 1024;
@@ -75,7 +74,7 @@ pub struct Page {
 impl OutputLog {
     /// A new log; `ack_mode` selects delivery by acknowledgement only; with
     /// `spool`, trimmed output goes to disk.
-    pub fn new(ack_mode: bool, spool: Option<Arc<SpoolConfig>>) -> Self {
+    pub fn new(ack_mode: bool, spool: Option<Spool>) -> Self {
         OutputLog {
             chunks: VecDeque::new(),
             retained_bytes: 0,
@@ -86,7 +85,7 @@ impl OutputLog {
             ack_mode,
             exited: None,
             closed_seq: None,
-            spool: spool.map(Spool::new),
+            spool,
         }
     }
 
@@ -279,6 +278,7 @@ impl OutputLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::spool::SpoolConfig;
 
     #[test]
     fn seq_shared_by_output_exit_close() {
@@ -365,10 +365,11 @@ mod tests {
     #[test]
     fn only_unacknowledged_output_is_spooled() {
         let d = std::env::temp_dir().join(format!("es-ackspool-{}", std::process::id()));
-        let cfg = SpoolConfig::new(&d, 1 << 30, 1 << 30).unwrap();
+        let cfg = SpoolConfig::new(&d, 1 << 30, u64::MAX, 1 << 30).unwrap();
         let chunk = vec![7u8; 512 * 1024];
         for ack_mode in [false, true] {
-            let mut log = OutputLog::new(ack_mode, Some(cfg.clone()));
+            let mut log =
+                OutputLog::new(ack_mode, Some(Spool::new(cfg.clone(), Default::default())));
             for _ in 0..8 {
                 let s = log.push_output(OutputStream::Stdout, chunk.clone());
                 log.delivered_by_push(s);

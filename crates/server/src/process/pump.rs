@@ -23,7 +23,7 @@ pub(super) struct Held {
 pub(super) async fn pump(
     proc: Arc<Process>,
     sources: Sources,
-    mut exit: oneshot::Receiver<i32>,
+    mut exit: oneshot::Receiver<super::reaper::Exit>,
     link: Arc<Link>,
     start_gate: oneshot::Receiver<()>,
     on_retire: RetireHook,
@@ -101,7 +101,7 @@ pub(super) async fn pump(
                         }
                     }
                 }
-                let code = code.unwrap_or(-1);
+                let (code, signal) = code.map_or((-1, None), |e| (e.code, e.signal));
                 exit_code = Some(code);
                 drop(live.take());
                 span.record("exit_code", code);
@@ -112,19 +112,28 @@ pub(super) async fn pump(
                 let (seq, denied) = {
                     let mut st = lock(&proc.state);
                     st.stdin = None;
+                    st.signal = signal;
                     st.sandbox_denied = proc.sandboxed
                         && exec_server_sandbox::is_likely_denied(code, &st.log.retained_output());
                     (st.log.push_exited(code), st.sandbox_denied)
                 };
                 proc.stdin_budget.close();
                 proc.bump();
-                let limit = watch.fired();
+                let limit = watch.fired().or_else(|| {
+                    // A cap the kernel held (the OOM killer, a refused fork)
+                    // is read from its cgroup's counters.
+                    let cap = proc.cap_exceeded()?;
+                    lock(&proc.state).limit = Some(cap);
+                    crate::metrics::limit_fired(cap);
+                    tracing::info!(process_id = %proc.id, limit = cap.as_str(), "a cap was reached");
+                    Some(cap)
+                });
                 if limit.is_some() {
                     // A limit ends the whole tree: what the process left
                     // behind (a daemon in its cgroup) goes with it now.
                     proc.terminate();
                 }
-                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied, limit)).await;
+                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied, limit, signal)).await;
             }
             _ = tokio::time::sleep_until(due.unwrap_or_else(far_future)), if due.is_some() => {
                 match watch.tick(tokio::time::Instant::now()) {

@@ -25,19 +25,37 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use tokio::sync::oneshot;
 
-/// Exit code for an exit status: the status itself, or 128+N for signal N.
-pub fn exit_code(status: nix::sys::wait::WaitStatus) -> Option<i32> {
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    /// The exit status, or 128+N for signal N.
+    pub code: i32,
+    /// The signal that ended it, when one did.
+    pub signal: Option<nix::sys::signal::Signal>,
+}
+
+/// How a child ended, from its wait status; `None` for a status that is not
+/// an end (stopped, continued).
+pub fn exit_of(status: nix::sys::wait::WaitStatus) -> Option<Exit> {
     use nix::sys::wait::WaitStatus;
     match status {
-        WaitStatus::Exited(_, code) => Some(code),
-        WaitStatus::Signaled(_, sig, _) => Some(128 + sig as i32),
+        WaitStatus::Exited(_, code) => Some(Exit { code, signal: None }),
+        WaitStatus::Signaled(_, sig, _) => Some(Exit {
+            code: 128 + sig as i32,
+            signal: Some(sig),
+        }),
         _ => None,
     }
 }
 
+/// Exit code for an exit status: the status itself, or 128+N for signal N.
+pub fn exit_code(status: nix::sys::wait::WaitStatus) -> Option<i32> {
+    exit_of(status).map(|e| e.code)
+}
+
 struct Reaper {
     spawn_lock: Mutex<()>,
-    waiters: Mutex<HashMap<i32, oneshot::Sender<i32>>>,
+    waiters: Mutex<HashMap<i32, oneshot::Sender<Exit>>>,
     /// The runtime of the waits' thread.
     runtime: tokio::runtime::Handle,
     reaping_orphans: AtomicBool,
@@ -127,8 +145,8 @@ fn reaper() -> std::io::Result<&'static Reaper> {
     }))
 }
 
-/// Hands `pid`'s exit code to its waiter, if it still has one.
-fn deliver(r: &Reaper, pid: i32, code: i32) {
+/// Hands `pid`'s end to its waiter, if it still has one.
+fn deliver(r: &Reaper, pid: i32, code: Exit) {
     if let Some(tx) = lock(&r.waiters).remove(&pid) {
         let _ = tx.send(code);
     }
@@ -142,7 +160,7 @@ fn reap_all() {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) | Err(_) => break,
             Ok(status) => {
-                if let (Some(pid), Some(code)) = (status.pid(), exit_code(status)) {
+                if let (Some(pid), Some(code)) = (status.pid(), exit_of(status)) {
                     deliver(r, pid.as_raw(), code);
                 }
             }
@@ -156,7 +174,7 @@ fn reap_one(r: &Reaper, pid: i32) -> bool {
     match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
         Ok(WaitStatus::StillAlive) => false,
         Ok(status) => {
-            if let Some(code) = exit_code(status) {
+            if let Some(code) = exit_of(status) {
                 deliver(r, pid, code);
             }
             true
@@ -217,7 +235,7 @@ fn blocking_wait(r: &'static Reaper, pid: i32) {
         .spawn(move || {
             use nix::sys::wait::waitpid;
             if let Ok(status) = waitpid(nix::unistd::Pid::from_raw(pid), None) {
-                if let Some(code) = exit_code(status) {
+                if let Some(code) = exit_of(status) {
                     deliver(r, pid, code);
                 }
             }
@@ -232,13 +250,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Runs `spawn` under the spawn lock, registers a waiter for the pid it
-/// returns and starts waiting for that child alone. The receiver yields the
-/// exit code (status or 128+signal).
+/// returns and starts waiting for that child alone. The receiver yields how
+/// it ended ([`Exit`]).
 ///
 /// Errors: `spawn`'s, or the waits' thread cannot be started.
 pub fn spawn_and_watch<T>(
     spawn: impl FnOnce() -> std::io::Result<(T, u32)>,
-) -> std::io::Result<(T, oneshot::Receiver<i32>)> {
+) -> std::io::Result<(T, oneshot::Receiver<Exit>)> {
     let r = reaper()?;
     let (value, pid) = {
         let _guard = lock(&r.spawn_lock);

@@ -177,8 +177,8 @@ pub struct Started {
     pub pid: u32,
     /// I/O ends.
     pub io: ChildIo,
-    /// Yields the exit code once the child is reaped.
-    pub exit: oneshot::Receiver<i32>,
+    /// Yields how the child ended once it is reaped.
+    pub exit: oneshot::Receiver<reaper::Exit>,
     /// What a sandboxed child needs until it exits; `None` when unsandboxed.
     pub confinement: Option<crate::sandbox::Confinement>,
 }
@@ -197,17 +197,18 @@ fn join_cgroup(fd: std::os::fd::RawFd) {
 }
 
 /// Starts the child described by `params`, confined by `sandbox` when given;
-/// with `cgroup`, the child (bubblewrap and everything in the sandbox, when
-/// confined) joins that cgroup (its open `cgroup.procs`) before it runs. Errors
+/// the child (bubblewrap and everything in the sandbox, when confined) joins
+/// each of `cgroups` (their open `cgroup.procs`) before it runs. Errors
 /// are OS errors (cwd or program missing, exec failure) and sandbox refusals,
 /// for a -32603 reply.
 pub fn start(
     params: &ExecParams,
     cwd: &Path,
-    cgroup: Option<&std::fs::File>,
+    cgroups: &[std::fs::File],
     sandbox: Option<&crate::sandbox::StartSandbox>,
 ) -> std::io::Result<Started> {
-    let cgroup_fd = cgroup.map(|f| f.as_raw_fd());
+    // Raw descriptors collected before the fork: the child only iterates.
+    let cgroup_fds: Vec<std::os::fd::RawFd> = cgroups.iter().map(|f| f.as_raw_fd()).collect();
     let env = build_env(&params.env, params.env_policy.as_ref(), server_env());
     let meta = std::fs::metadata(cwd).map_err(|e| tag(Stage::Cwd, cwd, e))?;
     if !meta.is_dir() {
@@ -265,7 +266,7 @@ pub fn start(
         // SAFETY: only async-signal-safe calls (write, setsid, ioctl) between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                if let Some(fd) = cgroup_fd {
+                for &fd in &cgroup_fds {
                     join_cgroup(fd);
                 }
                 if libc::setsid() < 0 {
@@ -308,11 +309,13 @@ pub fn start(
     // several times faster than fork for a large, multi-threaded server. Joining
     // a cgroup needs the hook (and so fork) where cgroups are available.
     cmd.process_group(0);
-    if let Some(fd) = cgroup_fd {
-        // SAFETY: only an async-signal-safe write between fork and exec.
+    if !cgroup_fds.is_empty() {
+        // SAFETY: only async-signal-safe writes between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                join_cgroup(fd);
+                for &fd in &cgroup_fds {
+                    join_cgroup(fd);
+                }
                 Ok(())
             });
         }

@@ -202,7 +202,7 @@ impl Helper {
         if let Some(stderr) = child.stderr.take() {
             let _ = stderr.take(64 * 1024).read_to_end(&mut err);
         }
-        let code = exit.blocking_recv().unwrap_or(-1);
+        let code = exit.blocking_recv().map(|e| e.code).unwrap_or(-1);
         drop(guard);
         let response: Option<Value> = serde_json::from_slice(&out).ok();
         match response {

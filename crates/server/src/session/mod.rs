@@ -52,6 +52,9 @@ pub struct Session {
     ended: AtomicBool,
     /// Its processes that have not exited (`--max-session-processes`).
     pub(crate) live: crate::process::live::LiveCount,
+    /// What its processes hold in the output spool
+    /// (`--output-spool-session-bytes`).
+    pub(crate) spool_share: Arc<crate::process::spool::SessionShare>,
 }
 
 impl Session {
@@ -68,6 +71,7 @@ impl Session {
             generation: AtomicU64::new(0),
             ended: AtomicBool::new(false),
             live: Default::default(),
+            spool_share: Default::default(),
         }
     }
 

@@ -142,8 +142,11 @@ pub async fn capture(
     run.tty = false;
     run.pipe_stdin = false;
     let group = cgroup::ProcessCgroup::create();
-    let join = group.as_ref().and_then(|g| g.join_handle().ok());
-    let started = spawn::start(&run, cwd, join.as_ref(), sandbox).map_err(CaptureError::Spawn)?;
+    let join = group
+        .as_ref()
+        .and_then(|g| g.join_handles().ok())
+        .unwrap_or_default();
+    let started = spawn::start(&run, cwd, &join, sandbox).map_err(CaptureError::Spawn)?;
     drop(join);
     let spawn::ChildIo::Pipes { stdout, stderr, .. } = started.io else {
         return Err(CaptureError::Malformed("no pipes"));
@@ -204,7 +207,7 @@ pub async fn capture(
 async fn read_until_exit(
     fd: OwnedFd,
     limit: usize,
-    exit: &mut tokio::sync::oneshot::Receiver<i32>,
+    exit: &mut tokio::sync::oneshot::Receiver<crate::process::reaper::Exit>,
 ) -> std::io::Result<(Vec<u8>, Option<i32>)> {
     let mut rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?;
     let mut kept = Vec::new();
@@ -218,7 +221,7 @@ async fn read_until_exit(
             n = rx.read(&mut buf) => {
                 let n = n?;
                 if n == 0 {
-                    return Ok((kept, exit.await.ok()));
+                    return Ok((kept, exit.await.ok().map(|e| e.code)));
                 }
                 keep(&mut kept, &buf[..n]);
             }
@@ -237,7 +240,7 @@ async fn read_until_exit(
                         Err(e) => return Err(e.into()),
                     }
                 }
-                return Ok((kept, code.ok()));
+                return Ok((kept, code.ok().map(|e| e.code)));
             }
         }
     }

@@ -14,7 +14,10 @@
 //! The writes themselves run on the server's [`writer`] thread; a read waits
 //! for the spool's queued writes first.
 
+mod share;
 mod writer;
+
+pub use share::SessionShare;
 
 use bytes::Bytes;
 use exec_server_protocol::types::{OutputStream, ProcessOutputChunk};
@@ -37,6 +40,9 @@ use writer::{Outstanding, Writer};
 pub const DEFAULT_SPOOL_BYTES_PER_PROCESS: u64 = 64 * 1024 * 1024;
 /// Default cap of spooled output across the server: 4 GiB.
 pub const DEFAULT_SPOOL_TOTAL_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+/// Default cap of spooled output across one session's processes: 1 GiB, a
+/// quarter of the server's, so one session cannot take the whole spool.
+pub const DEFAULT_SPOOL_SESSION_BYTES: u64 = 1024 * 1024 * 1024;
 /// Most output bytes one `process/read` without `maxBytes` returns from the
 /// spool: 4 MiB (the page then ends early and `nextSeq` says where to go on).
 pub const SPOOL_PAGE_BYTES: u64 = 4 * 1024 * 1024;
@@ -63,6 +69,7 @@ pub struct SpoolConfig {
     dir: PathBuf,
     per_process: u64,
     total: u64,
+    per_session: u64,
     used: AtomicU64,
     writer: Writer,
 }
@@ -70,10 +77,15 @@ pub struct SpoolConfig {
 impl SpoolConfig {
     /// Spools into `dir` (created 0700 if missing; an existing one must be a
     /// directory owned by this user that nobody else can enter), at most
-    /// `per_process` output bytes a process and `total` across the server.
-    /// Errors: the directory cannot be created, or is unsafe (named in the
-    /// message).
-    pub fn new(dir: &Path, per_process: u64, total: u64) -> io::Result<Arc<SpoolConfig>> {
+    /// `per_process` output bytes a process, `per_session` across one
+    /// session's processes and `total` across the server. Errors: the
+    /// directory cannot be created, or is unsafe (named in the message).
+    pub fn new(
+        dir: &Path,
+        per_process: u64,
+        per_session: u64,
+        total: u64,
+    ) -> io::Result<Arc<SpoolConfig>> {
         match std::fs::DirBuilder::new().mode(0o700).create(dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -107,6 +119,7 @@ impl SpoolConfig {
             dir: dir.to_path_buf(),
             per_process,
             total,
+            per_session,
             used: AtomicU64::new(0),
             writer: Writer::start(),
         }))
@@ -133,26 +146,12 @@ impl SpoolConfig {
         (self.per_process / 4).max(1024 * 1024)
     }
 
-    fn reserve(&self, n: u64) -> bool {
-        let mut cur = self.used.load(Ordering::Relaxed);
-        loop {
-            if cur + n > self.total {
-                return false;
-            }
-            match self.used.compare_exchange_weak(
-                cur,
-                cur + n,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => cur = now,
-            }
-        }
+    fn reserve(&self, share: &SessionShare, n: u64) -> bool {
+        share::reserve_both(&self.used, self.total, share, self.per_session, n)
     }
 
-    fn release(&self, n: u64) {
-        self.used.fetch_sub(n, Ordering::Relaxed);
+    fn release(&self, share: &SessionShare, n: u64) {
+        share::release_both(&self.used, share, n);
     }
 
     /// A new anonymous file in the directory (`O_TMPFILE`, or created and
@@ -284,6 +283,8 @@ impl Segment {
 #[derive(Debug)]
 pub struct Spool {
     config: Arc<SpoolConfig>,
+    /// Its session's share, which its bytes count against too.
+    share: Arc<SessionShare>,
     segments: VecDeque<Segment>,
     data_bytes: u64,
     /// Writes not yet done; once one failed, nothing more is spooled and
@@ -300,10 +301,12 @@ pub struct Spool {
 }
 
 impl Spool {
-    /// An empty spool; no file exists until the first append.
-    pub fn new(config: Arc<SpoolConfig>) -> Self {
+    /// An empty spool counting against `config`'s budgets and `share`;
+    /// no file exists until the first append.
+    pub fn new(config: Arc<SpoolConfig>, share: Arc<SessionShare>) -> Self {
         Spool {
             config,
+            share,
             segments: VecDeque::new(),
             data_bytes: 0,
             outstanding: Arc::new(Outstanding::default()),
@@ -335,7 +338,7 @@ impl Spool {
         while self.data_bytes + n > self.config.per_process {
             self.drop_oldest(true);
         }
-        while !self.config.reserve(n) {
+        while !self.config.reserve(&self.share, n) {
             if self.segments.is_empty() {
                 return false;
             }
@@ -352,7 +355,7 @@ impl Spool {
                 tracing::warn!(
                     "output spool file could not be made, spooling stops for this process: {e}"
                 );
-                self.config.release(n);
+                self.config.release(&self.share, n);
                 self.outstanding.mark_failed();
                 false
             }
@@ -374,7 +377,7 @@ impl Spool {
                     // before the new ones, which may be written inline.
                     self.outstanding.wait_idle();
                     // From here on its records count, as they are written.
-                    self.config.release(size);
+                    self.config.release(&self.share, size);
                     file
                 }
                 None => self.config.open_file()?,
@@ -406,11 +409,11 @@ impl Spool {
     fn drop_oldest(&mut self, keep: bool) {
         if let Some(seg) = self.segments.pop_front() {
             self.data_bytes -= seg.len;
-            self.config.release(seg.len);
+            self.config.release(&self.share, seg.len);
             if let Some((_, size)) = self.spare.take() {
-                self.config.release(size);
+                self.config.release(&self.share, size);
             }
-            if keep && self.config.reserve(seg.len) {
+            if keep && self.config.reserve(&self.share, seg.len) {
                 self.spare = Some((seg.file, seg.len));
             }
         }
@@ -469,9 +472,9 @@ impl Spool {
 
 impl Drop for Spool {
     fn drop(&mut self) {
-        self.config.release(self.data_bytes);
+        self.config.release(&self.share, self.data_bytes);
         if let Some((_, size)) = self.spare.take() {
-            self.config.release(size);
+            self.config.release(&self.share, size);
         }
     }
 }
@@ -511,12 +514,12 @@ mod tests {
     #[test]
     fn replays_exactly_from_any_seq() {
         let d = dir("replay");
-        let cfg = SpoolConfig::new(&d, 1 << 30, 1 << 30).unwrap();
+        let cfg = SpoolConfig::new(&d, 1 << 30, u64::MAX, 1 << 30).unwrap();
         assert_eq!(
             std::fs::metadata(&d).unwrap().permissions().mode() & 0o777,
             0o700
         );
-        let mut sp = Spool::new(cfg.clone());
+        let mut sp = Spool::new(cfg.clone(), Default::default());
         // Small chunks (buffered) with a large one now and then (written
         // straight from its buffer), in any mix.
         let len = |seq: u64| {
@@ -560,8 +563,8 @@ mod tests {
     #[test]
     fn caps_drop_whole_old_segments_and_pages_are_bounded() {
         let d = dir("caps");
-        let cfg = SpoolConfig::new(&d, 4 << 20, 6 << 20).unwrap();
-        let mut a = Spool::new(cfg.clone());
+        let cfg = SpoolConfig::new(&d, 4 << 20, u64::MAX, 6 << 20).unwrap();
+        let mut a = Spool::new(cfg.clone(), Default::default());
         // Each chunk's bytes name its seq, so a record read from a recycled
         // segment file could not pass for another.
         let chunk = |seq: u64, n: usize| Bytes::from(vec![(seq % 251) as u8; n]);
@@ -598,7 +601,7 @@ mod tests {
         // A second process shares the server budget: the first keeps its data,
         // the second drops its own oldest to stay within it.
         let first = a.first_seq();
-        let mut b = Spool::new(cfg.clone());
+        let mut b = Spool::new(cfg.clone(), Default::default());
         for seq in 1..=100u64 {
             b.append(seq, OutputStream::Stdout, chunk(seq, 64 * 1024));
         }
@@ -616,8 +619,8 @@ mod tests {
     fn caps_count_headers_and_the_spare() {
         let d = dir("headers");
         let cap = 1 << 20;
-        let cfg = SpoolConfig::new(&d, cap, 2 << 20).unwrap();
-        let mut sp = Spool::new(cfg.clone());
+        let cfg = SpoolConfig::new(&d, cap, u64::MAX, 2 << 20).unwrap();
+        let mut sp = Spool::new(cfg.clone(), Default::default());
         for seq in 1..=200_000u64 {
             sp.append(seq, OutputStream::Stdout, Bytes::from_static(b"x"));
         }
@@ -658,7 +661,7 @@ mod tests {
         let d = dir("unsafe");
         std::fs::create_dir(&d).unwrap();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let e = SpoolConfig::new(&d, 1, 1).unwrap_err();
+        let e = SpoolConfig::new(&d, 1, u64::MAX, 1).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
         assert!(e.to_string().contains("mode 0700"), "{e}");
         std::fs::remove_dir_all(&d).unwrap();

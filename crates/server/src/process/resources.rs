@@ -1,0 +1,391 @@
+//! Memory, task and CPU caps for a process's whole tree (`limits.memoryBytes`,
+//! `limits.maxTasks`, `limits.cpuPercent`), held by the kernel through cgroups.
+//!
+//! A cap holds for everything the process starts, daemons included, because
+//! cgroup membership is inherited and cannot be left. Two places can hold one:
+//!
+//! - the per-process cgroup v2 of [`super::cgroup`], when the server's cgroup
+//!   has the controller (`memory`, `pids`, `cpu` in its `cgroup.controllers`,
+//!   i.e. delegated to it): the controllers are enabled once in the subtree
+//!   of the server's directory, and a capped cgroup is never pooled for reuse
+//!   (its limits and event counts would carry over);
+//! - otherwise the controller's cgroup v1 hierarchy, on hosts with systemd's
+//!   hybrid layout (v2 mounted, the controllers still on v1), when it is
+//!   mounted and writable: a cgroup there per capped process, which the child
+//!   joins between fork and exec next to its v2 one, removed with it.
+//!
+//! Both need the v2 cgroup (it is what kills the tree). Where neither place
+//! holds a cap, [`unavailable`] names it and the request is refused: a cap is
+//! never pretended. What fired is read from the cgroup's own counters when
+//! the process exits ([`Caps::exceeded`]).
+
+use exec_server_protocol::types::{LimitReason, ProcessLimits};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// One kind of cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controller {
+    /// `memory`: `limits.memoryBytes`.
+    Memory,
+    /// `pids`: `limits.maxTasks`.
+    Pids,
+    /// `cpu`: `limits.cpuPercent`.
+    Cpu,
+}
+
+impl Controller {
+    const ALL: [Controller; 3] = [Controller::Memory, Controller::Pids, Controller::Cpu];
+
+    /// The kernel's name of the controller (the same in v1 and v2).
+    fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Pids => "pids",
+            Controller::Cpu => "cpu",
+        }
+    }
+
+    /// The `limits` member it holds.
+    pub fn member(self) -> &'static str {
+        match self {
+            Controller::Memory => "memoryBytes",
+            Controller::Pids => "maxTasks",
+            Controller::Cpu => "cpuPercent",
+        }
+    }
+
+    /// The `environmentInfo.capabilities` key that says it holds here.
+    pub fn capability(self) -> &'static str {
+        match self {
+            Controller::Memory => "processMemoryLimit",
+            Controller::Pids => "processTasksLimit",
+            Controller::Cpu => "processCpuLimit",
+        }
+    }
+
+    fn asked(self, limits: &ProcessLimits) -> Option<u64> {
+        match self {
+            Controller::Memory => limits.memory_bytes,
+            Controller::Pids => limits.max_tasks,
+            Controller::Cpu => limits.cpu_percent,
+        }
+    }
+}
+
+/// Where a controller's caps are written.
+#[derive(Debug)]
+enum Place {
+    /// In the process's own v2 cgroup.
+    V2,
+    /// In a cgroup of its own below this server directory of a v1 hierarchy.
+    V1(PathBuf),
+}
+
+static PLACES: OnceLock<[Option<Place>; 3]> = OnceLock::new();
+
+fn places() -> &'static [Option<Place>; 3] {
+    PLACES.get_or_init(|| {
+        let Some(v2) = super::cgroup::base_dir() else {
+            return [None, None, None];
+        };
+        Controller::ALL.map(|c| find_place(c, v2))
+    })
+}
+
+fn place(c: Controller) -> Option<&'static Place> {
+    places()[c as usize].as_ref()
+}
+
+fn find_place(c: Controller, v2: &Path) -> Option<Place> {
+    let offered = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+    if offered.split_whitespace().any(|n| n == c.name())
+        && std::fs::write(v2.join("cgroup.subtree_control"), format!("+{}", c.name())).is_ok()
+    {
+        return Some(Place::V2);
+    }
+    let own = v1_own_dir(c.name())?;
+    super::cgroup::sweep_dead(&own);
+    let dir = own.join(super::cgroup::server_dir_name());
+    match std::fs::create_dir(&dir) {
+        Ok(()) => Some(Place::V1(dir)),
+        Err(e) => {
+            tracing::debug!("no {} cap ({}: {e})", c.member(), dir.display());
+            None
+        }
+    }
+}
+
+/// This process's cgroup directory in the v1 hierarchy of `controller`.
+fn v1_own_dir(controller: &str) -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // Fields: id parent major:minor root mount-point options... - fstype source super-options
+    let mount = mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mut r = right.split_whitespace();
+        let (fstype, super_opts) = (r.next()?, r.nth(1)?);
+        (fstype == "cgroup" && super_opts.split(',').any(|o| o == controller))
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+    })?;
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    // Lines: hierarchy-id:controller[,controller...]:path
+    let rel = own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, names, path) = (f.next()?, f.next()?, f.next()?);
+        names.split(',').any(|n| n == controller).then_some(path)
+    })?;
+    Some(mount.join(rel.trim_start_matches('/')))
+}
+
+/// True when `controller`'s caps hold on this server.
+pub fn available(controller: Controller) -> bool {
+    place(controller).is_some()
+}
+
+/// The capability keys of the caps, each with whether it holds here.
+pub fn capabilities() -> [(&'static str, bool); 3] {
+    Controller::ALL.map(|c| (c.capability(), available(c)))
+}
+
+/// Checks the caps `limits` asks for: each at least its minimum (1 MiB of
+/// memory, 1 task, 1 % of a CPU) and each holding on this server. The error
+/// names the member and, for one that cannot hold, why.
+pub fn check(limits: &ProcessLimits) -> Result<(), String> {
+    for c in Controller::ALL {
+        let Some(v) = c.asked(limits) else { continue };
+        let min = match c {
+            Controller::Memory => MIN_MEMORY_BYTES,
+            _ => 1,
+        };
+        if v < min {
+            return Err(format!("limits.{} must be at least {min}", c.member()));
+        }
+        if c == Controller::Cpu && v > MAX_CPU_PERCENT {
+            return Err(format!(
+                "limits.cpuPercent must be at most {MAX_CPU_PERCENT}"
+            ));
+        }
+        if !available(c) {
+            return Err(unavailable(c));
+        }
+    }
+    Ok(())
+}
+
+/// Why `controller`'s cap cannot hold here.
+pub fn unavailable(c: Controller) -> String {
+    format!(
+        "limits.{} cannot be held on this server: no `{}` cgroup controller is delegated to it \
+         (cgroup v2) nor writable (cgroup v1), or per-process cgroups are off \
+         (capability {} is false)",
+        c.member(),
+        c.name(),
+        c.capability()
+    )
+}
+
+/// Smallest `limits.memoryBytes`: 1 MiB (less cannot even start a shell).
+pub const MIN_MEMORY_BYTES: u64 = 1024 * 1024;
+/// Largest `limits.cpuPercent`: 1 048 576 (10 486 CPUs).
+pub const MAX_CPU_PERCENT: u64 = 1 << 20;
+/// The CPU cap's accounting period: 100 ms, the kernel's default.
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// True when `limits` asks for any cap.
+pub fn any(limits: Option<&ProcessLimits>) -> bool {
+    limits.is_some_and(|l| Controller::ALL.iter().any(|c| c.asked(l).is_some()))
+}
+
+/// The caps of one process, written before it starts. Dropping it removes
+/// its v1 cgroups (a live member keeps one until the shutdown sweep).
+#[derive(Debug, Default)]
+pub struct Caps {
+    /// Its v1 cgroups, one per capped controller held on v1.
+    v1: Vec<PathBuf>,
+    /// Where to read whether a cap fired: (file, key, reason).
+    counters: Vec<(PathBuf, &'static str, LimitReason)>,
+}
+
+impl Caps {
+    /// Writes the caps `limits` asks for: into `v2` (the process's v2
+    /// cgroup) or into v1 cgroups made for it. Errors: a cap that cannot
+    /// hold here, or a cgroup file that refused it (named).
+    pub fn apply(limits: &ProcessLimits, v2: &Path) -> io::Result<Caps> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let mut caps = Caps::default();
+        for c in Controller::ALL {
+            let Some(value) = c.asked(limits) else {
+                continue;
+            };
+            let (dir, v1) = match place(c) {
+                Some(Place::V2) => (v2.to_path_buf(), false),
+                Some(Place::V1(base)) => {
+                    let dir = base.join(format!("p{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+                    std::fs::create_dir(&dir).map_err(|e| named(&dir, e))?;
+                    caps.v1.push(dir.clone());
+                    (dir, true)
+                }
+                None => return Err(io::Error::other(unavailable(c))),
+            };
+            write_cap(c, value, &dir, v1)?;
+            match c {
+                Controller::Memory => caps.counters.push((
+                    dir.join(if v1 {
+                        "memory.oom_control"
+                    } else {
+                        "memory.events"
+                    }),
+                    "oom_kill",
+                    LimitReason::MemoryLimit,
+                )),
+                Controller::Pids => {
+                    caps.counters
+                        .push((dir.join("pids.events"), "max", LimitReason::TasksLimit))
+                }
+                Controller::Cpu => {}
+            }
+        }
+        Ok(caps)
+    }
+
+    /// `cgroup.procs` of each v1 cgroup, opened for writing: the child
+    /// writes `0` to each between fork and exec.
+    pub fn join_handles(&self) -> io::Result<Vec<std::fs::File>> {
+        self.v1
+            .iter()
+            .map(|d| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(d.join("cgroup.procs"))
+            })
+            .collect()
+    }
+
+    /// The cap that fired, if one did: the memory cap when the OOM killer
+    /// ended a member, else the task cap when a fork was refused at it.
+    pub fn exceeded(&self) -> Option<LimitReason> {
+        self.counters.iter().find_map(|(file, key, reason)| {
+            let text = std::fs::read_to_string(file).ok()?;
+            let count = text.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == *key).then(|| v.trim().parse::<u64>().ok())?
+            })?;
+            (count > 0).then_some(*reason)
+        })
+    }
+}
+
+fn named(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+fn write_file(path: PathBuf, value: &str) -> io::Result<()> {
+    std::fs::write(&path, value).map_err(|e| named(&path, e))
+}
+
+fn write_cap(c: Controller, value: u64, dir: &Path, v1: bool) -> io::Result<()> {
+    match (c, v1) {
+        (Controller::Memory, false) => {
+            write_file(dir.join("memory.max"), &value.to_string())?;
+            // No swap to flee to, and the whole tree goes when one member
+            // is chosen (best effort: older kernels lack these files).
+            let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+            let _ = std::fs::write(dir.join("memory.oom.group"), "1");
+            Ok(())
+        }
+        (Controller::Memory, true) => {
+            write_file(dir.join("memory.limit_in_bytes"), &value.to_string())?;
+            // Memory plus swap (present only with swap accounting).
+            let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), value.to_string());
+            Ok(())
+        }
+        (Controller::Pids, _) => write_file(dir.join("pids.max"), &value.to_string()),
+        (Controller::Cpu, false) => write_file(
+            dir.join("cpu.max"),
+            &format!("{} {CPU_PERIOD_US}", value * CPU_PERIOD_US / 100),
+        ),
+        (Controller::Cpu, true) => {
+            write_file(dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            write_file(
+                dir.join("cpu.cfs_quota_us"),
+                &(value * CPU_PERIOD_US / 100).to_string(),
+            )
+        }
+    }
+}
+
+impl Drop for Caps {
+    fn drop(&mut self) {
+        for dir in &self.v1 {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Removes the server's v1 directories (shutdown, after the tree kill):
+/// what a live member kept is retried a few rounds.
+pub fn remove_all() {
+    let Some(places) = PLACES.get() else { return };
+    for base in places.iter().flatten().filter_map(|p| match p {
+        Place::V1(dir) => Some(dir),
+        Place::V2 => None,
+    }) {
+        for _ in 0..50 {
+            for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    kill_v1_members(&entry.path());
+                    let _ = std::fs::remove_dir(entry.path());
+                }
+            }
+            if std::fs::remove_dir(base).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+fn kill_v1_members(dir: &Path) {
+    if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_below_their_minimum_are_refused_naming_the_member() {
+        let l = ProcessLimits {
+            memory_bytes: Some(4096),
+            ..Default::default()
+        };
+        assert_eq!(
+            check(&l).unwrap_err(),
+            "limits.memoryBytes must be at least 1048576"
+        );
+        let l = ProcessLimits {
+            max_tasks: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(check(&l).unwrap_err(), "limits.maxTasks must be at least 1");
+        let l = ProcessLimits {
+            cpu_percent: Some(MAX_CPU_PERCENT + 1),
+            ..Default::default()
+        };
+        assert!(check(&l).unwrap_err().contains("at most"));
+        assert!(!any(Some(&ProcessLimits::default())));
+        assert!(any(Some(&ProcessLimits {
+            cpu_percent: Some(5),
+            ..Default::default()
+        })));
+    }
+}
