@@ -226,7 +226,14 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
         Scenario::Spawn | Scenario::SpawnLimited => {
             let c = Conn::open(&url).await?;
             let limits = (sc == Scenario::SpawnLimited).then(|| {
-                json!({"timeoutMs": 600_000, "idleTimeoutMs": 600_000, "maxOutputBytes": 1u64 << 30})
+                json!({
+                    "timeoutMs": 600_000,
+                    "idleTimeoutMs": 600_000,
+                    "maxOutputBytes": 1u64 << 30,
+                    "memoryBytes": 2u64 << 30,
+                    "maxTasks": 512,
+                    "cpuPercent": 200,
+                })
             });
             let mut lat = Vec::new();
             for i in 0..300 {
