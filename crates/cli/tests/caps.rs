@@ -356,3 +356,58 @@ async fn one_sessions_flood_keeps_its_share_of_the_spool_and_spares_another() {
     calm.close().await;
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The limits the `limits` module checks on pipes, here on a PTY and in the
+/// sandbox too: an idle timeout, an output cap, and a deadline that takes a
+/// double-forked daemon ignoring SIGTERM with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_output_and_deadline_limits_hold_on_a_pty_and_in_the_sandbox() {
+    let s = Server::start(&[]);
+    let ws = tmpdir("caps-kinds");
+    let [_, pty, sandboxed] = kinds(&ws);
+    for (n, (tty, sandbox)) in [pty, sandboxed].into_iter().enumerate() {
+        let what = format!("tty {tty}, sandbox {}", sandbox.is_some());
+        let (got, _) = run(
+            &s,
+            &["sh", "-c", "echo start; exec sleep 1000"],
+            json!({"idleTimeoutMs": 300}),
+            tty,
+            sandbox.clone(),
+        )
+        .await;
+        assert_eq!(got.limit.as_deref(), Some("idleTimeout"), "{what}");
+        let (got, _) = run(
+            &s,
+            &["yes"],
+            json!({"maxOutputBytes": 65536}),
+            tty,
+            sandbox.clone(),
+        )
+        .await;
+        assert_eq!(got.limit.as_deref(), Some("outputLimit"), "{what}");
+        assert_eq!(got.bytes.len(), 65536, "{what}");
+        let marker = format!("4321.{n}7");
+        let script = format!(
+            "trap '' TERM; (setsid sh -c 'exec sleep {marker}' </dev/null >/dev/null 2>&1 &); sleep 1000"
+        );
+        let (got, took) = run(
+            &s,
+            &["sh", "-c", &script],
+            json!({"timeoutMs": 500}),
+            tty,
+            sandbox,
+        )
+        .await;
+        assert_eq!(got.limit.as_deref(), Some("wallTimeout"), "{what}");
+        assert!(took < 6.0, "{what}: took {took:.1} s");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !pids_matching(&format!("sleep {marker}")).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the daemon outlived the deadline"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&ws);
+}
