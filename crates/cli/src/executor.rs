@@ -136,7 +136,7 @@ pub async fn run(args: RemoteArgs, state: Arc<ServerState>) -> i32 {
     let handler: StreamHandler = Arc::new(move |ch| {
         let state = serving.clone();
         let peer = ch.peer.clone();
-        let conn = exec_server_client::relay::connection_from_channel(ch);
+        let conn = exec_server_rpc::transport::byte_channels(ch.peer, ch.inbound, ch.outbound);
         // A relay stream is a network peer: the same handshake deadline applies.
         tokio::spawn(exec_server::connection::serve(
             state,
@@ -189,8 +189,8 @@ pub fn relay_source(
         })?,
     };
     let account = std::env::var(ENV_ACCOUNT_ID).ok();
-    let source = RelaySource::new(registry, env, &token, account)?;
-    Ok(exec_server_client::Source::Relay(Arc::new(source)))
+    let source = RelaySource::new(registry, env, &token, account).map_err(|e| e.to_string())?;
+    Ok(exec_server_client::Source::relay(source))
 }
 
 #[cfg(test)]

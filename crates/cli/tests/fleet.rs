@@ -55,7 +55,6 @@ fn three_nodes_on_postgres_survive_the_carrying_nodes_loss() {
 async fn seq_2000000_survives_the_carrying_nodes_kill() {
     use exec_server_client::relay::RelaySource;
     use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
     let db = TestPostgres::start();
     let mut nodes: Vec<_> = (0..3)
@@ -68,7 +67,7 @@ async fn seq_2000000_survives_the_carrying_nodes_kill() {
         .join(",");
     let _executor = start_executor(&urls, "fleet-seq", "exec-token");
     let source = RelaySource::new(&urls, "fleet-seq", "harness-token", None).unwrap();
-    let mut opts = ClientOptions::new(Source::Relay(Arc::new(source)));
+    let mut opts = ClientOptions::new(Source::relay(source));
     opts.connect_timeout = Duration::from_secs(10);
     opts.recovery_timeout = Duration::from_secs(60);
     let c = ExecServerClient::new(opts);

@@ -189,7 +189,7 @@ impl Proxy {
 /// connected once the executor has attached (bounded at 20 s).
 async fn relay_client(url: &str, env: &str) -> ExecServerClient {
     let source = RelaySource::new(url, env, "h", None).unwrap();
-    let mut opts = ClientOptions::new(Source::Relay(Arc::new(source)));
+    let mut opts = ClientOptions::new(Source::relay(source));
     opts.connect_timeout = Duration::from_secs(10);
     let c = ExecServerClient::new(opts);
     let deadline = Instant::now() + Duration::from_secs(20);

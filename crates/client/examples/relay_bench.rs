@@ -14,7 +14,6 @@
 use exec_server_client::relay::RelaySource;
 use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
 use exec_server_protocol::types::ExecParams;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const STREAM_BYTES: usize = 256 * 1024 * 1024;
@@ -147,11 +146,8 @@ async fn main() {
     let pid: u32 = a[4].parse().expect("pid");
     let spawns: usize = a.get(5).and_then(|s| s.parse().ok()).unwrap_or(300);
     let idle: usize = a.get(6).and_then(|s| s.parse().ok()).unwrap_or(100);
-    let relay = || {
-        Source::Relay(Arc::new(
-            RelaySource::new(&a[2], &a[3], "bench", None).expect("relay source"),
-        ))
-    };
+    let relay =
+        || Source::relay(RelaySource::new(&a[2], &a[3], "bench", None).expect("relay source"));
     let direct = client(Source::from_url(&a[1], None).expect("direct url")).await;
     let through = client(relay()).await;
     let d = measure("direct", &direct, spawns).await;

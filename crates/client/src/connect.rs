@@ -6,8 +6,9 @@ use exec_server_rpc::{transport, Connection};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// A connection source.
+/// A connection source. More kinds may come: match with a `_` arm.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum Source {
     /// `ws://` or `wss://` URL, with an optional bearer token.
     WebSocket {
@@ -33,12 +34,18 @@ pub enum Source {
     /// A server running in this process, reached over an in-memory pipe: the full
     /// protocol, no socket. Needs the `embedded` feature.
     #[cfg(feature = "embedded")]
-    Embedded(std::sync::Arc<exec_server::ServerState>),
-    /// An environment reached by id through a registry and relay (remote mode).
-    /// Needs the `relay` feature.
+    Embedded(EmbeddedServer),
+    /// An environment reached by id through a registry and relay (remote
+    /// mode); made with [`Source::relay`]. Needs the `relay` feature.
     #[cfg(feature = "relay")]
     Relay(std::sync::Arc<crate::relay::RelaySource>),
 }
+
+/// A server running in this process (what [`Source::embedded`] starts);
+/// opaque: its state is the server's own.
+#[cfg(feature = "embedded")]
+#[derive(Clone)]
+pub struct EmbeddedServer(std::sync::Arc<exec_server::ServerState>);
 
 impl std::fmt::Debug for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -85,7 +92,14 @@ impl Source {
             ));
         }
         let state = exec_server::ServerState::new(exec_server::ServerConfig::default())?;
-        Ok(Source::Embedded(state))
+        Ok(Source::Embedded(EmbeddedServer(state)))
+    }
+
+    /// An environment reached by id through a registry and relay (feature
+    /// `relay`).
+    #[cfg(feature = "relay")]
+    pub fn relay(source: crate::relay::RelaySource) -> Source {
+        Source::Relay(std::sync::Arc::new(source))
     }
 
     /// Whether a dropped connection can be re-established (not for programs).
@@ -94,7 +108,7 @@ impl Source {
     }
 
     /// Opens one connection within `timeout`.
-    pub async fn connect(&self, timeout: Duration) -> Result<Connection, ConnectionError> {
+    pub(crate) async fn connect(&self, timeout: Duration) -> Result<Connection, ConnectionError> {
         tokio::time::timeout(timeout, self.connect_inner())
             .await
             .map_err(|_| {
@@ -112,7 +126,7 @@ impl Source {
         let other = |m: String| ConnectionError::new(ConnectionErrorKind::Other, m);
         match self {
             #[cfg(feature = "relay")]
-            Source::Relay(r) => r.connect().await.map_err(other),
+            Source::Relay(r) => r.connect().await,
             Source::WebSocket { url, token } => {
                 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
                 let mut req = url
@@ -179,7 +193,7 @@ impl Source {
                 ))
             }
             #[cfg(feature = "embedded")]
-            Source::Embedded(state) => {
+            Source::Embedded(EmbeddedServer(state)) => {
                 let (client_side, server_side) = tokio::io::duplex(1 << 20);
                 let (sr, sw) = tokio::io::split(server_side);
                 let server_conn = transport::lines(sr, sw, "embedded client".into());

@@ -13,6 +13,7 @@
 
 use crate::client::{ClientOptions, ExecServerClient};
 use crate::connect::Source;
+use crate::error::ConfigError;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -40,13 +41,12 @@ impl Environment {
         })
     }
 
-    /// A remote server at `url` (`ws://`, `wss://` or `unix://`).
-    pub fn remote(id: &str, url: &str, token: Option<String>) -> Result<Environment, String> {
+    /// A remote server at `url` (`ws://`, `wss://` or `unix://`). Errors:
+    /// any other scheme.
+    pub fn remote(id: &str, url: &str, token: Option<String>) -> Result<Environment, ConfigError> {
         Ok(Environment {
             id: id.into(),
-            client: ExecServerClient::new(ClientOptions::new(
-                Source::from_url(url, token).map_err(|e| e.to_string())?,
-            )),
+            client: ExecServerClient::new(ClientOptions::new(source_from_url(url, token)?)),
         })
     }
 
@@ -54,6 +54,17 @@ impl Environment {
     pub fn is_local(&self) -> bool {
         self.id == LOCAL_ID
     }
+}
+
+fn source_from_url(url: &str, token: Option<String>) -> Result<Source, ConfigError> {
+    Source::from_url(url, token).map_err(|e| ConfigError::new(e.to_string()).with_source(e))
+}
+
+/// The local environment, for a configuration that includes it.
+fn local_for_config() -> Result<Environment, ConfigError> {
+    Environment::local().map_err(|e| {
+        ConfigError::new(format!("the local environment cannot start: {e}")).with_source(e)
+    })
 }
 
 #[cfg(feature = "embedded")]
@@ -85,7 +96,9 @@ impl Environments {
     }
 
     /// Reads the configuration from the process environment and files.
-    pub fn from_env() -> Result<Environments, String> {
+    /// Errors: an unreadable or invalid `environments.toml` (named), a URL
+    /// of an unknown scheme, or a local environment that cannot start.
+    pub fn from_env() -> Result<Environments, ConfigError> {
         let file = std::env::var_os("EXEC_SERVER_ENVIRONMENTS")
             .map(PathBuf::from)
             .or_else(|| {
@@ -95,9 +108,10 @@ impl Environments {
                     .map(|h| h.join("environments.toml"))
             });
         if let Some(f) = file.filter(|f| f.exists()) {
-            let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+            let text = std::fs::read_to_string(&f)
+                .map_err(|e| ConfigError::new(format!("{}: {e}", f.display())).with_source(e))?;
             let base = f.parent().unwrap_or(Path::new("."));
-            return Self::from_toml(&text, base).map_err(|e| format!("{}: {e}", f.display()));
+            return Self::from_toml(&text, base).map_err(|e| e.context(f.display()));
         }
         let url = std::env::var("EXEC_SERVER_URL")
             .or_else(|_| std::env::var("CODEX_EXEC_SERVER_URL"))
@@ -105,7 +119,7 @@ impl Environments {
         let token = std::env::var("EXEC_SERVER_TOKEN").ok();
         match url.as_deref().map(str::trim) {
             None | Some("") => Ok(Environments {
-                all: vec![Environment::local().map_err(|e| e.to_string())?],
+                all: vec![local_for_config()?],
                 default: Some(LOCAL_ID.into()),
             }),
             Some(u) if u.eq_ignore_ascii_case("none") => Ok(Environments {
@@ -120,45 +134,52 @@ impl Environments {
     }
 
     /// Parses an `environments.toml` (unknown keys rejected); relative `cwd`s are
-    /// taken from `base`.
-    pub fn from_toml(text: &str, base: &Path) -> Result<Environments, String> {
-        let file: TomlFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    /// taken from `base`. Errors name the entry and the key at fault.
+    pub fn from_toml(text: &str, base: &Path) -> Result<Environments, ConfigError> {
+        let file: TomlFile =
+            toml::from_str(text).map_err(|e| ConfigError::new(e.to_string()).with_source(e))?;
         let mut all = Vec::new();
         if file.include_local.unwrap_or(true) {
-            all.push(Environment::local().map_err(|e| e.to_string())?);
+            all.push(local_for_config()?);
         }
         for e in &file.environments {
             validate_id(&e.id)?;
             if all.iter().any(|x: &Environment| x.id == e.id) {
-                return Err(format!("duplicate environment id `{}`", e.id));
+                return Err(ConfigError::new(format!(
+                    "duplicate environment id `{}`",
+                    e.id
+                )));
             }
             let source = match (&e.url, &e.program) {
                 (Some(url), None) => {
                     if e.args.is_some() || e.env.is_some() || e.cwd.is_some() {
-                        return Err(format!(
+                        return Err(ConfigError::new(format!(
                             "environment `{}`: args, env and cwd need `program`",
                             e.id
-                        ));
+                        )));
                     }
                     let url = url.trim();
                     if !(url.starts_with("ws://") || url.starts_with("wss://")) {
-                        return Err(format!(
+                        return Err(ConfigError::new(format!(
                             "environment `{}`: url must start with ws:// or wss://",
                             e.id
-                        ));
+                        )));
                     }
-                    Source::from_url(url, e.auth_bearer_token.clone()).map_err(|e| e.to_string())?
+                    source_from_url(url, e.auth_bearer_token.clone())?
                 }
                 (None, Some(program)) => {
                     if e.connect_timeout_sec.is_some() {
-                        return Err(format!(
+                        return Err(ConfigError::new(format!(
                             "environment `{}`: connect_timeout_sec needs `url`",
                             e.id
-                        ));
+                        )));
                     }
                     let program = program.trim();
                     if program.is_empty() {
-                        return Err(format!("environment `{}`: program is empty", e.id));
+                        return Err(ConfigError::new(format!(
+                            "environment `{}`: program is empty",
+                            e.id
+                        )));
                     }
                     Source::Program {
                         program: program.into(),
@@ -168,10 +189,10 @@ impl Environments {
                     }
                 }
                 _ => {
-                    return Err(format!(
+                    return Err(ConfigError::new(format!(
                         "environment `{}` needs exactly one of url and program",
                         e.id
-                    ))
+                    )))
                 }
             };
             let mut opts = ClientOptions::new(source);
@@ -192,7 +213,9 @@ impl Environments {
             Some(d) if d.eq_ignore_ascii_case("none") => None,
             Some(d) => {
                 if !all.iter().any(|e| e.id == d) {
-                    return Err(format!("default environment `{d}` is not configured"));
+                    return Err(ConfigError::new(format!(
+                        "default environment `{d}` is not configured"
+                    )));
                 }
                 Some(d.to_string())
             }
@@ -203,22 +226,24 @@ impl Environments {
     }
 }
 
-fn validate_id(id: &str) -> Result<(), String> {
+fn validate_id(id: &str) -> Result<(), ConfigError> {
     if id.is_empty() || id.len() > 64 || id.trim() != id {
-        return Err(format!(
+        return Err(ConfigError::new(format!(
             "environment id `{id}` must be 1 to 64 characters without surrounding spaces"
-        ));
+        )));
     }
     if !id
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
     {
-        return Err(format!(
+        return Err(ConfigError::new(format!(
             "environment id `{id}` may only use A-Z, a-z, 0-9, _ and -"
-        ));
+        )));
     }
     if id.eq_ignore_ascii_case(LOCAL_ID) || id.eq_ignore_ascii_case("none") {
-        return Err(format!("environment id `{id}` is reserved"));
+        return Err(ConfigError::new(format!(
+            "environment id `{id}` is reserved"
+        )));
     }
     Ok(())
 }

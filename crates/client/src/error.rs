@@ -45,7 +45,7 @@ pub struct ConnectionError {
 
 impl ConnectionError {
     /// A failure of `kind` described by `message`.
-    pub fn new(kind: ConnectionErrorKind, message: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: ConnectionErrorKind, message: impl Into<String>) -> Self {
         ConnectionError {
             kind,
             recovery_failed: false,
@@ -56,13 +56,13 @@ impl ConnectionError {
     }
 
     /// Attaches the underlying error.
-    pub fn with_source(mut self, source: impl Error + Send + Sync + 'static) -> Self {
+    pub(crate) fn with_source(mut self, source: impl Error + Send + Sync + 'static) -> Self {
         self.source = Some(Arc::new(source));
         self
     }
 
     /// `context: err` for an OS error; refused when nothing listens there.
-    pub fn io(context: impl fmt::Display, err: std::io::Error) -> Self {
+    pub(crate) fn io(context: impl fmt::Display, err: std::io::Error) -> Self {
         let kind = match err.kind() {
             std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound => {
                 ConnectionErrorKind::Refused
@@ -75,7 +75,7 @@ impl ConnectionError {
 
     /// `context: err` for a WebSocket connect failure, classified by the
     /// library's error variant (never by its text).
-    pub fn websocket(
+    pub(crate) fn websocket(
         context: impl fmt::Display,
         err: tokio_tungstenite::tungstenite::Error,
     ) -> Self {
@@ -102,7 +102,7 @@ impl ConnectionError {
 
     /// "session could not be recovered": keeps the last attempt's kind, so the
     /// queries still answer for the cause.
-    pub fn unrecoverable(last: ClientError) -> Self {
+    pub(crate) fn unrecoverable(last: ClientError) -> Self {
         let (kind, http_status) = match &last {
             ClientError::Connection(c) => (c.kind, c.http_status),
             ClientError::TimedOut => (ConnectionErrorKind::TimedOut, None),
@@ -123,7 +123,7 @@ impl ConnectionError {
     }
 
     /// Marks the session as lost (a connection that cannot be resumed).
-    pub fn session_lost(mut self) -> Self {
+    pub(crate) fn session_lost(mut self) -> Self {
         self.recovery_failed = true;
         self
     }
@@ -147,6 +147,53 @@ impl fmt::Display for ConnectionError {
 }
 
 impl Error for ConnectionError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+/// A configuration that cannot be used: an `environments.toml`, the
+/// `EXEC_SERVER_URL` or remote-mode variables, a URL or an environment id.
+/// Its message names the file, variable or entry; the underlying error (a
+/// TOML parse error, an OS error) is its [`source()`](Error::source).
+#[derive(Debug, Clone)]
+pub struct ConfigError {
+    message: String,
+    source: Option<Source>,
+}
+
+impl ConfigError {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        ConfigError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn with_source(mut self, source: impl Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// The same error, its message prefixed with `context: ` (a file name).
+    pub(crate) fn context(mut self, context: impl fmt::Display) -> Self {
+        self.message = format!("{context}: {}", self.message);
+        self
+    }
+
+    /// What is wrong, naming the file, variable or entry.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Error for ConfigError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         self.source.as_deref().map(|e| e as &(dyn Error + 'static))
     }
@@ -184,7 +231,10 @@ pub enum ClientError {
 
 impl ClientError {
     /// A reply that does not decode.
-    pub fn protocol(context: impl Into<String>, err: impl Error + Send + Sync + 'static) -> Self {
+    pub(crate) fn protocol(
+        context: impl Into<String>,
+        err: impl Error + Send + Sync + 'static,
+    ) -> Self {
         ClientError::Protocol {
             context: context.into(),
             source: Arc::new(err),
@@ -192,7 +242,7 @@ impl ClientError {
     }
 
     /// A local I/O failure during a transfer.
-    pub fn local(context: &'static str, err: std::io::Error) -> Self {
+    pub(crate) fn local(context: &'static str, err: std::io::Error) -> Self {
         ClientError::Local {
             context,
             source: Arc::new(err),
@@ -397,8 +447,10 @@ impl From<ConnectionError> for ClientError {
     }
 }
 
-impl From<CallError> for ClientError {
-    fn from(e: CallError) -> Self {
+impl ClientError {
+    /// A failed call of the rpc layer, in the client's vocabulary (crate
+    /// private: the rpc layer's types stay out of the public API).
+    pub(crate) fn from_call(e: CallError) -> Self {
         match e {
             CallError::Server(e) => ClientError::Server(e),
             CallError::Closed => ClientError::Connection(

@@ -84,9 +84,11 @@ pub use client::{
     ACK_EVERY_BYTES, RECOVERY_RETRY_INTERVAL, SESSION_RECOVERY_TIMEOUT,
 };
 pub use command::{Command, DEFAULT_CHILD_PATH};
+#[cfg(feature = "embedded")]
+pub use connect::EmbeddedServer;
 pub use connect::Source;
 pub use environment::{Environment, Environments};
-pub use error::{ClientError, ConnectionError, ConnectionErrorKind, ErrorKind};
+pub use error::{ClientError, ConfigError, ConnectionError, ConnectionErrorKind, ErrorKind};
 pub use events::{FailureReason, ProcessEvent, StreamFailure, MAX_QUEUED_OUTPUT_BYTES};
 pub use network::{AllowHosts, NetworkPolicy};
 

@@ -3,6 +3,7 @@
 //! and how one stream's byte messages become ordered encrypted records
 //! ([`records`], [`ordered`]).
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod api;
 pub mod environment_id;

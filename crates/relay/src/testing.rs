@@ -35,14 +35,11 @@ fn bin_dir() -> PathBuf {
 }
 
 fn postgres_user() -> (u32, u32) {
-    // SAFETY: getpwnam returns a pointer into static storage or null.
-    let pw = unsafe { libc::getpwnam(c"postgres".as_ptr()) };
-    assert!(
-        !pw.is_null(),
-        "no postgres system user (the postgresql package makes it)"
-    );
-    // SAFETY: non-null, as checked.
-    unsafe { ((*pw).pw_uid, (*pw).pw_gid) }
+    let user = nix::unistd::User::from_name("postgres")
+        .ok()
+        .flatten()
+        .expect("no postgres system user (the postgresql package makes it)");
+    (user.uid.as_raw(), user.gid.as_raw())
 }
 
 /// Starts `postgres` on the data in `dir`, its socket there, its log
@@ -86,9 +83,7 @@ impl TestPostgres {
         let (uid, gid) = postgres_user();
         let dir = std::env::temp_dir().join(format!("relay-pg-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
-        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: chown of a directory this test made.
-        assert_eq!(unsafe { libc::chown(c.as_ptr(), uid, gid) }, 0);
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
         let data = dir.join("data");
         let as_postgres = |cmd: &mut Command| {
             cmd.uid(uid).gid(gid).env("LC_ALL", "C").current_dir(&dir);
@@ -120,9 +115,11 @@ impl TestPostgres {
         if !self.running {
             return;
         }
-        // SAFETY: a signal to the server this test started and has not
-        // reaped yet.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        // The server this test started and has not reaped yet.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        );
         let _ = self.child.wait();
         self.running = false;
     }

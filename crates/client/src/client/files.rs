@@ -323,7 +323,8 @@ impl ExecServerClient {
         let peer = self.peer().await?;
         let (v, _) = peer
             .call_with_frame_buf(method, params, payload, self.inner.opts.call_timeout)
-            .await?;
+            .await
+            .map_err(ClientError::from_call)?;
         Ok(v)
     }
 

@@ -433,7 +433,7 @@ impl ExecServerClient {
                     }
                     _ => true,
                 };
-                (ClientError::from(e), retryable)
+                (ClientError::from_call(e), retryable)
             })?;
         let init: InitializeResponse = serde_json::from_value(init)
             .map_err(|e| (ClientError::protocol(m::INITIALIZE, e), false))?;
@@ -445,7 +445,7 @@ impl ExecServerClient {
         }
         peer.notify(m::INITIALIZED, Value::Null)
             .await
-            .map_err(|e| (ClientError::from(e), true))?;
+            .map_err(|e| (ClientError::from_call(e), true))?;
         *lock(&self.inner.session_id) = Some(init.session_id);
         if let Some(info) = init.environment_info {
             *lock(&self.inner.env_info) = Some(info);
@@ -485,7 +485,7 @@ impl ExecServerClient {
                     return serde_json::from_value(v).map_err(|e| ClientError::protocol(method, e))
                 }
                 Err(CallError::Closed) if retry && attempt == 0 => attempt += 1,
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(ClientError::from_call(e)),
             }
         }
     }
@@ -516,7 +516,7 @@ impl ExecServerClient {
             {
                 Ok(v) => return Ok(v),
                 Err(CallError::Closed) if retry && attempt == 0 => attempt += 1,
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(ClientError::from_call(e)),
             }
         }
     }

@@ -7,9 +7,11 @@
 //! on a Unix socket. A WebSocket also carries binary frames
 //! (`exec_server_protocol::binary`) once both ends agreed to use them.
 
+mod byte_channels;
 mod lines;
 mod websocket;
 
+pub use byte_channels::byte_channels;
 pub use lines::{lines, lines_with_limit};
 pub use websocket::{websocket, Role};
 

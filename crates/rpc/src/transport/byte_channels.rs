@@ -1,0 +1,74 @@
+//! A connection over a pair of message channels: how a relay stream (our
+//! client's or our executor's) becomes an ordinary JSON-RPC connection,
+//! without this crate knowing anything of the relay.
+
+use super::{binary_channel, Inbound};
+use crate::{Connection, Outgoing};
+use exec_server_protocol::binary;
+use tokio::sync::mpsc;
+
+/// Makes a pair of message channels (a relay stream's, whose transport
+/// keeps message boundaries) an ordinary connection named `peer`. Messages
+/// are JSON text (a message that is not UTF-8 is passed on as undecodable)
+/// unless both ends agree on binary frames in `initialize`: only ours do,
+/// so a reference peer at the other end keeps JSON, while ours get the
+/// binary fast path (raw bytes instead of base64). Closing the connection
+/// ends both directions.
+pub fn byte_channels(
+    peer: String,
+    mut inbound: mpsc::Receiver<Vec<u8>>,
+    outbound: mpsc::Sender<Vec<u8>>,
+) -> Connection {
+    let (conn, mut end) = binary_channel(peer);
+    let closer = end.closer.clone();
+    let in_tx = end.inbound;
+    // JSON text never starts with a binary frame's kind byte; whether binary
+    // frames were agreed is checked by the connection's reader.
+    let inbound_pump = tokio::spawn(async move {
+        loop {
+            let m = tokio::select! {
+                m = inbound.recv() => m,
+                _ = in_tx.closed() => None,
+            };
+            let Some(m) = m else { break };
+            let item = if binary::looks_binary(&m) {
+                Inbound::Binary(m.into())
+            } else {
+                match String::from_utf8(m) {
+                    Ok(s) => Inbound::Message(s),
+                    Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
+                }
+            };
+            if in_tx.send(item).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        loop {
+            let m = tokio::select! {
+                m = end.outbound.recv() => m,
+                _ = closer.notified() => None,
+            };
+            let message = match m {
+                None => break,
+                Some(Outgoing::Text(m)) => m.into_bytes(),
+                Some(Outgoing::Binary(frame)) => Vec::from(frame),
+                Some(Outgoing::BinaryParts(head, payload)) => {
+                    let mut frame = Vec::with_capacity(head.len() + payload.len());
+                    frame.extend_from_slice(&head);
+                    frame.extend_from_slice(&payload);
+                    frame
+                }
+                // Never queued: a channel does not stream text.
+                Some(Outgoing::Stream(_)) => break,
+            };
+            if outbound.send(message).await.is_err() {
+                break;
+            }
+        }
+        // Closing ends both directions, so the stream (and its socket) goes away.
+        inbound_pump.abort();
+    });
+    conn
+}
