@@ -298,10 +298,11 @@ fn auth_from(args: &ServeArgs) -> Result<Option<WsAuth>, String> {
 fn server_limits_hold(
     defaults: &exec_server_protocol::types::ProcessLimits,
     ceilings: &exec_server_protocol::types::ProcessLimits,
+    places: &exec_server::process::resources::Places,
 ) -> Result<(), String> {
     use exec_server::process::limits;
     for (flag, l) in [("--default-limits", defaults), ("--max-limits", ceilings)] {
-        limits::validate(l).map_err(|e| format!("{flag}: {e}"))?;
+        limits::validate(l, places).map_err(|e| format!("{flag}: {e}"))?;
     }
     limits::effective(Some(defaults), defaults, ceilings)
         .map(|_| ())
@@ -401,14 +402,6 @@ pub async fn run(args: ServeArgs) -> i32 {
             }
         }
     }
-    if args.process_cgroups == ProcessCgroups::Off {
-        exec_server::process::cgroup::disable();
-    }
-    // After the cgroup switch: a cap's availability depends on it.
-    if let Err(e) = server_limits_hold(&default_limits, &max_limits) {
-        eprintln!("exec-server: {e}");
-        return 2;
-    }
     // Not dumpable: a command of the same user (say one under a full-write
     // policy, which runs without namespaces) must not read this server's
     // environment or memory (masked secrets live there) through /proc.
@@ -457,6 +450,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         max_session_processes: args.max_session_processes,
         default_limits,
         max_limits,
+        process_cgroups: args.process_cgroups != ProcessCgroups::Off,
         max_connections: args.max_connections.max(1),
         max_message_bytes: args.max_message_bytes.max(1024),
         max_http_body_bytes: args.max_http_body_bytes,
@@ -488,6 +482,16 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
+    // A cap's availability is known once the server's cgroups are made.
+    if let Err(e) = server_limits_hold(
+        &state.config.default_limits,
+        &state.config.max_limits,
+        state.host.cgroups.places(),
+    ) {
+        eprintln!("exec-server: {e}");
+        state.shutdown();
+        return 2;
+    }
     if let Some((listener, addr)) = metrics {
         let url = format!("http://{}/metrics", listener.local_addr().unwrap_or(addr));
         tracing::info!("metrics on {url}");

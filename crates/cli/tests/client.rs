@@ -183,3 +183,62 @@ async fn a_file_uploads_exactly_as_binary_frames_and_as_base64() {
     let _ = unix.wait();
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Two embedded servers in one process, configured apart, each keep their
+/// own configuration: tool directories on their children's PATH, and
+/// per-process cgroups (with the caps they hold) on for one and off for
+/// the other. Once, the first server's tool directories won process-wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_embedded_servers_keep_their_own_configuration() {
+    use exec_server_client::{Command, ServerConfig};
+    let dirs = [tmpdir("embed-a"), tmpdir("embed-b")];
+    let mut clients = Vec::new();
+    for (dir, cgroups) in dirs.iter().zip([true, false]) {
+        let config = ServerConfig {
+            prepend_path: vec![dir.clone()],
+            process_cgroups: cgroups,
+            ..ServerConfig::default()
+        };
+        let source = Source::embedded_with(config).unwrap();
+        clients.push(ExecServerClient::new(ClientOptions::new(source)));
+    }
+    for (c, dir) in clients.iter().zip(&dirs) {
+        let out = Command::new("sh")
+            .args(["-c", "echo $PATH"])
+            .inherit_env()
+            .spawn(c)
+            .await
+            .unwrap()
+            .wait_with_output(1 << 16)
+            .await
+            .unwrap();
+        let path = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            path.starts_with(&format!("{}:", dir.display())),
+            "PATH led by this server's own tool directory {}: {path}",
+            dir.display()
+        );
+    }
+    let caps: Vec<_> = futures_util::future::join_all(clients.iter().map(|c| c.environment_info()))
+        .await
+        .into_iter()
+        .map(|i| i.unwrap().capabilities["processTasksLimit"])
+        .collect();
+    assert_eq!(caps, [true, false], "cgroups on for one server only");
+    let capped = Command::new("true").max_tasks(16);
+    let ok = capped
+        .spawn(&clients[0])
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(ok, 0);
+    let Err(refused) = capped.spawn(&clients[1]).await else {
+        panic!("a task cap was accepted by a server without cgroups");
+    };
+    assert_eq!(refused.code(), Some(-32602), "{refused}");
+    for d in dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

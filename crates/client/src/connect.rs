@@ -85,13 +85,21 @@ impl Source {
     /// runtime is running on this thread: the server's tasks need one.
     #[cfg(feature = "embedded")]
     pub fn embedded() -> std::io::Result<Source> {
+        Source::embedded_with(exec_server::ServerConfig::default())
+    }
+
+    /// [`Source::embedded`] with the server configured by `config` (its
+    /// spool, limits, cgroups, tool directories, …). Each embedded server
+    /// owns its configuration: several in one process do not share it.
+    #[cfg(feature = "embedded")]
+    pub fn embedded_with(config: exec_server::ServerConfig) -> std::io::Result<Source> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(std::io::Error::other(
                 "the embedded exec-server needs a Tokio runtime: call this from inside one \
                  (e.g. #[tokio::main])",
             ));
         }
-        let state = exec_server::ServerState::new(exec_server::ServerConfig::default())?;
+        let state = exec_server::ServerState::new(config)?;
         Ok(Source::Embedded(EmbeddedServer(state)))
     }
 

@@ -90,6 +90,9 @@ pub use connect::Source;
 pub use environment::{Environment, Environments};
 pub use error::{ClientError, ConfigError, ConnectionError, ConnectionErrorKind, ErrorKind};
 pub use events::{FailureReason, ProcessEvent, StreamFailure, MAX_QUEUED_OUTPUT_BYTES};
+/// The embedded server's configuration ([`Source::embedded_with`]).
+#[cfg(feature = "embedded")]
+pub use exec_server::ServerConfig;
 pub use network::{AllowHosts, NetworkPolicy};
 
 /// The buffer type of [`ProcessEvent::Output`] (from the `bytes` crate).

@@ -13,7 +13,10 @@ pub const EXECUTOR_VERSION: &str = "0.169.0";
 /// Capability flags. The reference's keys come first with the values that are true
 /// of this server; our additions use new keys that a Codex client ignores.
 /// `sandbox_enforced`: this server confines sandboxed requests (`sandboxEnforced`, ours).
-pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
+pub fn capabilities(
+    sandbox_enforced: bool,
+    caps: &crate::process::resources::Places,
+) -> BTreeMap<String, bool> {
     [
         // Reference keys.
         ("networkProxyLaunch", true),
@@ -60,7 +63,7 @@ pub fn capabilities(sandbox_enforced: bool) -> BTreeMap<String, bool> {
     .into_iter()
     // `limits.memoryBytes`, `maxTasks`, `cpuPercent`: true where a cgroup
     // controller holds them for the whole tree.
-    .chain(crate::process::resources::capabilities())
+    .chain(caps.capabilities())
     .map(|(k, v)| (k.to_string(), v))
     .collect()
 }
@@ -69,8 +72,13 @@ fn uri(p: &Path) -> Option<PathUri> {
     PathUri::from_path(p)
 }
 
-/// Computes the info for this host; `sandbox_enforced` as [`capabilities`].
-pub fn environment_info(sandbox_enforced: bool, prepend_path: &[PathBuf]) -> EnvironmentInfo {
+/// Computes the info for this host; `sandbox_enforced` and `caps` as
+/// [`capabilities`].
+pub fn environment_info(
+    sandbox_enforced: bool,
+    caps: &crate::process::resources::Places,
+    prepend_path: &[PathBuf],
+) -> EnvironmentInfo {
     let shell_path = std::env::var("SHELL")
         .ok()
         .filter(|s| Path::new(s).is_absolute())
@@ -114,7 +122,7 @@ pub fn environment_info(sandbox_enforced: bool, prepend_path: &[PathBuf]) -> Env
             .collect(),
         temporary_directories: tmpdir.as_deref().and_then(uri).into_iter().collect(),
         temp_dir: uri(&std::env::temp_dir()),
-        capabilities: capabilities(sandbox_enforced),
+        capabilities: capabilities(sandbox_enforced, caps),
     }
 }
 

@@ -119,6 +119,10 @@ pub struct ServerConfig {
     /// `--default-limits`: the `limits` a start runs with for each member
     /// it does not give. Default: none.
     pub default_limits: exec_server_protocol::types::ProcessLimits,
+    /// `--process-cgroups`: a cgroup per process where the OS allows
+    /// (tree kill that takes double-forked daemons along; memory, task and
+    /// CPU caps). Default: on.
+    pub process_cgroups: bool,
     /// `--max-limits`: the most each member of `limits` may be; a start
     /// that gives none runs with the ceiling, one above it is refused.
     /// Default: none.
@@ -201,6 +205,7 @@ impl Default for ServerConfig {
             max_processes: None,
             max_session_processes: None,
             default_limits: Default::default(),
+            process_cgroups: true,
             max_limits: Default::default(),
         }
     }
@@ -230,6 +235,8 @@ pub struct ServerState {
     next_connection: AtomicU64,
     /// Processes that have not exited, across sessions (`--max-processes`).
     pub(crate) live_processes: process::live::LiveCount,
+    /// What its processes share: tool directories and cgroups.
+    pub host: process::Host,
 }
 
 impl ServerState {
@@ -253,14 +260,17 @@ impl ServerState {
             config.allow_unsandboxed,
             hidden,
         );
-        let env_info = env_info::environment_info(sandbox.enforced(), &config.prepend_path);
-        process::spawn::set_tool_dirs(
-            env_info
+        let cgroups = process::cgroup::Cgroups::new(config.process_cgroups);
+        let env_info =
+            env_info::environment_info(sandbox.enforced(), cgroups.places(), &config.prepend_path);
+        let host = process::Host {
+            tool_dirs: env_info
                 .prepend_path_dirs
                 .iter()
                 .filter_map(|d| d.to_path().ok())
                 .collect(),
-        );
+            cgroups,
+        };
         let fs_mode = if config.concurrent_requests > 1 {
             Mode::Detached
         } else {
@@ -277,6 +287,7 @@ impl ServerState {
                 .map_err(std::io::Error::other)?,
             next_connection: AtomicU64::new(1),
             live_processes: Default::default(),
+            host,
             sandbox,
             config,
         }))
@@ -307,7 +318,7 @@ impl ServerState {
             // an embedding program's own children are not ours to kill.
             process::kill::kill_all_descendants();
         }
-        process::cgroup::kill_all_and_remove();
+        self.host.cgroups.kill_all_and_remove();
         exec_server_sandbox::protect::release_all();
     }
 }

@@ -219,7 +219,8 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     )
     .map_err(ErrorObject::invalid_params)?;
     if let Some(limits) = &p.limits {
-        crate::process::limits::validate(limits).map_err(ErrorObject::invalid_params)?;
+        crate::process::limits::validate(limits, ctx.server.host.cgroups.places())
+            .map_err(ErrorObject::invalid_params)?;
     }
     let live = take_live_slot(&ctx)?;
     if let Some(np) = &p.network_proxy {
@@ -244,7 +245,7 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     let session = session_of(&ctx)?;
     // Masking resolves the child's environment into `p.env` first, so the
     // secrets it would inherit are replaced before it exists.
-    let masking = crate::network::masking::mask_start_env(&mut p);
+    let masking = crate::network::masking::mask_start_env(&mut p, &ctx.server.host.tool_dirs);
     let proxy = match &p.network_proxy {
         Some(np) => {
             let routed = match confine.as_ref().is_some_and(|c| c.routed()) {
@@ -295,7 +296,7 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     }
     let snapshot = session
         .shell_snapshots
-        .apply(&mut p, &cwd, confine.as_ref(), &volatile)
+        .apply(&mut p, &cwd, confine.as_ref(), &volatile, &ctx.server.host)
         .await
         .map_err(|e| ErrorObject::invalid_params(e.to_string()))?;
     // A snapshot may export secrets the startup files set: masked too.
@@ -325,6 +326,7 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
                 spool_share: share,
                 limit_grace: ctx.server.config.limit_grace,
                 live: Some(live),
+                host: ctx.server.host.clone(),
             },
         )
     })?;

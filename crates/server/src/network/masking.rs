@@ -68,7 +68,7 @@ fn custom_providers(p: &RemoteNetworkProxyConfig) -> Vec<CustomProvider> {
 /// `p.env_policy` would inherit, so inherited secrets are masked too; the
 /// policy stays for a shell snapshot's filters and cache key). Returns the
 /// masking for the proxy; `None` (and `p` untouched) when masking is off.
-pub fn mask_start_env(p: &mut ExecParams) -> Option<Arc<Masking>> {
+pub fn mask_start_env(p: &mut ExecParams, tool_dirs: &[PathBuf]) -> Option<Arc<Masking>> {
     let cfg = &p.network_proxy.as_ref()?.proxy;
     if cfg.credential_masking != Some(true) {
         return None;
@@ -77,7 +77,7 @@ pub fn mask_start_env(p: &mut ExecParams) -> Option<Arc<Masking>> {
     let mut env = crate::process::spawn::build_env(
         &p.env,
         p.env_policy.as_ref(),
-        crate::process::spawn::server_env(),
+        crate::process::spawn::server_env(tool_dirs),
     );
     let (masking, skipped) = Masking::mask_env(&customs, &mut env);
     for s in skipped {

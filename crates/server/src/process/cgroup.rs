@@ -9,76 +9,162 @@
 //!
 //! The server makes `exec-server-<pid>-<12 hex>/` below its own cgroup in the first
 //! writable cgroup2 mount, and `p<n>/` below that per process; the child joins
-//! it between fork and exec (see [`ProcessCgroup::join_handle`]). That needs a
+//! it between fork and exec (see [`ProcessCgroup::join_handles`]). That needs a
 //! `pre_exec` hook, so such children are started with fork rather than
 //! posix_spawn. Where there is no writable cgroup2 (no mount, no permission,
 //! an unprivileged container), everything here is a no-op and the
-//! process-group kill of [`super::kill`] alone applies; [`available`] says
-//! which.
+//! process-group kill of [`super::kill`] alone applies; [`Cgroups::available`]
+//! says which.
 
+use super::resources::Places;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
-
-static BASE: OnceLock<Option<PathBuf>> = OnceLock::new();
-
-/// Empty per-process cgroups kept for reuse: creating and removing a cgroup
-/// takes the kernel's global cgroup lock, which made concurrent starts several
-/// times slower. At most [`POOLED_CGROUPS`].
-static POOL: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+use std::sync::{Arc, Mutex};
 
 /// Most empty cgroups kept for reuse: 256.
 const POOLED_CGROUPS: usize = 256;
 
-fn pool() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    POOL.lock().unwrap_or_else(|p| p.into_inner())
+/// One server's cgroups: its directory, the empty per-process cgroups kept
+/// for reuse, and where memory, task and CPU caps are held. Owned by the
+/// server's state, so two servers in one process (embedded ones) each have
+/// their own, configured apart; cheap to clone (shared).
+#[derive(Clone)]
+pub struct Cgroups {
+    inner: Arc<Inner>,
 }
 
-/// Turns per-process cgroups off for this server (`--process-cgroups off`);
-/// call before the first process starts.
-pub fn disable() {
-    let _ = BASE.set(None);
+struct Inner {
+    /// `exec-server-<pid>-<12 hex>` below the server's own cgroup; `None`
+    /// when per-process cgroups are off or the OS does not let us make one.
+    base: Option<PathBuf>,
+    /// Empty per-process cgroups kept for reuse: creating and removing a
+    /// cgroup takes the kernel's global cgroup lock, which made concurrent
+    /// starts several times slower. At most [`POOLED_CGROUPS`].
+    pool: Mutex<Vec<PathBuf>>,
+    next: AtomicU64,
+    /// Where each cap is held (see [`super::resources`]).
+    places: Places,
 }
 
-/// The server's own cgroup directory, created on first use; `None` when the
-/// OS does not let us create one.
-fn base() -> Option<&'static Path> {
-    BASE.get_or_init(|| {
-        let parent = own_cgroup_dir()?;
-        sweep_dead(&parent);
-        // Named by pid and a random suffix: a server killed with SIGKILL
-        // leaves its directory behind, and a later server given the same pid
-        // must not inherit it (its `p<n>` names would clash, and a process
-        // whose cgroup cannot be made escapes the cgroup kill).
-        let dir = parent.join(server_dir_name());
-        match std::fs::create_dir(&dir) {
-            Ok(()) => Some(dir),
-            Err(e) => {
-                tracing::debug!("no per-process cgroups ({e}); process-group kill only");
-                None
-            }
-        }
-    })
-    .as_deref()
-}
-
-/// The name of this server's directories in each cgroup hierarchy:
-/// `exec-server-<pid>-<12 hex>`, the same in every one.
-pub(super) fn server_dir_name() -> &'static str {
-    static NAME: OnceLock<String> = OnceLock::new();
-    NAME.get_or_init(|| {
-        format!(
+impl Cgroups {
+    /// Makes this server's cgroup directory (sweeping those of dead
+    /// servers first) when `enabled` (`--process-cgroups`, on by default)
+    /// and the OS allows it; otherwise per-process cgroups are off and
+    /// every method is a no-op.
+    pub fn new(enabled: bool) -> Cgroups {
+        let name = format!(
             "exec-server-{}-{}",
             std::process::id(),
             crate::rundir::short_id()
-        )
-    })
+        );
+        let base = enabled.then(|| make_base(&name)).flatten();
+        let places = match &base {
+            Some(b) => Places::detect(b, &name),
+            None => Places::none(),
+        };
+        Cgroups {
+            inner: Arc::new(Inner {
+                base,
+                pool: Mutex::new(Vec::new()),
+                next: AtomicU64::new(1),
+                places,
+            }),
+        }
+    }
+
+    /// True when processes get a cgroup of their own.
+    pub fn available(&self) -> bool {
+        self.inner.base.is_some()
+    }
+
+    /// Where memory, task and CPU caps are held.
+    pub fn places(&self) -> &Places {
+        &self.inner.places
+    }
+
+    /// Creates an empty cgroup for a process about to start; `None` where
+    /// cgroups are unavailable (the process-group kill still applies).
+    pub fn create(&self) -> Option<ProcessCgroup> {
+        let base = self.inner.base.as_ref()?;
+        if let Some(dir) = self.inner.pool().pop() {
+            return Some(ProcessCgroup {
+                dir,
+                caps: None,
+                owner: self.inner.clone(),
+            });
+        }
+        let dir = base.join(format!(
+            "p{}",
+            self.inner.next.fetch_add(1, Ordering::Relaxed)
+        ));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => Some(ProcessCgroup {
+                dir,
+                caps: None,
+                owner: self.inner.clone(),
+            }),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot make the cgroup {}: {e}; its daemons escape the cgroup kill",
+                    dir.display()
+                );
+                None
+            }
+        }
+    }
+
+    /// Kills every process in every per-process cgroup and removes the
+    /// server's cgroup directories (shutdown). Bounded: gives up on a
+    /// directory that stays busy after a few rounds.
+    pub fn kill_all_and_remove(&self) {
+        let Some(base) = &self.inner.base else {
+            return;
+        };
+        self.inner.pool().clear();
+        if let Ok(entries) = std::fs::read_dir(base) {
+            for entry in entries.flatten() {
+                let dir = entry.path();
+                if !dir.is_dir() {
+                    continue;
+                }
+                for _ in 0..50 {
+                    kill_members(&dir);
+                    if std::fs::remove_dir(&dir).is_ok() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(base);
+        self.inner.places.remove_all();
+    }
 }
 
-/// The server's own cgroup v2 directory, where per-process cgroups are made.
-pub(super) fn base_dir() -> Option<&'static Path> {
-    base()
+impl Inner {
+    fn pool(&self) -> std::sync::MutexGuard<'_, Vec<PathBuf>> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Makes the server's directory `name` below its own cgroup in the first
+/// cgroup2 mount, after sweeping those of dead servers there.
+fn make_base(name: &str) -> Option<PathBuf> {
+    let parent = own_cgroup_dir()?;
+    sweep_dead(&parent);
+    // Named by pid and a random suffix: a server killed with SIGKILL leaves
+    // its directory behind, and a later server given the same pid must not
+    // inherit it (its `p<n>` names would clash, and a process whose cgroup
+    // cannot be made escapes the cgroup kill).
+    let dir = parent.join(name);
+    match std::fs::create_dir(&dir) {
+        Ok(()) => Some(dir),
+        Err(e) => {
+            tracing::debug!("no per-process cgroups ({e}); process-group kill only");
+            None
+        }
+    }
 }
 
 /// Removes the cgroup directories of servers that are gone (killed before
@@ -108,11 +194,6 @@ pub(super) fn sweep_dead(parent: &Path) {
     }
 }
 
-/// True when processes get a cgroup of their own.
-pub fn available() -> bool {
-    base().is_some()
-}
-
 /// The directory of this process's cgroup in the first cgroup2 mount.
 fn own_cgroup_dir() -> Option<PathBuf> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
@@ -134,37 +215,22 @@ pub struct ProcessCgroup {
     /// Its memory, task and CPU caps, if it has any: such a cgroup is
     /// never pooled (its limits and event counts would carry over).
     caps: Option<super::resources::Caps>,
+    /// The server's cgroups, whose pool it returns to.
+    owner: Arc<Inner>,
 }
 
 impl ProcessCgroup {
-    /// Creates an empty cgroup for a process about to start; `None` where
-    /// cgroups are unavailable (the process-group kill still applies).
-    pub fn create() -> Option<ProcessCgroup> {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        let base = base()?;
-        if let Some(dir) = pool().pop() {
-            return Some(ProcessCgroup { dir, caps: None });
-        }
-        let dir = base.join(format!("p{}", NEXT.fetch_add(1, Ordering::Relaxed)));
-        match std::fs::create_dir(&dir) {
-            Ok(()) => Some(ProcessCgroup { dir, caps: None }),
-            Err(e) => {
-                tracing::warn!(
-                    "cannot make the cgroup {}: {e}; its daemons escape the cgroup kill",
-                    dir.display()
-                );
-                None
-            }
-        }
-    }
-
     /// Writes the memory, task and CPU caps `limits` asks for (see
     /// [`super::resources`]). Errors: a cap that cannot hold, named.
     pub fn set_caps(
         &mut self,
         limits: &exec_server_protocol::types::ProcessLimits,
     ) -> io::Result<()> {
-        self.caps = Some(super::resources::Caps::apply(limits, &self.dir)?);
+        self.caps = Some(super::resources::Caps::apply(
+            limits,
+            &self.dir,
+            &self.owner.places,
+        )?);
         Ok(())
     }
 
@@ -218,7 +284,7 @@ fn kill_members(dir: &Path) {
 impl Drop for ProcessCgroup {
     fn drop(&mut self) {
         if self.caps.is_none() && !self.is_populated() {
-            let mut pool = pool();
+            let mut pool = self.owner.pool();
             if pool.len() < POOLED_CGROUPS {
                 pool.push(std::mem::take(&mut self.dir));
                 return;
@@ -226,32 +292,4 @@ impl Drop for ProcessCgroup {
         }
         let _ = std::fs::remove_dir(&self.dir);
     }
-}
-
-/// Kills every process in every per-process cgroup and removes the server's
-/// cgroup directories (shutdown). Bounded: gives up on a directory that stays
-/// busy after a few rounds.
-pub fn kill_all_and_remove() {
-    let Some(base) = base() else {
-        return;
-    };
-    pool().clear();
-    let Ok(entries) = std::fs::read_dir(base) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let dir = entry.path();
-        if !dir.is_dir() {
-            continue;
-        }
-        for _ in 0..50 {
-            kill_members(&dir);
-            if std::fs::remove_dir(&dir).is_ok() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    }
-    let _ = std::fs::remove_dir(base);
-    super::resources::remove_all();
 }

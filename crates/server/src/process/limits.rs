@@ -16,10 +16,10 @@ use tokio::time::Instant;
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// Checks `limits` before a start: each given member must be at least 1,
-/// and the memory, task and CPU caps must hold here
-/// ([`super::resources::check`]). Errors name the member
+/// and the memory, task and CPU caps must hold where `places` says
+/// ([`super::resources::Places::check`]). Errors name the member
 /// (`limits.timeoutMs must be at least 1`).
-pub fn validate(limits: &ProcessLimits) -> Result<(), String> {
+pub fn validate(limits: &ProcessLimits, places: &super::resources::Places) -> Result<(), String> {
     for (name, v) in [
         ("timeoutMs", limits.timeout_ms),
         ("idleTimeoutMs", limits.idle_timeout_ms),
@@ -29,7 +29,7 @@ pub fn validate(limits: &ProcessLimits) -> Result<(), String> {
             return Err(format!("limits.{name} must be at least 1"));
         }
     }
-    super::resources::check(limits)
+    places.check(limits)
 }
 
 /// The members of `limits` by wire name, each with its value.
@@ -272,10 +272,11 @@ mod tests {
         assert_eq!(w.next_due(), None);
         assert_eq!(w.output(1 << 20, t0), 1 << 20);
         assert_eq!(w.tick(t0 + Duration::from_secs(86_400)), Action::Wait);
+        let places = crate::process::resources::Places::none();
         assert_eq!(
-            validate(&limits(Some(0), None, None)).unwrap_err(),
+            validate(&limits(Some(0), None, None), &places).unwrap_err(),
             "limits.timeoutMs must be at least 1"
         );
-        assert!(validate(&limits(Some(1), Some(1), Some(1))).is_ok());
+        assert!(validate(&limits(Some(1), Some(1), Some(1)), &places).is_ok());
     }
 }

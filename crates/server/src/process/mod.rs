@@ -152,6 +152,21 @@ pub struct SpawnSettings {
     pub limit_grace: Duration,
     /// Its place in the running counts, given back when it exits.
     pub live: Option<live::LiveSlot>,
+    /// The server's tool directories and cgroups.
+    pub host: Host,
+}
+
+/// What every process of one server shares: the tool directories its
+/// children's `PATH` is led by, and its cgroups. Owned by the server's state,
+/// so two servers in one process (embedded ones) each have their own;
+/// cheap to clone.
+#[derive(Clone)]
+pub struct Host {
+    /// `prependPathDirs`: put in front of the server's `PATH` where a
+    /// child's environment starts from the server's.
+    pub tool_dirs: Arc<[std::path::PathBuf]>,
+    /// Its per-process cgroups and caps.
+    pub cgroups: cgroup::Cgroups,
 }
 
 /// Something kept alive until the process closes.
@@ -235,8 +250,9 @@ impl Process {
             spool_share,
             limit_grace,
             live,
+            host,
         } = settings;
-        let mut cgroup = cgroup::ProcessCgroup::create();
+        let mut cgroup = host.cgroups.create();
         if let Some(limits) = params.limits.as_ref().filter(|l| resources::any(Some(l))) {
             // A cap must hold or the start fails: never a command that
             // runs believing it is capped.
@@ -252,7 +268,7 @@ impl Process {
             Some(g) => g.join_handles().unwrap_or_default(),
             None => Vec::new(),
         };
-        let started = spawn::start(params, cwd, &join, sandbox)?;
+        let started = spawn::start(params, cwd, &join, sandbox, &host.tool_dirs)?;
         drop(join);
         crate::metrics::process_spawned();
         let confinement = started.confinement;

@@ -23,7 +23,6 @@ use exec_server_protocol::types::{LimitReason, ProcessLimits};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 /// One kind of cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,22 +83,86 @@ enum Place {
     V1(PathBuf),
 }
 
-static PLACES: OnceLock<[Option<Place>; 3]> = OnceLock::new();
+/// Where each cap is held for one server, found when its cgroups are made
+/// (see [`super::cgroup::Cgroups::places`]).
+#[derive(Debug)]
+pub struct Places([Option<Place>; 3]);
 
-fn places() -> &'static [Option<Place>; 3] {
-    PLACES.get_or_init(|| {
-        let Some(v2) = super::cgroup::base_dir() else {
-            return [None, None, None];
-        };
-        Controller::ALL.map(|c| find_place(c, v2))
-    })
+impl Places {
+    /// No cap holds (per-process cgroups off or unavailable).
+    pub fn none() -> Places {
+        Places([None, None, None])
+    }
+
+    /// Finds where each cap can be held for the server whose v2 directory
+    /// is `v2` (named `name`, the same name used in the v1 hierarchies).
+    pub fn detect(v2: &Path, name: &str) -> Places {
+        Places(Controller::ALL.map(|c| find_place(c, v2, name)))
+    }
+
+    fn place(&self, c: Controller) -> Option<&Place> {
+        self.0[c as usize].as_ref()
+    }
+
+    /// True when `controller`'s caps hold on this server.
+    pub fn available(&self, controller: Controller) -> bool {
+        self.place(controller).is_some()
+    }
+
+    /// The capability keys of the caps, each with whether it holds here.
+    pub fn capabilities(&self) -> [(&'static str, bool); 3] {
+        Controller::ALL.map(|c| (c.capability(), self.available(c)))
+    }
+
+    /// Checks the caps `limits` asks for: each at least its minimum (1 MiB
+    /// of memory, 1 task, 1 % of a CPU) and each holding on this server.
+    /// The error names the member and, for one that cannot hold, why.
+    pub fn check(&self, limits: &ProcessLimits) -> Result<(), String> {
+        for c in Controller::ALL {
+            let Some(v) = c.asked(limits) else { continue };
+            let min = match c {
+                Controller::Memory => MIN_MEMORY_BYTES,
+                _ => 1,
+            };
+            if v < min {
+                return Err(format!("limits.{} must be at least {min}", c.member()));
+            }
+            if c == Controller::Cpu && v > MAX_CPU_PERCENT {
+                return Err(format!(
+                    "limits.cpuPercent must be at most {MAX_CPU_PERCENT}"
+                ));
+            }
+            if !self.available(c) {
+                return Err(unavailable(c));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the server's v1 directories (shutdown, after the tree
+    /// kill): what a live member kept is retried a few rounds.
+    pub fn remove_all(&self) {
+        for base in self.0.iter().flatten().filter_map(|p| match p {
+            Place::V1(dir) => Some(dir),
+            Place::V2 => None,
+        }) {
+            for _ in 0..50 {
+                for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        kill_v1_members(&entry.path());
+                        let _ = std::fs::remove_dir(entry.path());
+                    }
+                }
+                if std::fs::remove_dir(base).is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    }
 }
 
-fn place(c: Controller) -> Option<&'static Place> {
-    places()[c as usize].as_ref()
-}
-
-fn find_place(c: Controller, v2: &Path) -> Option<Place> {
+fn find_place(c: Controller, v2: &Path, name: &str) -> Option<Place> {
     let offered = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
     if offered.split_whitespace().any(|n| n == c.name())
         && std::fs::write(v2.join("cgroup.subtree_control"), format!("+{}", c.name())).is_ok()
@@ -108,7 +171,7 @@ fn find_place(c: Controller, v2: &Path) -> Option<Place> {
     }
     let own = v1_own_dir(c.name())?;
     super::cgroup::sweep_dead(&own);
-    let dir = own.join(super::cgroup::server_dir_name());
+    let dir = own.join(name);
     match std::fs::create_dir(&dir) {
         Ok(()) => Some(Place::V1(dir)),
         Err(e) => {
@@ -137,41 +200,6 @@ fn v1_own_dir(controller: &str) -> Option<PathBuf> {
         names.split(',').any(|n| n == controller).then_some(path)
     })?;
     Some(mount.join(rel.trim_start_matches('/')))
-}
-
-/// True when `controller`'s caps hold on this server.
-pub fn available(controller: Controller) -> bool {
-    place(controller).is_some()
-}
-
-/// The capability keys of the caps, each with whether it holds here.
-pub fn capabilities() -> [(&'static str, bool); 3] {
-    Controller::ALL.map(|c| (c.capability(), available(c)))
-}
-
-/// Checks the caps `limits` asks for: each at least its minimum (1 MiB of
-/// memory, 1 task, 1 % of a CPU) and each holding on this server. The error
-/// names the member and, for one that cannot hold, why.
-pub fn check(limits: &ProcessLimits) -> Result<(), String> {
-    for c in Controller::ALL {
-        let Some(v) = c.asked(limits) else { continue };
-        let min = match c {
-            Controller::Memory => MIN_MEMORY_BYTES,
-            _ => 1,
-        };
-        if v < min {
-            return Err(format!("limits.{} must be at least {min}", c.member()));
-        }
-        if c == Controller::Cpu && v > MAX_CPU_PERCENT {
-            return Err(format!(
-                "limits.cpuPercent must be at most {MAX_CPU_PERCENT}"
-            ));
-        }
-        if !available(c) {
-            return Err(unavailable(c));
-        }
-    }
-    Ok(())
 }
 
 /// Why `controller`'s cap cannot hold here.
@@ -212,14 +240,14 @@ impl Caps {
     /// Writes the caps `limits` asks for: into `v2` (the process's v2
     /// cgroup) or into v1 cgroups made for it. Errors: a cap that cannot
     /// hold here, or a cgroup file that refused it (named).
-    pub fn apply(limits: &ProcessLimits, v2: &Path) -> io::Result<Caps> {
+    pub fn apply(limits: &ProcessLimits, v2: &Path, places: &Places) -> io::Result<Caps> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let mut caps = Caps::default();
         for c in Controller::ALL {
             let Some(value) = c.asked(limits) else {
                 continue;
             };
-            let (dir, v1) = match place(c) {
+            let (dir, v1) = match places.place(c) {
                 Some(Place::V2) => (v2.to_path_buf(), false),
                 Some(Place::V1(base)) => {
                     let dir = base.join(format!("p{}", NEXT.fetch_add(1, Ordering::Relaxed)));
@@ -324,29 +352,6 @@ impl Drop for Caps {
     }
 }
 
-/// Removes the server's v1 directories (shutdown, after the tree kill):
-/// what a live member kept is retried a few rounds.
-pub fn remove_all() {
-    let Some(places) = PLACES.get() else { return };
-    for base in places.iter().flatten().filter_map(|p| match p {
-        Place::V1(dir) => Some(dir),
-        Place::V2 => None,
-    }) {
-        for _ in 0..50 {
-            for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    kill_v1_members(&entry.path());
-                    let _ = std::fs::remove_dir(entry.path());
-                }
-            }
-            if std::fs::remove_dir(base).is_ok() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    }
-}
-
 fn kill_v1_members(dir: &Path) {
     if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
         for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
@@ -368,20 +373,29 @@ mod tests {
             memory_bytes: Some(4096),
             ..Default::default()
         };
+        let places = Places::none();
         assert_eq!(
-            check(&l).unwrap_err(),
+            places.check(&l).unwrap_err(),
             "limits.memoryBytes must be at least 1048576"
         );
         let l = ProcessLimits {
             max_tasks: Some(0),
             ..Default::default()
         };
-        assert_eq!(check(&l).unwrap_err(), "limits.maxTasks must be at least 1");
+        assert_eq!(
+            places.check(&l).unwrap_err(),
+            "limits.maxTasks must be at least 1"
+        );
         let l = ProcessLimits {
             cpu_percent: Some(MAX_CPU_PERCENT + 1),
             ..Default::default()
         };
-        assert!(check(&l).unwrap_err().contains("at most"));
+        assert!(places.check(&l).unwrap_err().contains("at most"));
+        let l = ProcessLimits {
+            max_tasks: Some(5),
+            ..Default::default()
+        };
+        assert!(places.check(&l).unwrap_err().contains("cannot be held"));
         assert!(!any(Some(&ProcessLimits::default())));
         assert!(any(Some(&ProcessLimits {
             cpu_percent: Some(5),

@@ -29,30 +29,16 @@ pub const DEFAULT_EXCLUDES: &[&str] = &["*KEY*", "*SECRET*", "*TOKEN*"];
 pub const NON_INHERITABLE_ENV_VARS: &[&str] =
     &["CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "EXEC_SERVER_TOKEN"];
 
-/// The reported `prependPathDirs`, put in front of the server's own `PATH`
-/// where a child's environment starts from the server's (`envPolicy`), as the
-/// reference's bundled tool directory is: so a Codex command finds `rg` there
-/// (the client does not add these directories itself). Process-wide: the
-/// first server of the process sets it.
-static TOOL_DIRS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
-
-/// Sets the directories of [`server_env`] (once per process; later calls do
-/// nothing).
-pub fn set_tool_dirs(dirs: Vec<PathBuf>) {
-    let _ = TOOL_DIRS.set(dirs);
-}
-
 /// The server's environment as children inherit it: its `PATH` led by the
-/// tool directories it lacks.
-pub fn server_env() -> impl Iterator<Item = (String, String)> {
-    let dirs = TOOL_DIRS.get();
+/// `tool_dirs` it lacks (the reported `prependPathDirs`, as the reference's
+/// bundled tool directory is: so a Codex command finds `rg` there; the
+/// client does not add these directories itself).
+pub fn server_env(tool_dirs: &[PathBuf]) -> impl Iterator<Item = (String, String)> + '_ {
     std::env::vars().map(move |(k, v)| {
-        if k != "PATH" {
+        if k != "PATH" || tool_dirs.is_empty() {
             return (k, v);
         }
-        let Some(dirs) = dirs else {
-            return (k, v);
-        };
+        let dirs = tool_dirs;
         let mut parts: Vec<String> = dirs
             .iter()
             .map(|d| d.display().to_string())
@@ -198,7 +184,8 @@ fn join_cgroup(fd: std::os::fd::RawFd) {
 
 /// Starts the child described by `params`, confined by `sandbox` when given;
 /// the child (bubblewrap and everything in the sandbox, when confined) joins
-/// each of `cgroups` (their open `cgroup.procs`) before it runs. Errors
+/// each of `cgroups` (their open `cgroup.procs`) before it runs; an
+/// environment that starts from the server's has `tool_dirs` lead its PATH. Errors
 /// are OS errors (cwd or program missing, exec failure) and sandbox refusals,
 /// for a -32603 reply.
 pub fn start(
@@ -206,10 +193,15 @@ pub fn start(
     cwd: &Path,
     cgroups: &[std::fs::File],
     sandbox: Option<&crate::sandbox::StartSandbox>,
+    tool_dirs: &[PathBuf],
 ) -> std::io::Result<Started> {
     // Raw descriptors collected before the fork: the child only iterates.
     let cgroup_fds: Vec<std::os::fd::RawFd> = cgroups.iter().map(|f| f.as_raw_fd()).collect();
-    let env = build_env(&params.env, params.env_policy.as_ref(), server_env());
+    let env = build_env(
+        &params.env,
+        params.env_policy.as_ref(),
+        server_env(tool_dirs),
+    );
     let meta = std::fs::metadata(cwd).map_err(|e| tag(Stage::Cwd, cwd, e))?;
     if !meta.is_dir() {
         let e = std::io::Error::from_raw_os_error(libc::ENOTDIR);

@@ -11,7 +11,7 @@
 //! changed in the environment they were given ([`EnvChange`]).
 
 use super::ShellKind;
-use crate::process::{cgroup, spawn};
+use crate::process::spawn;
 use exec_server_protocol::types::{EnvPolicy, ExecParams};
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -135,18 +135,20 @@ pub async fn capture(
     given: &BTreeMap<String, String>,
     cwd: &Path,
     sandbox: Option<&crate::sandbox::StartSandbox>,
+    host: &crate::process::Host,
 ) -> Result<Snapshot, CaptureError> {
     let marker = uuid::Uuid::new_v4().simple().to_string();
     let mut run = params.clone();
     run.argv = vec![params.argv[0].clone(), "-lc".into(), script(kind, &marker)];
     run.tty = false;
     run.pipe_stdin = false;
-    let group = cgroup::ProcessCgroup::create();
+    let group = host.cgroups.create();
     let join = group
         .as_ref()
         .and_then(|g| g.join_handles().ok())
         .unwrap_or_default();
-    let started = spawn::start(&run, cwd, &join, sandbox).map_err(CaptureError::Spawn)?;
+    let started =
+        spawn::start(&run, cwd, &join, sandbox, &host.tool_dirs).map_err(CaptureError::Spawn)?;
     drop(join);
     let spawn::ChildIo::Pipes { stdout, stderr, .. } = started.io else {
         return Err(CaptureError::Malformed("no pipes"));

@@ -155,6 +155,7 @@ impl ShellSnapshots {
         cwd: &Path,
         sandbox: Option<&crate::sandbox::StartSandbox>,
         volatile: &BTreeSet<String>,
+        host: &crate::process::Host,
     ) -> Result<Outcome, SnapshotError> {
         let Some(request) = params.shell_snapshot.clone() else {
             return Ok(Outcome::NotRequested);
@@ -171,7 +172,7 @@ impl ShellSnapshots {
         let effective = crate::process::spawn::build_env(
             &params.env,
             params.env_policy.as_ref(),
-            crate::process::spawn::server_env(),
+            crate::process::spawn::server_env(&host.tool_dirs),
         );
         let mut env_policy = params.env_policy.clone();
         if let Some(policy) = env_policy.as_mut() {
@@ -190,7 +191,7 @@ impl ShellSnapshots {
         let cell = self.cell_for(key);
         let captured = cell
             .get_or_init(|| async {
-                match capture::capture(kind, params, &effective, cwd, sandbox).await {
+                match capture::capture(kind, params, &effective, cwd, sandbox, host).await {
                     Ok(snapshot) => Ok(Arc::new(snapshot)),
                     Err(e) => {
                         tracing::warn!(error = %e, "shell snapshot capture failed; the command runs as a login shell");
@@ -369,33 +370,47 @@ mod tests {
     #[tokio::test]
     async fn refused_and_inapplicable_requests() {
         let cache = ShellSnapshots::default();
+        let host = crate::process::Host {
+            tool_dirs: Vec::new().into(),
+            cgroups: crate::process::cgroup::Cgroups::new(false),
+        };
         let mut p = params(&["/bin/bash", "-c", "echo"]);
         let cwd = Path::new("/tmp");
         assert_eq!(
-            cache.apply(&mut p, cwd, None, &BTreeSet::new()).await,
+            cache
+                .apply(&mut p, cwd, None, &BTreeSet::new(), &host)
+                .await,
             Ok(Outcome::NotApplicable)
         );
         let mut p = params(&["bash", "-lc", "echo"]);
         assert_eq!(
-            cache.apply(&mut p, cwd, None, &BTreeSet::new()).await,
+            cache
+                .apply(&mut p, cwd, None, &BTreeSet::new(), &host)
+                .await,
             Ok(Outcome::NotApplicable)
         );
         let mut p = params(&["/bin/bash", "-lc", "echo"]);
         p.shell_snapshot.as_mut().unwrap().scope_id = String::new();
         assert_eq!(
-            cache.apply(&mut p, cwd, None, &BTreeSet::new()).await,
+            cache
+                .apply(&mut p, cwd, None, &BTreeSet::new(), &host)
+                .await,
             Err(SnapshotError::Scope)
         );
         let mut p = params(&["/bin/bash", "-lc", "echo"]);
         p.shell_snapshot.as_mut().unwrap().shell.name = "fish".into();
         assert_eq!(
-            cache.apply(&mut p, cwd, None, &BTreeSet::new()).await,
+            cache
+                .apply(&mut p, cwd, None, &BTreeSet::new(), &host)
+                .await,
             Err(SnapshotError::UnsupportedShell("fish".into()))
         );
         let mut p = params(&["/bin/bash", "-lc", "echo"]);
         p.shell_snapshot = None;
         assert_eq!(
-            cache.apply(&mut p, cwd, None, &BTreeSet::new()).await,
+            cache
+                .apply(&mut p, cwd, None, &BTreeSet::new(), &host)
+                .await,
             Ok(Outcome::NotRequested)
         );
     }
