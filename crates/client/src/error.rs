@@ -372,17 +372,18 @@ pub enum ErrorKind {
     Other,
 }
 
-/// The kind of a server error: `data.kind` when present, else the code.
+/// The kind of a server error: `data.kind` when present (the protocol's
+/// one vocabulary, [`exec_server_protocol::error::ErrorKind`]), else the code.
 fn server_kind(e: &ErrorObject) -> ErrorKind {
-    let named = e.data.as_ref().and_then(|d| d.get("kind")?.as_str());
-    match named {
-        Some("programNotFound") => return ErrorKind::ProgramNotFound,
-        Some("notExecutable") => return ErrorKind::NotExecutable,
-        Some("cwdNotFound") => return ErrorKind::CwdNotFound,
-        Some("notFound") => return ErrorKind::NotFound,
-        Some("permissionDenied") => return ErrorKind::PermissionDenied,
-        Some("invalidParams") => return ErrorKind::InvalidParams,
-        Some("unknownId" | "alreadyExists" | "invalidInput" | "limitReached") => {
+    use exec_server_protocol::error::ErrorKind as Wire;
+    match Wire::of(e) {
+        Some(Wire::ProgramNotFound) => return ErrorKind::ProgramNotFound,
+        Some(Wire::NotExecutable) => return ErrorKind::NotExecutable,
+        Some(Wire::CwdNotFound) => return ErrorKind::CwdNotFound,
+        Some(Wire::NotFound) => return ErrorKind::NotFound,
+        Some(Wire::PermissionDenied) => return ErrorKind::PermissionDenied,
+        Some(Wire::InvalidParams) => return ErrorKind::InvalidParams,
+        Some(Wire::UnknownId | Wire::AlreadyExists | Wire::InvalidInput | Wire::LimitReached) => {
             return ErrorKind::InvalidRequest
         }
         _ => {}

@@ -95,3 +95,118 @@ impl fmt::Display for ErrorObject {
 }
 
 impl std::error::Error for ErrorObject {}
+
+/// What kind of failure an error is: `data.kind` of our errors (the
+/// reference sends no `data`), and the kind every layer of this server
+/// speaks (the domain errors, the sandbox's file helper, the client). One
+/// vocabulary: the wire name is the serde name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// `notFound`: a file, directory or open handle does not exist (-32004).
+    NotFound,
+    /// `unknownId`: an id the client should hold names nothing here (a
+    /// session, a process); unlike `notFound` the client's mistake (-32600).
+    UnknownId,
+    /// `alreadyExists`: the client-chosen id (process, handle, watch) is
+    /// taken (-32600).
+    AlreadyExists,
+    /// `invalidInput`: the request cannot apply to the object as it is
+    /// (wrong kind of object, out-of-range offset, a terminal call on a pipe
+    /// process) (-32600).
+    InvalidInput,
+    /// `invalidParams`: a parameter is malformed (-32602).
+    InvalidParams,
+    /// `limitReached`: a per-session, per-connection or per-server limit is
+    /// reached (-32600).
+    LimitReached,
+    /// `permissionDenied`: a policy or the OS (EACCES, EPERM) refused (-32603).
+    PermissionDenied,
+    /// `readOnly`: a write to something that only reads (-32603).
+    ReadOnly,
+    /// `sessionAttached`: the session is attached to another connection
+    /// (-32010).
+    SessionAttached,
+    /// `programNotFound`: `process/start`'s program does not exist (-32603).
+    ProgramNotFound,
+    /// `notExecutable`: the program exists but cannot be executed (-32603).
+    NotExecutable,
+    /// `cwdNotFound`: the working directory does not exist or is not a
+    /// directory (-32603).
+    CwdNotFound,
+    /// `spawnFailed`: the child could not be started otherwise (-32603).
+    SpawnFailed,
+    /// `io`: an operating-system failure other than not-found (-32603).
+    Io,
+    /// `failed`: anything else that failed on the executor (-32603).
+    Failed,
+}
+
+impl ErrorKind {
+    /// The JSON-RPC code an error of this kind is answered with.
+    pub fn code(self) -> i64 {
+        match self {
+            ErrorKind::NotFound => NOT_FOUND,
+            ErrorKind::UnknownId
+            | ErrorKind::AlreadyExists
+            | ErrorKind::InvalidInput
+            | ErrorKind::LimitReached => INVALID_REQUEST,
+            ErrorKind::InvalidParams => INVALID_PARAMS,
+            ErrorKind::SessionAttached => SESSION_ALREADY_ATTACHED,
+            _ => INTERNAL_ERROR,
+        }
+    }
+
+    /// The wire name (`notFound`, `spawnFailed`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "notFound",
+            ErrorKind::UnknownId => "unknownId",
+            ErrorKind::AlreadyExists => "alreadyExists",
+            ErrorKind::InvalidInput => "invalidInput",
+            ErrorKind::InvalidParams => "invalidParams",
+            ErrorKind::LimitReached => "limitReached",
+            ErrorKind::PermissionDenied => "permissionDenied",
+            ErrorKind::ReadOnly => "readOnly",
+            ErrorKind::SessionAttached => "sessionAttached",
+            ErrorKind::ProgramNotFound => "programNotFound",
+            ErrorKind::NotExecutable => "notExecutable",
+            ErrorKind::CwdNotFound => "cwdNotFound",
+            ErrorKind::SpawnFailed => "spawnFailed",
+            ErrorKind::Io => "io",
+            ErrorKind::Failed => "failed",
+        }
+    }
+
+    /// The kind an error object names in `data.kind`, if it names one this
+    /// version knows.
+    pub fn of(e: &ErrorObject) -> Option<ErrorKind> {
+        let kind = e.data.as_ref()?.get("kind")?;
+        ErrorKind::deserialize(kind).ok()
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+
+    #[test]
+    fn the_wire_name_is_the_serde_name() {
+        for k in [
+            ErrorKind::NotFound,
+            ErrorKind::SessionAttached,
+            ErrorKind::SpawnFailed,
+            ErrorKind::ProgramNotFound,
+            ErrorKind::Io,
+        ] {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+            let mut e = ErrorObject::new(k.code(), "x");
+            e.data = Some(serde_json::json!({"kind": k.as_str()}));
+            assert_eq!(ErrorKind::of(&e), Some(k));
+        }
+        let mut e = ErrorObject::new(-32603, "x");
+        e.data = Some(serde_json::json!({"kind": "somethingNew"}));
+        assert_eq!(ErrorKind::of(&e), None);
+    }
+}

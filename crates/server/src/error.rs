@@ -4,98 +4,11 @@
 
 use std::fmt;
 
-/// What kind of failure an [`ExecError`] is; a caller branches on this, never on
-/// the text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// A file, directory or open handle does not exist (ENOENT included).
-    NotFound,
-    /// An id the client should hold does not name anything here (a session or a
-    /// process); unlike [`ErrorKind::NotFound`] this is the client's mistake.
-    UnknownId,
-    /// The client-chosen id (process, handle, watch) is taken.
-    AlreadyExists,
-    /// The request cannot apply to the object as it is (wrong kind of file
-    /// system object, out-of-range offset, a terminal call on a pipe process).
-    InvalidInput,
-    /// A parameter is malformed (a NUL byte in a path, a bad URL or header).
-    InvalidParams,
-    /// A per-session or per-connection limit is reached.
-    LimitReached,
-    /// A policy refuses the request (e.g. a sandbox this server cannot enforce).
-    PermissionDenied,
-    /// A write to something that only reads.
-    ReadOnly,
-    /// The session is attached to another connection.
-    Attached,
-    /// `process/start`: the program does not exist (not in `PATH`, or no file
-    /// at the path given); the [`std::io::Error`] is the source.
-    ProgramNotFound,
-    /// `process/start`: the program exists but cannot be executed (no execute
-    /// permission, or not a format the kernel runs).
-    NotExecutable,
-    /// `process/start`: the working directory does not exist or is not a
-    /// directory.
-    CwdNotFound,
-    /// The child process could not be started otherwise; the [`std::io::Error`] is the
-    /// [`source`](std::error::Error::source) (ENOENT included: a missing program
-    /// is not a missing file the client named).
-    Spawn,
-    /// An operating-system failure other than not-found; the
-    /// [`std::io::Error`] is the [`source`](std::error::Error::source).
-    Io,
-    /// Anything else that failed on the executor (a child that cannot be fed,
-    /// an HTTP transport failure).
-    Failed,
-}
-
-impl ErrorKind {
-    const ALL: [ErrorKind; 15] = [
-        ErrorKind::NotFound,
-        ErrorKind::UnknownId,
-        ErrorKind::AlreadyExists,
-        ErrorKind::InvalidInput,
-        ErrorKind::InvalidParams,
-        ErrorKind::LimitReached,
-        ErrorKind::PermissionDenied,
-        ErrorKind::ReadOnly,
-        ErrorKind::Attached,
-        ErrorKind::ProgramNotFound,
-        ErrorKind::NotExecutable,
-        ErrorKind::CwdNotFound,
-        ErrorKind::Spawn,
-        ErrorKind::Io,
-        ErrorKind::Failed,
-    ];
-
-    /// A stable name (`"notFound"`, `"io"`, …), for carrying a kind between
-    /// processes of this server (the sandbox's file helper); never on the wire.
-    pub fn name(self) -> &'static str {
-        match self {
-            ErrorKind::NotFound => "notFound",
-            ErrorKind::UnknownId => "unknownId",
-            ErrorKind::AlreadyExists => "alreadyExists",
-            ErrorKind::InvalidInput => "invalidInput",
-            ErrorKind::InvalidParams => "invalidParams",
-            ErrorKind::LimitReached => "limitReached",
-            ErrorKind::PermissionDenied => "permissionDenied",
-            ErrorKind::ReadOnly => "readOnly",
-            ErrorKind::Attached => "attached",
-            ErrorKind::ProgramNotFound => "programNotFound",
-            ErrorKind::NotExecutable => "notExecutable",
-            ErrorKind::CwdNotFound => "cwdNotFound",
-            ErrorKind::Spawn => "spawn",
-            ErrorKind::Io => "io",
-            ErrorKind::Failed => "failed",
-        }
-    }
-
-    /// The kind [`name`](Self::name) returned, if any.
-    pub fn from_name(name: &str) -> Option<ErrorKind> {
-        Self::ALL.into_iter().find(|k| k.name() == name)
-    }
-}
+/// What kind of failure an [`ExecError`] is; a caller branches on this, never
+/// on the text. The one vocabulary of every layer (see
+/// [`exec_server_protocol::error::ErrorKind`]): the handlers answer with it,
+/// the sandbox's file helper carries it across its pipe, the client reads it.
+pub use exec_server_protocol::error::ErrorKind;
 
 /// A domain failure: a kind, a message for people, and the underlying error when
 /// there is one.
@@ -233,13 +146,5 @@ mod tests {
         let e = ExecError::from(std::io::Error::from_raw_os_error(13));
         assert_eq!(e.kind(), ErrorKind::Io);
         assert!(ExecError::failed("x").source().is_none());
-    }
-
-    #[test]
-    fn kind_names_round_trip() {
-        for k in ErrorKind::ALL {
-            assert_eq!(ErrorKind::from_name(k.name()), Some(k));
-        }
-        assert_eq!(ErrorKind::from_name("nope"), None);
     }
 }

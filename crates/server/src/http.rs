@@ -95,7 +95,7 @@ pub struct Prepared {
     max_buffered_body_bytes: usize,
 }
 
-/// Validates params (-32602 on a bad method, URL, scheme or header) and builds
+/// Validates params (`InvalidParams` on a bad method, URL, scheme or header) and builds
 /// the request.
 pub fn prepare(clients: &HttpClients, p: HttpRequestParams) -> ExecResult<Prepared> {
     let method = reqwest::Method::from_bytes(p.method.as_bytes())

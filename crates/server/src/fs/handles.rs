@@ -97,13 +97,13 @@ impl HandleTable {
         Ok(())
     }
 
-    /// The file under `id`, or -32004 ``unknown file handle `id` ``.
+    /// The file under `id`, or `NotFound` ``unknown file handle `id` ``.
     pub fn get(&self, id: &str) -> ExecResult<Arc<File>> {
         self.get_for_write(id).map(|(file, _)| file)
     }
 
     /// The file under `id` for a write, with the space reservation to
-    /// consult first (replace handles on ext4 and XFS); -32004 as [`Self::get`].
+    /// consult first (replace handles on ext4 and XFS); `NotFound` as [`Self::get`].
     pub fn get_for_write(&self, id: &str) -> ExecResult<(Arc<File>, Option<Arc<Preallocation>>)> {
         self.lock()
             .get(id)

@@ -136,7 +136,7 @@ pub fn read_file_chunks(p: &ReadFileParams, mut on: impl FnMut(FileRead<'_>)) ->
 
 /// The checks of `fs/readFile` before any byte is read: the file opened for
 /// reading and its size (`fstat`, bytes). Errors: the path's (not found, a
-/// directory, …), and -32600 for a file above [`MAX_READ_FILE_BYTES`].
+/// directory, …), and `InvalidInput` for a file above [`MAX_READ_FILE_BYTES`].
 pub fn open_file_to_read(p: &ReadFileParams) -> ExecResult<(std::fs::File, u64)> {
     let path = native(&p.path)?;
     let file = open_for_read(&path, p.follow_symlinks)?;
@@ -203,7 +203,7 @@ impl FilePieces {
     }
 }
 
-/// The bytes of an `fs/writeFile`, or -32600 (`InvalidInput`) naming why
+/// The bytes of an `fs/writeFile`, or `InvalidInput` naming why
 /// its `dataBase64` is not base64, in the reference's words.
 pub fn write_file_data(p: &WriteFileParams) -> ExecResult<&bytes::Bytes> {
     p.data_base64.bytes().map_err(|fault| {

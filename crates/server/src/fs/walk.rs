@@ -13,8 +13,8 @@ pub const MAX_WALK_DIRECTORIES: u64 = 10_000;
 /// Largest `maxEntries` accepted: 50 000.
 pub const MAX_WALK_ENTRIES: u64 = 50_000;
 
-/// Walks `root`. Errors: -32600 for limits of zero or above the maximums; -32004 or
-/// -32603 when the root itself cannot be read. Entries that cannot be read below
+/// Walks `root`. Errors: `InvalidInput` for limits of zero or above the maximums;
+/// `NotFound` or `Io` when the root itself cannot be read. Entries that cannot be read below
 /// the root become `errors`.
 pub fn walk(root: &Path, o: &WalkOptions) -> ExecResult<WalkResponse> {
     if o.max_depth == 0 || o.max_directories == 0 || o.max_entries == 0 {

@@ -40,8 +40,9 @@ fn lock(m: &Entries) -> MutexGuard<'_, HashMap<String, SubId>> {
 }
 
 impl WatchTable {
-    /// Starts watching. Errors: -32600 for a taken id or a full table, -32004 when
-    /// the path does not exist, -32603 when the user's inotify limits are used up
+    /// Starts watching. Errors: `AlreadyExists` or `LimitReached` for a taken id or a full
+    /// table, `NotFound` when the path does not exist, `Failed` when the
+    /// user's inotify limits are used up
     /// (the message names the sysctl) or for other watcher failures.
     pub fn watch(
         &self,

@@ -30,62 +30,39 @@ pub fn router(fs_mode: Mode) -> Router<Ctx> {
     r
 }
 
-/// The JSON-RPC error for a domain error, with its message unchanged:
-/// not found → -32004; an unknown id, a taken id, input that does not apply and a
-/// reached limit → -32600; malformed params → -32602; a session attached
-/// elsewhere → -32010; refusals, OS failures, spawn and other failures → -32603.
+/// The JSON-RPC error for a domain error, with its message unchanged: the
+/// code of its kind ([`ErrorKind::code`]: not found → -32004; an unknown
+/// id, a taken id, input that does not apply and a reached limit → -32600;
+/// malformed params → -32602; a session attached elsewhere → -32010;
+/// refusals, OS failures, spawn and other failures → -32603).
 ///
 /// Ours, additive (the reference sends no `data`): a structured `data` member
 /// `{"kind": …, "errno": N, "path": "…"}` a client can branch on — `kind` as
 /// [`wire_kind`] names it, `errno` when an OS error is behind it, `path` when
 /// the failure is about one (a program, a working directory).
 pub fn wire_error(e: &ExecError) -> ErrorObject {
-    let code = match e.kind() {
-        ErrorKind::NotFound => exec_server_protocol::error::NOT_FOUND,
-        ErrorKind::UnknownId
-        | ErrorKind::AlreadyExists
-        | ErrorKind::InvalidInput
-        | ErrorKind::LimitReached => exec_server_protocol::error::INVALID_REQUEST,
-        ErrorKind::InvalidParams => exec_server_protocol::error::INVALID_PARAMS,
-        ErrorKind::Attached => exec_server_protocol::error::SESSION_ALREADY_ATTACHED,
-        _ => exec_server_protocol::error::INTERNAL_ERROR,
-    };
     let errno = e.io_error().and_then(std::io::Error::raw_os_error);
     let mut data = serde_json::Map::new();
-    data.insert("kind".into(), wire_kind(e.kind(), errno).into());
+    data.insert("kind".into(), wire_kind(e.kind(), errno).as_str().into());
     if let Some(n) = errno {
         data.insert("errno".into(), n.into());
     }
     if let Some(p) = e.path() {
         data.insert("path".into(), p.to_string_lossy().into_owned().into());
     }
-    let mut obj = ErrorObject::new(code, e.message());
+    let mut obj = ErrorObject::new(e.kind().code(), e.message());
     obj.data = Some(serde_json::Value::Object(data));
     obj
 }
 
-/// The `data.kind` of an error: `programNotFound`, `notExecutable`,
-/// `cwdNotFound`, `notFound`, `permissionDenied` (a refusal, or an OS EACCES /
-/// EPERM), `unknownId`, `alreadyExists`, `invalidInput`, `invalidParams`,
-/// `limitReached`, `readOnly`, `sessionAttached`, `spawnFailed`, `io`, `failed`.
-pub fn wire_kind(kind: ErrorKind, errno: Option<i32>) -> &'static str {
+/// The `data.kind` of an error: its kind, except that an OS failure of
+/// EACCES or EPERM is `permissionDenied` (its code stays that of `io`).
+pub fn wire_kind(kind: ErrorKind, errno: Option<i32>) -> ErrorKind {
     match kind {
-        ErrorKind::ProgramNotFound => "programNotFound",
-        ErrorKind::NotExecutable => "notExecutable",
-        ErrorKind::CwdNotFound => "cwdNotFound",
-        ErrorKind::NotFound => "notFound",
-        ErrorKind::PermissionDenied => "permissionDenied",
-        ErrorKind::Io if matches!(errno, Some(libc::EACCES | libc::EPERM)) => "permissionDenied",
-        ErrorKind::UnknownId => "unknownId",
-        ErrorKind::AlreadyExists => "alreadyExists",
-        ErrorKind::InvalidInput => "invalidInput",
-        ErrorKind::InvalidParams => "invalidParams",
-        ErrorKind::LimitReached => "limitReached",
-        ErrorKind::ReadOnly => "readOnly",
-        ErrorKind::Attached => "sessionAttached",
-        ErrorKind::Spawn => "spawnFailed",
-        ErrorKind::Io => "io",
-        ErrorKind::Failed => "failed",
+        ErrorKind::Io if matches!(errno, Some(libc::EACCES | libc::EPERM)) => {
+            ErrorKind::PermissionDenied
+        }
+        k => k,
     }
 }
 

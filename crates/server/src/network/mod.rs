@@ -17,7 +17,7 @@ use exec_server_protocol::types::{
     NetworkPolicyRequestParams, NetworkPolicyRequestResult, NetworkRequestInfo,
     RemoteNetworkProxyLaunchConfig,
 };
-use exec_server_protocol::{encode_notification, methods, ErrorObject};
+use exec_server_protocol::{encode_notification, methods};
 use exec_server_rpc::CallError;
 use exec_server_sandbox::ProxyRoute;
 use std::path::{Path, PathBuf};
@@ -119,7 +119,8 @@ impl Drop for SocketDir {
 /// its own ports, never reachable through the proxy); `mask`: the process's
 /// credential masking ([`masking::mask_start_env`]) and its (masked)
 /// environment.
-/// Errors: -32603 when the listeners cannot be bound or the CA bundle
+/// Errors: [`Failed`](crate::error::ErrorKind::Failed), with the OS error
+/// as its source, when the listeners cannot be bound or the CA bundle
 /// cannot be written.
 pub async fn start(
     cfg: &RemoteNetworkProxyLaunchConfig,
@@ -131,10 +132,12 @@ pub async fn start(
         Arc<exec_server_netproxy::mask::Masking>,
         &std::collections::BTreeMap<String, String>,
     )>,
-) -> Result<RunningProxy, ErrorObject> {
+) -> Result<RunningProxy, crate::error::ExecError> {
     let tcp = &server.transparent_tcp;
-    let failed =
-        |e: std::io::Error| ErrorObject::internal(format!("cannot start the network proxy: {e}"));
+    let failed = |e: std::io::Error| {
+        crate::error::ExecError::failed(format!("cannot start the network proxy: {e}"))
+            .with_source(e)
+    };
     let timeout = Duration::from_millis(cfg.policy_decision_timeout_ms.unwrap_or(0));
     let decider = Arc::new(ClientDecider::new(link, process_id.to_string(), timeout));
     let mut l = launch(cfg);

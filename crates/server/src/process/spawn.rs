@@ -187,7 +187,7 @@ fn join_cgroup(fd: std::os::fd::RawFd) {
 /// each of `cgroups` (their open `cgroup.procs`) before it runs; an
 /// environment that starts from the server's has `tool_dirs` lead its PATH. Errors
 /// are OS errors (cwd or program missing, exec failure) and sandbox refusals,
-/// for a -32603 reply.
+/// answered as spawn failures.
 pub fn start(
     params: &ExecParams,
     cwd: &Path,

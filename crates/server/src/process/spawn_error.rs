@@ -52,14 +52,14 @@ pub fn tag(stage: Stage, path: &Path, err: std::io::Error) -> std::io::Error {
 /// The domain error for a failed start: [`ErrorKind::CwdNotFound`],
 /// [`ErrorKind::ProgramNotFound`], [`ErrorKind::NotExecutable`],
 /// [`ErrorKind::PermissionDenied`] (a cwd that cannot be entered) for tagged
-/// OS errors, else [`ErrorKind::Spawn`]. The message is the OS text.
+/// OS errors, else [`ErrorKind::SpawnFailed`]. The message is the OS text.
 pub fn classify(err: std::io::Error) -> ExecError {
     let message = err.to_string();
     if !err.get_ref().is_some_and(|e| e.is::<Tagged>()) {
-        return ExecError::new(ErrorKind::Spawn, message).with_source(err);
+        return ExecError::new(ErrorKind::SpawnFailed, message).with_source(err);
     }
     let Some(Ok(t)) = err.into_inner().map(|e| e.downcast::<Tagged>()) else {
-        return ExecError::new(ErrorKind::Spawn, message);
+        return ExecError::new(ErrorKind::SpawnFailed, message);
     };
     let errno = t.source.raw_os_error();
     let kind = match (t.stage, errno) {
@@ -69,7 +69,7 @@ pub fn classify(err: std::io::Error) -> ExecError {
         (Stage::Program, Some(libc::EACCES | libc::ENOEXEC | libc::EISDIR)) => {
             ErrorKind::NotExecutable
         }
-        _ => ErrorKind::Spawn,
+        _ => ErrorKind::SpawnFailed,
     };
     ExecError::new(kind, message)
         .with_path(t.path)
@@ -100,6 +100,6 @@ mod tests {
         ));
         assert_eq!(p.kind(), ErrorKind::NotExecutable);
         let plain = classify(std::io::Error::from_raw_os_error(libc::ENOENT));
-        assert_eq!(plain.kind(), ErrorKind::Spawn);
+        assert_eq!(plain.kind(), ErrorKind::SpawnFailed);
     }
 }

@@ -26,7 +26,7 @@ use exec_server_protocol::methods as m;
 use exec_server_protocol::types::*;
 use exec_server_sandbox::Policy;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -204,13 +204,10 @@ impl Helper {
         }
         let code = exit.blocking_recv().map(|e| e.code).unwrap_or(-1);
         drop(guard);
-        let response: Option<Value> = serde_json::from_slice(&out).ok();
+        let response: Option<Response> = serde_json::from_slice(&out).ok();
         match response {
-            Some(r) if code == 0 => match r["status"].as_str() {
-                Some("ok") => Ok((r["payload"].clone(), passed)),
-                Some("error") => Err(decode_error(&r["payload"])),
-                _ => Err(helper_failed("0: bad response")),
-            },
+            Some(Response::Ok(payload)) if code == 0 => Ok((payload, passed)),
+            Some(Response::Error(e)) if code == 0 => Err(e.into_error()),
             _ => Err(helper_failed(format!(
                 "exit status: {code}: {}",
                 String::from_utf8_lossy(&err).trim_end()
@@ -225,7 +222,7 @@ fn cannot_start(e: std::io::Error) -> ExecError {
 
 /// Re-kinds an error made inside the helper as the reference's helper does:
 /// not found → not found; permission denied and invalid argument → invalid
-/// input (-32600); other OS errors → I/O (-32603, e.g. `Read-only file system
+/// input; other OS errors → I/O (e.g. `Read-only file system
 /// (os error 30)` for a write outside the writable roots).
 fn helper_error(e: ExecError) -> ExecError {
     let Some(os) = e.io_error().and_then(std::io::Error::raw_os_error) else {
@@ -240,27 +237,40 @@ fn helper_error(e: ExecError) -> ExecError {
     ExecError::new(kind, message).with_source(std::io::Error::from_raw_os_error(os))
 }
 
-/// The error as the helper writes it: `{"kind", "message", "osError"?}`.
-fn encode_error(e: &ExecError) -> Value {
-    let mut v = json!({"kind": e.kind().name(), "message": e.message()});
-    if let Some(os) = e.io_error().and_then(std::io::Error::raw_os_error) {
-        v["osError"] = json!(os);
-    }
-    v
+/// What the helper writes on its stdout: `{"status": "ok", "payload": …}`
+/// or `{"status": "error", "payload": {"kind", "message", "osError"?}}`.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "status", content = "payload", rename_all = "camelCase")]
+enum Response {
+    Ok(Value),
+    Error(HelperError),
 }
 
-/// The error the helper wrote, back as a typed error.
-fn decode_error(v: &Value) -> ExecError {
-    let (Some(kind), Some(message)) = (
-        v["kind"].as_str().and_then(ErrorKind::from_name),
-        v["message"].as_str(),
-    ) else {
-        return helper_failed("0: bad error payload");
-    };
-    let e = ExecError::new(kind, message);
-    match v["osError"].as_i64().and_then(|n| i32::try_from(n).ok()) {
-        Some(os) => e.with_source(std::io::Error::from_raw_os_error(os)),
-        None => e,
+/// A domain error as it crosses the helper's pipe.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct HelperError {
+    kind: ErrorKind,
+    message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    os_error: Option<i32>,
+}
+
+impl HelperError {
+    fn of(e: &ExecError) -> HelperError {
+        HelperError {
+            kind: e.kind(),
+            message: e.message().to_string(),
+            os_error: e.io_error().and_then(std::io::Error::raw_os_error),
+        }
+    }
+
+    fn into_error(self) -> ExecError {
+        let e = ExecError::new(self.kind, self.message);
+        match self.os_error {
+            Some(os) => e.with_source(std::io::Error::from_raw_os_error(os)),
+            None => e,
+        }
     }
 }
 
@@ -347,10 +357,10 @@ pub fn serve() -> i32 {
         Err(e) => Err(ExecError::invalid_input(format!("bad helper request: {e}"))),
     };
     let response = match result {
-        Ok(payload) => json!({"status": "ok", "payload": payload}),
-        Err(e) => json!({"status": "error", "payload": encode_error(&e)}),
+        Ok(payload) => Response::Ok(payload),
+        Err(e) => Response::Error(HelperError::of(&e)),
     };
-    let bytes = response.to_string().into_bytes();
+    let bytes = serde_json::to_vec(&response).unwrap_or_default();
     let mut sent = 0;
     if !passed.is_empty() {
         use std::os::fd::AsRawFd;

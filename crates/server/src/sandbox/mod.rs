@@ -97,7 +97,7 @@ impl Support {
 }
 
 /// A path of the policy: [`ErrorKind::InvalidInput`](crate::error::ErrorKind)
-/// for a URI naming no path here (-32600, as the reference).
+/// for a URI naming no path here (`InvalidInput`, as the reference).
 fn policy_path(uri: &PathUri) -> ExecResult<PathBuf> {
     uri.to_path().map_err(|_| {
         ExecError::invalid_input(format!(
@@ -191,8 +191,8 @@ pub struct StartSandbox {
 
 /// Decides a `process/start`: `Ok(None)` runs unconfined (no `sandbox`, or
 /// the operator's opt-out where enforcement is impossible); errors are the
-/// refusals ([`ErrorKind::PermissionDenied`](crate::error::ErrorKind), -32603 on
-/// the wire) and the policy's path errors (`InvalidInput`, -32600).
+/// refusals ([`ErrorKind::PermissionDenied`](crate::error::ErrorKind)) and the
+/// policy's path errors (`InvalidInput`).
 ///
 /// With `network_proxy` (the start has a `networkProxy`) the sandbox is
 /// routed: its own network namespace, whose only exit is that proxy; this
@@ -267,7 +267,7 @@ impl StartSandbox {
 
     /// The command that runs `program` confined, for the child environment
     /// `env` (its `TMPDIR` is what `tmpdir` entries name). Errors are the
-    /// sandbox crate's refusals, as I/O errors for the spawn path (-32603).
+    /// sandbox crate's refusals, as I/O errors for the spawn path.
     pub fn prepare(
         &self,
         env: &BTreeMap<String, String>,

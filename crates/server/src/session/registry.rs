@@ -46,7 +46,7 @@ impl SessionRegistry {
 
     /// Attaches connection `conn` to the existing session `id`.
     /// Errors: [`UnknownId`](crate::error::ErrorKind::UnknownId) `unknown session
-    /// id <id>`; [`Attached`](crate::error::ErrorKind::Attached) when attached to
+    /// id <id>`; [`Attached`](crate::error::ErrorKind::SessionAttached) when attached to
     /// another connection.
     pub fn resume(
         &self,
@@ -61,7 +61,7 @@ impl SessionRegistry {
         };
         if s.link.attached_to().is_some_and(|c| c != conn) {
             return Err(ExecError::new(
-                crate::error::ErrorKind::Attached,
+                crate::error::ErrorKind::SessionAttached,
                 format!("session {id} is already attached to another connection"),
             ));
         }

@@ -94,7 +94,7 @@ impl ShellKind {
     }
 }
 
-/// A `shellSnapshot` the server refuses (-32602).
+/// A `shellSnapshot` the server refuses (invalid params).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SnapshotError {
     /// `scopeId` empty or over [`MAX_SCOPE_BYTES`].
