@@ -6,6 +6,18 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// Longest host name accepted: 253 bytes (DNS).
 pub const MAX_HOST_BYTES: usize = 253;
 
+/// A host as policies and masking compare it: trimmed, lowercase, without
+/// a trailing dot or IPv6 brackets (`[::1]` → `::1`, `Example.COM.` →
+/// `example.com`). The one normalisation of the crate.
+pub fn normalize(h: &str) -> String {
+    let h = h.trim().trim_end_matches('.');
+    let h = h
+        .strip_prefix('[')
+        .and_then(|x| x.strip_suffix(']'))
+        .unwrap_or(h);
+    h.to_ascii_lowercase()
+}
+
 /// True for a host that cannot be a valid destination name: empty, longer
 /// than [`MAX_HOST_BYTES`], or holding whitespace or control characters.
 pub fn is_malformed(host: &str) -> bool {

@@ -201,13 +201,7 @@ impl Pattern {
     }
 }
 
-fn normal(h: &str) -> String {
-    let h = h
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(h);
-    h.trim_end_matches('.').to_ascii_lowercase()
-}
+use crate::host::normalize as normal;
 
 /// The launch's rules.
 #[derive(Debug, Clone, Default)]

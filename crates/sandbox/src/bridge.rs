@@ -92,7 +92,7 @@ pub fn parse(spec: &str) -> Option<Spec> {
 /// once the ports are listening (so the command never races the bridge).
 /// With `transparent` (the proxy's transparent SOCKS socket) the forwarder
 /// also runs the [`crate::transparent`] supervisor, and the parent gets the
-/// channel to hand it the filter's listener over ([`crate::transparent::send_fd`]).
+/// channel to hand it the filter's listener over ([`exec_server_sysio::fd_pass::send_fd`]).
 /// Errors: a proxy socket that is missing, not a socket or not this user's
 /// ([`PinnedSocket::open`]); a bind, socketpair or fork failure.
 pub fn start(
@@ -128,7 +128,9 @@ pub fn start(
             }
             if let (Some(socks), Some((_, ours))) = (transparent, channel) {
                 std::thread::spawn(move || {
-                    if let Ok(listener) = crate::transparent::recv_fd(&ours) {
+                    if let Ok(listener) =
+                        exec_server_sysio::fd_pass::recv_fd(std::os::fd::AsRawFd::as_raw_fd(&ours))
+                    {
                         drop(ours);
                         crate::transparent::supervise(listener, socks);
                     }

@@ -126,7 +126,7 @@ pub fn run(args: &[OsString]) -> ! {
         // Fail closed: without the notifier raw TCP would silently stay
         // blocked while the client was promised it is routed.
         let handed = crate::transparent::install_filter()
-            .and_then(|l| crate::transparent::send_fd(&channel, l.as_raw_fd()));
+            .and_then(|l| exec_server_sysio::fd_pass::send_fd(channel.as_raw_fd(), l.as_raw_fd()));
         if let Err(e) = handed {
             fail(
                 &format!("failed to prepare transparent TCP routing: {e}"),

@@ -52,15 +52,7 @@ impl fmt::Display for BadDest {
     }
 }
 
-/// Lowercase, without a trailing dot or IPv6 brackets.
-pub fn normalize_host(h: &str) -> String {
-    let h = h.trim().trim_end_matches('.');
-    let h = h
-        .strip_prefix('[')
-        .and_then(|x| x.strip_suffix(']'))
-        .unwrap_or(h);
-    h.to_ascii_lowercase()
-}
+use crate::host::normalize as normalize_host;
 
 fn is_loopback_host(h: &str) -> bool {
     h == "localhost"

@@ -227,7 +227,7 @@ impl Masking {
         }
         let gh_host = env
             .get("GH_HOST")
-            .map(|h| dest::normalize_host(h))
+            .map(|h| crate::host::normalize(h))
             .filter(|h| !h.is_empty() && !github_cloud(h));
         if let Some(h) = gh_host {
             for k in ["GH_ENTERPRISE_TOKEN", "GITHUB_ENTERPRISE_TOKEN"] {

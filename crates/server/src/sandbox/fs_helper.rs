@@ -178,7 +178,7 @@ impl Helper {
             ..
         } = prepared;
         // stdout is a socket, so the helper can pass a descriptor back.
-        let (ours, theirs) = super::fd_pass::socket_pair().map_err(cannot_start)?;
+        let (ours, theirs) = exec_server_sysio::fd_pass::socket_pair().map_err(cannot_start)?;
         command
             .env_clear()
             .stdin(Stdio::piped())
@@ -198,7 +198,8 @@ impl Helper {
             // A helper that died early closes its end: its status tells why.
             let _ = stdin.write_all(request.as_bytes());
         }
-        let (out, passed) = super::fd_pass::recv_all(&ours, MAX_RESPONSE_BYTES).unwrap_or_default();
+        let (out, passed) =
+            exec_server_sysio::fd_pass::recv_all(&ours, MAX_RESPONSE_BYTES).unwrap_or_default();
         if let Some(stderr) = child.stderr.take() {
             let _ = stderr.take(64 * 1024).read_to_end(&mut err);
         }
@@ -366,7 +367,7 @@ pub fn serve() -> i32 {
         use std::os::fd::AsRawFd;
         let raw: Vec<i32> = passed.iter().map(|f| f.as_raw_fd()).collect();
         // stdout is the server's socket: the descriptors ride on the first bytes.
-        match super::fd_pass::send_with_fds(1, &bytes, &raw) {
+        match exec_server_sysio::fd_pass::send_with_fds(1, &bytes, &raw) {
             Ok(n) => sent = n,
             Err(_) => return 1,
         }

@@ -10,7 +10,6 @@
 //! possible it has no effect: a sandbox is always enforced, and a sandbox that
 //! fails at run time (e.g. user namespaces disabled) never falls back.
 
-mod fd_pass;
 pub mod fs_helper;
 pub mod peers;
 

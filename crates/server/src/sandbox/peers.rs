@@ -309,7 +309,8 @@ mod tests {
         let (_server, peer) = l.accept().unwrap();
         let local = l.local_addr().unwrap();
         let (tx, _rx) = UnixStream::pair().unwrap();
-        super::super::fd_pass::send_with_fds(tx.as_raw_fd(), b"x", &[client.as_raw_fd()]).unwrap();
+        exec_server_sysio::fd_pass::send_with_fds(tx.as_raw_fd(), b"x", &[client.as_raw_fd()])
+            .unwrap();
         drop(client);
         let pids = Arc::new(SandboxPids::default());
         assert_eq!(

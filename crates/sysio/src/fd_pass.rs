@@ -1,7 +1,8 @@
-//! Passing a file descriptor from the confined file-system helper to the
-//! server over a Unix stream socket (`SCM_RIGHTS`), for `fs/open` under a
-//! sandbox: the helper opens the file inside the sandbox's view (so the kernel
-//! checks the policy), the server keeps the descriptor for the handle.
+//! Passing file descriptors over a Unix stream socket (`SCM_RIGHTS`), the
+//! one implementation for every crate: the confined file-system helper hands
+//! the server the file it opened inside the sandbox's view (`fs/open` under a
+//! sandbox: the kernel checked the policy), and the in-sandbox launcher hands
+//! the bridge its seccomp listener (transparent TCP).
 //! (Raw libc: nix's socket feature needs a crate this build could not fetch.)
 
 use std::io;
@@ -105,6 +106,47 @@ pub fn recv_all(sock: &OwnedFd, limit: u64) -> io::Result<(Vec<u8>, Vec<OwnedFd>
         if data.len() as u64 > limit {
             return Err(io::Error::other("response too large"));
         }
+    }
+}
+
+/// Sends the one descriptor `fd` over `sock` with a single byte.
+pub fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
+    match send_with_fds(sock, &[1], &[fd])? {
+        1 => Ok(()),
+        _ => Err(io::Error::other("the descriptor was not sent")),
+    }
+}
+
+/// Receives one descriptor sent by [`send_fd`] (close-on-exec). Errors: the
+/// socket ended, or its byte came without a descriptor.
+pub fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
+    let mut byte = [0u8];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut cbuf = vec![0u8; cmsg_space(1)];
+    // SAFETY: as in send_with_fds; a descriptor received is owned from here on.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = cbuf.len() as _;
+        let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        if n != 1
+            || c.is_null()
+            || (*c).cmsg_level != libc::SOL_SOCKET
+            || (*c).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Err(io::Error::other("no descriptor received"));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+        Ok(OwnedFd::from_raw_fd(fd))
     }
 }
 
