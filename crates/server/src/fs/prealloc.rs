@@ -1,10 +1,10 @@
 //! Disk space reserved ahead of an upload into a replace's temporary file.
 //!
 //! On ext4 and XFS a buffered write into space not yet allocated reserves
-//! and accounts each block as it is written (delayed allocation): about a
-//! quarter of the cost of filling 64 MiB of fresh page cache on the
-//! development VM (23.5 against 17 ms with the space allocated first, as
-//! unwritten extents, by `fallocate(2)`). The temporary file is invisible
+//! and accounts each block as it is written (delayed allocation), a cost
+//! the write pays again on top of filling fresh page cache; space allocated
+//! first, as unwritten extents, by `fallocate(2)`, avoids it (figures:
+//! BENCHMARKS.md, "Figures behind design choices"). The temporary file is invisible
 //! until committed, so its size may run ahead of the data; at commit it is
 //! cut back to the end of what was written, which is what the file would
 //! have been without the reservation.

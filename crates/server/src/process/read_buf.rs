@@ -11,7 +11,7 @@ const KEEP_FRACTION: usize = 2;
 
 /// A buffer a child's output is read into ([`ReadBuf::read_from`]), then
 /// handed out ([`ReadBuf::take`]). Reads land in unused capacity: a fresh
-/// buffer is never zeroed (that was 3 % of the server's time streaming).
+/// buffer is never zeroed (zeroing showed in a stream's server profile).
 pub struct ReadBuf {
     /// Room for a frame header, then the bytes read so far (the payload);
     /// capacity for `size` of them.

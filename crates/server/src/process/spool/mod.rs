@@ -50,8 +50,8 @@ pub const SPOOL_PAGE_BYTES: u64 = 4 * 1024 * 1024;
 const INDEX_EVERY_BYTES: u64 = 64 * 1024;
 /// Records are gathered into one vectored write of about this size before
 /// they go to the writer, and flushed before any read: 1 MiB. Fresh page
-/// cache filled by 1 MiB writes cost about 30 % less per byte than by one
-/// write a 128 KiB record (measured on the development VM).
+/// cache costs less per byte filled by large writes than by one write a
+/// record (figures: BENCHMARKS.md, "Figures behind design choices").
 const GATHER_BYTES: usize = 1024 * 1024;
 /// Most pieces one gathered write holds (a quarter of `IOV_MAX`): room for
 /// about 1 MiB of 4 KiB records, each with its header piece.
@@ -60,7 +60,7 @@ const HEADER_BYTES: usize = 13;
 /// Chunks this long are written straight from their buffer, not copied among
 /// the small records: 4 KiB. The pump hands over a short read as a copy of
 /// its own size, so a held chunk pins no larger buffer; copying the chunks of
-/// a child that writes 8 KiB at a time was 4 % of a stream's server time.
+/// a child that writes 8 KiB at a time showed in a stream's server profile.
 const DIRECT_WRITE_BYTES: usize = 4 * 1024;
 
 /// Where and how much to spool; shared by every process of a server.
@@ -292,8 +292,8 @@ pub struct Spool {
     outstanding: Arc<Outstanding>,
     /// The file of the segment dropped last, and its length, written over
     /// by the next segment: its pages are already in the page cache, and
-    /// writing over them costs a fraction of filling fresh ones (about a
-    /// fifth on the development VM), so a stream longer than the cap stops
+    /// writing over them costs a fraction of filling fresh ones (BENCHMARKS.md),
+    /// so a stream longer than the cap stops
     /// paying for fresh memory once the cap is reached. Its length counts
     /// against the server's budget until it is reused; a spare the budget
     /// has no room for is closed instead.

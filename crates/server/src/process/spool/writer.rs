@@ -1,17 +1,13 @@
 //! The spool's writer thread. Spooling is a write nobody waits for, into
-//! fresh page cache, whose first touch is its costliest part (about 3 µs a
-//! 4 KiB page on the development VM); done inline it ran under the process's
+//! fresh page cache, whose first touch is its costliest part (BENCHMARKS.md,
+//! "Figures behind design choices"); done inline it ran under the process's
 //! lock, on the path that reads the child's output or marks it delivered.
 //! Here it runs on one thread per server, beside them.
 //!
 //! Queued bytes are [`Bytes`] shared with the output log (no copy); the queue
 //! is bounded server-wide by [`MAX_QUEUED_BYTES`], past which a write is done
 //! inline again, so memory stays bounded when the disk is the slower side.
-//!
-//! (Tried and dropped: writing around the page cache with `O_DIRECT` while
-//! the device keeps up. The copy into an aligned buffer and the block layer
-//! cost as much as the page cache did, and the device, at 420 to 720 MB/s,
-//! kept up with a stream only part of the time.)
+//! (`O_DIRECT` was tried and dropped: BENCHMARKS.md says why.)
 
 use bytes::Bytes;
 use std::fs::File;
