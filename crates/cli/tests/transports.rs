@@ -427,9 +427,28 @@ async fn control_frames_fragments_and_protocol_errors() {
     }
     assert!(closed, "the server did not answer the close");
 
-    // Unmasked frames from a client, written by hand on a raw socket.
+    // Unmasked frames from a client, written by hand on a raw socket: 1002.
+    assert_eq!(
+        close_code_after(&s.url, &[0x81, 0x02, b'h', b'i']).await,
+        1002
+    );
+    // A masked text frame whose payload is not UTF-8: 1007 (RFC 6455 §8.1).
+    let payload = b"{\"id\":1,\"method\":\"x\xff\"}";
+    let key = [0x12u8, 0x34, 0x56, 0x78];
+    let mut frame = vec![0x81, 0x80 | payload.len() as u8];
+    frame.extend_from_slice(&key);
+    frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    assert_eq!(close_code_after(&s.url, &frame).await, 1007);
+    // The server goes on serving.
+    let mut c = Conn::open(&s.url, None).await;
+    c.ok("environment/info", Value::Null).await;
+}
+
+/// Upgrades a raw TCP connection to `url`, writes `frame`, and returns the
+/// code of the close frame the server answers with (the connection must end).
+async fn close_code_after(url: &str, frame: &[u8]) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = s.url.trim_start_matches("ws://").to_string();
+    let addr = url.trim_start_matches("ws://").to_string();
     let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
     tcp.write_all(
         format!(
@@ -447,16 +466,16 @@ async fn control_frames_fragments_and_protocol_errors() {
         response.push(byte[0]);
     }
     assert!(response.starts_with(b"HTTP/1.1 101"));
-    tcp.write_all(&[0x81, 0x02, b'h', b'i']).await.unwrap();
+    tcp.write_all(frame).await.unwrap();
     let mut rest = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut rest))
         .await
         .expect("the connection stayed open")
         .unwrap();
-    // One close frame: opcode 8, unmasked, code 1002.
+    // One close frame: opcode 8, unmasked, then the code.
     assert!(rest.len() >= 4, "{rest:?}");
     assert_eq!(rest[0], 0x88, "{rest:?}");
-    assert_eq!(u16::from_be_bytes([rest[2], rest[3]]), 1002);
+    u16::from_be_bytes([rest[2], rest[3]])
 }
 
 /// Limits: processes per session and open handles are bounded with clear errors.

@@ -166,13 +166,24 @@ where
                 _ = reader_out.closed() => break,
             };
             let item = match event {
-                Ok(Event::Text(bytes)) => super::inbound_text(bytes),
+                // A text message that is not UTF-8 breaks RFC 6455 (§8.1):
+                // the connection is closed with 1007 (the reference drops
+                // it without a close frame).
+                Ok(Event::Text(bytes)) => match super::inbound_text(bytes) {
+                    Inbound::Invalid(_) => {
+                        tracing::debug!("closing a connection: a text message is not UTF-8");
+                        reply = Some((1007, "text message is not valid UTF-8"));
+                        break;
+                    }
+                    item => item,
+                },
                 Ok(Event::Lifted(lifted)) => {
                     // The rest is base64 (ASCII): the skeleton decides.
                     if simdutf8::basic::from_utf8(&lifted.skeleton).is_ok() {
                         Inbound::Lifted(lifted)
                     } else {
-                        Inbound::Invalid("message is not valid UTF-8".into())
+                        reply = Some((1007, "text message is not valid UTF-8"));
+                        break;
                     }
                 }
                 // Read as text by the connection until binary frames are on
