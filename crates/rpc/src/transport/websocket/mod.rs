@@ -6,6 +6,8 @@
 //! their message's buffer and from the sender's buffer to the socket with no
 //! staging copy.
 
+#[cfg(test)]
+mod differential;
 mod frame;
 mod mask;
 mod reader;
