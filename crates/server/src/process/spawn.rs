@@ -237,58 +237,83 @@ pub fn start(
     cmd.env_clear();
     cmd.envs(&env);
     cmd.current_dir(cwd);
+    let (pid, io, exit) = if params.tty {
+        on_a_pty(cmd, params, cgroup_fds).map_err(exec_failed)?
+    } else {
+        on_pipes(cmd, params, cgroup_fds).map_err(exec_failed)?
+    };
+    Ok(Started {
+        pid,
+        io,
+        exit,
+        confinement: confine(pid),
+    })
+}
 
-    if params.tty {
-        let size = params.pty_size.unwrap_or(DEFAULT_PTY_SIZE);
-        let ws = nix::pty::Winsize {
-            ws_row: size.rows,
-            ws_col: size.cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        let pty = nix::pty::openpty(Some(&ws), None).map_err(std::io::Error::from)?;
-        // Both ends close on exec: a child spawned meanwhile must not inherit the
-        // slave, or this PTY would never report EOF.
-        set_cloexec(&pty.master)?;
-        set_cloexec(&pty.slave)?;
-        let slave = pty.slave;
-        cmd.stdin(Stdio::from(slave.try_clone()?));
-        cmd.stdout(Stdio::from(slave.try_clone()?));
-        cmd.stderr(Stdio::from(slave));
-        // SAFETY: only async-signal-safe calls (write, setsid, ioctl) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                for &fd in &cgroup_fds {
-                    join_cgroup(fd);
-                }
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let (child, exit) = reaper::spawn_and_watch(|| {
-            let child = cmd.spawn()?;
-            let pid = child.id();
-            Ok((child, pid))
-        })
-        .map_err(exec_failed)?;
-        let pid = child.id();
-        // Our copies of the slave were moved into `cmd` and are closed with it, so
-        // the master sees EOF (EIO) once every process holding the slave is gone.
-        drop(cmd);
-        drop(child);
-        return Ok(Started {
-            pid,
-            io: ChildIo::Pty { master: pty.master },
-            exit,
-            confinement: confine(pid),
+/// What a started child gives its caller: its pid, its I/O ends and the
+/// receiver of its exit.
+type Spawned = (u32, ChildIo, oneshot::Receiver<reaper::Exit>);
+
+/// Starts `cmd` on a new PTY of `params`' size, as the leader of a new
+/// session with the terminal as its controlling one, after joining the
+/// cgroups open as `cgroup_fds`.
+fn on_a_pty(
+    mut cmd: Command,
+    params: &ExecParams,
+    cgroup_fds: Vec<std::os::fd::RawFd>,
+) -> std::io::Result<Spawned> {
+    let size = params.pty_size.unwrap_or(DEFAULT_PTY_SIZE);
+    let ws = nix::pty::Winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&ws), None).map_err(std::io::Error::from)?;
+    // Both ends close on exec: a child spawned meanwhile must not inherit the
+    // slave, or this PTY would never report EOF.
+    set_cloexec(&pty.master)?;
+    set_cloexec(&pty.slave)?;
+    let slave = pty.slave;
+    cmd.stdin(Stdio::from(slave.try_clone()?));
+    cmd.stdout(Stdio::from(slave.try_clone()?));
+    cmd.stderr(Stdio::from(slave));
+    // SAFETY: only async-signal-safe calls (write, setsid, ioctl) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &cgroup_fds {
+                join_cgroup(fd);
+            }
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
         });
     }
+    let (child, exit) = reaper::spawn_and_watch(|| {
+        let child = cmd.spawn()?;
+        let pid = child.id();
+        Ok((child, pid))
+    })?;
+    let pid = child.id();
+    // Our copies of the slave were moved into `cmd` and are closed with it, so
+    // the master sees EOF (EIO) once every process holding the slave is gone.
+    drop(cmd);
+    drop(child);
+    Ok((pid, ChildIo::Pty { master: pty.master }, exit))
+}
 
+/// Starts `cmd` with piped stdout and stderr (stdin piped or `/dev/null`)
+/// in a process group of its own, after joining the cgroups open as
+/// `cgroup_fds`.
+fn on_pipes(
+    mut cmd: Command,
+    params: &ExecParams,
+    cgroup_fds: Vec<std::os::fd::RawFd>,
+) -> std::io::Result<Spawned> {
     cmd.stdin(if params.pipe_stdin {
         Stdio::piped()
     } else {
@@ -316,8 +341,7 @@ pub fn start(
         let child = cmd.spawn()?;
         let pid = child.id();
         Ok((child, pid))
-    })
-    .map_err(exec_failed)?;
+    })?;
     let pid = child.id();
     let stdin = child.stdin.take().map(OwnedFd::from);
     let stdout = child
@@ -330,16 +354,15 @@ pub fn start(
         .take()
         .map(OwnedFd::from)
         .ok_or_else(|| std::io::Error::other("stderr pipe missing"))?;
-    Ok(Started {
+    Ok((
         pid,
-        io: ChildIo::Pipes {
+        ChildIo::Pipes {
             stdin,
             stdout,
             stderr,
         },
         exit,
-        confinement: confine(pid),
-    })
+    ))
 }
 
 fn set_cloexec(fd: &OwnedFd) -> std::io::Result<()> {
