@@ -411,3 +411,155 @@ async fn idle_output_and_deadline_limits_hold_on_a_pty_and_in_the_sandbox() {
     }
     let _ = std::fs::remove_dir_all(&ws);
 }
+
+/// Waits (at most 5 s) until no process runs `sleep <marker>`; panics
+/// naming `what` otherwise.
+async fn gone_within_5s(marker: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !pids_matching(&format!("sleep {marker}")).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: `sleep {marker}` still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A daemon that detached from the command's output (so the command closes
+/// at once) still dies at the command's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_outlives_the_command_for_the_daemon_it_left() {
+    let s = Server::start(&[]);
+    let script = "setsid sleep 42.71 </dev/null >/dev/null 2>&1 & exit 0";
+    let (got, took) = run(
+        &s,
+        &["sh", "-c", script],
+        json!({"timeoutMs": 1500}),
+        false,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (got.exit, got.limit),
+        (Some(0), None),
+        "the command itself exits 0"
+    );
+    assert!(took < 1.5, "it closed before its deadline: {took:.2} s");
+    assert!(
+        !pids_matching("sleep 42.71").is_empty(),
+        "the daemon runs past the command's end"
+    );
+    gone_within_5s("42.71", "the deadline").await;
+}
+
+/// Caps the kernel cannot take are refused (-32602), not failed at spawn.
+#[tokio::test]
+async fn caps_past_what_the_kernel_takes_are_refused() {
+    let s = Server::start(&[]);
+    let d = tmpdir("caps-max");
+    let mut c = Conn::open(&s.url, None).await;
+    for (limits, want) in [
+        (
+            json!({"maxTasks": 4_194_305u64}),
+            "limits.maxTasks must be at most 4194304",
+        ),
+        (
+            json!({"memoryBytes": u64::MAX}),
+            "limits.memoryBytes must be at most",
+        ),
+    ] {
+        let mut params = start_params("x", &["true"], &d, false, false);
+        params["limits"] = limits;
+        let r = c.call("process/start", params).await;
+        assert_eq!(r["error"]["code"], json!(-32602), "{r}");
+        let msg = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.starts_with(want), "{msg}");
+    }
+    c.close().await;
+    let bad = std::process::Command::new(BIN)
+        .args([
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--max-limits",
+            "max-tasks=9223372036854775807",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        bad.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// This test process's cgroup directories, where servers it starts make
+/// theirs: in the cgroup2 mount and in each v1 hierarchy of a cap.
+fn cgroup_parents() -> Vec<std::path::PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let mut out = Vec::new();
+    for line in own.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, names, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let mount = match names {
+            "" => "/sys/fs/cgroup/unified",
+            "memory" | "pids" | "cpu" => &format!("/sys/fs/cgroup/{names}"),
+            _ => continue,
+        };
+        out.push(std::path::Path::new(mount).join(path.trim_start_matches('/')));
+    }
+    out
+}
+
+/// Directories named for server `pid` below the cgroup parents.
+fn server_dirs(pid: u32) -> Vec<std::path::PathBuf> {
+    let prefix = format!("exec-server-{pid}-");
+    cgroup_parents()
+        .iter()
+        .flat_map(|p| std::fs::read_dir(p).into_iter().flatten().flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// `run` on the embedded server leaves no cgroup directory behind, and a
+/// server killed with SIGKILL has its leftovers ended by the next server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_server_leaves_cgroups_or_daemons_behind() {
+    let child = std::process::Command::new(BIN)
+        .args(["run", "--memory", "64M", "--max-tasks", "16", "--", "true"])
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        server_dirs(pid),
+        Vec::<std::path::PathBuf>::new(),
+        "embedded run {pid}"
+    );
+
+    let mut killed = Server::start(&[]);
+    let d = tmpdir("caps-sweep");
+    let mut c = Conn::open(&killed.url, None).await;
+    let script = "setsid sleep 42.93 </dev/null >/dev/null 2>&1 & exit 0";
+    c.ok(
+        "process/start",
+        start_params("daemon", &["sh", "-c", script], &d, false, false),
+    )
+    .await;
+    c.collect("daemon", Duration::from_secs(10)).await;
+    assert!(!pids_matching("sleep 42.93").is_empty());
+    let dead = killed.pid();
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    assert!(
+        !pids_matching("sleep 42.93").is_empty(),
+        "orphaned by SIGKILL"
+    );
+    let _next = Server::start(&[]);
+    gone_within_5s("42.93", "the next server's sweep").await;
+    assert_eq!(server_dirs(dead), Vec::<std::path::PathBuf>::new(), "swept");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -127,7 +127,9 @@ pub fn parse_limit_list(text: &str) -> Result<ProcessLimits, String> {
                 }
             },
         };
-        *slot = Some(v);
+        if slot.replace(v).is_some() {
+            return Err(format!("`{}` is given twice", key.trim()));
+        }
     }
     Ok(l)
 }

@@ -118,10 +118,16 @@ impl Cgroups {
     /// server's cgroup directories (shutdown). Bounded: gives up on a
     /// directory that stays busy after a few rounds.
     pub fn kill_all_and_remove(&self) {
-        let Some(base) = &self.inner.base else {
+        self.inner.kill_all_and_remove();
+    }
+}
+
+impl Inner {
+    fn kill_all_and_remove(&self) {
+        let Some(base) = &self.base else {
             return;
         };
-        self.inner.pool().clear();
+        self.pool().clear();
         if let Ok(entries) = std::fs::read_dir(base) {
             for entry in entries.flatten() {
                 let dir = entry.path();
@@ -138,13 +144,20 @@ impl Cgroups {
             }
         }
         let _ = std::fs::remove_dir(base);
-        self.inner.places.remove_all();
+        self.places.remove_all();
+    }
+
+    fn pool(&self) -> std::sync::MutexGuard<'_, Vec<PathBuf>> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-impl Inner {
-    fn pool(&self) -> std::sync::MutexGuard<'_, Vec<PathBuf>> {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+/// A server that goes away without a shutdown (an embedded one dropped, a
+/// CLI command's embedded server at exit) still ends what it started and
+/// leaves no directory behind.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.kill_all_and_remove();
     }
 }
 
@@ -167,10 +180,11 @@ fn make_base(name: &str) -> Option<PathBuf> {
     }
 }
 
-/// Removes the cgroup directories of servers that are gone (killed before
-/// they could remove their own): `exec-server-<pid>[-<suffix>]` whose pid no
-/// longer runs. Only empty cgroups can be removed, so a live daemon of a
-/// dead server keeps its directory.
+/// Ends what servers that are gone (killed before they could shut down)
+/// left running, and removes their cgroup directories:
+/// `exec-server-<pid>[-<suffix>]` whose pid no longer runs. Nothing can
+/// reach those processes any more (their sessions died with their server),
+/// and left alone they would run on unbounded by any deadline.
 pub(super) fn sweep_dead(parent: &Path) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
@@ -187,7 +201,15 @@ pub(super) fn sweep_dead(parent: &Path) {
         let dir = entry.path();
         for child in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             if child.file_type().is_ok_and(|t| t.is_dir()) {
-                let _ = std::fs::remove_dir(child.path());
+                // Bounded: a member that does not die in 0.5 s keeps its
+                // directory until the next sweep.
+                for _ in 0..50 {
+                    kill_members(&child.path());
+                    if std::fs::remove_dir(child.path()).is_ok() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
             }
         }
         let _ = std::fs::remove_dir(&dir);

@@ -121,6 +121,11 @@ impl Watch {
         }
     }
 
+    /// The wall-clock deadline, while no limit has fired.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline.filter(|_| self.fired.is_none())
+    }
+
     /// The limit that fired, if one did.
     pub fn fired(&self) -> Option<LimitReason> {
         self.fired.map(|(r, _)| r)

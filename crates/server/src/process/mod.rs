@@ -117,7 +117,7 @@ pub struct Process {
     /// OS pid (also its process group and session id).
     pub pid: u32,
     /// Its cgroup, where available: kills descendants that left its group.
-    cgroup: Mutex<Option<cgroup::ProcessCgroup>>,
+    cgroup: Mutex<Option<Arc<cgroup::ProcessCgroup>>>,
     tty: Option<Arc<AsyncFd<OwnedFd>>>,
     state: Mutex<State>,
     /// Bumped on every new event; long-polls wait on it.
@@ -307,7 +307,7 @@ impl Process {
         let proc = Arc::new(Process {
             id: params.process_id.clone(),
             pid,
-            cgroup: Mutex::new(cgroup),
+            cgroup: Mutex::new(cgroup.map(Arc::new)),
             tty,
             state: Mutex::new(State {
                 log: OutputLog::new(
@@ -574,6 +574,13 @@ impl Process {
         running
     }
 
+    /// Its cgroup while something lives in it (a daemon the process left
+    /// behind), shared: a deadline that outlives the process still ends it.
+    fn populated_cgroup(&self) -> Option<Arc<cgroup::ProcessCgroup>> {
+        let slot = self.cgroup.lock().unwrap_or_else(|p| p.into_inner());
+        slot.as_ref().filter(|g| g.is_populated()).cloned()
+    }
+
     /// The memory or task cap that fired, read from its cgroup's counters.
     fn cap_exceeded(&self) -> Option<LimitReason> {
         self.cgroup
@@ -585,7 +592,7 @@ impl Process {
 
     /// The process's cgroup when something still lives in it (a daemon it
     /// left behind), for the session to kill at its end.
-    pub fn take_leftovers(&self) -> Option<cgroup::ProcessCgroup> {
+    pub fn take_leftovers(&self) -> Option<Arc<cgroup::ProcessCgroup>> {
         let mut slot = self.cgroup.lock().unwrap_or_else(|p| p.into_inner());
         if slot.as_ref().is_some_and(|g| g.is_populated()) {
             slot.take()

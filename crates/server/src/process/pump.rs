@@ -60,6 +60,17 @@ pub(super) async fn pump(
             let kept = proc.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
             drop(kept);
             drop(span);
+            // A daemon the process left behind (detached from its output)
+            // still dies at the process's deadline.
+            if let (Some(deadline), Some(group)) = (watch.deadline(), proc.populated_cgroup()) {
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(deadline).await;
+                    if group.is_populated() {
+                        crate::metrics::limit_fired(LimitReason::WallTimeout);
+                        group.kill();
+                    }
+                });
+            }
             break;
         }
         let paused = lock(&proc.state).log.window_full();

@@ -127,10 +127,13 @@ impl Places {
             if v < min {
                 return Err(format!("limits.{} must be at least {min}", c.member()));
             }
-            if c == Controller::Cpu && v > MAX_CPU_PERCENT {
-                return Err(format!(
-                    "limits.cpuPercent must be at most {MAX_CPU_PERCENT}"
-                ));
+            let max = match c {
+                Controller::Memory => MAX_MEMORY_BYTES,
+                Controller::Pids => MAX_TASKS,
+                Controller::Cpu => MAX_CPU_PERCENT,
+            };
+            if v > max {
+                return Err(format!("limits.{} must be at most {max}", c.member()));
             }
             if !self.available(c) {
                 return Err(unavailable(c));
@@ -153,8 +156,9 @@ impl Places {
                         let _ = std::fs::remove_dir(entry.path());
                     }
                 }
-                if std::fs::remove_dir(base).is_ok() {
-                    break;
+                match std::fs::remove_dir(base) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {}
+                    _ => break,
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
@@ -216,6 +220,10 @@ pub fn unavailable(c: Controller) -> String {
 
 /// Smallest `limits.memoryBytes`: 1 MiB (less cannot even start a shell).
 pub const MIN_MEMORY_BYTES: u64 = 1024 * 1024;
+/// Largest `limits.memoryBytes`: 2^53 (8 PiB; a cgroup takes no more).
+pub const MAX_MEMORY_BYTES: u64 = 1 << 53;
+/// Largest `limits.maxTasks`: 4 194 304, the kernel's most pids.
+pub const MAX_TASKS: u64 = 4_194_304;
 /// Largest `limits.cpuPercent`: 1 048 576 (10 486 CPUs).
 pub const MAX_CPU_PERCENT: u64 = 1 << 20;
 /// The CPU cap's accounting period: 100 ms, the kernel's default.
@@ -306,7 +314,12 @@ impl Caps {
 }
 
 fn named(path: &Path, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+    tracing::warn!("cannot write {}: {e}", path.display());
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy())
+        .unwrap_or_default();
+    io::Error::new(e.kind(), format!("the cgroup refused {file}: {e}"))
 }
 
 fn write_file(path: PathBuf, value: &str) -> io::Result<()> {
@@ -391,6 +404,14 @@ mod tests {
             ..Default::default()
         };
         assert!(places.check(&l).unwrap_err().contains("at most"));
+        let l = ProcessLimits {
+            max_tasks: Some(MAX_TASKS + 1),
+            ..Default::default()
+        };
+        assert_eq!(
+            places.check(&l).unwrap_err(),
+            "limits.maxTasks must be at most 4194304"
+        );
         let l = ProcessLimits {
             max_tasks: Some(5),
             ..Default::default()

@@ -44,7 +44,7 @@ pub struct Session {
     pub shell_snapshots: crate::process::snapshot::ShellSnapshots,
     /// Cgroups of retired processes that still hold live descendants
     /// (double-forked daemons): killed when the session ends.
-    leftovers: Mutex<Vec<crate::process::cgroup::ProcessCgroup>>,
+    leftovers: Mutex<Vec<Arc<crate::process::cgroup::ProcessCgroup>>>,
     /// Bumped on every attach, so a stale expiry timer does nothing.
     pub(crate) generation: AtomicU64,
     /// Set by [`Session::teardown`] under the process table's lock: no
