@@ -412,15 +412,35 @@ async fn idle_output_and_deadline_limits_hold_on_a_pty_and_in_the_sandbox() {
     let _ = std::fs::remove_dir_all(&ws);
 }
 
-/// Waits (at most 5 s) until no process runs `sleep <marker>`; panics
-/// naming `what` otherwise.
-async fn gone_within_5s(marker: &str, what: &str) {
+/// A script that starts a daemon (`setsid`, detached from every output)
+/// running `sleep 1000`, writes its pid to `pidfile` and exits 0 once the
+/// pid is written.
+fn detached_daemon(pidfile: &std::path::Path) -> String {
+    let f = pidfile.display();
+    format!(
+        "setsid sh -c 'echo $$ > {f}.tmp && mv {f}.tmp {f} && exec sleep 1000' \
+         </dev/null >/dev/null 2>&1 & \
+         i=0; while [ ! -s {f} ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done; exit 0"
+    )
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+fn pid_in(pidfile: &std::path::Path) -> i32 {
+    std::fs::read_to_string(pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Waits (at most 5 s) until `pid` is gone; panics naming `what` otherwise.
+async fn gone_within_5s(pid: i32, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !pids_matching(&format!("sleep {marker}")).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: `sleep {marker}` still runs"
-        );
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "{what}: daemon {pid} still runs");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -430,11 +450,13 @@ async fn gone_within_5s(marker: &str, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_outlives_the_command_for_the_daemon_it_left() {
     let s = Server::start(&[]);
-    let script = "setsid sleep 42.71 </dev/null >/dev/null 2>&1 & exit 0";
+    let d = tmpdir("caps-deadline-daemon");
+    let pidfile = d.join("daemon.pid");
+    let script = detached_daemon(&pidfile);
     let (got, took) = run(
         &s,
-        &["sh", "-c", script],
-        json!({"timeoutMs": 1500}),
+        &["sh", "-c", &script],
+        json!({"timeoutMs": 2000}),
         false,
         None,
     )
@@ -444,12 +466,11 @@ async fn a_deadline_outlives_the_command_for_the_daemon_it_left() {
         (Some(0), None),
         "the command itself exits 0"
     );
-    assert!(took < 1.5, "it closed before its deadline: {took:.2} s");
-    assert!(
-        !pids_matching("sleep 42.71").is_empty(),
-        "the daemon runs past the command's end"
-    );
-    gone_within_5s("42.71", "the deadline").await;
+    assert!(took < 2.0, "it closed before its deadline: {took:.2} s");
+    let pid = pid_in(&pidfile);
+    assert!(alive(pid), "the daemon runs past the command's end");
+    gone_within_5s(pid, "the deadline").await;
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// Caps the kernel cannot take are refused (-32602), not failed at spawn.
@@ -542,24 +563,22 @@ async fn no_server_leaves_cgroups_or_daemons_behind() {
 
     let mut killed = Server::start(&[]);
     let d = tmpdir("caps-sweep");
+    let pidfile = d.join("daemon.pid");
     let mut c = Conn::open(&killed.url, None).await;
-    let script = "setsid sleep 42.93 </dev/null >/dev/null 2>&1 & exit 0";
+    let script = detached_daemon(&pidfile);
     c.ok(
         "process/start",
-        start_params("daemon", &["sh", "-c", script], &d, false, false),
+        start_params("daemon", &["sh", "-c", &script], &d, false, false),
     )
     .await;
     c.collect("daemon", Duration::from_secs(10)).await;
-    assert!(!pids_matching("sleep 42.93").is_empty());
+    let daemon = pid_in(&pidfile);
     let dead = killed.pid();
     killed.child.kill().unwrap();
     killed.child.wait().unwrap();
-    assert!(
-        !pids_matching("sleep 42.93").is_empty(),
-        "orphaned by SIGKILL"
-    );
+    assert!(alive(daemon), "orphaned by SIGKILL");
     let _next = Server::start(&[]);
-    gone_within_5s("42.93", "the next server's sweep").await;
+    gone_within_5s(daemon, "the next server's sweep").await;
     assert_eq!(server_dirs(dead), Vec::<std::path::PathBuf>::new(), "swept");
     let _ = std::fs::remove_dir_all(&d);
 }
