@@ -85,41 +85,64 @@ pub async fn connect(
             .await
             .map_err(|e| HarnessError::Relay(e.to_string()))?;
     }
-    let msg2 = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-        while let Some(m) = source.next().await {
-            let bytes = match m {
-                Ok(Message::Binary(b)) => b,
-                Ok(Message::Close(_)) | Err(_) => break,
-                Ok(_) => continue,
-            };
-            let Ok(f) = Frame::decode(&bytes) else {
-                continue;
-            };
-            if f.validate().is_err() || f.stream_id != stream_id {
-                continue;
-            }
-            match f.body {
-                Some(Body::Handshake { payload }) => return Ok(payload),
-                Some(Body::Reset { .. }) => return Err(HarnessError::Refused),
-                Some(Body::Data { .. }) => {
-                    return Err(HarnessError::Protocol(
-                        "received data before handshake completion".into(),
-                    ))
-                }
-                _ => continue,
-            }
-        }
-        Err(HarnessError::Relay(
-            "relay closed during the handshake".into(),
-        ))
-    })
-    .await
-    .map_err(|_| HarnessError::Protocol("handshake timed out".into()))??;
+    let msg2 = tokio::time::timeout(HANDSHAKE_TIMEOUT, await_msg2(&mut source, &stream_id))
+        .await
+        .map_err(|_| HarnessError::Protocol("handshake timed out".into()))??;
     let transport = init
         .finish(&msg2)
         .map_err(|_| HarnessError::Authentication)?;
-    let (mut send, mut recv) = halves(&stream_id, transport);
+    Ok(run_stream(sink, source, stream_id, transport))
+}
 
+/// The relay socket (plain or TLS) and its two halves.
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+type Sink = futures_util::stream::SplitSink<Socket, Message>;
+type Source = futures_util::stream::SplitStream<Socket>;
+
+/// The executor's handshake answer (msg2) on `stream_id`; frames of other
+/// streams and undecodable ones are skipped. Errors: a reset (refused),
+/// data before the handshake, the socket closing.
+async fn await_msg2(source: &mut Source, stream_id: &str) -> Result<Vec<u8>, HarnessError> {
+    while let Some(m) = source.next().await {
+        let bytes = match m {
+            Ok(Message::Binary(b)) => b,
+            Ok(Message::Close(_)) | Err(_) => break,
+            Ok(_) => continue,
+        };
+        let Ok(f) = Frame::decode(&bytes) else {
+            continue;
+        };
+        if f.validate().is_err() || f.stream_id != stream_id {
+            continue;
+        }
+        match f.body {
+            Some(Body::Handshake { payload }) => return Ok(payload),
+            Some(Body::Reset { .. }) => return Err(HarnessError::Refused),
+            Some(Body::Data { .. }) => {
+                return Err(HarnessError::Protocol(
+                    "received data before handshake completion".into(),
+                ))
+            }
+            _ => continue,
+        }
+    }
+    Err(HarnessError::Relay(
+        "relay closed during the handshake".into(),
+    ))
+}
+
+/// Runs an established stream: a writer (sealed frames and pings onto the
+/// socket), a sealer (messages into frames) and a reader (frames opened into
+/// messages); the [`Channel`] is the program's end. Dropping its receiver
+/// ends the stream and the socket.
+fn run_stream(
+    mut sink: Sink,
+    mut source: Source,
+    stream_id: String,
+    transport: crate::noise::Transport,
+) -> Channel {
+    let (mut send, mut recv) = halves(&stream_id, transport);
     let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(QUEUE);
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(QUEUE);
     let (frame_tx, mut frame_rx) = mpsc::channel::<Message>(QUEUE);
@@ -190,9 +213,9 @@ pub async fn connect(
         drop(frame_tx);
         writer.abort();
     });
-    Ok(Channel {
+    Channel {
         inbound: in_rx,
         outbound: out_tx,
         peer: format!("relay stream {stream_id}"),
-    })
+    }
 }
