@@ -525,11 +525,19 @@ async fn descriptors_the_server_inherited_stay_out_of_sandboxes() {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    // SAFETY: dup2 only, between fork and exec: fd 7 without close-on-exec.
+    // SAFETY: dup2 or fcntl only, between fork and exec: fd 7 without
+    // close-on-exec. When the directory already is fd 7, dup2(7, 7) would
+    // leave its close-on-exec flag set (the test's one flake): clear it.
     unsafe {
-        cmd.pre_exec(move || match libc::dup2(raw, 7) {
-            7 => Ok(()),
-            _ => Err(std::io::Error::last_os_error()),
+        cmd.pre_exec(move || {
+            let r = match raw {
+                7 => libc::fcntl(7, libc::F_SETFD, 0),
+                _ => libc::dup2(raw, 7) - 7,
+            };
+            match r {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
         });
     }
     let mut child = cmd.spawn().unwrap();
