@@ -55,54 +55,56 @@ pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usiz
     }
 }
 
+/// One `recvmsg` into `buf`, appending the descriptors that came with it to
+/// `fds` (close-on-exec; at most [`MAX_FDS`]). Returns the bytes read (0 at
+/// end of file); `Interrupted` is the caller's to retry.
+fn recv_once(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut cbuf = vec![0u8; cmsg_space(MAX_FDS)];
+    // SAFETY: as in send_with_fds; the kernel writes at most the lengths
+    // given, and each descriptor received is owned from here on.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = cbuf.len() as _;
+        let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let p = libc::CMSG_DATA(cmsg) as *const RawFd;
+                for i in 0..bytes / size_of::<RawFd>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        Ok(n as usize)
+    }
+}
+
 /// Reads `sock` to end of file (at most `limit` bytes), collecting every
 /// descriptor that came with the data (close-on-exec).
 pub fn recv_all(sock: &OwnedFd, limit: u64) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut data = Vec::new();
     let mut fds = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
-    let mut cbuf = vec![0u8; cmsg_space(MAX_FDS)];
     loop {
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-            iov_len: buf.len(),
+        let n = match recv_once(sock.as_raw_fd(), &mut buf, &mut fds) {
+            Ok(0) => return Ok((data, fds)),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
         };
-        // SAFETY: as in send_with_fd; the kernel writes at most the lengths given.
-        let n = unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-            msg.msg_controllen = cbuf.len() as _;
-            let n = libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
-            if n >= 0 {
-                let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-                while !cmsg.is_null() {
-                    if (*cmsg).cmsg_level == libc::SOL_SOCKET
-                        && (*cmsg).cmsg_type == libc::SCM_RIGHTS
-                    {
-                        let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                        let p = libc::CMSG_DATA(cmsg) as *const RawFd;
-                        for i in 0..bytes / size_of::<RawFd>() {
-                            fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
-                        }
-                    }
-                    cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-                }
-            }
-            n
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Ok((data, fds));
-        }
-        data.extend_from_slice(&buf[..n as usize]);
+        data.extend_from_slice(&buf[..n]);
         if data.len() as u64 > limit {
             return Err(io::Error::other("response too large"));
         }
@@ -120,33 +122,12 @@ pub fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
 /// Receives one descriptor sent by [`send_fd`] (close-on-exec). Errors: the
 /// socket ended, or its byte came without a descriptor.
 pub fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
-    let mut byte = [0u8];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut cbuf = vec![0u8; cmsg_space(1)];
-    // SAFETY: as in send_with_fds; a descriptor received is owned from here on.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = cbuf.len() as _;
-        let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        if n != 1
-            || c.is_null()
-            || (*c).cmsg_level != libc::SOL_SOCKET
-            || (*c).cmsg_type != libc::SCM_RIGHTS
-        {
-            return Err(io::Error::other("no descriptor received"));
-        }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
-        Ok(OwnedFd::from_raw_fd(fd))
+    let mut fds = Vec::new();
+    match recv_once(sock, &mut [0u8], &mut fds)? {
+        1 => fds
+            .pop()
+            .ok_or_else(|| io::Error::other("no descriptor received")),
+        _ => Err(io::Error::other("no descriptor received")),
     }
 }
 

@@ -124,26 +124,10 @@ impl Cgroups {
 
 impl Inner {
     fn kill_all_and_remove(&self) {
-        let Some(base) = &self.base else {
-            return;
-        };
         self.pool().clear();
-        if let Ok(entries) = std::fs::read_dir(base) {
-            for entry in entries.flatten() {
-                let dir = entry.path();
-                if !dir.is_dir() {
-                    continue;
-                }
-                for _ in 0..50 {
-                    kill_members(&dir);
-                    if std::fs::remove_dir(&dir).is_ok() {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-            }
+        if let Some(base) = &self.base {
+            kill_and_remove_tree(base);
         }
-        let _ = std::fs::remove_dir(base);
         self.places.remove_all();
     }
 
@@ -164,7 +148,7 @@ impl Drop for Inner {
 /// Makes the server's directory `name` below its own cgroup in the first
 /// cgroup2 mount, after sweeping those of dead servers there.
 fn make_base(name: &str) -> Option<PathBuf> {
-    let parent = own_cgroup_dir()?;
+    let parent = own_dir(None)?;
     sweep_dead(&parent);
     // Named by pid and a random suffix: a server killed with SIGKILL leaves
     // its directory behind, and a later server given the same pid must not
@@ -198,35 +182,59 @@ pub(super) fn sweep_dead(parent: &Path) {
         if pid.is_empty() || Path::new("/proc").join(pid).exists() {
             continue;
         }
-        let dir = entry.path();
-        for child in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if child.file_type().is_ok_and(|t| t.is_dir()) {
-                // Bounded: a member that does not die in 0.5 s keeps its
-                // directory until the next sweep.
-                for _ in 0..50 {
-                    kill_members(&child.path());
-                    if std::fs::remove_dir(child.path()).is_ok() {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-            }
-        }
-        let _ = std::fs::remove_dir(&dir);
+        kill_and_remove_tree(&entry.path());
     }
 }
 
-/// The directory of this process's cgroup in the first cgroup2 mount.
-fn own_cgroup_dir() -> Option<PathBuf> {
+/// Kills the members of every cgroup below `dir` and removes them, then
+/// `dir` itself. Bounded: a member that does not die within 0.5 s keeps its
+/// directory until the next sweep.
+pub(super) fn kill_and_remove_tree(dir: &Path) {
+    for child in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if !child.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let child = child.path();
+        for _ in 0..50 {
+            kill_members(&child);
+            match std::fs::remove_dir(&child) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                _ => break,
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// The directory of this process's cgroup in the cgroup2 mount (`None`), or
+/// in the v1 hierarchy that holds `controller`.
+pub(super) fn own_dir(controller: Option<&str>) -> Option<PathBuf> {
+    let holds = |list: &str| controller.is_some_and(|c| list.split(',').any(|n| n == c));
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     // Fields: id parent major:minor root mount-point options... - fstype source super-options
     let mount = mountinfo.lines().find_map(|line| {
         let (left, right) = line.split_once(" - ")?;
-        (right.split_whitespace().next()? == "cgroup2")
-            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+        let mut r = right.split_whitespace();
+        let (fstype, super_opts) = (r.next()?, r.nth(1).unwrap_or(""));
+        let wanted = match controller {
+            None => fstype == "cgroup2",
+            Some(_) => fstype == "cgroup" && holds(super_opts),
+        };
+        wanted.then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
     })?;
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    // Lines: hierarchy-id:controller[,controller...]:path (v2: `0::path`)
+    let rel = own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, names, path) = (f.next()?, f.next()?, f.next()?);
+        let wanted = match controller {
+            None => names.is_empty(),
+            Some(_) => holds(names),
+        };
+        wanted.then_some(path)
+    })?;
     Some(mount.join(rel.trim_start_matches('/')))
 }
 
@@ -288,7 +296,8 @@ impl ProcessCgroup {
     }
 }
 
-fn kill_members(dir: &Path) {
+/// SIGKILLs every member of the cgroup `dir` (v2 or v1).
+pub(super) fn kill_members(dir: &Path) {
     if std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
         return;
     }

@@ -253,7 +253,8 @@ impl Process {
             host,
         } = settings;
         let mut cgroup = host.cgroups.create();
-        if let Some(limits) = params.limits.as_ref().filter(|l| resources::any(Some(l))) {
+        let caps = params.limits.as_ref().filter(|l| resources::any(Some(l)));
+        if let Some(limits) = caps {
             // A cap must hold or the start fails: never a command that
             // runs believing it is capped.
             let group = cgroup.as_mut().ok_or_else(|| {
@@ -264,7 +265,7 @@ impl Process {
             group.set_caps(limits)?;
         }
         let join = match &cgroup {
-            Some(g) if resources::any(params.limits.as_ref()) => g.join_handles()?,
+            Some(g) if caps.is_some() => g.join_handles()?,
             Some(g) => g.join_handles().unwrap_or_default(),
             None => Vec::new(),
         };

@@ -48,11 +48,6 @@ pub fn exit_of(status: nix::sys::wait::WaitStatus) -> Option<Exit> {
     }
 }
 
-/// Exit code for an exit status: the status itself, or 128+N for signal N.
-pub fn exit_code(status: nix::sys::wait::WaitStatus) -> Option<i32> {
-    exit_of(status).map(|e| e.code)
-}
-
 struct Reaper {
     spawn_lock: Mutex<()>,
     waiters: Mutex<HashMap<i32, oneshot::Sender<Exit>>>,

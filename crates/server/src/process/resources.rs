@@ -145,22 +145,9 @@ impl Places {
     /// Removes the server's v1 directories (shutdown, after the tree
     /// kill): what a live member kept is retried a few rounds.
     pub fn remove_all(&self) {
-        for base in self.0.iter().flatten().filter_map(|p| match p {
-            Place::V1(dir) => Some(dir),
-            Place::V2 => None,
-        }) {
-            for _ in 0..50 {
-                for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
-                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                        kill_v1_members(&entry.path());
-                        let _ = std::fs::remove_dir(entry.path());
-                    }
-                }
-                match std::fs::remove_dir(base) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {}
-                    _ => break,
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
+        for p in self.0.iter().flatten() {
+            if let Place::V1(base) = p {
+                super::cgroup::kill_and_remove_tree(base);
             }
         }
     }
@@ -173,7 +160,7 @@ fn find_place(c: Controller, v2: &Path, name: &str) -> Option<Place> {
     {
         return Some(Place::V2);
     }
-    let own = v1_own_dir(c.name())?;
+    let own = super::cgroup::own_dir(Some(c.name()))?;
     super::cgroup::sweep_dead(&own);
     let dir = own.join(name);
     match std::fs::create_dir(&dir) {
@@ -183,27 +170,6 @@ fn find_place(c: Controller, v2: &Path, name: &str) -> Option<Place> {
             None
         }
     }
-}
-
-/// This process's cgroup directory in the v1 hierarchy of `controller`.
-fn v1_own_dir(controller: &str) -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    // Fields: id parent major:minor root mount-point options... - fstype source super-options
-    let mount = mountinfo.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        let mut r = right.split_whitespace();
-        let (fstype, super_opts) = (r.next()?, r.nth(1)?);
-        (fstype == "cgroup" && super_opts.split(',').any(|o| o == controller))
-            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-    })?;
-    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    // Lines: hierarchy-id:controller[,controller...]:path
-    let rel = own.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_, names, path) = (f.next()?, f.next()?, f.next()?);
-        names.split(',').any(|n| n == controller).then_some(path)
-    })?;
-    Some(mount.join(rel.trim_start_matches('/')))
 }
 
 /// Why `controller`'s cap cannot hold here.
@@ -361,17 +327,6 @@ impl Drop for Caps {
     fn drop(&mut self) {
         for dir in &self.v1 {
             let _ = std::fs::remove_dir(dir);
-        }
-    }
-}
-
-fn kill_v1_members(dir: &Path) {
-    if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
         }
     }
 }
