@@ -9,6 +9,7 @@ mod discovery;
 mod fs;
 mod http;
 mod process;
+mod process_start;
 mod session;
 
 use crate::connection::Ctx;

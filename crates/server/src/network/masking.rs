@@ -63,44 +63,39 @@ fn custom_providers(p: &RemoteNetworkProxyConfig) -> Vec<CustomProvider> {
         .collect()
 }
 
-/// When `credentialMasking` is on: resolves the child's environment, masks
-/// it, and puts the whole of it in `p.env` (which overrides whatever
-/// `p.env_policy` would inherit, so inherited secrets are masked too; the
-/// policy stays for a shell snapshot's filters and cache key). Returns the
-/// masking for the proxy; `None` (and `p` untouched) when masking is off.
-pub fn mask_start_env(p: &mut ExecParams, tool_dirs: &[PathBuf]) -> Option<Arc<Masking>> {
+/// When the request `p` turns `credentialMasking` on: masks the child's
+/// built environment `env` in place (inherited secrets included). Returns
+/// the masking for the proxy; `None` (and `env` untouched) when masking is
+/// off.
+pub fn mask_env(p: &ExecParams, env: &mut BTreeMap<String, String>) -> Option<Arc<Masking>> {
     let cfg = &p.network_proxy.as_ref()?.proxy;
     if cfg.credential_masking != Some(true) {
         return None;
     }
     let customs = custom_providers(cfg);
-    let mut env = crate::process::spawn::build_env(
-        &p.env,
-        p.env_policy.as_ref(),
-        crate::process::spawn::server_env(tool_dirs),
-    );
-    let (masking, skipped) = Masking::mask_env(&customs, &mut env);
+    let (masking, skipped) = Masking::mask_env(&customs, env);
     for s in skipped {
         tracing::warn!(provider = %s.provider, "credential provider not used: {}", s.reason);
     }
-    p.env = env;
     Some(Arc::new(masking))
 }
 
-/// After a shell snapshot merged its exports into the masked `p.env`
+/// After a shell snapshot merged its exports into the masked `env`
 /// (`before`: the names present when it was masked): provider variables it
 /// added are masked with a known placeholder or dropped (with a warning).
+/// `p`: the request, whose proxy config names custom providers.
 pub fn scrub_added(
     masking: &Masking,
     before: &std::collections::BTreeSet<String>,
-    p: &mut ExecParams,
+    p: &ExecParams,
+    env: &mut BTreeMap<String, String>,
 ) {
     let customs = p
         .network_proxy
         .as_ref()
         .map(|np| custom_providers(&np.proxy))
         .unwrap_or_default();
-    for name in masking.scrub_added(before, &customs, &mut p.env) {
+    for name in masking.scrub_added(before, &customs, env) {
         tracing::warn!(%name, "credential masking: dropped a secret the shell snapshot exported");
     }
 }

@@ -117,7 +117,7 @@ impl Drop for SocketDir {
 /// new directory under this path (the server's runtime directory);
 /// `server`: the server's settings (transparent TCP, extra upstream roots,
 /// its own ports, never reachable through the proxy); `mask`: the process's
-/// credential masking ([`masking::mask_start_env`]) and its (masked)
+/// credential masking ([`masking::mask_env`]) and its (masked)
 /// environment.
 /// Errors: [`Failed`](crate::error::ErrorKind::Failed), with the OS error
 /// as its source, when the listeners cannot be bound or the CA bundle

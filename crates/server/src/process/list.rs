@@ -6,8 +6,8 @@ use exec_server_protocol::types::{ExecParams, ProcessInfo, ProcessLimits, Proces
 use exec_server_protocol::PathUri;
 use std::sync::atomic::Ordering;
 
-/// What a process was started with.
-pub(super) struct StartedWith {
+/// What a process was started with, as `process/list` shows it.
+pub struct StartedWith {
     argv: Vec<String>,
     cwd: PathUri,
     tty: bool,
@@ -17,7 +17,8 @@ pub(super) struct StartedWith {
 }
 
 impl StartedWith {
-    pub(super) fn of(params: &ExecParams) -> StartedWith {
+    /// The request `params` as the client sent it, started now.
+    pub fn of(params: &ExecParams) -> StartedWith {
         StartedWith {
             argv: params.argv.clone(),
             cwd: params.cwd.clone(),

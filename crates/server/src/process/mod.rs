@@ -7,10 +7,11 @@
 pub mod cgroup;
 pub mod kill;
 pub mod limits;
-mod list;
+pub mod list;
 pub mod live;
 mod notify;
 pub mod output_log;
+pub mod plan;
 mod pty_line;
 mod pump;
 mod read_buf;
@@ -233,16 +234,16 @@ async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()
 }
 
 impl Process {
-    /// Starts the child and its pump. The pump waits for `start_gate` (fired once
-    /// the `process/start` response is queued, or dropped) before sending any
-    /// notification, so the response always comes first.
+    /// Carries out `plan`: starts the child and its pump. The pump waits for
+    /// `start_gate` (fired once the `process/start` response is queued, or
+    /// dropped) before sending any notification, so the response always
+    /// comes first. Errors: the plan's caps cannot hold, or the start failed
+    /// (see [`spawn::start`]).
     pub fn spawn(
-        params: &exec_server_protocol::types::ExecParams,
-        cwd: &std::path::Path,
+        plan: plan::LaunchPlan,
         link: Arc<Link>,
         start_gate: oneshot::Receiver<()>,
         on_retire: RetireHook,
-        sandbox: Option<&crate::sandbox::StartSandbox>,
         settings: SpawnSettings,
     ) -> std::io::Result<Arc<Process>> {
         let SpawnSettings {
@@ -253,7 +254,7 @@ impl Process {
             host,
         } = settings;
         let mut cgroup = host.cgroups.create();
-        let caps = params.limits.as_ref().filter(|l| resources::any(Some(l)));
+        let caps = plan.limits.as_ref().filter(|l| resources::any(Some(l)));
         if let Some(limits) = caps {
             // A cap must hold or the start fails: never a command that
             // runs believing it is capped.
@@ -269,7 +270,7 @@ impl Process {
             Some(g) => g.join_handles().unwrap_or_default(),
             None => Vec::new(),
         };
-        let started = spawn::start(params, cwd, &join, sandbox, &host.tool_dirs)?;
+        let started = spawn::start(&plan.exec, &join, plan.confinement.as_ref())?;
         drop(join);
         crate::metrics::process_spawned();
         let confinement = started.confinement;
@@ -278,9 +279,9 @@ impl Process {
         // process is closed: its duration is the process's lifetime.
         let span = tracing::info_span!(
             "process",
-            process_id = %params.process_id,
+            process_id = %plan.process_id,
             pid,
-            tty = params.tty,
+            tty = plan.exec.tty(),
             sandboxed = confinement.is_some(),
             exit_code = tracing::field::Empty,
         );
@@ -306,13 +307,13 @@ impl Process {
         });
         let (changed, _) = watch::channel(0);
         let proc = Arc::new(Process {
-            id: params.process_id.clone(),
+            id: plan.process_id.clone(),
             pid,
             cgroup: Mutex::new(cgroup.map(Arc::new)),
             tty,
             state: Mutex::new(State {
                 log: OutputLog::new(
-                    params.ack_output,
+                    plan.ack_output,
                     spool.map(|c| spool::Spool::new(c, spool_share)),
                 ),
                 write_ids: WriteIds::default(),
@@ -329,8 +330,8 @@ impl Process {
             sandboxed: confinement.is_some(),
             started: std::time::Instant::now(),
             discarded: Notify::new(),
-            kept: Mutex::new(Some(Vec::new())),
-            started_with: list::StartedWith::of(params),
+            kept: Mutex::new(Some(plan.kept)),
+            started_with: plan.shown,
             output_bytes: std::sync::atomic::AtomicU64::new(0),
         });
         if let Some((_, rx, fd)) = stdin_tx {
@@ -347,7 +348,7 @@ impl Process {
                 confinement,
                 span,
                 limits: limits::Watch::new(
-                    params.limits.as_ref(),
+                    plan.limits.as_ref(),
                     tokio::time::Instant::now(),
                     limit_grace,
                 ),

@@ -1,9 +1,10 @@
 //! Building and starting a child: environment, program lookup, pipes or a PTY, and
 //! its own session and process group.
 
+use super::plan::{Exec, Io};
 use super::reaper;
 use super::spawn_error::{tag, Stage};
-use exec_server_protocol::types::{EnvInherit, EnvPolicy, ExecParams, PtySize};
+use exec_server_protocol::types::{EnvInherit, EnvPolicy, PtySize};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -182,49 +183,42 @@ fn join_cgroup(fd: std::os::fd::RawFd) {
     }
 }
 
-/// Starts the child described by `params`, confined by `sandbox` when given;
-/// the child (bubblewrap and everything in the sandbox, when confined) joins
-/// each of `cgroups` (their open `cgroup.procs`) before it runs; an
-/// environment that starts from the server's has `tool_dirs` lead its PATH. Errors
-/// are OS errors (cwd or program missing, exec failure) and sandbox refusals,
-/// answered as spawn failures.
+/// Starts `exec`, confined by `sandbox` when given; the child (bubblewrap
+/// and everything in the sandbox, when confined) joins each of `cgroups`
+/// (their open `cgroup.procs`) before it runs. Errors are OS errors (cwd or
+/// program missing, exec failure) and sandbox refusals, answered as spawn
+/// failures.
 pub fn start(
-    params: &ExecParams,
-    cwd: &Path,
+    exec: &Exec,
     cgroups: &[std::fs::File],
     sandbox: Option<&crate::sandbox::StartSandbox>,
-    tool_dirs: &[PathBuf],
 ) -> std::io::Result<Started> {
     // Raw descriptors collected before the fork: the child only iterates.
     let cgroup_fds: Vec<std::os::fd::RawFd> = cgroups.iter().map(|f| f.as_raw_fd()).collect();
-    let env = build_env(
-        &params.env,
-        params.env_policy.as_ref(),
-        server_env(tool_dirs),
-    );
+    let cwd = exec.cwd.as_path();
     let meta = std::fs::metadata(cwd).map_err(|e| tag(Stage::Cwd, cwd, e))?;
     if !meta.is_dir() {
         let e = std::io::Error::from_raw_os_error(libc::ENOTDIR);
         return Err(tag(Stage::Cwd, cwd, e));
     }
-    let program = resolve_program(&params.argv[0], &env, cwd)
-        .map_err(|e| tag(Stage::Program, Path::new(&params.argv[0]), e))?;
+    let program = resolve_program(&exec.argv[0], &exec.env, cwd)
+        .map_err(|e| tag(Stage::Program, Path::new(&exec.argv[0]), e))?;
     // Without a sandbox, an exec failure is about the program itself (with
     // one, the sandbox's launcher is what runs first).
     let exec_failed = |e: std::io::Error| match sandbox {
         None => tag(Stage::Program, &program, e),
         Some(_) => e,
     };
-    let arg0 = params.arg0.as_deref().unwrap_or(&params.argv[0]);
+    let arg0 = exec.arg0.as_deref().unwrap_or(&exec.argv[0]);
     let (mut cmd, guard, _fds) = match sandbox {
         None => {
             let mut cmd = Command::new(&program);
-            cmd.args(&params.argv[1..]);
+            cmd.args(&exec.argv[1..]);
             cmd.arg0(OsString::from(arg0));
             (cmd, None, Vec::new())
         }
         Some(sb) => {
-            let p = sb.prepare(&env, &program, arg0, &params.argv[1..], cwd)?;
+            let p = sb.prepare(&exec.env, &program, arg0, &exec.argv[1..], cwd)?;
             (p.command, Some((p.guard, p.confined)), p.fds)
         }
     };
@@ -235,12 +229,11 @@ pub fn start(
             .map(|(sb, (g, confined))| sb.confinement(g, pid, confined))
     };
     cmd.env_clear();
-    cmd.envs(&env);
+    cmd.envs(&exec.env);
     cmd.current_dir(cwd);
-    let (pid, io, exit) = if params.tty {
-        on_a_pty(cmd, params, cgroup_fds).map_err(exec_failed)?
-    } else {
-        on_pipes(cmd, params, cgroup_fds).map_err(exec_failed)?
+    let (pid, io, exit) = match exec.io {
+        Io::Pty(size) => on_a_pty(cmd, size, cgroup_fds).map_err(exec_failed)?,
+        Io::Pipes { stdin } => on_pipes(cmd, stdin, cgroup_fds).map_err(exec_failed)?,
     };
     Ok(Started {
         pid,
@@ -254,15 +247,14 @@ pub fn start(
 /// receiver of its exit.
 type Spawned = (u32, ChildIo, oneshot::Receiver<reaper::Exit>);
 
-/// Starts `cmd` on a new PTY of `params`' size, as the leader of a new
-/// session with the terminal as its controlling one, after joining the
-/// cgroups open as `cgroup_fds`.
+/// Starts `cmd` on a new PTY of `size`, as the leader of a new session
+/// with the terminal as its controlling one, after joining the cgroups open
+/// as `cgroup_fds`.
 fn on_a_pty(
     mut cmd: Command,
-    params: &ExecParams,
+    size: PtySize,
     cgroup_fds: Vec<std::os::fd::RawFd>,
 ) -> std::io::Result<Spawned> {
-    let size = params.pty_size.unwrap_or(DEFAULT_PTY_SIZE);
     let ws = nix::pty::Winsize {
         ws_row: size.rows,
         ws_col: size.cols,
@@ -306,15 +298,15 @@ fn on_a_pty(
     Ok((pid, ChildIo::Pty { master: pty.master }, exit))
 }
 
-/// Starts `cmd` with piped stdout and stderr (stdin piped or `/dev/null`)
-/// in a process group of its own, after joining the cgroups open as
-/// `cgroup_fds`.
+/// Starts `cmd` with piped stdout and stderr (stdin piped when
+/// `pipe_stdin`, else `/dev/null`) in a process group of its own, after
+/// joining the cgroups open as `cgroup_fds`.
 fn on_pipes(
     mut cmd: Command,
-    params: &ExecParams,
+    pipe_stdin: bool,
     cgroup_fds: Vec<std::os::fd::RawFd>,
 ) -> std::io::Result<Spawned> {
-    cmd.stdin(if params.pipe_stdin {
+    cmd.stdin(if pipe_stdin {
         Stdio::piped()
     } else {
         Stdio::null()

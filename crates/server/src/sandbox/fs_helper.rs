@@ -18,13 +18,12 @@
 //! a helper that fails is [`ErrorKind::Failed`] `fs sandbox helper failed with
 //! status …`.
 
-use super::{to_policy, Support};
+use super::{to_policy, Confine, Support};
 use crate::error::{ErrorKind, ExecError, ExecResult};
 use crate::fs;
 use crate::process::reaper;
 use exec_server_protocol::methods as m;
 use exec_server_protocol::types::*;
-use exec_server_sandbox::Policy;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -59,8 +58,7 @@ pub enum Route {
 
 /// A confined helper run for one request.
 pub struct Helper {
-    policy: Policy,
-    runtime: exec_server_sandbox::Runtime,
+    confine: Confine,
 }
 
 /// Decides where a request runs. [`ErrorKind::InvalidParams`] `file system
@@ -88,11 +86,8 @@ pub fn route(
     if allowed {
         return Ok(Route::InProcess);
     }
-    Ok(match support.runtime_for(&policy)? {
-        Some(r) => Route::Helper(Helper {
-            policy,
-            runtime: r.clone(),
-        }),
+    Ok(match support.confine(policy)? {
+        Some(confine) => Route::Helper(Helper { confine }),
         None => Route::InProcess,
     })
 }
@@ -154,13 +149,13 @@ impl Helper {
     }
 
     fn run(&self, request: String) -> ExecResult<(Value, Vec<OwnedFd>)> {
-        let mut extra: Vec<PathBuf> = vec![self.runtime.helper.clone()];
+        let mut extra: Vec<PathBuf> = vec![self.confine.runtime.helper.clone()];
         extra.extend(exec_server_sandbox::MINIMAL_ROOTS.iter().map(PathBuf::from));
-        let plan = exec_server_sandbox::resolve(&self.policy, &extra)
+        let plan = exec_server_sandbox::resolve(&self.confine.policy, &extra)
             .map_err(|e| ExecError::permission_denied(e.to_string()).with_source(e))?;
-        let helper = self.runtime.helper.clone();
+        let helper = self.confine.runtime.helper.clone();
         let prepared = exec_server_sandbox::prepare(
-            &self.runtime,
+            &self.confine.runtime,
             plan,
             &exec_server_sandbox::Command {
                 program: &helper,

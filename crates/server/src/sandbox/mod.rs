@@ -79,6 +79,17 @@ impl Support {
 
     /// The runtime for `policy`, or the refusal (or `None` = run unconfined,
     /// with the operator's consent) when it cannot be enforced here.
+    /// The confinement that enforces `policy` here: `Ok(None)` runs
+    /// unconfined (the operator's opt-out where enforcement is impossible);
+    /// refused ([`ErrorKind::PermissionDenied`](crate::error::ErrorKind))
+    /// where it cannot be enforced.
+    pub fn confine(&self, policy: Policy) -> ExecResult<Option<Confine>> {
+        Ok(self.runtime_for(&policy)?.map(|r| Confine {
+            policy,
+            runtime: r.clone(),
+        }))
+    }
+
     fn runtime_for(&self, policy: &Policy) -> ExecResult<Option<&Runtime>> {
         let needs_bwrap = !policy.writes_everything();
         match &self.runtime {
@@ -175,11 +186,22 @@ fn target(p: &PermissionPath) -> ExecResult<Target> {
     })
 }
 
-/// The confinement of one `process/start`.
+/// A decided confinement: the policy and the runtime that enforces it.
+/// What a sandboxed `process/start` and a sandboxed `fs/*` call both run
+/// under (the latter in the confined helper).
+#[derive(Debug, Clone)]
+pub struct Confine {
+    /// What the command may see and change.
+    pub policy: Policy,
+    /// bubblewrap, the helper executable and the hidden paths.
+    pub runtime: Runtime,
+}
+
+/// The confinement of one `process/start`: a [`Confine`] and its network
+/// route.
 #[derive(Debug)]
 pub struct StartSandbox {
-    policy: Policy,
-    runtime: Runtime,
+    confine: Confine,
     /// The start has a `networkProxy`: the command's network namespace
     /// reaches only that proxy (SANDBOX.md §3.3).
     routed: bool,
@@ -223,8 +245,10 @@ pub fn for_start(
     if network_proxy {
         return match &support.runtime {
             Some(r) if r.bwrap.is_some() => Ok(Some(StartSandbox {
-                policy,
-                runtime: r.clone(),
+                confine: Confine {
+                    policy,
+                    runtime: r.clone(),
+                },
                 routed: true,
                 route: None,
                 pids: support.pids.clone(),
@@ -235,9 +259,8 @@ pub fn for_start(
             )),
         };
     }
-    Ok(support.runtime_for(&policy)?.map(|r| StartSandbox {
-        policy,
-        runtime: r.clone(),
+    Ok(support.confine(policy)?.map(|confine| StartSandbox {
+        confine,
         routed: false,
         route: None,
         pids: support.pids.clone(),
@@ -275,11 +298,11 @@ impl StartSandbox {
         args: &[String],
         cwd: &Path,
     ) -> std::io::Result<Prepared> {
-        let mut policy = self.policy.clone();
+        let runtime = &self.confine.runtime;
+        let mut policy = self.confine.policy.clone();
         policy.tmpdir = env.get("TMPDIR").map(PathBuf::from);
-        let mut plan =
-            exec_server_sandbox::resolve(&policy, std::slice::from_ref(&self.runtime.helper))
-                .map_err(std::io::Error::other)?;
+        let mut plan = exec_server_sandbox::resolve(&policy, std::slice::from_ref(&runtime.helper))
+            .map_err(std::io::Error::other)?;
         if self.routed {
             // Fail closed: a routed start without its route never runs.
             let route = self.route.clone().ok_or_else(|| {
@@ -288,7 +311,7 @@ impl StartSandbox {
             plan = exec_server_sandbox::route_through_proxy(plan, route);
         }
         exec_server_sandbox::prepare(
-            &self.runtime,
+            runtime,
             plan,
             &exec_server_sandbox::Command {
                 program,

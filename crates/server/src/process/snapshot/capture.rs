@@ -11,11 +11,11 @@
 //! changed in the environment they were given ([`EnvChange`]).
 
 use super::ShellKind;
+use crate::process::plan::{Exec, Io};
 use crate::process::spawn;
-use exec_server_protocol::types::{EnvPolicy, ExecParams};
+use exec_server_protocol::types::EnvPolicy;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -122,33 +122,32 @@ pub fn script(kind: ShellKind, marker: &str) -> String {
     format!("{say} '\\n%s\\n' '{MARKER_PREFIX}{marker}'; {state}; {say} '\\0'; {exec} env -0")
 }
 
-/// Runs `params`' shell with the capture script in place of the command's, in
+/// Runs `exec`'s shell with the capture script in place of the command's, in
 /// the same cwd, environment and sandbox as the command, and parses the
-/// result. `argv` of `params` is `[shell, "-lc", script, args…]`; `given`
-/// is the environment `params` builds (what the startup files start from). Whatever the
-/// startup files leave running (background jobs, daemons) is killed when the
-/// capture ends: by the capture's cgroup where there is one, else by its
-/// process group.
+/// result, filtered by the request's `policy`. `exec.argv` is
+/// `[shell, "-lc", script, args…]`; its environment is what the startup
+/// files start from. Whatever the startup files leave running (background
+/// jobs, daemons) is killed when the capture ends: by the capture's cgroup
+/// where there is one, else by its process group.
 pub async fn capture(
     kind: ShellKind,
-    params: &ExecParams,
-    given: &BTreeMap<String, String>,
-    cwd: &Path,
+    exec: &Exec,
+    policy: Option<&EnvPolicy>,
     sandbox: Option<&crate::sandbox::StartSandbox>,
     host: &crate::process::Host,
 ) -> Result<Snapshot, CaptureError> {
     let marker = uuid::Uuid::new_v4().simple().to_string();
-    let mut run = params.clone();
-    run.argv = vec![params.argv[0].clone(), "-lc".into(), script(kind, &marker)];
-    run.tty = false;
-    run.pipe_stdin = false;
+    let run = Exec {
+        argv: vec![exec.argv[0].clone(), "-lc".into(), script(kind, &marker)],
+        io: Io::Pipes { stdin: false },
+        ..exec.clone()
+    };
     let group = host.cgroups.create();
     let join = group
         .as_ref()
         .and_then(|g| g.join_handles().ok())
         .unwrap_or_default();
-    let started =
-        spawn::start(&run, cwd, &join, sandbox, &host.tool_dirs).map_err(CaptureError::Spawn)?;
+    let started = spawn::start(&run, &join, sandbox).map_err(CaptureError::Spawn)?;
     drop(join);
     let spawn::ChildIo::Pipes { stdout, stderr, .. } = started.io else {
         return Err(CaptureError::Malformed("no pipes"));
@@ -199,7 +198,7 @@ pub async fn capture(
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
         });
     }
-    parse(&out, &marker, given, params.env_policy.as_ref())
+    parse(&out, &marker, &exec.env, policy)
 }
 
 /// Reads `fd` (keeping at most `limit` bytes) until its end, or until the

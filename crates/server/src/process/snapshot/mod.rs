@@ -25,12 +25,12 @@
 
 mod capture;
 
+use crate::process::plan::Exec;
 pub use capture::{CaptureError, EnvChange, Snapshot, CAPTURE_TIMEOUT, MAX_CAPTURE_BYTES};
 use exec_server_protocol::types::{
     EnvPolicy, ExecParams, FileSystemSandboxContext, ShellSnapshotRequest,
 };
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::path::Path;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
@@ -143,55 +143,58 @@ pub struct ShellSnapshots {
 }
 
 impl ShellSnapshots {
-    /// Rewrites `params` (argv and environment) to restore the scope's
-    /// snapshot, capturing it first if this scope has none yet. `cwd` is the
-    /// native cwd; `sandbox` confines the capture as it will the command;
-    /// `volatile` names variables the server itself sets for each process
-    /// (the network proxy's), which do not make a new capture.
-    /// Errors: only a refused request; a failed capture leaves `params` as is.
+    /// Rewrites `exec` (argv and environment) to restore the scope's
+    /// snapshot, capturing it first if this scope has none yet. `request`
+    /// is the wire request (its `shellSnapshot`, `envPolicy` and `sandbox`
+    /// key the capture); `named`: variables the snapshot leaves as they are
+    /// ([`crate::process::plan::named_by_request`]); `sandbox` confines the
+    /// capture as it will the command; `volatile` names variables the server
+    /// itself sets for each process (the network proxy's), which do not make
+    /// a new capture.
+    /// Errors: only a refused request; a failed capture leaves `exec` as is.
     pub async fn apply(
         &self,
-        params: &mut ExecParams,
-        cwd: &Path,
+        request: &ExecParams,
+        exec: &mut Exec,
+        named: &BTreeSet<String>,
         sandbox: Option<&crate::sandbox::StartSandbox>,
         volatile: &BTreeSet<String>,
         host: &crate::process::Host,
     ) -> Result<Outcome, SnapshotError> {
-        let Some(request) = params.shell_snapshot.clone() else {
+        let Some(snapshot_request) = request.shell_snapshot.clone() else {
             return Ok(Outcome::NotRequested);
         };
-        if request.scope_id.is_empty() || request.scope_id.len() > MAX_SCOPE_BYTES {
+        if snapshot_request.scope_id.is_empty() || snapshot_request.scope_id.len() > MAX_SCOPE_BYTES
+        {
             return Err(SnapshotError::Scope);
         }
-        if params.argv.len() < 3 || params.argv[0] != request.shell.path || params.argv[1] != "-lc"
+        if exec.argv.len() < 3
+            || exec.argv[0] != snapshot_request.shell.path
+            || exec.argv[1] != "-lc"
         {
             return Ok(Outcome::NotApplicable);
         }
-        let kind = ShellKind::from_name(&request.shell.name)
-            .ok_or_else(|| SnapshotError::UnsupportedShell(request.shell.name.clone()))?;
-        let effective = crate::process::spawn::build_env(
-            &params.env,
-            params.env_policy.as_ref(),
-            crate::process::spawn::server_env(&host.tool_dirs),
-        );
-        let mut env_policy = params.env_policy.clone();
+        let kind = ShellKind::from_name(&snapshot_request.shell.name)
+            .ok_or_else(|| SnapshotError::UnsupportedShell(snapshot_request.shell.name.clone()))?;
+        let mut env_policy = request.env_policy.clone();
         if let Some(policy) = env_policy.as_mut() {
             policy.set.retain(|k, _| !volatile.contains(k));
         }
         let key = Key {
-            request,
-            cwd: cwd.to_path_buf(),
+            request: snapshot_request,
+            cwd: exec.cwd.clone(),
             env_policy,
-            sandbox: params.sandbox.clone(),
+            sandbox: request.sandbox.clone(),
             startup_vars: STARTUP_VARS
                 .iter()
-                .map(|v| effective.get(*v).cloned())
+                .map(|v| exec.env.get(*v).cloned())
                 .collect(),
         };
         let cell = self.cell_for(key);
         let captured = cell
             .get_or_init(|| async {
-                match capture::capture(kind, params, &effective, cwd, sandbox, host).await {
+                let policy = request.env_policy.as_ref();
+                match capture::capture(kind, exec, policy, sandbox, host).await {
                     Ok(snapshot) => Ok(Arc::new(snapshot)),
                     Err(e) => {
                         tracing::warn!(error = %e, "shell snapshot capture failed; the command runs as a login shell");
@@ -202,7 +205,7 @@ impl ShellSnapshots {
             .await;
         match captured {
             Ok(snapshot) => {
-                restore(kind, snapshot, effective, params);
+                restore(kind, snapshot, exec, named);
                 Ok(Outcome::Restored)
             }
             Err(_) => Ok(Outcome::CaptureFailed),
@@ -238,19 +241,10 @@ impl ShellSnapshots {
     }
 }
 
-/// Makes `params` run its script after restoring `snapshot`; `env` is the
-/// command's environment as `params` would build it.
-fn restore(
-    kind: ShellKind,
-    snapshot: &Snapshot,
-    mut env: BTreeMap<String, String>,
-    params: &mut ExecParams,
-) {
-    let named: BTreeSet<&String> = params
-        .env
-        .keys()
-        .chain(params.env_policy.iter().flat_map(|p| p.set.keys()))
-        .collect();
+/// Makes `exec` run its script after restoring `snapshot`; variables in
+/// `named` are extended but never set or unset by it.
+fn restore(kind: ShellKind, snapshot: &Snapshot, exec: &mut Exec, named: &BTreeSet<String>) {
+    let env = &mut exec.env;
     for (name, change) in &snapshot.env {
         match change {
             EnvChange::Wrap { prefix, suffix } => {
@@ -296,16 +290,15 @@ fn restore(
             kind.printf()
         )
     };
-    params.argv[1] = flag.to_owned();
-    params.argv[2] = format!("{preamble}{prologue}{}", params.argv[2]);
-    params.env = env;
-    params.env_policy = None;
+    exec.argv[1] = flag.to_owned();
+    exec.argv[2] = format!("{preamble}{prologue}{}", exec.argv[2]);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use exec_server_protocol::types::SnapshotShell;
+    use std::collections::BTreeMap;
 
     fn params(argv: &[&str]) -> ExecParams {
         let cwd = exec_server_protocol::PathUri::parse("file:///tmp").unwrap();
@@ -350,21 +343,49 @@ mod tests {
             ]),
         };
         let env = crate::process::spawn::build_env(&p.env, None, std::iter::empty());
-        restore(ShellKind::Bash, &snapshot, env, &mut p);
-        assert_eq!(p.argv[0], "/bin/bash");
-        assert_eq!(p.argv[1], "-pc");
-        assert_eq!(p.argv[3], "zero");
-        assert!(p.argv[2].starts_with("set +o privileged; if ! eval"));
-        assert!(p.argv[2].ends_with("; fi; echo hi"));
-        assert!(!p.argv[2].contains('\n'), "{}", p.argv[2]);
-        assert_eq!(p.env["PATH"], "/profile/bin:/req/bin");
-        assert_eq!(p.env["FROM_PROFILE"], "1");
-        assert_eq!(p.env["EDITOR"], "nano");
-        assert_eq!(p.env["UNSET_BY_PROFILE"], "kept: the request names it");
+        let mut exec = Exec::of(&p, "/tmp".into(), env);
+        let named = crate::process::plan::named_by_request(&p, &exec.env, &BTreeSet::new(), false);
+        restore(ShellKind::Bash, &snapshot, &mut exec, &named);
+        assert_eq!(exec.argv[0], "/bin/bash");
+        assert_eq!(exec.argv[1], "-pc");
+        assert_eq!(exec.argv[3], "zero");
+        assert!(exec.argv[2].starts_with("set +o privileged; if ! eval"));
+        assert!(exec.argv[2].ends_with("; fi; echo hi"));
+        assert!(!exec.argv[2].contains('\n'), "{}", exec.argv[2]);
+        assert_eq!(exec.env["PATH"], "/profile/bin:/req/bin");
+        assert_eq!(exec.env["FROM_PROFILE"], "1");
+        assert_eq!(exec.env["EDITOR"], "nano");
+        assert_eq!(exec.env["UNSET_BY_PROFILE"], "kept: the request names it");
         let chunks = format!("{STATE_VAR_PREFIX}0");
-        assert_eq!(p.env[&chunks].len(), STATE_CHUNK_BYTES);
-        assert_eq!(p.env[&format!("{STATE_VAR_PREFIX}1")].len(), 10);
-        assert!(p.env_policy.is_none());
+        assert_eq!(exec.env[&chunks].len(), STATE_CHUNK_BYTES);
+        assert_eq!(exec.env[&format!("{STATE_VAR_PREFIX}1")].len(), 10);
+    }
+
+    #[test]
+    fn a_masked_environment_keeps_every_variable_it_had() {
+        let p = params(&["/bin/bash", "-lc", "echo hi"]);
+        let env = BTreeMap::from([("API_KEY".to_string(), "placeholder".to_string())]);
+        let mut exec = Exec::of(&p, "/tmp".into(), env);
+        let snapshot = Snapshot {
+            state: String::new(),
+            env: BTreeMap::from([("API_KEY".into(), EnvChange::Set("real".into()))]),
+        };
+        let named = crate::process::plan::named_by_request(&p, &exec.env, &BTreeSet::new(), true);
+        restore(ShellKind::Bash, &snapshot, &mut exec, &named);
+        assert_eq!(exec.env["API_KEY"], "placeholder");
+        let named = crate::process::plan::named_by_request(&p, &exec.env, &BTreeSet::new(), false);
+        restore(ShellKind::Bash, &snapshot, &mut exec, &named);
+        assert_eq!(exec.env["API_KEY"], "real");
+    }
+
+    async fn apply(
+        cache: &ShellSnapshots,
+        p: &ExecParams,
+        host: &crate::process::Host,
+    ) -> Result<Outcome, SnapshotError> {
+        let mut exec = Exec::of(p, "/tmp".into(), p.env.clone());
+        let none = BTreeSet::new();
+        cache.apply(p, &mut exec, &none, None, &none, host).await
     }
 
     #[tokio::test]
@@ -374,44 +395,21 @@ mod tests {
             tool_dirs: Vec::new().into(),
             cgroups: crate::process::cgroup::Cgroups::new(false),
         };
-        let mut p = params(&["/bin/bash", "-c", "echo"]);
-        let cwd = Path::new("/tmp");
-        assert_eq!(
-            cache
-                .apply(&mut p, cwd, None, &BTreeSet::new(), &host)
-                .await,
-            Ok(Outcome::NotApplicable)
-        );
-        let mut p = params(&["bash", "-lc", "echo"]);
-        assert_eq!(
-            cache
-                .apply(&mut p, cwd, None, &BTreeSet::new(), &host)
-                .await,
-            Ok(Outcome::NotApplicable)
-        );
+        let p = params(&["/bin/bash", "-c", "echo"]);
+        assert_eq!(apply(&cache, &p, &host).await, Ok(Outcome::NotApplicable));
+        let p = params(&["bash", "-lc", "echo"]);
+        assert_eq!(apply(&cache, &p, &host).await, Ok(Outcome::NotApplicable));
         let mut p = params(&["/bin/bash", "-lc", "echo"]);
         p.shell_snapshot.as_mut().unwrap().scope_id = String::new();
-        assert_eq!(
-            cache
-                .apply(&mut p, cwd, None, &BTreeSet::new(), &host)
-                .await,
-            Err(SnapshotError::Scope)
-        );
+        assert_eq!(apply(&cache, &p, &host).await, Err(SnapshotError::Scope));
         let mut p = params(&["/bin/bash", "-lc", "echo"]);
         p.shell_snapshot.as_mut().unwrap().shell.name = "fish".into();
         assert_eq!(
-            cache
-                .apply(&mut p, cwd, None, &BTreeSet::new(), &host)
-                .await,
+            apply(&cache, &p, &host).await,
             Err(SnapshotError::UnsupportedShell("fish".into()))
         );
         let mut p = params(&["/bin/bash", "-lc", "echo"]);
         p.shell_snapshot = None;
-        assert_eq!(
-            cache
-                .apply(&mut p, cwd, None, &BTreeSet::new(), &host)
-                .await,
-            Ok(Outcome::NotRequested)
-        );
+        assert_eq!(apply(&cache, &p, &host).await, Ok(Outcome::NotRequested));
     }
 }
