@@ -17,6 +17,7 @@ mod http;
 pub mod mask;
 mod mitm;
 pub mod policy;
+mod responses;
 mod socks;
 mod upstream;
 

@@ -223,7 +223,7 @@ pub(crate) async fn serve<S>(
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(crate::http::HEADER_READ_TIMEOUT)
+        .header_read_timeout(crate::responses::HEADER_READ_TIMEOUT)
         .serve_connection(TokioIo::new(down), svc)
         .await;
 }
@@ -250,11 +250,11 @@ async fn forward(
     shared: &Shared,
     host: &str,
     port: u16,
-) -> Response<crate::http::Body> {
+) -> Response<crate::responses::Body> {
     let mut up = up.lock().await;
     let s = match up.ready(auth).await {
         Ok(s) => s,
-        Err(e) => return crate::http::bad_gateway_text(host, port, &e),
+        Err(e) => return crate::responses::bad_gateway_text(host, port, &e),
     };
     let (mut parts, body) = req.into_parts();
     let path = parts
@@ -266,7 +266,7 @@ async fn forward(
         let n = m.substitute(Scheme::Https, host, port, &path, &mut parts.headers);
         tracing::debug!(%host, port, substituted = n, "network proxy: intercepted request");
     }
-    crate::http::strip_hop_headers(&mut parts.headers);
+    crate::responses::strip_hop_headers(&mut parts.headers);
     // Requests inside a tunnel are origin-form already; keep it so.
     if parts.uri.scheme().is_some() {
         parts.uri = path
@@ -276,9 +276,9 @@ async fn forward(
     match s.send_request(Request::from_parts(parts, body)).await {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
-            crate::http::strip_hop_headers(&mut parts.headers);
+            crate::responses::strip_hop_headers(&mut parts.headers);
             Response::from_parts(parts, body.boxed())
         }
-        Err(e) => crate::http::bad_gateway_text(host, port, &e.to_string()),
+        Err(e) => crate::responses::bad_gateway_text(host, port, &e.to_string()),
     }
 }

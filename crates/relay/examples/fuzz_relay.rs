@@ -8,7 +8,8 @@
 
 use exec_server_relay::frame::{Body, Frame};
 use exec_server_relay::keys::{prologue, Identity};
-use exec_server_relay::noise::{Initiator, PendingResponder, SeededRandom};
+use exec_server_relay::noise::{Initiator, PendingResponder};
+use exec_server_relay::random::SeededRandom;
 use exec_server_relay::stream::{halves, RecvHalf, SendHalf};
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,8 @@
 
 use crate::frame::{Body, Frame, MAX_FRAME_BYTES};
 use crate::keys::{prologue, Identity, PublicKey};
-use crate::noise::{Initiator, OsRandom};
+use crate::noise::Initiator;
+use crate::random::OsRandom;
 use crate::registry_client::{RegistryClient, RegistryError};
 use crate::stream::{halves, Channel};
 use futures_util::{SinkExt, StreamExt};

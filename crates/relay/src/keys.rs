@@ -1,7 +1,7 @@
 //! Static identities, public keys in the registry's JSON form, and the prologue
 //! that binds a handshake to one environment, registration and stream.
 
-use crate::noise::Randomness;
+use crate::random::Randomness;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use clatter::bytearray::{HeapArray, SensitiveByteArray};
@@ -120,8 +120,8 @@ impl Identity {
     /// A fresh identity from 96 bytes of `rng`: the X25519 key, then ML-KEM's
     /// seeds d and z (the order Clatter's key generators read them in).
     pub fn generate(rng: &mut dyn Randomness) -> Identity {
-        let (dh, kem) = crate::noise::drawn::with(rng, 96, || {
-            let mut r = crate::noise::drawn::Drawn;
+        let (dh, kem) = crate::random::drawn::with(rng, 96, || {
+            let mut r = crate::random::drawn::Drawn;
             (X25519::genkey_rng(&mut r), MlKem768::genkey_rng(&mut r))
         });
         // Both generators are infallible for these algorithms (they only wrap

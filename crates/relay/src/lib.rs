@@ -13,6 +13,7 @@ pub mod harness;
 pub mod keys;
 pub mod noise;
 pub mod ordered;
+pub mod random;
 pub mod records;
 pub mod registry;
 pub mod registry_client;
@@ -22,4 +23,5 @@ pub mod testing;
 pub mod tls;
 
 pub use keys::{Identity, PublicKey, WirePublicKey};
-pub use noise::{Initiator, NoiseError, OsRandom, PendingResponder, Randomness, Transport};
+pub use noise::{Initiator, NoiseError, PendingResponder, Transport};
+pub use random::{OsRandom, Randomness};

@@ -4,7 +4,7 @@
 use exec_server_relay::executor;
 use exec_server_relay::harness;
 use exec_server_relay::keys::Identity;
-use exec_server_relay::noise::OsRandom;
+use exec_server_relay::random::OsRandom;
 use exec_server_relay::registry::store::MemoryStore;
 use exec_server_relay::registry::{Config, Registry};
 use exec_server_relay::registry_client::RegistryClient;

@@ -5,7 +5,7 @@
 
 use exec_server_relay::harness;
 use exec_server_relay::keys::Identity;
-use exec_server_relay::noise::OsRandom;
+use exec_server_relay::random::OsRandom;
 use exec_server_relay::registry::{store::MemoryStore, Config, Registry};
 use exec_server_relay::registry_client::RegistryClient;
 use std::io::Write;

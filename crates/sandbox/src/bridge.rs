@@ -15,8 +15,8 @@
 
 use crate::pinned::PinnedSocket;
 use crate::plan::{ProxyRoute, PROXY_DIR_INSIDE};
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+
+use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -185,39 +185,10 @@ fn accept(l: TcpListener, socket: Arc<PinnedSocket>, live: &Arc<AtomicUsize>) {
         let live = live.clone();
         std::thread::spawn(move || {
             if let Ok(unix) = socket.connect() {
-                carry(tcp, unix);
+                crate::carry::carry(tcp, unix);
             }
             live.fetch_sub(1, Ordering::SeqCst);
         });
-    }
-}
-
-/// Copies both ways until both directions ended.
-pub(crate) fn carry(tcp: TcpStream, unix: UnixStream) {
-    let (Ok(tcp2), Ok(unix2)) = (tcp.try_clone(), unix.try_clone()) else {
-        return;
-    };
-    let _ = tcp.set_nodelay(true);
-    let up = std::thread::spawn(move || {
-        pipe(&tcp2, &unix2);
-        let _ = unix2.shutdown(Shutdown::Write);
-    });
-    pipe(&unix, &tcp);
-    let _ = tcp.shutdown(Shutdown::Write);
-    let _ = up.join();
-}
-
-fn pipe(mut from: impl Read, mut to: impl Write) {
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        match from.read(&mut buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    return;
-                }
-            }
-        }
     }
 }
 

@@ -93,6 +93,7 @@
 
 pub mod bridge;
 pub mod bwrap;
+pub mod carry;
 pub mod denied;
 pub mod domain;
 pub mod glob;

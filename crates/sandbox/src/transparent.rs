@@ -238,7 +238,7 @@ impl Supervisor {
         }
         drop(client);
         self.respond(req.id, 0, false);
-        crate::bridge::carry(server, stream);
+        crate::carry::carry(server, stream);
     }
 
     /// The call when it is a TCP connect to a non-loopback IP address.

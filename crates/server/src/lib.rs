@@ -31,6 +31,7 @@ pub mod listen;
 pub mod metrics;
 pub mod network;
 pub mod process;
+pub mod reaper;
 pub mod rundir;
 pub mod sandbox;
 pub mod session;
@@ -242,7 +243,7 @@ pub struct ServerState {
 impl ServerState {
     /// Builds the state and starts the child reaper. Must run inside a Tokio runtime.
     pub fn new(config: ServerConfig) -> std::io::Result<Arc<Self>> {
-        process::reaper::install(config.reap_orphans)?;
+        reaper::install(config.reap_orphans)?;
         let spool = match &config.output_spool {
             Some(c) => c.open()?,
             None => None,
@@ -313,7 +314,7 @@ impl ServerState {
     /// this process (orphans re-parented to it). Used at shutdown.
     pub fn shutdown(&self) {
         self.sessions.shutdown_all();
-        if process::reaper::reaping_orphans() {
+        if reaper::reaping_orphans() {
             // Only where this process owns every descendant (the binary):
             // an embedding program's own children are not ours to kill.
             process::kill::kill_all_descendants();

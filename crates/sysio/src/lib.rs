@@ -4,10 +4,12 @@
 //! - [`read_at`]: reads (positional from files, single from pipes) into a
 //!   buffer's unused capacity (no zeroing before the read, no copy after it);
 //! - [`huge_pages`]: transparent huge pages for large message buffers;
-//! - [`fd_pass`]: file descriptors over Unix sockets (`SCM_RIGHTS`).
+//! - [`fd_pass`]: file descriptors over Unix sockets (`SCM_RIGHTS`);
+//! - [`procfs`]: a process's parent, group, session, CPU time and memory.
 //!
 //! Linux only where it matters; elsewhere the advice is a no-op.
 
 pub mod fd_pass;
 pub mod huge_pages;
+pub mod procfs;
 pub mod read_at;

@@ -14,7 +14,7 @@ pub mod mux;
 use crate::api::REJECTION_HEADER;
 use crate::frame::MAX_FRAME_BYTES;
 use crate::keys::Identity;
-use crate::noise::{OsRandom, Randomness};
+use crate::random::{OsRandom, Randomness};
 use crate::registry_client::{RegistryClient, RegistryError};
 use crate::stream::Channel;
 use std::sync::Arc;

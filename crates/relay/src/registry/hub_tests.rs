@@ -5,7 +5,7 @@
 use crate::executor::{self, StreamHandler};
 use crate::harness;
 use crate::keys::Identity;
-use crate::noise::OsRandom;
+use crate::random::OsRandom;
 use crate::registry::store::MemoryStore;
 use crate::registry::{Config, Registry};
 use crate::registry_client::RegistryClient;

@@ -363,7 +363,7 @@ impl Store for PostgresStore {
 
     async fn signing_key(&self) -> Result<[u8; 32], StoreError> {
         let mut fresh = [0u8; 32];
-        crate::noise::Randomness::fill(&mut crate::noise::OsRandom, &mut fresh);
+        crate::random::Randomness::fill(&mut crate::random::OsRandom, &mut fresh);
         let fresh = &fresh[..];
         let row = self
             .with_client("signing key", |c| async move {

@@ -192,7 +192,7 @@ async fn a_database_restart_breaks_no_stream_and_new_connections_wait() {
     use crate::executor;
     use crate::harness;
     use crate::keys::Identity;
-    use crate::noise::OsRandom;
+    use crate::random::OsRandom;
     use crate::registry_client::RegistryClient;
     use crate::stream::Channel;
     let mut db = TestDb::start();

@@ -191,7 +191,7 @@ impl Store for SqliteStore {
 
     async fn signing_key(&self) -> Result<[u8; 32], StoreError> {
         let mut fresh = [0u8; 32];
-        crate::noise::Randomness::fill(&mut crate::noise::OsRandom, &mut fresh);
+        crate::random::Randomness::fill(&mut crate::random::OsRandom, &mut fresh);
         let stored: Vec<u8> = self.with(|c| {
             // Only the first node to get here sets the key; every later call
             // (and every restart) reads that one back.

@@ -152,7 +152,7 @@ impl Data {
             return (k, false);
         }
         let mut k = [0u8; 32];
-        crate::noise::Randomness::fill(&mut crate::noise::OsRandom, &mut k);
+        crate::random::Randomness::fill(&mut crate::random::OsRandom, &mut k);
         self.signing_key = Some(k.iter().map(|b| format!("{b:02x}")).collect());
         (k, true)
     }

@@ -19,57 +19,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::collections::{HashMap, HashSet};
 
-#[derive(Clone, Copy)]
-struct ProcInfo {
-    ppid: i32,
-    pgrp: i32,
-    session: i32,
-    /// User plus system CPU time, in clock ticks.
-    cpu_ticks: u64,
-}
-
-/// `/proc/<pid>/stat`'s parent, process group and session.
-fn proc_info(pid: i32) -> Option<ProcInfo> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may hold spaces; fields follow the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // f[0]=state f[1]=ppid f[2]=pgrp f[3]=session … f[11]=utime f[12]=stime
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    Some(ProcInfo {
-        ppid: f.get(1)?.parse().ok()?,
-        pgrp: f.get(2)?.parse().ok()?,
-        session: f.get(3)?.parse().ok()?,
-        cpu_ticks: ticks(11) + ticks(12),
-    })
-}
-
-/// CPU time (user + system) `pid` has used, in milliseconds; `None` once it
-/// is gone.
-pub(crate) fn cpu_time_ms(pid: i32) -> Option<u64> {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let hz = u64::try_from(hz).ok().filter(|h| *h > 0).unwrap_or(100);
-    proc_info(pid).map(|i| i.cpu_ticks * 1000 / hz)
-}
-
-/// Resident memory of `pid` in bytes (`VmRSS`); `None` once it is gone.
-pub(crate) fn resident_bytes(pid: i32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
-
-/// The parent of `pid`; `None` once it is gone.
-pub(crate) fn parent_of(pid: i32) -> Option<i32> {
-    proc_info(pid).map(|i| i.ppid)
-}
+use exec_server_sysio::procfs::{stat as proc_info, Stat as ProcInfo};
 
 fn read_proc_table() -> HashMap<i32, ProcInfo> {
     let mut out = HashMap::new();

@@ -1,9 +1,10 @@
 //! A process as `process/list` shows it: what it was started with, and
 //! where it stands now (state, CPU, memory, output, limits).
 
-use super::{kill, lock, Process};
+use super::{lock, Process};
 use exec_server_protocol::types::{ExecParams, ProcessInfo, ProcessLimits, ProcessState};
 use exec_server_protocol::PathUri;
+use exec_server_sysio::procfs;
 use std::sync::atomic::Ordering;
 
 /// What a process was started with, as `process/list` shows it.
@@ -57,8 +58,8 @@ impl Process {
             cwd: s.cwd.clone(),
             tty: s.tty,
             started_at_ms: s.at_ms,
-            cpu_time_ms: running.then(|| kill::cpu_time_ms(pid)).flatten(),
-            memory_bytes: running.then(|| kill::resident_bytes(pid)).flatten(),
+            cpu_time_ms: running.then(|| procfs::cpu_time_ms(pid)).flatten(),
+            memory_bytes: running.then(|| procfs::resident_bytes(pid)).flatten(),
             output_bytes: self.output_bytes.load(Ordering::Relaxed),
             limits: s.limits.clone(),
             state,

@@ -15,7 +15,6 @@ pub mod plan;
 mod pty_line;
 mod pump;
 mod read_buf;
-pub mod reaper;
 pub mod resources;
 pub mod snapshot;
 pub mod spawn;

@@ -23,7 +23,7 @@ pub(super) struct Held {
 pub(super) async fn pump(
     proc: Arc<Process>,
     sources: Sources,
-    mut exit: oneshot::Receiver<super::reaper::Exit>,
+    mut exit: oneshot::Receiver<crate::reaper::Exit>,
     link: Arc<Link>,
     start_gate: oneshot::Receiver<()>,
     on_retire: RetireHook,

@@ -2,8 +2,8 @@
 //! its own session and process group.
 
 use super::plan::{Exec, Io};
-use super::reaper;
 use super::spawn_error::{tag, Stage};
+use crate::reaper;
 use exec_server_protocol::types::{EnvInherit, EnvPolicy, PtySize};
 use std::collections::BTreeMap;
 use std::ffi::OsString;

@@ -21,7 +21,7 @@
 use super::{to_policy, Confine, Support};
 use crate::error::{ErrorKind, ExecError, ExecResult};
 use crate::fs;
-use crate::process::reaper;
+use crate::reaper;
 use exec_server_protocol::methods as m;
 use exec_server_protocol::types::*;
 use serde::de::DeserializeOwned;

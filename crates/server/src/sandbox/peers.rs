@@ -209,7 +209,7 @@ fn parse_proc_addr(field: &str) -> Option<SocketAddr> {
 /// The parent of `pid` (`/proc/<pid>/stat`).
 fn parent_of(pid: u32) -> Option<u32> {
     let pid = i32::try_from(pid).ok()?;
-    crate::process::kill::parent_of(pid).and_then(|p| u32::try_from(p).ok())
+    exec_server_sysio::procfs::parent_of(pid).and_then(|p| u32::try_from(p).ok())
 }
 
 fn peer_pid(fd: RawFd) -> Option<u32> {

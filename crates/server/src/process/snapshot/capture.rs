@@ -208,7 +208,7 @@ pub async fn capture(
 async fn read_until_exit(
     fd: OwnedFd,
     limit: usize,
-    exit: &mut tokio::sync::oneshot::Receiver<crate::process::reaper::Exit>,
+    exit: &mut tokio::sync::oneshot::Receiver<crate::reaper::Exit>,
 ) -> std::io::Result<(Vec<u8>, Option<i32>)> {
     let mut rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?;
     let mut kept = Vec::new();

@@ -12,7 +12,7 @@
 //! ([`install`]`(true)`, from `ServerConfig::reap_orphans`): the process
 //! becomes a child subreaper (`PR_SET_CHILD_SUBREAPER`), so descendants
 //! orphaned by their parents are re-parented to it rather than to init, stay
-//! findable for [`super::kill`], and are reaped on `SIGCHLD` with
+//! findable for [`crate::process::kill`], and are reaped on `SIGCHLD` with
 //! `waitpid(-1)` (no zombies). Whichever wait collects a registered child
 //! first hands its status over; the other finds nothing. Spawning and
 //! `waitpid(-1)` share one lock: a child cannot be reaped before its waiter
