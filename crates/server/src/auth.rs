@@ -1,7 +1,8 @@
 //! WebSocket upgrade checks: `Origin` is refused (403), and with `--ws-auth` a
 //! bearer token is required (401).
 
-use sha2::{Digest, Sha256};
+use exec_server_auth::{bearer_token, Digest, JwtRefusal};
+pub use exec_server_auth::{constant_time_eq, JwtRules, MIN_SHARED_SECRET_BYTES};
 
 /// How upgrades are authenticated.
 #[derive(Clone)]
@@ -15,50 +16,6 @@ pub enum WsAuth {
     SignedBearerToken(JwtRules),
 }
 
-/// What a signed bearer token must satisfy.
-#[derive(Clone)]
-pub struct JwtRules {
-    /// The shared HMAC secret (at least 32 bytes).
-    pub secret: Vec<u8>,
-    /// Required `iss`, if set.
-    pub issuer: Option<String>,
-    /// Required member of `aud`, if set.
-    pub audience: Option<String>,
-    /// Allowed clock difference for `exp` and `nbf`, in seconds.
-    pub max_clock_skew_seconds: u64,
-}
-
-/// Smallest accepted shared secret for signed bearer tokens: 32 bytes.
-pub const MIN_SHARED_SECRET_BYTES: usize = 32;
-
-fn check_jwt(rules: &JwtRules, token: &str) -> Result<(), Refusal> {
-    use jsonwebtoken::{decode, errors::ErrorKind, Algorithm, DecodingKey, Validation};
-    let mut v = Validation::new(Algorithm::HS256);
-    v.leeway = rules.max_clock_skew_seconds;
-    v.validate_exp = true;
-    v.validate_nbf = true;
-    v.set_required_spec_claims(&["exp"]);
-    match &rules.issuer {
-        Some(i) => v.set_issuer(&[i]),
-        None => v.iss = None,
-    }
-    match &rules.audience {
-        Some(a) => v.set_audience(&[a]),
-        None => v.validate_aud = false,
-    }
-    match decode::<serde_json::Value>(token, &DecodingKey::from_secret(&rules.secret), &v) {
-        Ok(_) => Ok(()),
-        Err(e) if matches!(e.kind(), ErrorKind::ExpiredSignature) => Err(Refusal {
-            status: 401,
-            message: "expired websocket jwt",
-        }),
-        Err(_) => Err(Refusal {
-            status: 401,
-            message: "invalid websocket jwt",
-        }),
-    }
-}
-
 /// Why an upgrade is refused: HTTP status and a short body.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Refusal {
@@ -66,14 +23,6 @@ pub struct Refusal {
     pub status: u16,
     /// Short text; never echoes a credential.
     pub message: &'static str,
-}
-
-/// Equal bytes, compared in time that does not depend on where they differ.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Checks an upgrade request's headers.
@@ -95,39 +44,31 @@ pub fn check_upgrade(
             message: "missing websocket bearer token",
         });
     };
-    let header = std::str::from_utf8(header).map_err(|_| Refusal {
+    let token = bearer_token(header).map_err(|_| Refusal {
         status: 401,
         message: "invalid authorization header",
     })?;
-    let (scheme, token) = header.trim().split_once(' ').ok_or(Refusal {
-        status: 401,
-        message: "invalid authorization header",
-    })?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(Refusal {
-            status: 401,
-            message: "invalid authorization header",
-        });
-    }
     match auth {
-        WsAuth::SignedBearerToken(rules) => check_jwt(rules, token.trim()),
-        WsAuth::CapabilityToken { sha256 } => {
-            let got = Sha256::digest(token.trim().as_bytes());
-            if constant_time_eq(&got, sha256) {
-                Ok(())
-            } else {
-                Err(Refusal {
-                    status: 401,
-                    message: "invalid websocket bearer token",
-                })
-            }
-        }
+        WsAuth::SignedBearerToken(rules) => rules.check(token).map_err(|e| Refusal {
+            status: 401,
+            message: match e {
+                JwtRefusal::Expired => "expired websocket jwt",
+                JwtRefusal::Invalid => "invalid websocket jwt",
+            },
+        }),
+        WsAuth::CapabilityToken { sha256 } => match Digest(*sha256).matches(token) {
+            true => Ok(()),
+            false => Err(Refusal {
+                status: 401,
+                message: "invalid websocket bearer token",
+            }),
+        },
     }
 }
 
 /// The digest for a token.
 pub fn token_digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.trim().as_bytes()).into()
+    Digest::of(token).0
 }
 
 #[cfg(test)]

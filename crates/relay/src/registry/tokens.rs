@@ -13,62 +13,21 @@
 //! required, `exp`/`nbf` with `skew` seconds of leeway (default 30), `iss` and
 //! one `aud` member required when given. Digests compare in constant time.
 
-use ring::digest;
+use exec_server_auth::{Digest, JwtRules};
 
 /// Smallest accepted HS256 secret: 32 bytes (as the listener).
-pub const MIN_JWT_SECRET_BYTES: usize = 32;
-
-/// What an HS256 entry requires of a token.
-#[derive(Clone)]
-struct JwtRule {
-    secret: Vec<u8>,
-    issuer: Option<String>,
-    audience: Option<String>,
-    skew_seconds: u64,
-}
-
-impl std::fmt::Debug for JwtRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JwtRule").finish_non_exhaustive()
-    }
-}
-
-impl JwtRule {
-    fn accepts(&self, token: &str) -> bool {
-        use jsonwebtoken::{decode, Algorithm, DecodingKey, Validation};
-        let mut v = Validation::new(Algorithm::HS256);
-        v.leeway = self.skew_seconds;
-        v.validate_exp = true;
-        v.validate_nbf = true;
-        v.set_required_spec_claims(&["exp"]);
-        match &self.issuer {
-            Some(i) => v.set_issuer(&[i]),
-            None => v.iss = None,
-        }
-        match &self.audience {
-            Some(a) => v.set_audience(&[a]),
-            None => v.validate_aud = false,
-        }
-        decode::<serde_json::Value>(token, &DecodingKey::from_secret(&self.secret), &v).is_ok()
-    }
-}
+pub const MIN_JWT_SECRET_BYTES: usize = exec_server_auth::MIN_SHARED_SECRET_BYTES;
 
 #[derive(Debug, Clone)]
 enum Check {
-    Digest([u8; 32]),
-    Jwt(JwtRule),
+    Digest(Digest),
+    Jwt(JwtRules),
 }
 
 /// A parsed token file.
 #[derive(Debug, Clone, Default)]
 pub struct Tokens {
     entries: Vec<(Option<String>, Check)>,
-}
-
-fn sha256(b: &[u8]) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(digest::digest(&digest::SHA256, b).as_ref());
-    out
 }
 
 impl Tokens {
@@ -104,10 +63,12 @@ impl Tokens {
                     let b: Vec<u8> = (0..hex.len() / 2)
                         .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
                         .collect();
-                    b.try_into()
-                        .map_err(|_| format!("line {}: sha256: needs 64 hex digits", n + 1))?
+                    Digest(
+                        b.try_into()
+                            .map_err(|_| format!("line {}: sha256: needs 64 hex digits", n + 1))?,
+                    )
                 }
-                None => sha256(tok.as_bytes()),
+                None => Digest::of(tok),
             };
             entries.push((env, Check::Digest(digest)));
         }
@@ -117,39 +78,35 @@ impl Tokens {
         Ok(Tokens { entries })
     }
 
-    /// Whether `bearer` may act on `environment_id`.
+    /// Whether `bearer` may act on `environment_id`. Every entry is checked,
+    /// whatever the first match, and digests compare in constant time.
     pub fn allows(&self, bearer: &str, environment_id: &str) -> bool {
         let bearer = bearer.trim();
-        let d = sha256(bearer.as_bytes());
         let mut ok = false;
         for (env, check) in &self.entries {
             if env.as_deref().is_some_and(|e| e != environment_id) {
                 continue;
             }
-            let same = match check {
-                // Constant time: every byte is compared whatever the first difference.
-                Check::Digest(want) => {
-                    d.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
-                }
-                Check::Jwt(rule) => rule.accepts(bearer),
+            ok |= match check {
+                Check::Digest(want) => want.matches(bearer),
+                Check::Jwt(rules) => rules.check(bearer).is_ok(),
             };
-            ok |= same;
         }
         ok
     }
 }
 
-fn jwt_rule(secret: &str, options: &[&str], line: usize) -> Result<JwtRule, String> {
+fn jwt_rule(secret: &str, options: &[&str], line: usize) -> Result<JwtRules, String> {
     if secret.len() < MIN_JWT_SECRET_BYTES {
         return Err(format!(
             "line {line}: an hs256 secret needs at least {MIN_JWT_SECRET_BYTES} bytes"
         ));
     }
-    let mut rule = JwtRule {
+    let mut rule = JwtRules {
         secret: secret.as_bytes().to_vec(),
         issuer: None,
         audience: None,
-        skew_seconds: 30,
+        max_clock_skew_seconds: 30,
     };
     for o in options {
         if let Some(v) = o.strip_prefix("iss=") {
@@ -157,7 +114,7 @@ fn jwt_rule(secret: &str, options: &[&str], line: usize) -> Result<JwtRule, Stri
         } else if let Some(v) = o.strip_prefix("aud=") {
             rule.audience = Some(v.to_string());
         } else if let Some(v) = o.strip_prefix("skew=") {
-            rule.skew_seconds = v
+            rule.max_clock_skew_seconds = v
                 .parse()
                 .map_err(|_| format!("line {line}: skew= takes seconds"))?;
         }
@@ -171,7 +128,11 @@ mod tests {
 
     #[test]
     fn plain_hashed_and_scoped_tokens() {
-        let hashed: String = sha256(b"beta").iter().map(|b| format!("{b:02x}")).collect();
+        let hashed: String = Digest::of("beta")
+            .0
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         let t = Tokens::parse(&format!("# c\nalpha\nsha256:{hashed}\nenv1 gamma\n")).unwrap();
         assert!(t.allows("alpha", "x"));
         assert!(t.allows("beta", "x"));
