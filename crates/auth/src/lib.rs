@@ -124,24 +124,36 @@ impl JwtRules {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn now() -> u64 {
+/// Minting credentials for tests of the checks above (the listener's, the
+/// registry's): never used by a server to accept anything.
+pub mod testing {
+    /// Seconds since the Unix epoch now (0 before it).
+    pub fn unix_now() -> u64 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0)
     }
 
-    fn jwt(secret: &[u8], claims: serde_json::Value) -> String {
+    /// An HS256 JWT of `claims` signed with `secret`; `None` if the claims
+    /// cannot be encoded.
+    pub fn hs256(secret: &[u8], claims: &serde_json::Value) -> Option<String> {
         jsonwebtoken::encode(
             &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-            &claims,
+            claims,
             &jsonwebtoken::EncodingKey::from_secret(secret),
         )
-        .unwrap()
+        .ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::unix_now as now;
+    use super::*;
+
+    fn jwt(secret: &[u8], claims: serde_json::Value) -> String {
+        testing::hs256(secret, &claims).unwrap()
     }
 
     #[test]

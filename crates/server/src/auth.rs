@@ -110,22 +110,10 @@ mod tests {
 #[cfg(test)]
 mod jwt_tests {
     use super::*;
-    use jsonwebtoken::{encode, EncodingKey, Header};
-
-    fn now() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
-    }
+    use exec_server_auth::testing::unix_now as now;
 
     fn token(secret: &[u8], claims: serde_json::Value) -> String {
-        encode(
-            &Header::default(),
-            &claims,
-            &EncodingKey::from_secret(secret),
-        )
-        .unwrap()
+        exec_server_auth::testing::hs256(secret, &claims).unwrap()
     }
 
     #[test]

@@ -145,21 +145,10 @@ mod tests {
         assert!(Tokens::parse("alpha iss=x").is_err());
     }
 
-    fn now() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0)
-    }
+    use exec_server_auth::testing::unix_now as now;
 
     fn jwt(secret: &[u8], claims: serde_json::Value) -> String {
-        use jsonwebtoken::{encode, EncodingKey, Header};
-        encode(
-            &Header::default(),
-            &claims,
-            &EncodingKey::from_secret(secret),
-        )
-        .unwrap()
+        exec_server_auth::testing::hs256(secret, &claims).unwrap()
     }
 
     #[test]
