@@ -354,9 +354,9 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
                     r.result_text()?;
                     let text = r
                         .result_member("dataBase64")
-                        .and_then(exec_server_protocol::skim::plain_string)
+                        .and_then(exec_server_fastpath::skim::plain_string)
                         .ok_or("readFile: result without a plain string `dataBase64`")?;
-                    exec_server_protocol::base64_codec::decode(text.as_bytes(), &mut sink)
+                    exec_server_base64::decode(text.as_bytes(), &mut sink)
                         .ok_or("readFile: dataBase64 is not base64, or longer than the file")?
                 } else {
                     read_blocks(&c, &uri, &mut sink).await?
@@ -498,9 +498,9 @@ async fn read_blocks(c: &Conn, uri: &str, out: &mut [u8]) -> Result<usize, Strin
         r.result_text()?;
         let chunk = r
             .result_member("chunk")
-            .and_then(exec_server_protocol::skim::plain_string)
+            .and_then(exec_server_fastpath::skim::plain_string)
             .ok_or("readBlock: result without a plain string `chunk`")?;
-        filled += exec_server_protocol::base64_codec::decode(
+        filled += exec_server_base64::decode(
             chunk.as_bytes(),
             out.get_mut(filled..)
                 .ok_or("readBlock: more bytes than the file")?,

@@ -1,7 +1,7 @@
 //! A minimal, neutral JSON-RPC-over-WebSocket driver (no client library), so both
 //! servers are measured through exactly the same code.
 
-use exec_server_protocol::skim;
+use exec_server_fastpath::skim;
 use exec_server_rpc::transport::{self, Inbound, Outbound, Role};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -20,7 +20,7 @@ type Waiters = Arc<Mutex<Option<HashMap<i64, oneshot::Sender<Response>>>>>;
 /// the figures are the server's: a message is skimmed once for the members
 /// needed (`skim`: no `Value` tree, no copy, strings skipped by a SIMD
 /// search), and base64 goes through the same SIMD codec as our server's
-/// (`exec_server_protocol::base64_codec`). WebSocket frames are read and written by the same
+/// (`exec_server_base64`). WebSocket frames are read and written by the same
 /// code as our client's (`exec_server_rpc::transport::websocket`), which puts
 /// a payload straight into its message's buffer.
 pub struct Conn {
@@ -90,7 +90,7 @@ pub fn request_ending_in_base64(head: &str, data: &[u8]) -> String {
         head.len() + exec_server_protocol::bytes::encoded_len(data.len()) + TAIL.len(),
     );
     text.push_str(head);
-    exec_server_protocol::base64_codec::encode_append(data, &mut text);
+    exec_server_base64::encode_append(data, &mut text);
     text.push_str(TAIL);
     text
 }

@@ -1,6 +1,6 @@
 //! `ByteChunk`: raw bytes carried as standard padded base64.
 //!
-//! Encoding and decoding run on [`crate::base64_codec`] (our AVX-512 VBMI or
+//! Encoding and decoding run on [`exec_server_base64`] (our AVX-512 VBMI or
 //! AVX2 kernels where the CPU has them, `base64-simd` elsewhere): the
 //! byte-carrying methods spend most of their time here. Refusals keep the
 //! `base64` crate's wording (the reference's), so a bad string is re-decoded
@@ -30,13 +30,11 @@ impl ByteChunk {
 }
 
 /// Length in bytes of the base64 text of `n` bytes (padded).
-pub const fn encoded_len(n: usize) -> usize {
-    n.div_ceil(3) * 4
-}
+pub use exec_server_base64::encoded_len;
 
 /// Appends the base64 text of `data` to `out` (no intermediate buffer).
 pub fn encode_into(data: &[u8], out: &mut String) {
-    crate::base64_codec::encode_append(data, out);
+    exec_server_base64::encode_append(data, out);
 }
 
 /// A base64 string that does not decode; its text is the `base64` crate's
@@ -68,7 +66,7 @@ fn fault(text: &[u8]) -> DecodeError {
 /// [`DecodeError`] naming the first fault.
 pub fn decode(text: &[u8]) -> Result<Vec<u8>, DecodeError> {
     let mut out = Vec::new();
-    match crate::base64_codec::decode_append(text, &mut out) {
+    match exec_server_base64::decode_append(text, &mut out) {
         Some(_) => Ok(out),
         None => Err(fault(text)),
     }
@@ -82,7 +80,7 @@ pub fn decode(text: &[u8]) -> Result<Vec<u8>, DecodeError> {
 pub fn decode_owned(text: String) -> Result<Vec<u8>, DecodeError> {
     // Checked first (a fast read-only pass) so that a fault is named from the
     // intact text: in-place decoding overwrites what it has passed.
-    if !crate::base64_codec::is_valid(text.as_bytes()) {
+    if !exec_server_base64::is_valid(text.as_bytes()) {
         return Err(fault(text.as_bytes()));
     }
     decode_checked_in_place(text)
@@ -91,7 +89,7 @@ pub fn decode_owned(text: String) -> Result<Vec<u8>, DecodeError> {
 /// Decodes `text`, already checked to be base64, in its own buffer.
 fn decode_checked_in_place(text: String) -> Result<Vec<u8>, DecodeError> {
     let mut buf = text.into_bytes();
-    let Some(n) = crate::base64_codec::decode_in_place(&mut buf) else {
+    let Some(n) = exec_server_base64::decode_in_place(&mut buf) else {
         return Err(DecodeError("Invalid padding".into()));
     };
     buf.truncate(n);
@@ -153,7 +151,7 @@ impl Serialize for LenientChunk {
 impl<'de> Deserialize<'de> for LenientChunk {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        if !crate::base64_codec::is_valid(text.as_bytes()) {
+        if !exec_server_base64::is_valid(text.as_bytes()) {
             let fault = fault(text.as_bytes());
             return Ok(LenientChunk::Invalid { text, fault });
         }

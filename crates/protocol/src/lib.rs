@@ -14,18 +14,15 @@
 //! assert_eq!(params.cwd.to_path().unwrap(), std::path::Path::new("/tmp"));
 //! ```
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
-pub mod base64_codec;
 pub mod binary;
 pub mod bytes;
 pub mod decode;
 pub mod envelope;
 pub mod error;
-pub mod hot;
-pub mod lift;
 pub mod methods;
 pub mod path;
-pub mod skim;
 pub mod trace;
 pub mod types;
 

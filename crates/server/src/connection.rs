@@ -112,7 +112,7 @@ pub async fn serve(
         let decoded = match item {
             // A hot request's base64 is decoded in the message's own buffer.
             Inbound::Message(text) => {
-                exec_server_protocol::hot::decode_text(text).map_err(|e| e.to_string())
+                exec_server_fastpath::hot::decode_text(text).map_err(|e| e.to_string())
             }
             // Agreed in `initialize`: a binary frame carries a request's
             // `params.chunk` raw (docs/binary-frames.md).
@@ -133,7 +133,7 @@ pub async fn serve(
             Inbound::Invalid(why) => Err(why),
             // A large hot request, its base64 decoded while it arrived.
             Inbound::Lifted(lifted) => {
-                exec_server_protocol::hot::decode_lifted(lifted).map_err(|e| e.to_string())
+                exec_server_fastpath::hot::decode_lifted(lifted).map_err(|e| e.to_string())
             }
         };
         let (msg, payload) = match decoded {

@@ -51,10 +51,10 @@ pub enum Inbound {
     Invalid(String),
     /// A server's text message whose hot request member (a large base64
     /// `params.dataBase64` or `params.chunk`) was decoded while it arrived
-    /// (`exec_server_protocol::lift`): the skeleton is valid UTF-8. Read it
-    /// with `exec_server_protocol::hot::decode_lifted`, or as text with
-    /// [`LiftedText::restore`](exec_server_protocol::lift::LiftedText::restore).
-    Lifted(exec_server_protocol::lift::LiftedText),
+    /// (`exec_server_fastpath::lift`): the skeleton is valid UTF-8. Read it
+    /// with `exec_server_fastpath::hot::decode_lifted`, or as text with
+    /// [`LiftedText::restore`](exec_server_fastpath::lift::LiftedText::restore).
+    Lifted(exec_server_fastpath::lift::LiftedText),
 }
 
 /// One queued outbound message.

@@ -6,7 +6,7 @@
 use super::frame::{parse_header, Header, OpCode, ProtocolViolation, MAX_HEADER_BYTES};
 use super::mask::apply_mask;
 use bytes::{Buf, BufMut, BytesMut};
-use exec_server_protocol::lift::{Finished, HotLift, LiftedText};
+use exec_server_fastpath::lift::{Finished, HotLift, LiftedText};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_tungstenite::tungstenite::protocol::Role;
 

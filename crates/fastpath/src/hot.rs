@@ -17,10 +17,10 @@
 //! the decoder refuses, not a hot request) takes the full path, so errors
 //! are word for word those of [`Message::decode`].
 
-use crate::decode::{from_slice_bounded, from_slice_lifting, Lifted};
-use crate::envelope::{DecodeError, Message};
-use crate::{methods, MAX_JSONRPC_VALUE_NODES};
 use bytes::Bytes;
+use exec_server_protocol::decode::{from_slice_bounded, from_slice_lifting, Lifted};
+use exec_server_protocol::envelope::{DecodeError, Message};
+use exec_server_protocol::{methods, MAX_JSONRPC_VALUE_NODES};
 use serde_json::Value;
 
 /// Each hot method and the member holding its bytes.
@@ -68,7 +68,7 @@ pub fn decode_text(text: String) -> Result<(Message, Option<Bytes>), DecodeError
     };
     let hot = match (wanted, lifted.as_slice()) {
         (Some(member), [one]) if one.key == member => {
-            crate::base64_codec::is_valid(&text.as_bytes()[one.start..one.end])
+            exec_server_base64::is_valid(&text.as_bytes()[one.start..one.end])
         }
         _ => false,
     };
@@ -97,7 +97,7 @@ fn decode_skimmed(text: String) -> Result<Decoded, String> {
     let Some((_, member, at)) = locate(&text) else {
         return Err(text);
     };
-    if at.len() < LIFT_MIN_BYTES || !crate::base64_codec::is_valid(&text.as_bytes()[at.clone()]) {
+    if at.len() < LIFT_MIN_BYTES || !exec_server_base64::is_valid(&text.as_bytes()[at.clone()]) {
         return Err(text);
     }
     // The base64 is a whole JSON string token: putting an empty one in its
@@ -170,7 +170,7 @@ fn locate(text: &str) -> Option<(&'static str, &'static str, std::ops::Range<usi
 /// that buffer. `None` when it is not base64 (callers checked it is).
 fn decoded_in_place(text: String, at: std::ops::Range<usize>) -> Option<Bytes> {
     let mut buf = text.into_bytes();
-    let n = crate::base64_codec::decode_in_place(&mut buf[at.clone()])?;
+    let n = exec_server_base64::decode_in_place(&mut buf[at.clone()])?;
     Some(Bytes::from(buf).slice(at.start..at.start + n))
 }
 
@@ -196,7 +196,7 @@ fn restore(msg: &mut Message, text: &str, lifted: &[Lifted]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ByteChunk;
+    use exec_server_protocol::ByteChunk;
 
     fn request(method: &str, member: &str, b64: &str) -> String {
         format!(

@@ -2,10 +2,10 @@
 //! this CPU, for buffers that fit in a core's cache and ones that do not.
 //! Prints GB/s of input, best of several rounds.
 //!
-//! `cargo run --release -p exec-server-protocol --example base64_speed`
+//! `cargo run --release -p exec-server-base64 --example base64_speed`
 
 use base64_simd::AsOut;
-use exec_server_protocol::base64_codec;
+use exec_server_base64 as base64_codec;
 use std::hint::black_box;
 use std::time::Instant;
 

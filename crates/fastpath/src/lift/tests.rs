@@ -33,7 +33,7 @@ fn feed(text: &[u8], pieces: &[usize]) -> (Finished, usize) {
 #[test]
 fn base64_arriving_in_pieces_is_decoded_as_it_lands() {
     let bytes = data(3_000_001);
-    let b64 = crate::ByteChunk::encode(&bytes);
+    let b64 = exec_server_protocol::ByteChunk::encode(&bytes);
     let text = write_file(&b64);
     for pieces in [&[65_536usize][..], &[1, 7, 4093, 100_000], &[1 << 20]] {
         let (done, peak) = feed(text.as_bytes(), pieces);
@@ -65,7 +65,7 @@ fn base64_arriving_in_pieces_is_decoded_as_it_lands() {
 
 #[test]
 fn anything_unexpected_gives_back_the_text_as_received() {
-    let b64 = crate::ByteChunk::encode(&data(300_000));
+    let b64 = exec_server_protocol::ByteChunk::encode(&data(300_000));
     let n = b64.len();
     let mut cases = Vec::new();
     for at in [0, 5, n / 2, n - 5, n - 1] {
@@ -107,7 +107,7 @@ fn anything_unexpected_gives_back_the_text_as_received() {
 #[test]
 fn a_lifted_message_that_is_not_a_hot_request_decodes_as_sent() {
     let bytes = data(100_000);
-    let b64 = crate::ByteChunk::encode(&bytes);
+    let b64 = exec_server_protocol::ByteChunk::encode(&bytes);
     let texts = [
         // Not a hot method; the wrong member for the method; a duplicate key.
         format!(r#"{{"id":1,"method":"process/start","params":{{"chunk":"{b64}"}}}}"#),

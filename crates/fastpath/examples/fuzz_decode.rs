@@ -5,7 +5,7 @@
 //! re-encodes and decodes to the same value, and that the hot requests' fast
 //! path (`hot::decode_text`) gives what the plain decoder gives.
 //!
-//! `cargo run --release -p exec-server-protocol --example fuzz_decode -- --seconds 600`
+//! `cargo run --release -p exec-server-fastpath --example fuzz_decode -- --seconds 600`
 
 use exec_server_protocol::{decode_params, types, Message};
 use std::time::{Duration, Instant};
@@ -98,13 +98,13 @@ fn check_hot(input: &[u8]) {
     };
     let plain = Message::decode(input);
     match (
-        exec_server_protocol::hot::decode_text(text.to_owned()),
+        exec_server_fastpath::hot::decode_text(text.to_owned()),
         plain,
     ) {
         (Err(h), Err(p)) => assert_eq!(h.to_string(), p.to_string(), "errors differ"),
         (Ok((mut msg, payload)), Ok(p)) => {
             if let (Some(bytes), Message::Request(r)) = (payload, &mut msg) {
-                let member = exec_server_protocol::hot::HOT_METHODS
+                let member = exec_server_fastpath::hot::HOT_METHODS
                     .iter()
                     .find(|(m, _)| *m == r.method)
                     .map(|(_, member)| *member)
@@ -161,7 +161,7 @@ fn main() {
     // Hot requests long enough for the fast path (at least 16 KiB of base64).
     let data: Vec<u8> = (0..13_000u32).map(|i| (i * 31 % 256) as u8).collect();
     let b64 = exec_server_protocol::ByteChunk::encode(&data);
-    for (method, member) in exec_server_protocol::hot::HOT_METHODS {
+    for (method, member) in exec_server_fastpath::hot::HOT_METHODS {
         pool.push(
             format!(r#"{{"id":9,"method":"{method}","params":{{"handleId":"h","{member}":"{b64}","offset":0}}}}"#)
                 .into_bytes(),

@@ -87,11 +87,13 @@ impl LiftedText {
     /// The message as it was received: the payload encoded back into its
     /// string.
     pub fn restore(&self) -> Vec<u8> {
-        let mut text =
-            Vec::with_capacity(self.skeleton.len() + crate::bytes::encoded_len(self.payload.len()));
+        let mut text = Vec::with_capacity(
+            self.skeleton.len() + exec_server_protocol::bytes::encoded_len(self.payload.len()),
+        );
         text.extend_from_slice(&self.skeleton[..self.at]);
-        let mut encoded = String::with_capacity(crate::bytes::encoded_len(self.payload.len()));
-        crate::base64_codec::encode_append(&self.payload, &mut encoded);
+        let mut encoded =
+            String::with_capacity(exec_server_protocol::bytes::encoded_len(self.payload.len()));
+        exec_server_base64::encode_append(&self.payload, &mut encoded);
         text.extend_from_slice(encoded.as_bytes());
         text.extend_from_slice(&self.skeleton[self.at..]);
         text
@@ -144,7 +146,7 @@ impl HotLift {
         // place first where the CPU has the wide kernels: no search for the
         // closing quote is needed, since neither it nor a backslash is a
         // base64 character.
-        let (chars, bytes) = crate::base64_codec::decode_leading_in_place(&mut buf[from..]);
+        let (chars, bytes) = exec_server_base64::decode_leading_in_place(&mut buf[from..]);
         let mut done = (from + chars, from + bytes); // (text read up to, bytes written up to)
         let mut failed = false;
         let (end, closed) = match memchr::memchr2(b'"', b'\\', &buf[done.0..]) {
@@ -175,12 +177,12 @@ impl HotLift {
                 // there (what it overwrites was decoded already). The text
                 // is only read, so it is intact if it is not base64.
                 let (written, text) = buf.split_at_mut(done.0);
-                crate::base64_codec::decode(&text[..n], &mut written[done.1..done.1 + most])
+                exec_server_base64::decode(&text[..n], &mut written[done.1..done.1 + most])
             } else {
                 // Overlapping: decoded out of the text into scratch first,
                 // then written down.
                 self.scratch.resize(STEP_TEXT_BYTES / 4 * 3, 0);
-                let out = crate::base64_codec::decode(&buf[done.0..done.0 + n], &mut self.scratch);
+                let out = exec_server_base64::decode(&buf[done.0..done.0 + n], &mut self.scratch);
                 if let Some(out) = out {
                     buf[done.1..done.1 + out].copy_from_slice(&self.scratch[..out]);
                 }
@@ -231,12 +233,12 @@ impl HotLift {
         let last = start + decoded;
         let group_ok = buf
             .get(last..last + 4)
-            .is_some_and(crate::base64_codec::is_valid);
+            .is_some_and(exec_server_base64::is_valid);
         if !group_ok || decoded / 3 * 4 + 4 < MIN_BASE64_BYTES {
             self.give_up(&mut buf);
             return Finished::Text(buf);
         }
-        let Some(n) = crate::base64_codec::decode_in_place(&mut buf[last..last + 4]) else {
+        let Some(n) = exec_server_base64::decode_in_place(&mut buf[last..last + 4]) else {
             self.give_up(&mut buf);
             return Finished::Text(buf);
         };
@@ -279,7 +281,7 @@ fn encode_back(buf: &mut Vec<u8>, start: usize, decoded: usize) {
         // after where its bytes began, past every chunk not yet encoded.
         let begin = (end - 1) / CHUNK * CHUNK;
         tmp.clear();
-        crate::base64_codec::encode_append(&buf[start + begin..start + end], &mut tmp);
+        exec_server_base64::encode_append(&buf[start + begin..start + end], &mut tmp);
         let at = start + begin / 3 * 4;
         buf[at..at + tmp.len()].copy_from_slice(tmp.as_bytes());
         end = begin;

@@ -12,7 +12,13 @@
 //! outside the alphabet (`=` included) makes the whole string invalid
 //! either way.
 
+#![deny(missing_docs)]
 use base64_simd::AsOut;
+
+/// Length in bytes of the base64 text of `n` bytes (padded).
+pub const fn encoded_len(n: usize) -> usize {
+    n.div_ceil(3) * 4
+}
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -119,7 +125,7 @@ pub fn encode_append(data: &[u8], out: &mut String) {
     let mut rest = data;
     if let Some(k) = kernels() {
         let blocks = data.len() / BLOCK_BYTES;
-        out.reserve(crate::bytes::encoded_len(data.len()));
+        out.reserve(encoded_len(data.len()));
         // SAFETY: the kernels run here (checked); `data` holds the blocks;
         // the reserve above made room for their text past `out`'s end,
         // which the kernel writes as ASCII (so `out` stays UTF-8) before
@@ -240,7 +246,7 @@ pub fn is_valid(text: &[u8]) -> bool {
 /// hold a string's last group). Returns (characters read, bytes written);
 /// `buf` past the characters read is untouched. `(0, 0)` where the kernels
 /// do not run: the caller's general path does the work.
-pub(crate) fn decode_leading_in_place(buf: &mut [u8]) -> (usize, usize) {
+pub fn decode_leading_in_place(buf: &mut [u8]) -> (usize, usize) {
     if let Some(k) = kernels() {
         let p = buf.as_mut_ptr();
         // SAFETY: the kernels run here; it reads within `buf` and each
