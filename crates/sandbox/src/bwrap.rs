@@ -112,17 +112,6 @@ pub const PROC_READ_ONLY: [&str; 5] = [
 /// Errors: [`Error::BwrapMissing`] for a confined plan without bubblewrap;
 /// [`Error::Io`] when a descriptor cannot be made.
 pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Prepared, Error> {
-    let inner = |mode: &str, pwd: OsString| -> Vec<OsString> {
-        let mut v: Vec<OsString> = vec![
-            INNER_FLAG.into(),
-            mode.into(),
-            pwd,
-            target.program.into(),
-            target.arg0.into(),
-        ];
-        v.extend(target.args.iter().map(OsString::from));
-        v
-    };
     match plan {
         Plan::Direct => {
             let mut command = Command::new(target.program);
@@ -140,7 +129,7 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
         Plan::Seccomp(mode) => {
             let mut command = Command::new(&runtime.helper);
             command
-                .args(inner(mode.as_str(), "keep".into()))
+                .args(inner_stage(target, mode.as_str(), "keep".into()))
                 .current_dir(target.cwd);
             // SAFETY: one async-signal-safe call between fork and exec.
             unsafe { command.pre_exec(close_inherited_on_exec) };
@@ -158,132 +147,36 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
             proxy,
         } => {
             let bwrap = runtime.bwrap.as_ref().ok_or(Error::BwrapMissing)?;
-            let mut args: Vec<OsString> = Vec::with_capacity(64);
-            let mut push = |a: &[&std::ffi::OsStr]| args.extend(a.iter().map(|s| s.to_os_string()));
-            push(&[
-                "--unshare-user".as_ref(),
-                "--unshare-pid".as_ref(),
-                "--unshare-ipc".as_ref(),
-                "--unshare-uts".as_ref(),
-            ]);
-            if unshare_net {
-                push(&["--unshare-net".as_ref()]);
-            }
-            push(&["--die-with-parent".as_ref()]);
-            if view.full_read {
-                push(&["--ro-bind".as_ref(), "/".as_ref(), "/".as_ref()]);
-            } else {
-                push(&["--tmpfs".as_ref(), "/".as_ref()]);
-            }
-            push(&["--dev".as_ref(), "/dev".as_ref()]);
-            let mut fds = Vec::new();
-            // The server's own sockets and directories: never reachable from
-            // a sandbox, whatever the policy made readable or writable.
-            let hidden = hidden_masks(&runtime.hidden, &view);
-            for m in view.mounts.iter().chain(&hidden) {
-                match m {
-                    Mount::ReadOnly(p) | Mount::Protect(p) => {
-                        push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()])
-                    }
-                    Mount::Writable(p) => push(&["--bind".as_ref(), p.as_ref(), p.as_ref()]),
-                    Mount::ProtectNested(p) => {
-                        push(&["--ro-bind-try".as_ref(), p.as_ref(), p.as_ref()])
-                    }
-                    Mount::DenyDir(p) => push(&[
-                        "--perms".as_ref(),
-                        "0000".as_ref(),
-                        "--tmpfs".as_ref(),
-                        p.as_ref(),
-                        "--remount-ro".as_ref(),
-                        p.as_ref(),
-                    ]),
-                    Mount::Symlink(link, target) => {
-                        push(&["--symlink".as_ref(), target.as_ref(), link.as_ref()])
-                    }
-                    Mount::DenyFile(p) => {
-                        let fd = empty_fd()?;
-                        let n = OsString::from(fd.as_raw_fd().to_string());
-                        push(&[
-                            "--perms".as_ref(),
-                            "0000".as_ref(),
-                            "--ro-bind-data".as_ref(),
-                            n.as_ref(),
-                            p.as_ref(),
-                        ]);
-                        fds.push(fd);
-                    }
-                }
-            }
-            // A bind of `/` (or `/dev`) made after the minimal /dev hides its
-            // device nodes (bind mounts carry nodev here): `echo > /dev/null`
-            // would fail under a writable root. Set up /dev again on top
-            // (`linuxRootWritePreservesDevices`).
-            let covers_dev = |p: &Path| Path::new("/dev").starts_with(p);
-            if view.mounts.iter().any(|m| match m {
-                Mount::ReadOnly(p) | Mount::Protect(p) | Mount::Writable(p) => covers_dev(p),
-                _ => false,
-            }) {
-                push(&["--dev".as_ref(), "/dev".as_ref()]);
-            }
-            // bubblewrap 0.8 covers only /proc/irq and /proc/bus: uid 0 outside
-            // is uid 0 inside, and some /proc files check nothing but the file
-            // mode (`kernel/domainname`, `sysrq-trigger`), so as root a
-            // sandboxed command could change the host. Cover them read-only.
-            // Read-only: the command must not write into the host directory
-            // (a read-only policy would then fill the host's disk) nor rename
-            // anything over the proxy's sockets (the bridge pins them anyway).
+            let mut args = Args(Vec::with_capacity(64));
+            args.namespaces(unshare_net);
+            let fds = args.view(runtime, &view)?;
             if let Some(route) = &proxy {
-                push(&[
+                // Read-only: the command must not write into the host
+                // directory (a read-only policy would then fill the host's
+                // disk) nor rename anything over the proxy's sockets (the
+                // bridge pins them anyway).
+                args.push(&[
                     "--ro-bind".as_ref(),
                     route.host_dir.as_ref(),
                     crate::PROXY_DIR_INSIDE.as_ref(),
                 ]);
             }
-            push(&["--proc".as_ref(), "/proc".as_ref()]);
-            for p in PROC_READ_ONLY {
-                if Path::new(p).exists() {
-                    push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()]);
-                }
-            }
-            push(&["--cap-drop".as_ref(), "ALL".as_ref()]);
-            push(&[
+            args.proc();
+            args.push(&["--cap-drop".as_ref(), "ALL".as_ref()]);
+            args.push(&[
                 "--chdir".as_ref(),
                 target.cwd.as_ref(),
                 "--".as_ref(),
                 runtime.helper.as_ref(),
             ]);
-            let pwd = match target.pwd {
-                Some(v) => {
-                    let mut s = OsString::from("set:");
-                    s.push(v);
-                    s
-                }
-                None => "unset".into(),
-            };
             let mode = match &proxy {
                 Some(route) => crate::bridge::inner_mode(route),
                 None => seccomp.as_str().to_string(),
             };
-            args.extend(inner(&mode, pwd));
+            args.0.extend(inner_stage(target, &mode, pwd_of(target)));
             let mut command = Command::new(bwrap);
-            command.args(args).current_dir(target.cwd);
-            let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-            // SAFETY: between fork and exec only async-signal-safe calls
-            // (signal, fcntl) on integers captured by value.
-            unsafe {
-                command.pre_exec(move || {
-                    close_inherited_on_exec()?;
-                    for sig in MONITOR_IGNORED {
-                        libc::signal(sig, libc::SIG_IGN);
-                    }
-                    for fd in &raw {
-                        if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    }
-                    Ok(())
-                });
-            }
+            command.args(args.0).current_dir(target.cwd);
+            monitor_hooks(&mut command, &fds);
             Ok(Prepared {
                 command,
                 guard: Guard {
@@ -292,6 +185,163 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                 fds,
                 confined: true,
             })
+        }
+    }
+}
+
+/// The inner stage's arguments: its flag, the seccomp or proxy `mode`, the
+/// `PWD` to restore, then the program, its `argv[0]` and its arguments.
+fn inner_stage(target: &Target<'_>, mode: &str, pwd: OsString) -> Vec<OsString> {
+    let mut v: Vec<OsString> = vec![
+        INNER_FLAG.into(),
+        mode.into(),
+        pwd,
+        target.program.into(),
+        target.arg0.into(),
+    ];
+    v.extend(target.args.iter().map(OsString::from));
+    v
+}
+
+/// How the inner stage sets `PWD`: `set:VALUE`, or `unset`.
+fn pwd_of(target: &Target<'_>) -> OsString {
+    match target.pwd {
+        Some(v) => {
+            let mut s = OsString::from("set:");
+            s.push(v);
+            s
+        }
+        None => "unset".into(),
+    }
+}
+
+/// Between fork and exec of the bubblewrap monitor: close what the server
+/// inherited, ignore the group signals ([`MONITOR_IGNORED`]), and let `fds`
+/// (the `--ro-bind-data` sources) cross the exec.
+fn monitor_hooks(command: &mut Command, fds: &[OwnedFd]) {
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    // SAFETY: between fork and exec only async-signal-safe calls
+    // (signal, fcntl) on integers captured by value.
+    unsafe {
+        command.pre_exec(move || {
+            close_inherited_on_exec()?;
+            for sig in MONITOR_IGNORED {
+                libc::signal(sig, libc::SIG_IGN);
+            }
+            for fd in &raw {
+                if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// bubblewrap's arguments, in order.
+struct Args(Vec<OsString>);
+
+impl Args {
+    fn push(&mut self, a: &[&std::ffi::OsStr]) {
+        self.0.extend(a.iter().map(|s| s.to_os_string()));
+    }
+
+    /// New user, PID, IPC and UTS namespaces (and network when
+    /// `unshare_net`); the sandbox dies with the server.
+    fn namespaces(&mut self, unshare_net: bool) {
+        self.push(&[
+            "--unshare-user".as_ref(),
+            "--unshare-pid".as_ref(),
+            "--unshare-ipc".as_ref(),
+            "--unshare-uts".as_ref(),
+        ]);
+        if unshare_net {
+            self.push(&["--unshare-net".as_ref()]);
+        }
+        self.push(&["--die-with-parent".as_ref()]);
+    }
+
+    /// The file-system view: the root, `/dev`, the policy's mounts and the
+    /// server's hidden paths. Returns the descriptors of the empty files
+    /// that deny single files (the command must inherit them).
+    fn view(&mut self, runtime: &Runtime, view: &crate::plan::View) -> Result<Vec<OwnedFd>, Error> {
+        if view.full_read {
+            self.push(&["--ro-bind".as_ref(), "/".as_ref(), "/".as_ref()]);
+        } else {
+            self.push(&["--tmpfs".as_ref(), "/".as_ref()]);
+        }
+        self.push(&["--dev".as_ref(), "/dev".as_ref()]);
+        let mut fds = Vec::new();
+        // The server's own sockets and directories: never reachable from
+        // a sandbox, whatever the policy made readable or writable.
+        let hidden = hidden_masks(&runtime.hidden, view);
+        for m in view.mounts.iter().chain(&hidden) {
+            if let Some(fd) = self.mount(m)? {
+                fds.push(fd);
+            }
+        }
+        // A bind of `/` (or `/dev`) made after the minimal /dev hides its
+        // device nodes (bind mounts carry nodev here): `echo > /dev/null`
+        // would fail under a writable root. Set up /dev again on top
+        // (`linuxRootWritePreservesDevices`).
+        let covers_dev = |p: &Path| Path::new("/dev").starts_with(p);
+        if view.mounts.iter().any(|m| match m {
+            Mount::ReadOnly(p) | Mount::Protect(p) | Mount::Writable(p) => covers_dev(p),
+            _ => false,
+        }) {
+            self.push(&["--dev".as_ref(), "/dev".as_ref()]);
+        }
+        Ok(fds)
+    }
+
+    /// One mount; a denied file returns the descriptor of its empty source.
+    fn mount(&mut self, m: &Mount) -> Result<Option<OwnedFd>, Error> {
+        match m {
+            Mount::ReadOnly(p) | Mount::Protect(p) => {
+                self.push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()])
+            }
+            Mount::Writable(p) => self.push(&["--bind".as_ref(), p.as_ref(), p.as_ref()]),
+            Mount::ProtectNested(p) => {
+                self.push(&["--ro-bind-try".as_ref(), p.as_ref(), p.as_ref()])
+            }
+            Mount::DenyDir(p) => self.push(&[
+                "--perms".as_ref(),
+                "0000".as_ref(),
+                "--tmpfs".as_ref(),
+                p.as_ref(),
+                "--remount-ro".as_ref(),
+                p.as_ref(),
+            ]),
+            Mount::Symlink(link, target) => {
+                self.push(&["--symlink".as_ref(), target.as_ref(), link.as_ref()])
+            }
+            Mount::DenyFile(p) => {
+                let fd = empty_fd()?;
+                let n = OsString::from(fd.as_raw_fd().to_string());
+                self.push(&[
+                    "--perms".as_ref(),
+                    "0000".as_ref(),
+                    "--ro-bind-data".as_ref(),
+                    n.as_ref(),
+                    p.as_ref(),
+                ]);
+                return Ok(Some(fd));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The sandbox's own `/proc`, with [`PROC_READ_ONLY`] re-bound over it.
+    /// bubblewrap 0.8 covers only /proc/irq and /proc/bus: uid 0 outside is
+    /// uid 0 inside, and some /proc files check nothing but the file mode
+    /// (`kernel/domainname`, `sysrq-trigger`), so as root a sandboxed
+    /// command could change the host.
+    fn proc(&mut self) {
+        self.push(&["--proc".as_ref(), "/proc".as_ref()]);
+        for p in PROC_READ_ONLY {
+            if Path::new(p).exists() {
+                self.push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()]);
+            }
         }
     }
 }

@@ -6,11 +6,13 @@
 //! the requests behind them.
 
 use crate::ServerState;
+use bytes::Bytes;
 use exec_server_protocol::{encode_error, methods, ErrorObject, Message, RequestId};
 use exec_server_rpc::pending::PendingCalls;
 use exec_server_rpc::router::{Mode, Reply};
 use exec_server_rpc::transport::TextStream;
 use exec_server_rpc::{Connection, Inbound, Outbound};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -109,144 +111,23 @@ pub async fn serve(
             }
         };
         let Some(item) = item else { break };
-        let decoded = match item {
-            // A hot request's base64 is decoded in the message's own buffer.
-            Inbound::Message(text) => {
-                exec_server_fastpath::hot::decode_text(text).map_err(|e| e.to_string())
-            }
-            // Agreed in `initialize`: a binary frame carries a request's
-            // `params.chunk` raw (docs/binary-frames.md).
-            Inbound::Binary(frame) if ctx.outbound.binary_frames() => {
-                match exec_server_protocol::binary::decode_message(&frame) {
-                    Ok((Message::Request(r), payload)) => Ok((Message::Request(r), Some(payload))),
-                    Ok(_) => Err("a binary frame from a client must be a request".into()),
-                    Err(e) => Err(e),
-                }
-            }
-            // Otherwise its bytes are a text message, as in the reference.
-            Inbound::Binary(frame) => match String::from_utf8(Vec::from(frame)) {
-                Ok(text) => Message::decode(text.as_bytes())
-                    .map(|m| (m, None))
-                    .map_err(|e| e.to_string()),
-                Err(_) => Err("message is not valid UTF-8".into()),
-            },
-            Inbound::Invalid(why) => Err(why),
-            // A large hot request, its base64 decoded while it arrived.
-            Inbound::Lifted(lifted) => {
-                exec_server_fastpath::hot::decode_lifted(lifted).map_err(|e| e.to_string())
-            }
-        };
-        let (msg, payload) = match decoded {
-            Ok(m) => m,
+        let flow = match decode(&ctx, item) {
+            Ok((Message::Request(req), payload)) => request(&ctx, req, payload, &detached).await,
+            Ok((Message::Notification(n), _)) => notification(&ctx, &n.method),
+            Ok((Message::Response(r), _)) => answer(&ctx, &r.id, Ok(r.result)),
+            Ok((Message::Error(e), _)) => answer(&ctx, &e.id, Err(e.error)),
             Err(why) => {
                 let e = crate::handlers::undecodable(&parse_context, &why);
                 crate::metrics::request_error(e.code);
-                if ctx
-                    .outbound
-                    .send(encode_error(&RequestId::UNDECODABLE, &e))
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
-                continue;
+                sent(
+                    ctx.outbound
+                        .send(encode_error(&RequestId::UNDECODABLE, &e))
+                        .await,
+                )
             }
         };
-        match msg {
-            Message::Request(req) => {
-                let started = Instant::now();
-                let method = server.router.known_method(&req.method);
-                // Fields are the method's wire name (or `other`) and the id: never
-                // params, which may carry file contents, environments or secrets.
-                let span = tracing::info_span!(
-                    "request",
-                    otel.name = method.unwrap_or("other"),
-                    otel.kind = "server",
-                    conn = ctx.id,
-                    method = method.unwrap_or("other"),
-                    id = %req.id,
-                    error_code = tracing::field::Empty,
-                );
-                // Before the span is first entered: a started span keeps its parent.
-                if let Some(t) = &req.trace {
-                    exec_server_telemetry::adopt_parent(&span, t);
-                }
-                let dispatched = span.in_scope(|| {
-                    server.router.dispatch_with_payload(
-                        ctx.clone(),
-                        &req.method,
-                        req.params,
-                        payload,
-                    )
-                });
-                match dispatched {
-                    Err(e) => {
-                        span.record("error_code", e.code);
-                        span.in_scope(|| tracing::debug!(code = e.code, "refused"));
-                        crate::metrics::request_done(method, started, Some(e.code));
-                        if ctx.outbound.send(encode_error(&req.id, &e)).await.is_err() {
-                            break;
-                        }
-                    }
-                    Ok((Mode::Inline, fut)) => {
-                        let outcome = fut.instrument(span.clone()).await;
-                        if reply(&ctx.outbound, &req.id, outcome, method, started)
-                            .instrument(span)
-                            .await
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
-                    Ok((Mode::Detached, fut)) => {
-                        // Never block the connection on a full table: refuse this one.
-                        let Ok(permit) = detached.clone().try_acquire_owned() else {
-                            let e = crate::handlers::too_many_in_flight(
-                                MAX_DETACHED_REQUESTS_PER_CONNECTION,
-                            );
-                            crate::metrics::request_done(method, started, Some(e.code));
-                            if ctx.outbound.send(encode_error(&req.id, &e)).await.is_err() {
-                                break;
-                            }
-                            continue;
-                        };
-                        let out = ctx.outbound.clone();
-                        tokio::spawn(
-                            async move {
-                                let outcome = fut.await;
-                                let _ = reply(&out, &req.id, outcome, method, started).await;
-                                drop(permit);
-                            }
-                            .instrument(span),
-                        );
-                    }
-                }
-            }
-            Message::Notification(n) if n.method == methods::INITIALIZED => {
-                let mut phase = ctx.phase();
-                match &*phase {
-                    Phase::Initializing(s) => *phase = Phase::Ready(s.clone()),
-                    Phase::Ready(_) => {} // a second `initialized` is harmless
-                    Phase::Fresh => {
-                        tracing::debug!(conn = ctx.id, "initialized before initialize; closing");
-                        break;
-                    }
-                }
-            }
-            Message::Notification(n) => {
-                tracing::debug!(conn = ctx.id, method = %n.method, "unexpected notification; closing");
-                break;
-            }
-            Message::Response(r) => {
-                if !ctx.calls.complete(&r.id, Ok(r.result)) && !is_late_answer(&ctx, &r.id) {
-                    break;
-                }
-            }
-            Message::Error(e) => {
-                if !ctx.calls.complete(&e.id, Err(e.error)) && !is_late_answer(&ctx, &e.id) {
-                    break;
-                }
-            }
+        if flow.is_break() {
+            break;
         }
     }
     ctx.outbound.close();
@@ -254,6 +135,148 @@ pub async fn serve(
     ctx.calls.close_all();
     if let Some(s) = ctx.session() {
         server.sessions.detach(&s, ctx.id);
+    }
+}
+
+/// Whether the connection goes on after this step.
+type Flow = ControlFlow<()>;
+
+/// Goes on while the connection still takes what is sent.
+fn sent<E>(r: Result<(), E>) -> Flow {
+    match r {
+        Ok(()) => Flow::Continue(()),
+        Err(_) => Flow::Break(()),
+    }
+}
+
+/// One inbound item as a message and, for a binary frame, its raw payload;
+/// the error text of a -32600 otherwise.
+fn decode(ctx: &ConnCtx, item: Inbound) -> Result<(Message, Option<Bytes>), String> {
+    match item {
+        // A hot request's base64 is decoded in the message's own buffer.
+        Inbound::Message(text) => {
+            exec_server_fastpath::hot::decode_text(text).map_err(|e| e.to_string())
+        }
+        // Agreed in `initialize`: a binary frame carries a request's
+        // `params.chunk` raw (docs/binary-frames.md).
+        Inbound::Binary(frame) if ctx.outbound.binary_frames() => {
+            match exec_server_protocol::binary::decode_message(&frame) {
+                Ok((Message::Request(r), payload)) => Ok((Message::Request(r), Some(payload))),
+                Ok(_) => Err("a binary frame from a client must be a request".into()),
+                Err(e) => Err(e),
+            }
+        }
+        // Otherwise its bytes are a text message, as in the reference.
+        Inbound::Binary(frame) => match String::from_utf8(Vec::from(frame)) {
+            Ok(text) => Message::decode(text.as_bytes())
+                .map(|m| (m, None))
+                .map_err(|e| e.to_string()),
+            Err(_) => Err("message is not valid UTF-8".into()),
+        },
+        Inbound::Invalid(why) => Err(why),
+        // A large hot request, its base64 decoded while it arrived.
+        Inbound::Lifted(lifted) => {
+            exec_server_fastpath::hot::decode_lifted(lifted).map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// Dispatches a request: an inline one is answered before the next message
+/// is read; a detached one runs beside the loop, refused past
+/// [`MAX_DETACHED_REQUESTS_PER_CONNECTION`] in flight.
+async fn request(
+    ctx: &Ctx,
+    req: exec_server_protocol::Request,
+    payload: Option<Bytes>,
+    detached: &Arc<Semaphore>,
+) -> Flow {
+    let server = &ctx.server;
+    let started = Instant::now();
+    let method = server.router.known_method(&req.method);
+    // Fields are the method's wire name (or `other`) and the id: never
+    // params, which may carry file contents, environments or secrets.
+    let span = tracing::info_span!(
+        "request",
+        otel.name = method.unwrap_or("other"),
+        otel.kind = "server",
+        conn = ctx.id,
+        method = method.unwrap_or("other"),
+        id = %req.id,
+        error_code = tracing::field::Empty,
+    );
+    // Before the span is first entered: a started span keeps its parent.
+    if let Some(t) = &req.trace {
+        exec_server_telemetry::adopt_parent(&span, t);
+    }
+    let dispatched = span.in_scope(|| {
+        server
+            .router
+            .dispatch_with_payload(ctx.clone(), &req.method, req.params, payload)
+    });
+    match dispatched {
+        Err(e) => {
+            span.record("error_code", e.code);
+            span.in_scope(|| tracing::debug!(code = e.code, "refused"));
+            crate::metrics::request_done(method, started, Some(e.code));
+            sent(ctx.outbound.send(encode_error(&req.id, &e)).await)
+        }
+        Ok((Mode::Inline, fut)) => {
+            let outcome = fut.instrument(span.clone()).await;
+            let r = reply(&ctx.outbound, &req.id, outcome, method, started)
+                .instrument(span)
+                .await;
+            sent(r)
+        }
+        Ok((Mode::Detached, fut)) => {
+            // Never block the connection on a full table: refuse this one.
+            let Ok(permit) = detached.clone().try_acquire_owned() else {
+                let e = crate::handlers::too_many_in_flight(MAX_DETACHED_REQUESTS_PER_CONNECTION);
+                crate::metrics::request_done(method, started, Some(e.code));
+                return sent(ctx.outbound.send(encode_error(&req.id, &e)).await);
+            };
+            let out = ctx.outbound.clone();
+            tokio::spawn(
+                async move {
+                    let outcome = fut.await;
+                    let _ = reply(&out, &req.id, outcome, method, started).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+            Flow::Continue(())
+        }
+    }
+}
+
+/// A client notification: `initialized` completes the handshake; anything
+/// else (or `initialized` before `initialize`) closes the connection.
+fn notification(ctx: &ConnCtx, method: &str) -> Flow {
+    if method != methods::INITIALIZED {
+        tracing::debug!(conn = ctx.id, %method, "unexpected notification; closing");
+        return Flow::Break(());
+    }
+    let mut phase = ctx.phase();
+    match &*phase {
+        Phase::Initializing(s) => *phase = Phase::Ready(s.clone()),
+        Phase::Ready(_) => {} // a second `initialized` is harmless
+        Phase::Fresh => {
+            tracing::debug!(conn = ctx.id, "initialized before initialize; closing");
+            return Flow::Break(());
+        }
+    }
+    Flow::Continue(())
+}
+
+/// The client's answer to one of our calls: handed to its waiter, dropped
+/// when late, fatal when its id was never given out.
+fn answer(
+    ctx: &ConnCtx,
+    id: &RequestId,
+    outcome: Result<serde_json::Value, exec_server_protocol::ErrorObject>,
+) -> Flow {
+    match ctx.calls.complete(id, outcome) || is_late_answer(ctx, id) {
+        true => Flow::Continue(()),
+        false => Flow::Break(()),
     }
 }
 

@@ -20,10 +20,11 @@ use super::{
 use bytes::Bytes;
 use frame::OpCode;
 use reader::{Event, FrameReader, ReadError};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 pub use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use writer::FrameWriter;
@@ -55,191 +56,239 @@ where
     let config = *ws.get_config();
     let max_message = config.max_message_size.unwrap_or(DEFAULT_MAX_MESSAGE_BYTES);
     let (read_half, write_half) = tokio::io::split(ws.into_inner());
-    let mut frames_in = FrameReader::new(read_half, role, config.read_buffer_size, max_message);
-    let mut frames_out = FrameWriter::new(write_half, role, WS_FRAGMENT_BYTES);
+    let frames_in = FrameReader::new(read_half, role, config.read_buffer_size, max_message);
+    let frames_out = FrameWriter::new(write_half, role, WS_FRAGMENT_BYTES);
     let (in_tx, in_rx) = mpsc::channel(64);
-    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MESSAGES);
+    let (out_tx, out_rx) = mpsc::channel::<Outgoing>(OUTBOUND_QUEUE_MESSAGES);
     // The pong owed to the peer: only the latest ping's (a pong may answer
     // for earlier pings, never the other way round, RFC 6455 §5.5.3).
-    let (pong_tx, mut pong_rx) = tokio::sync::watch::channel::<Option<Vec<u8>>>(None);
-    let closer = Arc::new(Notify::new());
-    let writer_closer = closer.clone();
-    // Set by the reader when the connection ends with a close frame of ours.
-    let close_reply: Arc<Mutex<Option<CloseReply>>> = Arc::default();
-    let writer_close_reply = close_reply.clone();
-    let writer = tokio::spawn(async move {
-        // A stream met in a batch: sent next, on its own.
-        let mut carried: Option<Outgoing> = None;
-        let mut closing = (1000, "");
-        loop {
-            let first = tokio::select! {
-                biased;
-                Ok(()) = pong_rx.changed() => {
-                    let Some(p) = pong_rx.borrow_and_update().clone() else { continue };
-                    frames_out.push_control(OpCode::Pong, &p);
-                    match timed(frames_out.write_queued()).await {
-                        Ok(()) => continue,
-                        Err(e) => { e.log(); break; }
-                    }
-                }
-                next = next_to_write(&mut carried, &mut out_rx, &writer_closer) => match next {
-                    Next::Message(m) => m,
-                    Next::QueueClosed => break,
-                    Next::CloseRequested => {
-                        if let Some(reply) = writer_close_reply
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .take()
-                        {
-                            closing = reply;
-                        }
-                        break;
-                    }
-                },
-            };
-            let result = match first {
-                // A stream waits for its producer between frames: only the
-                // socket's writes count against the stall timeout, each alone.
-                Outgoing::Stream(stream) => send_stream(&mut frames_out, stream).await,
-                first => {
-                    // Everything already queued goes out in one vectored
-                    // write: fewer system calls under load.
-                    let mut next = Some(first);
-                    while let Some(msg) = next.take() {
-                        match msg {
-                            Outgoing::Stream(stream) => {
-                                carried = Some(Outgoing::Stream(stream));
-                                break;
-                            }
-                            Outgoing::Text(t) => frames_out.push(
-                                Bytes::from(t.into_bytes()),
-                                &mut OpCode::Text,
-                                true,
-                            ),
-                            Outgoing::Binary(b) => frames_out.push(b, &mut OpCode::Binary, true),
-                            Outgoing::BinaryParts(a, b) => {
-                                frames_out.push_parts(vec![a, b], &mut OpCode::Binary, true)
-                            }
-                        }
-                        if frames_out.queued_bytes() < BATCH_BYTES {
-                            next = out_rx.try_recv().ok();
-                        }
-                    }
-                    timed(frames_out.write_queued()).await
-                }
-            };
-            match result {
-                Ok(()) => {}
-                // The message cannot be completed; the socket still works:
-                // close it properly (a control frame may come between a
-                // message's fragments).
-                Err(WriteFailure::Producer) => {
-                    tracing::warn!("a streamed message's producer failed; closing the connection");
-                    closing = (1011, "a streamed message failed");
-                    break;
-                }
-                // The socket is unusable: no close frame.
-                Err(e) => {
-                    e.log();
-                    return;
-                }
-            }
-        }
-        let (code, reason) = closing;
-        let mut payload = code.to_be_bytes().to_vec();
-        payload.extend_from_slice(reason.as_bytes());
-        frames_out.push_control(OpCode::Close, &payload);
-        let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
-            if frames_out.write_queued().await.is_ok() {
-                frames_out.shutdown().await;
-            }
-        })
-        .await;
-    });
-    let reader_out = out_tx.clone();
-    let reader_closer = closer.clone();
-    tokio::spawn(async move {
-        let mut reply: Option<CloseReply> = None;
-        loop {
-            // Not cancel-safe, and need not be: once the writer is gone the
-            // connection is over.
-            let event = tokio::select! {
-                e = frames_in.next_event() => e,
-                _ = reader_out.closed() => break,
-            };
-            let item = match event {
-                // A text message that is not UTF-8 breaks RFC 6455 (§8.1):
-                // the connection is closed with 1007 (the reference drops
-                // it without a close frame).
-                Ok(Event::Text(bytes)) => match super::inbound_text(bytes) {
-                    Inbound::Invalid(_) => {
-                        tracing::debug!("closing a connection: a text message is not UTF-8");
-                        reply = Some((1007, "text message is not valid UTF-8"));
-                        break;
-                    }
-                    item => item,
-                },
-                Ok(Event::Lifted(lifted)) => {
-                    // The rest is base64 (ASCII): the skeleton decides.
-                    if simdutf8::basic::from_utf8(&lifted.skeleton).is_ok() {
-                        Inbound::Lifted(lifted)
-                    } else {
-                        reply = Some((1007, "text message is not valid UTF-8"));
-                        break;
-                    }
-                }
-                // Read as text by the connection until binary frames are on
-                // (the reference treats a binary frame's bytes as a message too).
-                Ok(Event::Binary(bytes)) => Inbound::Binary(Bytes::from(bytes)),
-                Ok(Event::Ping(payload)) => {
-                    // Replaces a pong not yet sent: the latest answers for both.
-                    pong_tx.send_replace(Some(payload));
-                    continue;
-                }
-                Ok(Event::Close(_)) => {
-                    // The closing handshake: answered in kind.
-                    reply = Some((1000, ""));
-                    break;
-                }
-                Err(ReadError::TooBig { max }) => {
-                    // Refuse with a close frame (1009), not a reset.
-                    tracing::warn!("closing a connection: a message is over {max} bytes");
-                    reply = Some((1009, "message too big"));
-                    break;
-                }
-                Err(ReadError::Protocol(why)) => {
-                    tracing::debug!("closing a connection: websocket protocol error: {why}");
-                    reply = Some((1002, why));
-                    break;
-                }
-                Err(ReadError::Io(e)) => {
-                    tracing::debug!("websocket read failed: {e}");
-                    break;
-                }
-                Err(ReadError::Eof) => break,
-            };
-            tokio::select! {
-                r = in_tx.send(item) => if r.is_err() { break },
-                _ = reader_out.closed() => break,
-            }
-        }
-        drop(reader_out);
-        // When the read side ends, the writer must stop too, or a half-open
-        // peer would keep the connection (and its session attachment) alive;
-        // a writer owing a close frame gets a moment to send it.
-        if let Some(r) = reply {
-            *close_reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-            reader_closer.notify_one();
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer).await;
-        } else {
-            writer.abort();
-        }
-    });
+    let (pong_tx, pong_rx) = watch::channel::<Option<Vec<u8>>>(None);
+    let ending = Ending {
+        closer: Arc::new(Notify::new()),
+        close_reply: Arc::default(),
+    };
+    let writer = tokio::spawn(write_loop(frames_out, out_rx, pong_rx, ending.clone()));
+    tokio::spawn(read_loop(
+        frames_in,
+        in_tx,
+        out_tx.clone(),
+        pong_tx,
+        ending.clone(),
+        writer,
+    ));
     Connection {
         inbound: in_rx,
-        outbound: Outbound::new(out_tx, closer, true, true),
+        outbound: Outbound::new(out_tx, ending.closer, true, true),
         peer,
     }
+}
+
+/// How the reader tells the writer to end: the close frame it owes (set
+/// when the connection ends with one of ours), then a wake-up.
+#[derive(Clone)]
+struct Ending {
+    closer: Arc<Notify>,
+    close_reply: Arc<Mutex<Option<CloseReply>>>,
+}
+
+/// The writer task: pongs first, then queued messages (batched) and
+/// streams, until the queue closes or a close is asked for; then the close
+/// frame. A socket that fails gets none.
+async fn write_loop<W>(
+    mut frames_out: FrameWriter<W>,
+    mut out_rx: mpsc::Receiver<Outgoing>,
+    mut pong_rx: watch::Receiver<Option<Vec<u8>>>,
+    ending: Ending,
+) where
+    W: AsyncWrite + Unpin,
+{
+    // A stream met in a batch: sent next, on its own.
+    let mut carried: Option<Outgoing> = None;
+    let mut closing = (1000, "");
+    loop {
+        let first = tokio::select! {
+            biased;
+            Ok(()) = pong_rx.changed() => {
+                let Some(p) = pong_rx.borrow_and_update().clone() else { continue };
+                frames_out.push_control(OpCode::Pong, &p);
+                match timed(frames_out.write_queued()).await {
+                    Ok(()) => continue,
+                    Err(e) => { e.log(); break; }
+                }
+            }
+            next = next_to_write(&mut carried, &mut out_rx, &ending.closer) => match next {
+                Next::Message(m) => m,
+                Next::QueueClosed => break,
+                Next::CloseRequested => {
+                    let owed = ending.close_reply.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some(reply) = owed {
+                        closing = reply;
+                    }
+                    break;
+                }
+            },
+        };
+        let result = match first {
+            // A stream waits for its producer between frames: only the
+            // socket's writes count against the stall timeout, each alone.
+            Outgoing::Stream(stream) => send_stream(&mut frames_out, stream).await,
+            first => write_batch(&mut frames_out, first, &mut carried, &mut out_rx).await,
+        };
+        match result {
+            Ok(()) => {}
+            // The message cannot be completed; the socket still works:
+            // close it properly (a control frame may come between a
+            // message's fragments).
+            Err(WriteFailure::Producer) => {
+                tracing::warn!("a streamed message's producer failed; closing the connection");
+                closing = (1011, "a streamed message failed");
+                break;
+            }
+            // The socket is unusable: no close frame.
+            Err(e) => {
+                e.log();
+                return;
+            }
+        }
+    }
+    let (code, reason) = closing;
+    let mut payload = code.to_be_bytes().to_vec();
+    payload.extend_from_slice(reason.as_bytes());
+    frames_out.push_control(OpCode::Close, &payload);
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+        if frames_out.write_queued().await.is_ok() {
+            frames_out.shutdown().await;
+        }
+    })
+    .await;
+}
+
+/// Writes `first` and everything already queued behind it (up to
+/// [`BATCH_BYTES`]) in one vectored write: fewer system calls under load.
+/// A stream met on the way is left in `carried`, for next.
+async fn write_batch<W>(
+    frames_out: &mut FrameWriter<W>,
+    first: Outgoing,
+    carried: &mut Option<Outgoing>,
+    out_rx: &mut mpsc::Receiver<Outgoing>,
+) -> Result<(), WriteFailure>
+where
+    W: AsyncWrite + Unpin,
+{
+    let mut next = Some(first);
+    while let Some(msg) = next.take() {
+        match msg {
+            Outgoing::Stream(stream) => {
+                *carried = Some(Outgoing::Stream(stream));
+                break;
+            }
+            Outgoing::Text(t) => {
+                frames_out.push(Bytes::from(t.into_bytes()), &mut OpCode::Text, true)
+            }
+            Outgoing::Binary(b) => frames_out.push(b, &mut OpCode::Binary, true),
+            Outgoing::BinaryParts(a, b) => {
+                frames_out.push_parts(vec![a, b], &mut OpCode::Binary, true)
+            }
+        }
+        if frames_out.queued_bytes() < BATCH_BYTES {
+            next = out_rx.try_recv().ok();
+        }
+    }
+    timed(frames_out.write_queued()).await
+}
+
+/// The reader task: each message to the connection, pings to the writer,
+/// until the peer or the protocol ends it. When the read side ends the
+/// writer stops too, or a half-open peer would keep the connection (and its
+/// session attachment) alive; a writer owing a close frame gets a moment to
+/// send it.
+async fn read_loop<R>(
+    mut frames_in: FrameReader<R>,
+    in_tx: mpsc::Sender<Inbound>,
+    out: mpsc::Sender<Outgoing>,
+    pong_tx: watch::Sender<Option<Vec<u8>>>,
+    ending: Ending,
+    writer: tokio::task::JoinHandle<()>,
+) where
+    R: AsyncRead + Unpin,
+{
+    let reply = loop {
+        // Not cancel-safe, and need not be: once the writer is gone the
+        // connection is over.
+        let event = tokio::select! {
+            e = frames_in.next_event() => e,
+            _ = out.closed() => break None,
+        };
+        let item = match classify(event, &pong_tx) {
+            ControlFlow::Continue(Some(item)) => item,
+            ControlFlow::Continue(None) => continue,
+            ControlFlow::Break(reply) => break reply,
+        };
+        tokio::select! {
+            r = in_tx.send(item) => if r.is_err() { break None },
+            _ = out.closed() => break None,
+        }
+    };
+    drop(out);
+    if let Some(r) = reply {
+        *ending.close_reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        ending.closer.notify_one();
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer).await;
+    } else {
+        writer.abort();
+    }
+}
+
+/// What one read means: a message for the connection (`Continue(Some)`),
+/// nothing to deliver (`Continue(None)`: a ping, whose pong is handed to
+/// the writer), or the end, with the close frame owed (`Break`).
+fn classify(
+    event: Result<Event, ReadError>,
+    pong_tx: &watch::Sender<Option<Vec<u8>>>,
+) -> ControlFlow<Option<CloseReply>, Option<Inbound>> {
+    const NOT_UTF8: CloseReply = (1007, "text message is not valid UTF-8");
+    let item = match event {
+        // A text message that is not UTF-8 breaks RFC 6455 (§8.1): the
+        // connection is closed with 1007 (the reference drops it without a
+        // close frame).
+        Ok(Event::Text(bytes)) => match super::inbound_text(bytes) {
+            Inbound::Invalid(_) => {
+                tracing::debug!("closing a connection: a text message is not UTF-8");
+                return ControlFlow::Break(Some(NOT_UTF8));
+            }
+            item => item,
+        },
+        // The rest is base64 (ASCII): the skeleton decides.
+        Ok(Event::Lifted(lifted)) => match simdutf8::basic::from_utf8(&lifted.skeleton) {
+            Ok(_) => Inbound::Lifted(lifted),
+            Err(_) => return ControlFlow::Break(Some(NOT_UTF8)),
+        },
+        // Read as text by the connection until binary frames are on (the
+        // reference treats a binary frame's bytes as a message too).
+        Ok(Event::Binary(bytes)) => Inbound::Binary(Bytes::from(bytes)),
+        Ok(Event::Ping(payload)) => {
+            // Replaces a pong not yet sent: the latest answers for both.
+            pong_tx.send_replace(Some(payload));
+            return ControlFlow::Continue(None);
+        }
+        // The closing handshake: answered in kind.
+        Ok(Event::Close(_)) => return ControlFlow::Break(Some((1000, ""))),
+        Err(ReadError::TooBig { max }) => {
+            // Refuse with a close frame (1009), not a reset.
+            tracing::warn!("closing a connection: a message is over {max} bytes");
+            return ControlFlow::Break(Some((1009, "message too big")));
+        }
+        Err(ReadError::Protocol(why)) => {
+            tracing::debug!("closing a connection: websocket protocol error: {why}");
+            return ControlFlow::Break(Some((1002, why)));
+        }
+        Err(ReadError::Io(e)) => {
+            tracing::debug!("websocket read failed: {e}");
+            return ControlFlow::Break(None);
+        }
+        Err(ReadError::Eof) => return ControlFlow::Break(None),
+    };
+    ControlFlow::Continue(Some(item))
 }
 
 /// Why the writer stopped.
