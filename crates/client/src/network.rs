@@ -63,12 +63,16 @@ impl AllowHosts {
     }
 }
 
+/// A host as the server's proxy compares it (`netproxy::host::normalize`,
+/// which a test holds this to without making the client depend on the
+/// proxy): trimmed, lowercase, no trailing dot, no IPv6 brackets.
 fn normal(h: &str) -> String {
+    let h = h.trim().trim_end_matches('.');
     let h = h
         .strip_prefix('[')
         .and_then(|x| x.strip_suffix(']'))
         .unwrap_or(h);
-    h.trim_end_matches('.').to_ascii_lowercase()
+    h.to_ascii_lowercase()
 }
 
 impl NetworkPolicy for AllowHosts {
@@ -94,5 +98,26 @@ mod tests {
             a.decision("sub.example.com"),
             NetworkDecision::Deny { .. }
         ));
+    }
+
+    #[test]
+    fn hosts_compare_as_the_proxy_compares_them() {
+        for h in [
+            "Example.COM.",
+            " example.com ",
+            "[::1]",
+            "[::1].",
+            "::1",
+            "127.0.0.1",
+            "localhost..",
+            "[fe80::1%25eth0]",
+            "",
+            ".",
+            "[",
+            "ÄÖ.example",
+            "a.b.c.D",
+        ] {
+            assert_eq!(normal(h), exec_server_netproxy::host::normalize(h), "{h:?}");
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! `fs/watch` / `fs/unwatch` (ours; the reference answers -32601): change
+//! `fs/watch` / `fs/unwatch` (ours; the reference knows no such method): change
 //! notifications for a path. Watches belong to the session, are bounded by
 //! [`MAX_WATCHES_PER_SESSION`], and end with it. All watches of the server share
 //! one inotify instance and one reader thread ([`hub`]).

@@ -29,8 +29,8 @@ pub const TRANSPORT_MARGIN: Duration = Duration::from_secs(5);
 /// Longest decision reason accepted from the client: 1024 bytes.
 pub const MAX_REASON_BYTES: usize = 1024;
 
-/// -32602 text of `enforceManagedNetwork` without a `sandbox` (ours: the
-/// reference silently ignores the flag then).
+/// Why a start with `enforceManagedNetwork` and no `sandbox` is refused as
+/// invalid params (ours: the reference silently ignores the flag then).
 pub const ENFORCE_NEEDS_SANDBOX: &str =
     "enforceManagedNetwork requires a sandbox: without one the \
      command could bypass the network proxy (refused rather than run unenforced)";
