@@ -29,6 +29,10 @@ for fuzzer in "${fuzzers[@]}"; do
   "$OUT/examples/$fuzzer" --seconds "$FUZZ_SECONDS"
 done
 
+# The Python SDK: its wheel built with maturin, installed into a virtual
+# environment, type-checked and tested against the binary built above.
+./scripts/test-python.sh
+
 shared=${SHARED_DIR:-../shared}
 if [ -f "$shared/conformance/run.py" ]; then
   if ! python3 -c 'import websockets' 2>/dev/null; then

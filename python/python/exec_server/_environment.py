@@ -1,0 +1,285 @@
+"""``Environment``: where commands run and files live."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
+
+from . import _native
+from ._command import Command
+from ._process import CompletedProcess, Process
+from .errors import ConfigurationError, ProcessFailed
+from .network import NetworkRequest, _Policy
+
+__all__ = ["Environment", "Metadata", "DirEntry", "connect"]
+
+#: Where :meth:`Environment.remote` reads the harness token by default.
+TOKEN_ENV = "CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN"
+
+PathLike = Union[str, "os.PathLike[str]"]
+Decide = Callable[[NetworkRequest], Awaitable[Union[bool, str]]]
+
+
+class Metadata(NamedTuple):
+    """A path's metadata on the server. Times are milliseconds since the epoch."""
+
+    is_directory: bool
+    is_file: bool
+    is_symlink: bool
+    size: int
+    created_at_ms: int
+    modified_at_ms: int
+
+
+class DirEntry(NamedTuple):
+    """One entry of :meth:`Environment.list_dir`."""
+
+    name: str
+    is_directory: bool
+    is_file: bool
+
+
+def _path(p: PathLike) -> str:
+    return os.fspath(p)
+
+
+class Environment:
+    """One exec-server: embedded in this process (:meth:`local`), at a URL
+    (:meth:`connect`), or behind a registry (:meth:`remote`).
+
+    Nothing connects until the first call; a dropped connection is recovered
+    (the session resumed, every process's output read on from where it
+    stopped) without the caller noticing. Use it as an async context manager
+    (or call :meth:`close`) to end the session.
+    """
+
+    def __init__(self, native: _native.Environment) -> None:
+        self._native = native
+
+    def __repr__(self) -> str:
+        return f"<Environment {self.id}>"
+
+    async def __aenter__(self) -> "Environment":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @classmethod
+    def local(cls) -> "Environment":
+        """This machine, through a server embedded in this process."""
+        return cls(_native.Environment.local())
+
+    @classmethod
+    def connect(
+        cls,
+        url: str,
+        *,
+        token: Optional[str] = None,
+        network_policy: Optional[Decide] = None,
+    ) -> "Environment":
+        """A server at ``url`` (``ws://``, ``wss://``, ``unix:///path``), with an
+        optional bearer ``token``. ``network_policy``: an ``async def
+        decide(request) -> bool`` asked about each destination a managed
+        network proxy leaves open (call this inside a running event loop then:
+        the policy runs on it)."""
+        policy = _Policy(network_policy) if network_policy is not None else None
+        return cls(_native.Environment.connect(url, token, policy))
+
+    @classmethod
+    def remote(
+        cls,
+        registry_url: str,
+        environment_id: str,
+        *,
+        token_env: str = TOKEN_ENV,
+        token_file: Optional[PathLike] = None,
+        account_id: Optional[str] = None,
+    ) -> "Environment":
+        """The environment ``environment_id`` registered at ``registry_url``,
+        reached through the registry's relay, end-to-end encrypted.
+
+        The harness token is read from the file ``token_file`` when given,
+        else from the environment variable ``token_env``: never passed as an
+        argument, so it stays out of logs and tracebacks."""
+        if token_file is not None:
+            try:
+                token = Path(token_file).read_text().strip()
+            except OSError as e:
+                raise ConfigurationError(f"cannot read the token file {os.fspath(token_file)}: {e}") from None
+        else:
+            token = os.environ.get(token_env, "").strip()
+        if not token:
+            where = f"file {os.fspath(token_file)}" if token_file is not None else f"${token_env}"
+            raise ConfigurationError(f"no harness token in {where}")
+        return cls(_native.Environment.remote(registry_url, environment_id, token, account_id))
+
+    @property
+    def id(self) -> str:
+        """``local``, the URL, or the environment id."""
+        return self._native.id
+
+    @property
+    def session_id(self) -> Optional[str]:
+        """The session id, once connected."""
+        return self._native.session_id()
+
+    @property
+    def recoveries(self) -> int:
+        """How many times a dropped connection was recovered."""
+        return self._native.recoveries()
+
+    async def start(self, command: Union[Command, str, Sequence[str]]) -> Process:
+        """Starts ``command`` (a :class:`Command`, or an argv) and returns its
+        :class:`Process` as soon as it runs."""
+        cmd = command if isinstance(command, Command) else Command(command)
+        native = await self._native.start(
+            list(cmd.argv),
+            cmd.working_dir,
+            dict(cmd.environment),
+            cmd.inherits_env,
+            cmd.pty_size,
+            cmd.stdin_piped,
+            process_id=cmd.process_id,
+            timeout=cmd.wall_timeout,
+            idle_timeout=cmd.idle,
+            max_output=cmd.output_cap,
+            memory=cmd.memory_bytes,
+            max_tasks=cmd.tasks,
+            cpu_percent=cmd.cpu,
+            kill_on_drop=cmd.kill_on_drop,
+        )
+        return Process(native)
+
+    async def run(
+        self,
+        command: Union[Command, str, Sequence[str]],
+        *,
+        input: Optional[Union[bytes, str]] = None,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        check: bool = False,
+    ) -> CompletedProcess:
+        """Runs ``command`` to the end, like ``subprocess.run``: returns
+        ``(exit_code, stdout, stderr)``. ``input`` is written to its stdin
+        (then closed); ``check`` raises :class:`ProcessFailed` on a non-zero
+        exit."""
+        cmd = command if isinstance(command, Command) else Command(command)
+        if cwd is not None:
+            cmd = cmd.cwd(cwd)
+        if env is not None:
+            cmd = cmd.envs(env)
+        if input is not None:
+            cmd = cmd.stdin()
+        proc = await self.start(cmd)
+        if input is not None:
+            await proc.write(input)
+            await proc.close_stdin()
+        done = await proc.communicate()
+        if check and done.exit_code != 0:
+            raise ProcessFailed(list(cmd.argv), done.exit_code, done.stdout, done.stderr)
+        return done
+
+    async def read_file(self, path: PathLike) -> bytes:
+        """A whole file's bytes."""
+        return await self._native.read_file(_path(path))
+
+    async def read_text(self, path: PathLike, encoding: str = "utf-8") -> str:
+        """A whole file as text."""
+        return (await self.read_file(path)).decode(encoding)
+
+    async def write_file(self, path: PathLike, data: Union[bytes, bytearray, memoryview, str]) -> None:
+        """Writes a whole file (``str`` as UTF-8); it is replaced atomically."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        await self._native.write_file(_path(path), raw)
+
+    async def metadata(self, path: PathLike) -> Metadata:
+        """A path's :class:`Metadata`."""
+        m = json.loads(await self._native.metadata(_path(path)))
+        return Metadata(
+            m["isDirectory"],
+            m["isFile"],
+            m.get("isSymlink", False),
+            m.get("size", 0),
+            m.get("createdAtMs", 0),
+            m.get("modifiedAtMs", 0),
+        )
+
+    async def exists(self, path: PathLike) -> bool:
+        """Whether ``path`` exists on the server."""
+        from .errors import NotFound
+
+        try:
+            await self.metadata(path)
+        except NotFound:
+            return False
+        return True
+
+    async def list_dir(self, path: PathLike) -> List[DirEntry]:
+        """A directory's entries."""
+        entries = json.loads(await self._native.list_dir(_path(path)))
+        return [DirEntry(e["fileName"], e["isDirectory"], e["isFile"]) for e in entries]
+
+    async def mkdir(self, path: PathLike, *, parents: bool = False) -> None:
+        """Makes a directory (and its missing parents with ``parents``)."""
+        await self._native.mkdir(_path(path), parents)
+
+    async def remove(self, path: PathLike, *, recursive: bool = False, force: bool = False) -> None:
+        """Removes a file, or a tree with ``recursive``; ``force`` ignores a
+        missing path."""
+        await self._native.remove(_path(path), recursive, force)
+
+    async def copy(self, src: PathLike, dst: PathLike, *, recursive: bool = False) -> None:
+        """Copies a file, or a tree with ``recursive``, on the server."""
+        await self._native.copy(_path(src), _path(dst), recursive)
+
+    async def upload(self, local: PathLike, remote: PathLike) -> int:
+        """Copies the local file ``local`` to ``remote`` in blocks (no size
+        limit); returns the bytes sent."""
+        return await self._native.upload(_path(local), _path(remote))
+
+    async def download(self, remote: PathLike, local: PathLike) -> int:
+        """Copies ``remote`` into the local file ``local`` in blocks; returns
+        the bytes written."""
+        return await self._native.download(_path(remote), _path(local))
+
+    async def info(self) -> Dict[str, Any]:
+        """The server's ``environment/info`` (capabilities, platform...)."""
+        info: Dict[str, Any] = json.loads(await self._native.info())
+        return info
+
+    async def drop_connection(self) -> None:
+        """Drops the current connection; the next call resumes the session
+        (a test of recovery, or a nudge after a network change)."""
+        await self._native.drop_connection()
+
+    async def close(self) -> None:
+        """Ends the session: its processes are killed on the server."""
+        await self._native.close()
+
+    @classmethod
+    def from_toml(cls, path: PathLike) -> Dict[str, "Environment"]:
+        """The environments of an ``environments.toml`` file (the Codex CLI's
+        format), by id; the default one is also under the key ``""``."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise ConfigurationError(f"cannot read {p}: {e}") from None
+        pairs, default = _native.Environment.from_toml(text, str(p.parent))
+        out = {i: cls(n) for i, n in pairs}
+        if default is not None and default in out:
+            out[""] = out[default]
+        return out
+
+
+def connect(
+    url: str,
+    *,
+    token: Optional[str] = None,
+    network_policy: Optional[Decide] = None,
+) -> Environment:
+    """:meth:`Environment.connect`."""
+    return Environment.connect(url, token=token, network_policy=network_policy)
