@@ -141,7 +141,7 @@ impl Environment {
     /// Starts a process; resolves to a `Process`. Durations are seconds.
     #[pyo3(signature = (argv, cwd, env, inherit_env, pty, stdin, process_id=None,
         timeout=None, idle_timeout=None, max_output=None, memory=None, max_tasks=None,
-        cpu_percent=None, kill_on_drop=false))]
+        cpu_percent=None, kill_on_drop=false, network_proxy=None))]
     #[allow(clippy::too_many_arguments)]
     fn start<'py>(
         &self,
@@ -160,6 +160,7 @@ impl Environment {
         max_tasks: Option<u64>,
         cpu_percent: Option<u64>,
         kill_on_drop: bool,
+        network_proxy: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let Some((program, args)) = argv.split_first() else {
             return Err(errors::value("argv must not be empty"));
@@ -198,6 +199,11 @@ impl Environment {
         }
         if let Some(n) = cpu_percent {
             cmd = cmd.cpu_percent(n);
+        }
+        if let Some(text) = network_proxy {
+            let config = serde_json::from_str(&text)
+                .map_err(|e| errors::value(format!("network_proxy: {e}")))?;
+            cmd = cmd.network_proxy(config);
         }
         let client = self.client.clone();
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
@@ -331,6 +337,62 @@ impl Environment {
                 .download_to_file(&remote, file, |_| {})
                 .await
                 .map_err(errors::client)
+        })
+    }
+
+    /// `http/request` made by the server: resolves to `(status, headers,
+    /// body, stream)`: the whole body, or (with `stream`) an empty body and
+    /// an `HttpBody` to read it from as it arrives.
+    #[pyo3(signature = (method, url, headers, body=None, timeout=None, stream=false, follow_redirects=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn http_request<'py>(
+        &self,
+        py: Python<'py>,
+        method: String,
+        url: String,
+        headers: Vec<(String, String)>,
+        body: Option<Vec<u8>>,
+        timeout: Option<f64>,
+        stream: bool,
+        follow_redirects: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let timeout_ms = match timeout {
+            Some(s) => Some(u64::try_from(seconds("timeout", s)?.as_millis()).unwrap_or(u64::MAX)),
+            None => None,
+        };
+        let client = self.client.clone();
+        let params = exec_server_client::protocol::HttpRequestParams {
+            method,
+            url,
+            request_id: format!("py-{}", client.next_process_id()),
+            headers: headers
+                .into_iter()
+                .map(|(name, value)| exec_server_client::protocol::HttpHeader {
+                    name,
+                    value,
+                    value_env_var: None,
+                })
+                .collect(),
+            body_base64: body.map(|b| exec_server_client::protocol::ByteChunk(b.into())),
+            timeout_ms,
+            redirect_policy: match follow_redirects {
+                true => exec_server_client::protocol::RedirectPolicy::Follow,
+                false => exec_server_client::protocol::RedirectPolicy::Stop,
+            },
+            stream_response: stream,
+        };
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let (response, deltas) = client.http_request(params).await.map_err(errors::client)?;
+            let headers: Vec<(String, String)> = response
+                .headers
+                .into_iter()
+                .map(|h| (h.name, h.value))
+                .collect();
+            Python::attach(|py| {
+                let body = PyBytes::new(py, &response.body_base64.0).unbind();
+                let stream = deltas.map(crate::process::HttpBody::new);
+                Ok((response.status, headers, body, stream))
+            })
         })
     }
 

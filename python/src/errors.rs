@@ -96,3 +96,15 @@ pub(crate) fn local(context: &str, e: std::io::Error) -> PyErr {
 pub(crate) fn value(message: impl Into<String>) -> PyErr {
     pyo3::exceptions::PyValueError::new_err(message.into())
 }
+
+/// A streamed HTTP body the server could not finish, as
+/// `exec_server.errors.ConnectionFailed`.
+pub(crate) fn stream_failed(reason: String) -> PyErr {
+    raise(
+        "ConnectionFailed",
+        format!("the response body ended early: {reason}"),
+        None,
+        None,
+        "Connection".into(),
+    )
+}

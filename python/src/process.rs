@@ -216,3 +216,55 @@ impl Process {
         })
     }
 }
+
+/// A response body read as it arrives (`http_request(..., stream=True)`).
+#[pyclass(module = "exec_server._native", frozen)]
+pub struct HttpBody {
+    deltas: Arc<
+        tokio::sync::Mutex<
+            tokio::sync::mpsc::UnboundedReceiver<exec_server_client::protocol::HttpBodyDelta>,
+        >,
+    >,
+}
+
+impl HttpBody {
+    pub(crate) fn new(
+        rx: tokio::sync::mpsc::UnboundedReceiver<exec_server_client::protocol::HttpBodyDelta>,
+    ) -> HttpBody {
+        HttpBody {
+            deltas: Arc::new(tokio::sync::Mutex::new(rx)),
+        }
+    }
+}
+
+#[pymethods]
+impl HttpBody {
+    /// The next piece of the body; `None` at its end. A body the server
+    /// could not finish raises `ConnectionFailed` with its reason.
+    fn next_chunk<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let deltas = self.deltas.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let mut rx = deltas.lock().await;
+            loop {
+                let Some(delta) = rx.recv().await else {
+                    return Ok(None);
+                };
+                if let Some(error) = delta.error {
+                    return Err(errors::stream_failed(error));
+                }
+                if delta.delta_base64.0.is_empty() && delta.done {
+                    return Ok(None);
+                }
+                if delta.done {
+                    // The last piece: the next call ends the body.
+                    rx.close();
+                }
+                if delta.delta_base64.0.is_empty() {
+                    continue;
+                }
+                let data = delta.delta_base64.0;
+                return Ok(Some(Python::attach(|py| PyBytes::new(py, &data).unbind())));
+            }
+        })
+    }
+}

@@ -50,6 +50,7 @@ pub struct Command {
     pub(crate) kill_on_drop: bool,
     pub(crate) kill_leftovers_after: Option<Duration>,
     limits: exec_server_protocol::types::ProcessLimits,
+    network_proxy: Option<exec_server_protocol::types::RemoteNetworkProxyLaunchConfig>,
 }
 
 /// `d` in whole milliseconds, at least 1.
@@ -73,6 +74,7 @@ impl Command {
             kill_on_drop: false,
             kill_leftovers_after: None,
             limits: Default::default(),
+            network_proxy: None,
         }
     }
 
@@ -229,6 +231,20 @@ impl Command {
         self
     }
 
+    /// Runs the process behind a managed network proxy (wire
+    /// `networkProxy`): its proxy variables point at a proxy the server
+    /// starts for it, whose rules are `config`'s; destinations the rules
+    /// leave open are asked of this client's
+    /// [`NetworkPolicy`](crate::NetworkPolicy) (`network/policyRequest`).
+    /// The server checks `config` at start (-32602 naming what is wrong).
+    pub fn network_proxy(
+        mut self,
+        config: exec_server_protocol::types::RemoteNetworkProxyLaunchConfig,
+    ) -> Self {
+        self.network_proxy = Some(config);
+        self
+    }
+
     /// The `process/start` params this command sends, with `process_id` as the
     /// id when none was given. Errors: a relative or non-UTF-8 working directory
     /// ([`ErrorKind::InvalidRequest`](crate::ErrorKind::InvalidRequest)).
@@ -264,6 +280,7 @@ impl Command {
         p.pty_size = self.pty;
         p.pipe_stdin = self.stdin_piped;
         p.arg0 = self.arg0.clone();
+        p.network_proxy = self.network_proxy.clone();
         if self.limits != Default::default() {
             p.limits = Some(self.limits.clone());
         }

@@ -21,8 +21,8 @@ Errors are :class:`exec_server.errors.ExecServerError` and its subclasses.
 """
 
 from . import errors
-from ._command import Command
-from ._environment import DirEntry, Environment, Metadata, connect
+from ._command import Command, managed_network
+from ._environment import DirEntry, Environment, HttpResponse, Metadata, StreamedHttpResponse, connect
 from ._process import CompletedProcess, Exited, OutputChunk, Process
 from .errors import ExecServerError
 from .network import NetworkRequest
@@ -34,11 +34,14 @@ __all__ = [
     "Environment",
     "ExecServerError",
     "Exited",
+    "HttpResponse",
     "Metadata",
     "NetworkRequest",
     "OutputChunk",
     "Process",
+    "StreamedHttpResponse",
     "connect",
+    "managed_network",
     "errors",
 ]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ["Command"]
+__all__ = ["Command", "managed_network"]
 
 
 class Command:
@@ -39,6 +39,7 @@ class Command:
     tasks: Optional[int]
     cpu: Optional[int]
     kill_on_drop: bool
+    proxy_config: Optional[Mapping[str, object]]
 
     def __init__(self, argv: Union[str, Sequence[str]]) -> None:
         """``argv``: the program and its arguments (a string is the program alone)."""
@@ -59,6 +60,7 @@ class Command:
         self.tasks = None
         self.cpu = None
         self.kill_on_drop = False
+        self.proxy_config = None
 
     def __repr__(self) -> str:
         return f"Command({list(self.argv)!r}, cwd={self.working_dir!r})"
@@ -138,3 +140,41 @@ class Command:
     def killed_on_drop(self, kill: bool = True) -> "Command":
         """Kills the process when its ``Process`` object is collected."""
         return self._with(kill_on_drop=kill)
+
+    def network_proxy(self, config: Mapping[str, object]) -> "Command":
+        """Runs the process behind a managed network proxy whose rules are
+        ``config`` (the wire's ``networkProxy`` object: ``{"proxy": {...},
+        "policyDecisionTimeoutMs": 5000}``, SANDBOX.md §3). Destinations
+        its rules leave open are asked of the environment's
+        ``network_policy``. See :func:`managed_network` for the usual case."""
+        return self._with(proxy_config=dict(config))
+
+
+def managed_network(
+    *,
+    allow: Sequence[str] = (),
+    deny: Sequence[str] = (),
+    ask_timeout: float = 30.0,
+    limited: bool = False,
+    allow_local: bool = False,
+) -> Dict[str, object]:
+    """A ``networkProxy`` config for :meth:`Command.network_proxy`: domain
+    patterns allowed and denied outright, every other destination asked of
+    the environment's ``network_policy`` (given ``ask_timeout`` seconds to
+    answer; no answer is a deny). ``limited`` allows only GET, HEAD and
+    OPTIONS; ``allow_local`` lets the process reach local addresses."""
+    domains: Dict[str, str] = {d: "allow" for d in allow}
+    domains.update({d: "deny" for d in deny})
+    return {
+        "proxy": {
+            "enabled": True,
+            "mode": "limited" if limited else "full",
+            "enableSocks5": False,
+            "enableSocks5Udp": False,
+            "allowUpstreamProxy": False,
+            "dangerouslyAllowAllUnixSockets": False,
+            "allowLocalBinding": allow_local,
+            "domains": domains,
+        },
+        "policyDecisionTimeoutMs": int(ask_timeout * 1000),
+    }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._command import Command
@@ -13,7 +13,7 @@ from ._process import CompletedProcess, Process
 from .errors import ConfigurationError, ProcessFailed
 from .network import NetworkRequest, _Policy
 
-__all__ = ["Environment", "Metadata", "DirEntry", "connect"]
+__all__ = ["Environment", "Metadata", "DirEntry", "HttpResponse", "StreamedHttpResponse", "connect"]
 
 #: Where :meth:`Environment.remote` reads the harness token by default.
 TOKEN_ENV = "CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN"
@@ -39,6 +39,33 @@ class DirEntry(NamedTuple):
     name: str
     is_directory: bool
     is_file: bool
+
+
+class HttpResponse(NamedTuple):
+    """A whole HTTP response: ``status``, ``headers`` (name, value) pairs
+    in order, ``body``."""
+
+    status: int
+    headers: List[Tuple[str, str]]
+    body: bytes
+
+
+class StreamedHttpResponse(NamedTuple):
+    """An HTTP response whose ``body`` is an async iterator of ``bytes``."""
+
+    status: int
+    headers: List[Tuple[str, str]]
+    body: AsyncIterator[bytes]
+
+
+async def _body(stream: Optional[_native.HttpBody]) -> AsyncIterator[bytes]:
+    if stream is None:
+        return
+    while True:
+        chunk = await stream.next_chunk()
+        if chunk is None:
+            return
+        yield chunk
 
 
 def _path(p: PathLike) -> str:
@@ -150,6 +177,7 @@ class Environment:
             max_tasks=cmd.tasks,
             cpu_percent=cmd.cpu,
             kill_on_drop=cmd.kill_on_drop,
+            network_proxy=json.dumps(cmd.proxy_config) if cmd.proxy_config is not None else None,
         )
         return Process(native)
 
@@ -244,6 +272,42 @@ class Environment:
         """Copies ``remote`` into the local file ``local`` in blocks; returns
         the bytes written."""
         return await self._native.download(_path(remote), _path(local))
+
+    async def http_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Optional[Mapping[str, str]] = None,
+        body: Optional[Union[bytes, str]] = None,
+        timeout: Optional[float] = None,
+        follow_redirects: bool = True,
+    ) -> "HttpResponse":
+        """An HTTP request made by the server (``http/request``): from its
+        network, with its credentials; returns the whole response."""
+        raw = body.encode() if isinstance(body, str) else body
+        status, hdrs, data, _ = await self._native.http_request(
+            method, url, list((headers or {}).items()), raw, timeout, False, follow_redirects
+        )
+        return HttpResponse(status, hdrs, data)
+
+    async def http_stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Optional[Mapping[str, str]] = None,
+        body: Optional[Union[bytes, str]] = None,
+        timeout: Optional[float] = None,
+        follow_redirects: bool = True,
+    ) -> "StreamedHttpResponse":
+        """As :meth:`http_request`, but the body is read as it arrives:
+        ``async for chunk in (await env.http_stream("GET", url)).body``."""
+        raw = body.encode() if isinstance(body, str) else body
+        status, hdrs, _, stream = await self._native.http_request(
+            method, url, list((headers or {}).items()), raw, timeout, True, follow_redirects
+        )
+        return StreamedHttpResponse(status, hdrs, _body(stream))
 
     async def info(self) -> Dict[str, Any]:
         """The server's ``environment/info`` (capabilities, platform...)."""
