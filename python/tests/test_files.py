@@ -52,3 +52,50 @@ async def test_upload_and_download_in_blocks(scratch: Path) -> None:
         assert (scratch / "back.bin").read_bytes() == data
         with pytest.raises(errors.LocalError):
             await env.upload(scratch / "missing.bin", scratch / "x")
+
+
+async def test_file_objects_as_sources_and_sinks(scratch: Path) -> None:
+    import io
+
+    data = os.urandom(2 * 1024 * 1024 + 5)
+    async with Environment.local() as env:
+        with open(scratch / "src.bin", "wb+") as f:
+            f.write(data)
+            f.seek(100)  # read from the start whatever the position
+            assert await env.upload(f, scratch / "up.bin") == len(data)
+        assert (scratch / "up.bin").read_bytes() == data
+        assert await env.upload(io.BytesIO(b"small"), scratch / "small.bin") == 5
+        assert (scratch / "small.bin").read_bytes() == b"small"
+        with open(scratch / "down.bin", "wb") as f:
+            assert await env.download(scratch / "up.bin", f) == len(data)
+        assert (scratch / "down.bin").read_bytes() == data
+        sink = io.BytesIO()
+        assert await env.download(scratch / "small.bin", sink) == 5
+        assert sink.getvalue() == b"small"
+
+
+async def test_environments_toml(server: Server, scratch: Path) -> None:
+    from .conftest import BIN
+
+    (scratch / "environments.toml").write_text(
+        f"""
+default = "srv"
+[[environments]]
+id = "srv"
+url = "{server.url}"
+[[environments]]
+id = "piped"
+program = "{BIN}"
+args = ["--listen", "stdio"]
+"""
+    )
+    envs = Environment.from_toml(scratch / "environments.toml")
+    assert sorted(envs) == ["", "local", "piped", "srv"]
+    assert envs[""] is envs["srv"]
+    for name in ("local", "piped", "srv"):
+        async with envs[name] as env:
+            done = await env.run(["sh", "-c", f"printf {name}"])
+            assert done.stdout == name.encode()
+    (scratch / "bad.toml").write_text("[[environments]]\nid = 'x'\nnonsense = 1\n")
+    with pytest.raises(errors.ConfigurationError):
+        Environment.from_toml(scratch / "bad.toml")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterator, Awaitable, BinaryIO, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._command import Command
@@ -66,6 +67,13 @@ async def _body(stream: Optional[_native.HttpBody]) -> AsyncIterator[bytes]:
         if chunk is None:
             return
         yield chunk
+
+
+def _fileno(f: BinaryIO) -> Optional[int]:
+    try:
+        return f.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
 
 
 def _path(p: PathLike) -> str:
@@ -263,15 +271,34 @@ class Environment:
         """Copies a file, or a tree with ``recursive``, on the server."""
         await self._native.copy(_path(src), _path(dst), recursive)
 
-    async def upload(self, local: PathLike, remote: PathLike) -> int:
-        """Copies the local file ``local`` to ``remote`` in blocks (no size
-        limit); returns the bytes sent."""
-        return await self._native.upload(_path(local), _path(remote))
+    async def upload(self, local: Union[PathLike, BinaryIO], remote: PathLike) -> int:
+        """Copies ``local`` to ``remote`` in blocks (no size limit); returns
+        the bytes sent. ``local`` is a path or a binary file object: one with
+        a file descriptor is read from its start, in blocks; any other
+        (``io.BytesIO``...) is read whole."""
+        if isinstance(local, (str, os.PathLike)):
+            return await self._native.upload(_path(local), _path(remote))
+        fd = _fileno(local)
+        if fd is not None:
+            return await self._native.upload(f"/proc/self/fd/{fd}", _path(remote))
+        data = local.read()
+        await self.write_file(remote, data)
+        return len(data)
 
-    async def download(self, remote: PathLike, local: PathLike) -> int:
-        """Copies ``remote`` into the local file ``local`` in blocks; returns
-        the bytes written."""
-        return await self._native.download(_path(remote), _path(local))
+    async def download(self, remote: PathLike, local: Union[PathLike, BinaryIO]) -> int:
+        """Copies ``remote`` into ``local`` in blocks; returns the bytes
+        written. ``local`` is a path (created or truncated) or a binary file
+        object: one with a file descriptor is written from its start, in
+        blocks; any other receives the whole file with one ``write``."""
+        if isinstance(local, (str, os.PathLike)):
+            return await self._native.download(_path(remote), _path(local))
+        fd = _fileno(local)
+        if fd is not None:
+            local.flush()
+            return await self._native.download(_path(remote), f"/proc/self/fd/{fd}")
+        data = await self.read_file(remote)
+        local.write(data)
+        return len(data)
 
     async def http_request(
         self,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Awaitable, Callable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Awaitable, BinaryIO, Callable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from . import _environment, _process
 from ._command import Command
@@ -234,11 +234,11 @@ class Environment:
         """Copies on the server."""
         _run(self._inner.copy(src, dst, recursive=recursive))
 
-    def upload(self, local: PathLike, remote: PathLike) -> int:
+    def upload(self, local: Union[PathLike, BinaryIO], remote: PathLike) -> int:
         """Uploads a local file."""
         return _run(self._inner.upload(local, remote))
 
-    def download(self, remote: PathLike, local: PathLike) -> int:
+    def download(self, remote: PathLike, local: Union[PathLike, BinaryIO]) -> int:
         """Downloads into a local file."""
         return _run(self._inner.download(remote, local))
 
