@@ -396,6 +396,23 @@ impl Environment {
         })
     }
 
+    /// Watches `path` (a tree with `recursive`); resolves to a `FileWatch`.
+    fn watch<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        recursive: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (client, path) = (self.client.clone(), uri(path)?);
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let w = client
+                .watch(&path, recursive)
+                .await
+                .map_err(errors::client)?;
+            Ok(crate::process::FileWatch::new(w))
+        })
+    }
+
     /// The server's `environment/info`, as JSON text.
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client.clone();

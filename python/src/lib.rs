@@ -23,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<environment::Environment>()?;
     m.add_class::<process::Process>()?;
     m.add_class::<process::HttpBody>()?;
+    m.add_class::<process::FileWatch>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     Ok(())

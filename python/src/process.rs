@@ -268,3 +268,77 @@ impl HttpBody {
         })
     }
 }
+
+/// A watch on a path (`fs/watch`): its events in order.
+#[pyclass(module = "exec_server._native", frozen)]
+pub struct FileWatch {
+    watch: Arc<tokio::sync::Mutex<Option<exec_server_client::Watch>>>,
+}
+
+impl FileWatch {
+    pub(crate) fn new(watch: exec_server_client::Watch) -> FileWatch {
+        FileWatch {
+            watch: Arc::new(tokio::sync::Mutex::new(Some(watch))),
+        }
+    }
+}
+
+impl Drop for FileWatch {
+    fn drop(&mut self) {
+        // The watch is removed on the server from inside the runtime.
+        if let Ok(mut slot) = self.watch.try_lock() {
+            if let Some(w) = slot.take() {
+                in_runtime(|| drop(w));
+            }
+        }
+    }
+}
+
+/// A path as Python shows it: the native path of a `file://` URI.
+fn native_path(p: &exec_server_client::PathUri) -> String {
+    p.to_path()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| p.as_str().to_string())
+}
+
+#[pymethods]
+impl FileWatch {
+    /// The next event: `("changed", kind, [paths])` or `("ended", reason)`;
+    /// `None` after the end (or once closed).
+    fn next_event<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let watch = self.watch.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let mut slot = watch.lock().await;
+            let Some(w) = slot.as_mut() else {
+                return Ok(None);
+            };
+            let event = w.next().await;
+            Python::attach(|py| {
+                Ok(match event {
+                    Some(exec_server_client::WatchEvent::Changed { kind, paths }) => {
+                        let paths: Vec<String> = paths.iter().map(native_path).collect();
+                        Some(
+                            ("changed", kind, paths)
+                                .into_pyobject(py)?
+                                .into_any()
+                                .unbind(),
+                        )
+                    }
+                    Some(exec_server_client::WatchEvent::Ended { reason }) => {
+                        Some(("ended", reason).into_pyobject(py)?.into_any().unbind())
+                    }
+                    None => None,
+                })
+            })
+        })
+    }
+
+    /// Removes the watch on the server.
+    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let watch = self.watch.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            drop(watch.lock().await.take());
+            Ok(())
+        })
+    }
+}

@@ -99,3 +99,32 @@ args = ["--listen", "stdio"]
     (scratch / "bad.toml").write_text("[[environments]]\nid = 'x'\nnonsense = 1\n")
     with pytest.raises(errors.ConfigurationError):
         Environment.from_toml(scratch / "bad.toml")
+
+
+async def test_a_watch_yields_changes_until_its_directory_goes(scratch: Path) -> None:
+    import asyncio
+
+    d = scratch / "watched" / "inner"
+    d.mkdir(parents=True)
+    async with Environment.local() as env:
+        watch = await env.watch(d)
+        (d / "a.txt").write_text("x")
+        kinds = []
+        async def collect() -> None:
+            async for change in watch:
+                kinds.append((change.kind, [Path(p).name for p in change.paths]))
+                if ("create", ["a.txt"]) in kinds and not (scratch / "watched").exists():
+                    pass
+        task = asyncio.ensure_future(collect())
+        for _ in range(100):
+            if ("create", ["a.txt"]) in kinds:
+                break
+            await asyncio.sleep(0.05)
+        assert ("create", ["a.txt"]) in kinds, kinds
+        import shutil
+
+        shutil.rmtree(scratch / "watched")
+        await asyncio.wait_for(task, 10)
+        assert watch.ended, "the watch says why it ended"
+        async with await env.watch(scratch) as w2:
+            assert isinstance(w2.ended, type(None))

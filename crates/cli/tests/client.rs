@@ -242,3 +242,61 @@ async fn two_embedded_servers_keep_their_own_configuration() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// `fs/watch` through the library: a created file is reported, a dropped
+/// connection is recovered with a "look again", and removing the watched
+/// directory's parent ends the watch.
+#[tokio::test]
+async fn a_watch_reports_changes_recovery_and_its_end() {
+    use exec_server_client::WatchEvent;
+    let s = Server::start(&[]);
+    let c = client(&s.url);
+    let parent = tmpdir("client-watch");
+    let d = parent.join("watched");
+    std::fs::create_dir(&d).unwrap();
+    let uri = PathUri::from_path(&d).unwrap();
+    let mut w = c.watch(&uri, false).await.unwrap();
+    std::fs::write(d.join("new.txt"), b"x").unwrap();
+    let created = loop {
+        match next_event(&mut w).await {
+            Some(WatchEvent::Changed { kind, paths }) if kind == "create" => break paths,
+            Some(_) => continue,
+            None => panic!("the watch ended"),
+        }
+    };
+    assert!(
+        created.iter().any(|p| p.as_str().ends_with("/new.txt")),
+        "{created:?}"
+    );
+    c.drop_connection().await;
+    c.connect().await.unwrap();
+    // Events of the write before the drop may come first; then the
+    // recovered watch's "look again".
+    let look_again = WatchEvent::Changed {
+        kind: "other".into(),
+        paths: vec![uri.clone()],
+    };
+    loop {
+        match next_event(&mut w).await {
+            Some(e) if e == look_again => break,
+            Some(WatchEvent::Changed { .. }) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+    std::fs::remove_dir_all(&parent).unwrap();
+    let ended = loop {
+        match next_event(&mut w).await {
+            Some(WatchEvent::Ended { reason }) => break reason,
+            Some(_) => continue,
+            None => panic!("no end event"),
+        }
+    };
+    assert!(!ended.is_empty());
+    assert_eq!(next_event(&mut w).await, None);
+}
+
+async fn next_event(w: &mut exec_server_client::Watch) -> Option<exec_server_client::WatchEvent> {
+    tokio::time::timeout(Duration::from_secs(10), w.next())
+        .await
+        .expect("a watch event within 10 s")
+}

@@ -22,18 +22,29 @@ Errors are :class:`exec_server.errors.ExecServerError` and its subclasses.
 
 from . import errors
 from ._command import Command, managed_network
-from ._environment import DirEntry, Environment, HttpResponse, Metadata, StreamedHttpResponse, connect
+from ._environment import (
+    Change,
+    DirEntry,
+    Environment,
+    FileWatch,
+    HttpResponse,
+    Metadata,
+    StreamedHttpResponse,
+    connect,
+)
 from ._process import CompletedProcess, Exited, OutputChunk, Process
 from .errors import ExecServerError
 from .network import NetworkRequest
 
 __all__ = [
+    "Change",
     "Command",
     "CompletedProcess",
     "DirEntry",
     "Environment",
     "ExecServerError",
     "Exited",
+    "FileWatch",
     "HttpResponse",
     "Metadata",
     "NetworkRequest",

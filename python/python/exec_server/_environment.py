@@ -14,7 +14,7 @@ from ._process import CompletedProcess, Process
 from .errors import ConfigurationError, ProcessFailed
 from .network import NetworkRequest, _Policy
 
-__all__ = ["Environment", "Metadata", "DirEntry", "HttpResponse", "StreamedHttpResponse", "connect"]
+__all__ = ["Change", "Environment", "FileWatch", "Metadata", "DirEntry", "HttpResponse", "StreamedHttpResponse", "connect"]
 
 #: Where :meth:`Environment.remote` reads the harness token by default.
 TOKEN_ENV = "CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN"
@@ -40,6 +40,45 @@ class DirEntry(NamedTuple):
     name: str
     is_directory: bool
     is_file: bool
+
+
+class Change(NamedTuple):
+    """One change a :class:`FileWatch` reports: ``kind`` is ``"create"``,
+    ``"modify"``, ``"remove"``, ``"rename"`` or ``"other"``."""
+
+    kind: str
+    paths: List[str]
+
+
+class FileWatch:
+    """A watch made by :meth:`Environment.watch`: an async iterator of
+    :class:`Change`. ``ended`` holds why it ended on its own, once it has."""
+
+    def __init__(self, native: _native.FileWatch) -> None:
+        self._native = native
+        self.ended: Optional[str] = None
+
+    def __aiter__(self) -> "FileWatch":
+        return self
+
+    async def __anext__(self) -> Change:
+        event = await self._native.next_event()
+        if event is None:
+            raise StopAsyncIteration
+        if event[0] == "ended":
+            self.ended = event[1]
+            raise StopAsyncIteration
+        return Change(event[1], list(event[2]))
+
+    async def close(self) -> None:
+        """Removes the watch on the server."""
+        await self._native.close()
+
+    async def __aenter__(self) -> "FileWatch":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 class HttpResponse(NamedTuple):
@@ -335,6 +374,15 @@ class Environment:
             method, url, list((headers or {}).items()), raw, timeout, True, follow_redirects
         )
         return StreamedHttpResponse(status, hdrs, _body(stream))
+
+    async def watch(self, path: PathLike, *, recursive: bool = False) -> "FileWatch":
+        """Watches ``path`` (a directory's whole tree with ``recursive``):
+        ``async for change in await env.watch(d)`` yields :class:`Change`\ s
+        until the watch ends (its directory went away) or is closed. A
+        ``Change("other", [path])`` for the watched path itself means changes
+        may have been missed (after a dropped connection): look again. Use it
+        as an async context manager to remove the watch when done."""
+        return FileWatch(await self._native.watch(_path(path), recursive))
 
     async def info(self) -> Dict[str, Any]:
         """The server's ``environment/info`` (capabilities, platform...)."""

@@ -141,6 +141,8 @@ fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Opt
                 streams.remove(&id);
             }
         }
+        m::FS_CHANGED => super::watch::on_changed(inner, params),
+        m::FS_WATCH_ENDED => super::watch::on_ended(inner, params),
         _ => {}
     }
 }

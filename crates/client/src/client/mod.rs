@@ -4,8 +4,10 @@
 mod files;
 mod incoming;
 mod process;
+mod watch;
 
 pub use process::{Output, ProcessHandle, TerminateOutcome};
+pub use watch::{Watch, WatchEvent};
 
 use crate::connect::Source;
 pub use crate::error::ClientError;
@@ -185,6 +187,7 @@ struct Inner {
     env_info: Mutex<Option<EnvironmentInfo>>,
     procs: Mutex<HashMap<String, ProcEntry>>,
     http_streams: Mutex<HashMap<String, mpsc::UnboundedSender<HttpBodyDelta>>>,
+    watches: Mutex<HashMap<String, watch::WatchEntry>>,
     closed: AtomicBool,
     next_write: AtomicU64,
     next_process: AtomicU64,
@@ -225,6 +228,7 @@ impl ExecServerClient {
                 env_info: Mutex::new(None),
                 procs: Mutex::new(HashMap::new()),
                 http_streams: Mutex::new(HashMap::new()),
+                watches: Mutex::new(HashMap::new()),
                 closed: AtomicBool::new(false),
                 next_write: AtomicU64::new(1),
                 next_process: AtomicU64::new(1),
@@ -367,6 +371,7 @@ impl ExecServerClient {
                     if resume.is_some() {
                         self.inner.recoveries.fetch_add(1, Ordering::Relaxed);
                         self.replay(&peer).await;
+                        self.watches_recovered();
                         self.announce(ConnectionEvent::Recovered {
                             session_id: self.session_id().unwrap_or_default(),
                         });
@@ -396,6 +401,7 @@ impl ExecServerClient {
                 .fail(StreamFailure::new(FailureReason::RecoveryFailed, why));
         }
         lock(&self.inner.http_streams).clear();
+        self.watches_failed(why);
     }
 
     /// One attempt: connect and initialize (resuming `resume`). The flag says
