@@ -29,7 +29,9 @@ rm -rf "$TARGET/wheels"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
   --force-reinstall --no-deps "$TARGET"/wheels/exec_server-*.whl
 
-# Against the installed wheel: its stubs and py.typed must be what mypy sees.
+# The package's own sources, then the examples against the installed wheel
+# (its stubs and py.typed must be what mypy sees).
+(cd python/python && "$VENV/bin/mypy" --strict exec_server)
 (cd python && "$VENV/bin/mypy" --strict examples)
 (cd python && EXEC_SERVER_BIN=$TARGET/$PROFILE/exec-server \
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests)

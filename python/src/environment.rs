@@ -64,8 +64,8 @@ impl Environment {
         token: Option<String>,
         policy: Option<Py<PyAny>>,
     ) -> PyResult<Environment> {
-        let source = Source::from_url(url, token)
-            .map_err(|e| errors::client(exec_server_client::ClientError::Connection(e)))?;
+        let source =
+            Source::from_url(url, token).map_err(|e| errors::configuration(e.to_string()))?;
         let mut opts = ClientOptions::new(source);
         if let Some(p) = policy {
             opts.network_policy = Some(crate::network::python_policy(p)?);

@@ -43,8 +43,8 @@ fn raise(
     Python::attach(|py| {
         let made = py
             .import("exec_server.errors")
-            .and_then(|m| m.getattr(class))
-            .and_then(|c| c.call1((message.clone(), code, data, kind)));
+            .and_then(|m| m.getattr("_make"))
+            .and_then(|make| make.call1((class, message.clone(), code, data, kind)));
         match made {
             Ok(e) => PyErr::from_value(e),
             Err(e) => e,
@@ -71,9 +71,14 @@ pub(crate) fn client(e: ClientError) -> PyErr {
 /// A [`ConfigError`] (a bad URL, an unreadable configuration) as
 /// `exec_server.errors.ConfigurationError`.
 pub(crate) fn config(e: ConfigError) -> PyErr {
+    configuration(e.to_string())
+}
+
+/// `exec_server.errors.ConfigurationError` with `message`.
+pub(crate) fn configuration(message: String) -> PyErr {
     raise(
         "ConfigurationError",
-        e.to_string(),
+        message,
         None,
         None,
         "Configuration".into(),

@@ -25,6 +25,13 @@ def test_blocking_run_stream_files(scratch: Path) -> None:
         assert proc.communicate().stdout == b"abc"
         env.write_file(scratch / "f", b"data")
         assert env.read_file(scratch / "f") == b"data"
+        assert env.read_text(scratch / "f") == "data"
+        assert env.session_id
+        proc = env.start(["sh", "-c", "echo a; sleep 0.4; echo b"])
+        with pytest.raises(TimeoutError):
+            proc.wait(timeout=0.1)
+        assert proc.communicate() == (0, b"a\nb\n", b"")
+        assert proc.exited is not None and proc.exited.exit_code == 0
         with pytest.raises(errors.ProgramNotFound):
             env.run(["/no/such/program"])
         proc = env.start(["sleep", "30"])

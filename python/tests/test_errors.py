@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Tuple
 
@@ -24,9 +25,10 @@ async def test_a_missing_program_names_its_path_and_code() -> None:
         assert e.data is not None and e.data["kind"] == "programNotFound"
         with pytest.raises(errors.CwdNotFound):
             await env.run(Command("true").cwd("/no/such/dir"))
-        assert errors.NotADirectory is errors.CwdNotFound
-        with pytest.raises(errors.NotFound):
+        with pytest.raises(errors.NotFound) as missing:
             await env.read_file("/no/such/file")
+        assert missing.value.path == "/no/such/file"
+        assert "/no/such/file" in str(missing.value)
         with pytest.raises(ValueError):
             await env.read_file("relative/path")
         with pytest.raises(ValueError):
@@ -55,7 +57,7 @@ async def test_nothing_listening_is_connection_refused() -> None:
 
 
 def test_bad_urls_and_tokens_are_configuration_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(errors.ConnectionFailed):
+    with pytest.raises(errors.ConfigurationError):
         Environment.connect("http://127.0.0.1:1")
     monkeypatch.delenv("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", raising=False)
     with pytest.raises(errors.ConfigurationError):
@@ -67,3 +69,20 @@ async def test_check_raises_process_failed() -> None:
         with pytest.raises(errors.ProcessFailed) as caught:
             await env.run(["sh", "-c", "echo no >&2; exit 4"], check=True)
         assert (caught.value.exit_code, caught.value.stderr) == (4, b"no\n")
+
+
+async def test_file_system_failures_have_their_own_classes(scratch: os.PathLike) -> None:
+    from pathlib import Path
+
+    d = Path(scratch)
+    (d / "file").write_text("x")
+    (d / "full").mkdir()
+    (d / "full" / "inner").write_text("y")
+    async with Environment.local() as env:
+        with pytest.raises(errors.NotADirectory):
+            await env.list_dir(d / "file")
+        with pytest.raises(errors.AlreadyExists):
+            await env.mkdir(d / "full")
+        with pytest.raises(errors.DirectoryNotEmpty) as caught:
+            await env.remove(d / "full")
+        assert caught.value.path == str(d / "full")

@@ -90,3 +90,20 @@ async def test_a_python_policy_decides_what_the_proxy_asks(server: Server) -> No
     assert done.stdout.decode().split() == ["allowed.invalid=502", "denied.invalid=403"], done
     assert sorted(r.host for r in asked) == ["allowed.invalid", "denied.invalid"]
     assert all(r.process_id for r in asked)
+
+
+async def test_a_plain_function_policy_and_a_failing_one(server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    def allow_all(request: NetworkRequest) -> bool:
+        return True
+
+    async def broken(request: NetworkRequest) -> bool:
+        raise RuntimeError("bug in the policy")
+
+    script = "curl -s -o /dev/null -w '%{http_code}' --max-time 20 http://some.invalid/"
+    cmd = Command(["sh", "-c", script]).network_proxy(managed_network(ask_timeout=10))
+    async with Environment.connect(server.url, network_policy=allow_all) as env:
+        assert (await env.run(cmd)).stdout == b"502"
+    with caplog.at_level("WARNING", logger="exec_server"):
+        async with Environment.connect(server.url, network_policy=broken) as env:
+            assert (await env.run(cmd)).stdout == b"403"
+    assert "network policy failed" in caplog.text

@@ -114,8 +114,12 @@ async def test_cancelling_wait_neither_kills_nor_loses_output(env: Environment) 
         await asyncio.wait_for(proc.communicate(), 0.3)
     # Still running: only terminate() ends it. And nothing was lost.
     done = await proc.communicate()
-    assert done.exit_code == 0
-    assert done.stdout.endswith(b"after\n")
+    assert done == (0, b"before\nafter\n", b"")
+    proc = await env.start(["sh", "-c", "echo early; sleep 0.5; echo late"])
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(proc.wait(), 0.2)
+    assert await proc.wait() == 0
+    assert await proc.communicate() == (0, b"early\nlate\n", b"")
     proc = await env.start(["sleep", "30"])
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(proc.wait(), 0.2)

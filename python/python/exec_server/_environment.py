@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, BinaryIO, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterator, Awaitable, BinaryIO, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._command import Command
 from ._process import CompletedProcess, Process
-from .errors import ConfigurationError, ProcessFailed
-from .network import NetworkRequest, _Policy
+from .errors import ConfigurationError, ExecServerError, ProcessFailed
+from .network import Answer, NetworkRequest, _Policy
 
 __all__ = ["Change", "Environment", "FileWatch", "Metadata", "DirEntry", "HttpResponse", "StreamedHttpResponse", "connect"]
 
@@ -20,7 +21,7 @@ __all__ = ["Change", "Environment", "FileWatch", "Metadata", "DirEntry", "HttpRe
 TOKEN_ENV = "CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN"
 
 PathLike = Union[str, "os.PathLike[str]"]
-Decide = Callable[[NetworkRequest], Awaitable[Union[bool, str]]]
+Decide = Callable[[NetworkRequest], Union[Answer, Awaitable[Answer]]]
 
 
 class Metadata(NamedTuple):
@@ -108,6 +109,18 @@ async def _body(stream: Optional[_native.HttpBody]) -> AsyncIterator[bytes]:
         yield chunk
 
 
+@contextlib.contextmanager
+def _about(path: Union[PathLike, BinaryIO]) -> Iterator[None]:
+    """Names ``path`` in a failure of the call inside (the server's own
+    messages about files often do not)."""
+    try:
+        yield
+    except ExecServerError as e:
+        if getattr(e, "_call_path", None) is None and isinstance(path, (str, os.PathLike)):
+            setattr(e, "_call_path", os.fspath(path))
+        raise
+
+
 def _fileno(f: BinaryIO) -> Optional[int]:
     try:
         return f.fileno()
@@ -158,7 +171,8 @@ class Environment:
         optional bearer ``token``. ``network_policy``: an ``async def
         decide(request) -> bool`` asked about each destination a managed
         network proxy leaves open (call this inside a running event loop then:
-        the policy runs on it)."""
+        the policy runs on it). ``decide`` may also be a plain function;
+        see :class:`exec_server.NetworkRequest` for what it may answer."""
         policy = _Policy(network_policy) if network_policy is not None else None
         return cls(_native.Environment.connect(url, token, policy))
 
@@ -259,7 +273,8 @@ class Environment:
 
     async def read_file(self, path: PathLike) -> bytes:
         """A whole file's bytes."""
-        return await self._native.read_file(_path(path))
+        with _about(path):
+            return await self._native.read_file(_path(path))
 
     async def read_text(self, path: PathLike, encoding: str = "utf-8") -> str:
         """A whole file as text."""
@@ -268,11 +283,13 @@ class Environment:
     async def write_file(self, path: PathLike, data: Union[bytes, bytearray, memoryview, str]) -> None:
         """Writes a whole file (``str`` as UTF-8); it is replaced atomically."""
         raw = data.encode() if isinstance(data, str) else bytes(data)
-        await self._native.write_file(_path(path), raw)
+        with _about(path):
+            await self._native.write_file(_path(path), raw)
 
     async def metadata(self, path: PathLike) -> Metadata:
         """A path's :class:`Metadata`."""
-        m = json.loads(await self._native.metadata(_path(path)))
+        with _about(path):
+            m = json.loads(await self._native.metadata(_path(path)))
         return Metadata(
             m["isDirectory"],
             m["isFile"],
@@ -294,21 +311,25 @@ class Environment:
 
     async def list_dir(self, path: PathLike) -> List[DirEntry]:
         """A directory's entries."""
-        entries = json.loads(await self._native.list_dir(_path(path)))
+        with _about(path):
+            entries = json.loads(await self._native.list_dir(_path(path)))
         return [DirEntry(e["fileName"], e["isDirectory"], e["isFile"]) for e in entries]
 
     async def mkdir(self, path: PathLike, *, parents: bool = False) -> None:
         """Makes a directory (and its missing parents with ``parents``)."""
-        await self._native.mkdir(_path(path), parents)
+        with _about(path):
+            await self._native.mkdir(_path(path), parents)
 
     async def remove(self, path: PathLike, *, recursive: bool = False, force: bool = False) -> None:
         """Removes a file, or a tree with ``recursive``; ``force`` ignores a
         missing path."""
-        await self._native.remove(_path(path), recursive, force)
+        with _about(path):
+            await self._native.remove(_path(path), recursive, force)
 
     async def copy(self, src: PathLike, dst: PathLike, *, recursive: bool = False) -> None:
         """Copies a file, or a tree with ``recursive``, on the server."""
-        await self._native.copy(_path(src), _path(dst), recursive)
+        with _about(src):
+            await self._native.copy(_path(src), _path(dst), recursive)
 
     async def upload(self, local: Union[PathLike, BinaryIO], remote: PathLike) -> int:
         """Copies ``local`` to ``remote`` in blocks (no size limit); returns
@@ -316,7 +337,8 @@ class Environment:
         a file descriptor is read from its start, in blocks; any other
         (``io.BytesIO``...) is read whole."""
         if isinstance(local, (str, os.PathLike)):
-            return await self._native.upload(_path(local), _path(remote))
+            with _about(local):
+                return await self._native.upload(_path(local), _path(remote))
         fd = _fileno(local)
         if fd is not None:
             return await self._native.upload(f"/proc/self/fd/{fd}", _path(remote))
@@ -330,7 +352,8 @@ class Environment:
         object: one with a file descriptor is written from its start, in
         blocks; any other receives the whole file with one ``write``."""
         if isinstance(local, (str, os.PathLike)):
-            return await self._native.download(_path(remote), _path(local))
+            with _about(remote):
+                return await self._native.download(_path(remote), _path(local))
         fd = _fileno(local)
         if fd is not None:
             local.flush()
@@ -382,7 +405,8 @@ class Environment:
         ``Change("other", [path])`` for the watched path itself means changes
         may have been missed (after a dropped connection): look again. Use it
         as an async context manager to remove the watch when done."""
-        return FileWatch(await self._native.watch(_path(path), recursive))
+        with _about(path):
+            return FileWatch(await self._native.watch(_path(path), recursive))
 
     async def info(self) -> Dict[str, Any]:
         """The server's ``environment/info`` (capabilities, platform...)."""

@@ -73,8 +73,9 @@ class Process:
     session and reads on from the last chunk it had.
 
     Cancelling :meth:`wait` (or an iteration) does not kill the process and
-    loses no output: the next call goes on where it stopped. Only
-    :meth:`terminate` (or :meth:`signal`) ends it.
+    loses no output: the next call goes on where it stopped, and output
+    ``wait`` passed over stays for :attr:`stdout` and :meth:`communicate`.
+    Only :meth:`terminate` (or :meth:`signal`) ends the process.
     """
 
     def __init__(self, native: _native.Process) -> None:
@@ -195,18 +196,20 @@ class Process:
         """Standard error, chunk by chunk (stdout's chunks are kept meanwhile)."""
         return self._stream("stderr")
 
-    async def wait(self) -> int:
+    async def wait(self, *, discard_output: bool = False) -> int:
         """Waits for the exit and returns its code (128+N for signal N).
-        Output nobody reads is dropped on the way (except what
-        :attr:`stdout`/:attr:`stderr` iterators started keeping)."""
+
+        Output not yet read is kept for :attr:`stdout`, :attr:`stderr` and
+        :meth:`communicate` (so a cancelled or finished ``wait()`` loses
+        nothing); with ``discard_output`` it is dropped instead, for a
+        command whose output is not wanted and may be large."""
         while self._exited is None:
             ev = await self._next_event()
             if ev is None:
                 break
-            if isinstance(ev, OutputChunk):
+            if isinstance(ev, OutputChunk) and not discard_output:
                 name = "stdout" if ev.stream == "pty" else ev.stream
-                if name in self._kept:
-                    self._buffers[name].append(ev.data)
+                self._buffers[name].append(ev.data)
         if self._exited is None:
             from .errors import EventsLost
 
@@ -215,19 +218,22 @@ class Process:
 
     async def communicate(self) -> CompletedProcess:
         """Reads all output until the process closes; returns
-        ``(exit_code, stdout, stderr)``."""
-        out: List[bytes] = list(self._buffers["stdout"])
-        err: List[bytes] = list(self._buffers["stderr"])
-        self._buffers["stdout"].clear()
-        self._buffers["stderr"].clear()
+        ``(exit_code, stdout, stderr)`` (a PTY's output as stdout). Output
+        read so far is kept across a cancellation, so a later call returns
+        it all."""
         while True:
             ev = await self._next_event()
             if ev is None:
                 break
             if isinstance(ev, OutputChunk):
-                (err if ev.stream == "stderr" else out).append(ev.data)
+                name = "stdout" if ev.stream == "pty" else ev.stream
+                self._buffers[name].append(ev.data)
         code = await self.wait()
-        return CompletedProcess(code, b"".join(out), b"".join(err))
+        out = b"".join(self._buffers["stdout"])
+        err = b"".join(self._buffers["stderr"])
+        self._buffers["stdout"].clear()
+        self._buffers["stderr"].clear()
+        return CompletedProcess(code, out, err)
 
     async def write(self, data: Union[bytes, bytearray, memoryview, str]) -> str:
         """Writes to stdin (a ``str`` as UTF-8). A write retried after a

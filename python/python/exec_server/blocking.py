@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Awaitable, BinaryIO, Callable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Awaitable, BinaryIO, Callable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _environment, _process
 from ._command import Command
-from ._environment import Decide, DirEntry, Metadata, PathLike
-from ._process import CompletedProcess, Event, OutputChunk
+from ._environment import Change, Decide, DirEntry, HttpResponse, Metadata, PathLike
+from ._process import CompletedProcess, Event, Exited, OutputChunk
 
 __all__ = ["Environment", "Process", "connect"]
 
@@ -82,6 +82,11 @@ class Process:
         """The exit code once known."""
         return self._inner.returncode
 
+    @property
+    def exited(self) -> Optional[Exited]:
+        """How the process ended, once known."""
+        return self._inner.exited
+
     def __iter__(self) -> Iterator[OutputChunk]:
         async def next_chunk() -> Optional[OutputChunk]:
             while True:
@@ -107,10 +112,13 @@ class Process:
         self._inner._kept.update(("stdout", "stderr"))
         return _iterate(lambda: self._inner._stream_chunk("stderr"))
 
-    def wait(self, timeout: Optional[float] = None) -> int:
+    def wait(self, timeout: Optional[float] = None, *, discard_output: bool = False) -> int:
         """Waits for the exit; with ``timeout`` (seconds) raises
-        ``TimeoutError`` instead of waiting longer (the process keeps running)."""
-        future = asyncio.run_coroutine_threadsafe(self._inner.wait(), _background_loop())
+        ``TimeoutError`` instead of waiting longer (the process keeps running,
+        and its output is kept, as after a cancelled async ``wait``)."""
+        future = asyncio.run_coroutine_threadsafe(
+            self._inner.wait(discard_output=discard_output), _background_loop()
+        )
         try:
             return future.result(timeout)
         except TimeoutError:
@@ -186,6 +194,21 @@ class Environment:
         """How many times a dropped connection was recovered."""
         return self._inner.recoveries
 
+    @property
+    def session_id(self) -> Optional[str]:
+        """The session id, once connected."""
+        return self._inner.session_id
+
+    @classmethod
+    def from_toml(cls, path: PathLike) -> Dict[str, "Environment"]:
+        """The environments of an ``environments.toml`` (see
+        :meth:`exec_server.Environment.from_toml`)."""
+
+        async def make() -> Dict[str, _environment.Environment]:
+            return _environment.Environment.from_toml(path)
+
+        return {k: cls(v) for k, v in _run(make()).items()}
+
     def start(self, command: Union[Command, str, Sequence[str]]) -> Process:
         """Starts a process."""
         return Process(_run(self._inner.start(command)))
@@ -205,6 +228,10 @@ class Environment:
     def read_file(self, path: PathLike) -> bytes:
         """A whole file's bytes."""
         return _run(self._inner.read_file(path))
+
+    def read_text(self, path: PathLike, encoding: str = "utf-8") -> str:
+        """A whole file as text."""
+        return _run(self._inner.read_text(path, encoding))
 
     def write_file(self, path: PathLike, data: Union[bytes, str]) -> None:
         """Writes a whole file."""
@@ -241,6 +268,62 @@ class Environment:
     def download(self, remote: PathLike, local: Union[PathLike, BinaryIO]) -> int:
         """Downloads into a local file."""
         return _run(self._inner.download(remote, local))
+
+    def http_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Optional[Mapping[str, str]] = None,
+        body: Optional[Union[bytes, str]] = None,
+        timeout: Optional[float] = None,
+        follow_redirects: bool = True,
+    ) -> HttpResponse:
+        """An HTTP request made by the server; the whole response."""
+        return _run(
+            self._inner.http_request(
+                method, url, headers=headers, body=body, timeout=timeout, follow_redirects=follow_redirects
+            )
+        )
+
+    def http_stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Optional[Mapping[str, str]] = None,
+        body: Optional[Union[bytes, str]] = None,
+        timeout: Optional[float] = None,
+    ) -> Tuple[int, List[Tuple[str, str]], Iterator[bytes]]:
+        """An HTTP request made by the server: ``(status, headers, body)``
+        with the body an iterator of ``bytes`` as it arrives."""
+        r = _run(self._inner.http_stream(method, url, headers=headers, body=body, timeout=timeout))
+        body_iter = r.body.__aiter__()
+
+        async def next_piece() -> Optional[bytes]:
+            try:
+                return await body_iter.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        return r.status, r.headers, _iterate(next_piece)
+
+    def watch(self, path: PathLike, *, recursive: bool = False) -> Iterator[Change]:
+        """Changes under ``path`` until the watch ends (see
+        :meth:`exec_server.Environment.watch`)."""
+        w = _run(self._inner.watch(path, recursive=recursive))
+
+        async def next_change() -> Optional[Change]:
+            try:
+                return await w.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        return _iterate(next_change)
+
+    def drop_connection(self) -> None:
+        """Drops the current connection; the next call resumes the session."""
+        _run(self._inner.drop_connection())
 
     def info(self) -> Dict[str, Any]:
         """The server's ``environment/info``."""

@@ -19,6 +19,9 @@ __all__ = [
     "NotExecutable",
     "CwdNotFound",
     "NotADirectory",
+    "IsADirectory",
+    "AlreadyExists",
+    "DirectoryNotEmpty",
     "NotFound",
     "PermissionDenied",
     "InvalidRequest",
@@ -63,11 +66,19 @@ class ExecServerError(Exception):
 
     @property
     def path(self) -> Optional[str]:
-        """The path the server's error names, if any."""
+        """The path the error is about: the one the server's error names, else
+        the one the failed call was given."""
         if isinstance(self.data, dict):
             p = self.data.get("path")
-            return p if isinstance(p, str) else None
-        return None
+            if isinstance(p, str):
+                return p
+        return getattr(self, "_call_path", None)
+
+    def __str__(self) -> str:
+        given = getattr(self, "_call_path", None)
+        if given is not None and given not in self.message:
+            return f"{self.message} (path {given})"
+        return self.message
 
     @property
     def errno(self) -> Optional[int]:
@@ -90,8 +101,20 @@ class CwdNotFound(ExecServerError):
     """``start``: the working directory does not exist or is not a directory."""
 
 
-NotADirectory = CwdNotFound
-"""Another name of :class:`CwdNotFound`."""
+class NotADirectory(ExecServerError):
+    """A path used as a directory is not one (ENOTDIR): ``list_dir`` of a file."""
+
+
+class IsADirectory(ExecServerError):
+    """A path used as a file is a directory (EISDIR)."""
+
+
+class AlreadyExists(ExecServerError):
+    """The path (or process id) already exists (EEXIST): ``mkdir`` of an existing directory."""
+
+
+class DirectoryNotEmpty(ExecServerError):
+    """A directory to remove is not empty (ENOTEMPTY): ``remove`` without ``recursive``."""
 
 
 class NotFound(ExecServerError):
@@ -157,3 +180,25 @@ class ProcessFailed(ExecServerError):
         self.exit_code = exit_code
         self.stdout = stdout
         self.stderr = stderr
+
+
+_BY_ERRNO = {20: NotADirectory, 21: IsADirectory, 17: AlreadyExists, 39: DirectoryNotEmpty}
+
+
+def _make(
+    class_name: str,
+    message: str,
+    code: Optional[int] = None,
+    data: Optional[str] = None,
+    kind: str = "Other",
+) -> ExecServerError:
+    """The exception the native client raises: the class its kind names,
+    refined by the OS error number when the kind alone says little."""
+    cls = globals().get(class_name, ExecServerError)
+    if not (isinstance(cls, type) and issubclass(cls, ExecServerError)):
+        cls = ExecServerError
+    made = cls(message, code, data, kind)
+    if cls in (ExecServerError, InvalidRequest, PermissionDenied) and made.errno in _BY_ERRNO:
+        refined: ExecServerError = _BY_ERRNO[made.errno](message, code, data, kind)
+        return refined
+    return made
