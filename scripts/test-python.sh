@@ -21,7 +21,7 @@ fi
   'maturin>=1.9,<2' 'pytest>=8' 'pytest-asyncio>=0.24' 'mypy>=1.10'
 
 (cd python && cargo fmt -- --check)
-(cd python && CARGO_TARGET_DIR=$TARGET cargo clippy --profile "$PROFILE" --all-targets -- -D warnings)
+(cd python && CARGO_TARGET_DIR=$TARGET cargo clippy --profile "$PROFILE" -- -D warnings)
 
 rm -rf "$TARGET/wheels"
 (cd python && CARGO_TARGET_DIR=$TARGET "$VENV/bin/maturin" build --quiet \

@@ -206,7 +206,7 @@ impl Environment {
             cmd = cmd.network_proxy(config);
         }
         let client = self.client.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let handle = cmd.spawn(&client).await.map_err(errors::client)?;
             Ok(Process::new(handle))
         })
@@ -215,9 +215,9 @@ impl Environment {
     /// A whole file's bytes.
     fn read_file<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyAny>> {
         let (client, path) = (self.client.clone(), uri(path)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let data = client.read_file(&path).await.map_err(errors::client)?;
-            Ok(Python::attach(|py| PyBytes::new(py, &data).unbind()))
+            Ok(crate::attach(|py| PyBytes::new(py, &data).unbind()).await)
         })
     }
 
@@ -229,7 +229,7 @@ impl Environment {
         data: Vec<u8>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (client, path) = (self.client.clone(), uri(path)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             client.write_file(&path, data).await.map_err(errors::client)
         })
     }
@@ -238,7 +238,7 @@ impl Environment {
     /// `isSymlink`, `size`, `createdAtMs`, `modifiedAtMs`).
     fn metadata<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyAny>> {
         let (client, path) = (self.client.clone(), uri(path)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let m = client.metadata(&path).await.map_err(errors::client)?;
             serde_json::to_string(&m).map_err(|e| errors::value(e.to_string()))
         })
@@ -248,7 +248,7 @@ impl Environment {
     /// `isDirectory`, `isFile`).
     fn list_dir<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyAny>> {
         let (client, path) = (self.client.clone(), uri(path)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let entries = client.read_directory(&path).await.map_err(errors::client)?;
             serde_json::to_string(&entries).map_err(|e| errors::value(e.to_string()))
         })
@@ -262,7 +262,7 @@ impl Environment {
         parents: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (client, path) = (self.client.clone(), uri(path)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             client
                 .create_directory(&path, parents)
                 .await
@@ -280,7 +280,7 @@ impl Environment {
         force: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (client, path) = (self.client.clone(), uri(path)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             client
                 .remove(&path, recursive, force)
                 .await
@@ -297,7 +297,7 @@ impl Environment {
         recursive: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (client, src, dst) = (self.client.clone(), uri(src)?, uri(dst)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             client
                 .copy(&src, &dst, recursive)
                 .await
@@ -313,7 +313,7 @@ impl Environment {
         remote: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (client, remote) = (self.client.clone(), uri(remote)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let file = std::fs::File::open(&local).map_err(|e| errors::local(&local, e))?;
             client
                 .upload_from_file(file, &remote, |_| {})
@@ -331,7 +331,7 @@ impl Environment {
         local: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (client, remote) = (self.client.clone(), uri(remote)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let file = std::fs::File::create(&local).map_err(|e| errors::local(&local, e))?;
             client
                 .download_to_file(&remote, file, |_| {})
@@ -381,18 +381,19 @@ impl Environment {
             },
             stream_response: stream,
         };
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let (response, deltas) = client.http_request(params).await.map_err(errors::client)?;
             let headers: Vec<(String, String)> = response
                 .headers
                 .into_iter()
                 .map(|h| (h.name, h.value))
                 .collect();
-            Python::attach(|py| {
+            crate::attach(|py| {
                 let body = PyBytes::new(py, &response.body_base64.0).unbind();
                 let stream = deltas.map(crate::process::HttpBody::new);
                 Ok((response.status, headers, body, stream))
             })
+            .await
         })
     }
 
@@ -404,7 +405,7 @@ impl Environment {
         recursive: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (client, path) = (self.client.clone(), uri(path)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let w = client
                 .watch(&path, recursive)
                 .await
@@ -416,7 +417,7 @@ impl Environment {
     /// The server's `environment/info`, as JSON text.
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let info = client.environment_info().await.map_err(errors::client)?;
             serde_json::to_string(&info).map_err(|e| errors::value(e.to_string()))
         })
@@ -426,7 +427,7 @@ impl Environment {
     /// is resumed by the next call): for tests of recovery.
     fn drop_connection<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             client.drop_connection().await;
             Ok(())
         })
@@ -435,7 +436,7 @@ impl Environment {
     /// Closes the client: its session ends on the server.
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             client.close().await;
             Ok(())
         })

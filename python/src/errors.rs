@@ -40,6 +40,10 @@ fn raise(
     data: Option<String>,
     kind: String,
 ) -> PyErr {
+    if crate::EXITING.load(std::sync::atomic::Ordering::Acquire) {
+        // Made lazily: nothing here may enter an exiting interpreter.
+        return pyo3::exceptions::PyRuntimeError::new_err(message);
+    }
     Python::attach(|py| {
         let made = py
             .import("exec_server.errors")

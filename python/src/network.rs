@@ -33,6 +33,9 @@ fn denied(reason: &str) -> NetworkDecision {
 impl NetworkPolicy for PythonPolicy {
     fn decide(&self, request: NetworkPolicyRequestParams) -> DecisionFuture {
         let text = serde_json::to_string(&request).unwrap_or_default();
+        if crate::EXITING.load(std::sync::atomic::Ordering::Acquire) {
+            return Box::pin(async { denied("the client is exiting") });
+        }
         let awaited = Python::attach(|py| {
             let coro = self.decide.bind(py).call_method1("decide", (text,))?;
             pyo3_async_runtimes::into_future_with_locals(&self.locals, coro)
@@ -44,7 +47,7 @@ impl NetworkPolicy for PythonPolicy {
             let Ok(answer) = fut.await else {
                 return denied("the client's network policy failed");
             };
-            Python::attach(|py| {
+            crate::attach(|py| {
                 let answer = answer.bind(py);
                 let (word, reason): (String, Option<String>) = match answer.extract::<String>() {
                     Ok(w) => (w, None),
@@ -59,6 +62,7 @@ impl NetworkPolicy for PythonPolicy {
                     _ => NetworkDecision::Deny { reason },
                 }
             })
+            .await
         })
     }
 }

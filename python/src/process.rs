@@ -108,19 +108,19 @@ impl Process {
     /// A stream that failed (events lost, session not recovered) raises.
     fn next_events<'py>(&self, py: Python<'py>, max_bytes: usize) -> PyResult<Bound<'py, PyAny>> {
         let events = self.events.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let mut guard = events.lock().await;
             if let Some(f) = guard.failed.take() {
                 return Err(errors::client(ClientError::Stream(f)));
             }
             let Some(handle) = guard.handle.as_mut() else {
-                return Python::attach(|py| Ok(PyList::empty(py).into_any().unbind()));
+                return crate::attach(|py| Ok(PyList::empty(py).into_any().unbind())).await;
             };
             let mut batch = Vec::new();
             let mut bytes = 0;
             match handle.next_event().await {
                 Some(ev) => batch.push(ev),
-                None => return Python::attach(|py| Ok(PyList::empty(py).into_any().unbind())),
+                None => return crate::attach(|py| Ok(PyList::empty(py).into_any().unbind())).await,
             }
             loop {
                 if let Some(ProcessEvent::Output { data, .. }) = batch.last() {
@@ -150,13 +150,14 @@ impl Process {
                 guard.failed = Some(f);
             }
             drop(guard);
-            Python::attach(|py| {
+            crate::attach(|py| {
                 let list = PyList::empty(py);
                 for ev in &batch {
                     list.append(to_python(py, ev)?)?;
                 }
                 Ok(list.into_any().unbind())
             })
+            .await
         })
     }
 
@@ -165,7 +166,7 @@ impl Process {
     /// (`accepted`, `stdinClosed`, `unknownProcess`, `starting`).
     fn write<'py>(&self, py: Python<'py>, data: Vec<u8>) -> PyResult<Bound<'py, PyAny>> {
         let (client, id) = (self.client.clone(), self.id.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let status = client
                 .write_process(&id, data)
                 .await
@@ -177,7 +178,7 @@ impl Process {
     /// Closes stdin (end of file for the process).
     fn close_stdin<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (client, id) = (self.client.clone(), self.id.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let status = client.close_stdin(&id).await.map_err(errors::client)?;
             Ok(wire_name(&status))
         })
@@ -189,7 +190,7 @@ impl Process {
         let signal: ProcessSignal = serde_json::from_value(serde_json::Value::from(name))
             .map_err(|_| errors::value(format!("unknown signal {name:?}")))?;
         let (client, id) = (self.client.clone(), self.id.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             client.signal(&id, signal).await.map_err(errors::client)
         })
     }
@@ -198,7 +199,7 @@ impl Process {
     /// `killedLeftovers` or `nothingToDo`.
     fn terminate<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (client, id) = (self.client.clone(), self.id.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let outcome = client.terminate(&id).await.map_err(errors::client)?;
             Ok(match outcome {
                 TerminateOutcome::KilledRunning => "killedRunning",
@@ -211,7 +212,7 @@ impl Process {
     /// Resizes the PTY to `rows` × `cols`.
     fn resize<'py>(&self, py: Python<'py>, rows: u16, cols: u16) -> PyResult<Bound<'py, PyAny>> {
         let (client, id) = (self.client.clone(), self.id.clone());
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             client.resize(&id, cols, rows).await.map_err(errors::client)
         })
     }
@@ -243,7 +244,7 @@ impl HttpBody {
     /// could not finish raises `ConnectionFailed` with its reason.
     fn next_chunk<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let deltas = self.deltas.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let mut rx = deltas.lock().await;
             loop {
                 let Some(delta) = rx.recv().await else {
@@ -263,7 +264,9 @@ impl HttpBody {
                     continue;
                 }
                 let data = delta.delta_base64.0;
-                return Ok(Some(Python::attach(|py| PyBytes::new(py, &data).unbind())));
+                return Ok(Some(
+                    crate::attach(|py| PyBytes::new(py, &data).unbind()).await,
+                ));
             }
         })
     }
@@ -307,13 +310,13 @@ impl FileWatch {
     /// `None` after the end (or once closed).
     fn next_event<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let watch = self.watch.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             let mut slot = watch.lock().await;
             let Some(w) = slot.as_mut() else {
                 return Ok(None);
             };
             let event = w.next().await;
-            Python::attach(|py| {
+            crate::attach(|py| {
                 Ok(match event {
                     Some(exec_server_client::WatchEvent::Changed { kind, paths }) => {
                         let paths: Vec<String> = paths.iter().map(native_path).collect();
@@ -330,13 +333,14 @@ impl FileWatch {
                     None => None,
                 })
             })
+            .await
         })
     }
 
     /// Removes the watch on the server.
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let watch = self.watch.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::awaitable(py, async move {
             drop(watch.lock().await.take());
             Ok(())
         })

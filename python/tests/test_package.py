@@ -13,6 +13,8 @@ import exec_server
 import exec_server.blocking
 import exec_server.errors
 
+from .conftest import Server
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -52,3 +54,30 @@ def test_examples_run(example: str, expected: str) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert expected in out.stdout, out.stdout
+
+
+LEFT_RUNNING = """
+import asyncio, sys
+from exec_server import Environment
+
+async def main():
+    env = Environment.connect(sys.argv[1]) if len(sys.argv) > 1 else Environment.local()
+    procs = [await env.start(["sh", "-c", "while :; do seq 1 500; done"]) for _ in range(6)]
+    async def read(p):
+        async for _ in p:
+            pass
+    for p in procs:
+        asyncio.ensure_future(read(p))
+    await asyncio.sleep(0.1)   # returns with the readers and their native reads running
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("where", ["embedded", "spawned"])
+def test_exit_with_reads_in_flight_is_clean(where: str, server: "Server") -> None:
+    args = [sys.executable, "-c", LEFT_RUNNING] + ([server.url] if where == "spawned" else [])
+    for _ in range(5):
+        out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "Traceback" not in out.stderr and "Fatal" not in out.stderr, out.stderr
