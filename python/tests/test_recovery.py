@@ -3,6 +3,7 @@ session and reads on from the last chunk it had."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from typing import Tuple
 
@@ -46,3 +47,23 @@ async def test_stdin_retried_after_a_cut_is_applied_once(
         await proc.close_stdin()
         done = await proc.communicate()
         assert done.stdout == b"".join(b"line %d\n" % i for i in range(20))
+
+
+async def test_calls_made_while_reading_a_busy_stream_survive_drops() -> None:
+    # A consumer that makes calls between chunks while the connection drops:
+    # the recovery's catch-up waits for room in the stream's queue, which only
+    # this consumer makes; it must not hold up the consumer's own calls.
+    async with Environment.local() as env:
+        proc = await env.start(["seq", "1", "3000000"])
+        got = bytearray()
+        n = 0
+        async for data in proc.stdout:
+            got += data
+            n += 1
+            if n % 50 == 0:
+                await env.drop_connection()
+                await asyncio.wait_for(env.metadata("/tmp"), 20)
+        assert await proc.wait() == 0
+        expected = subprocess.run(["seq", "1", "3000000"], capture_output=True, check=True).stdout
+        assert bytes(got) == expected
+        assert env.recoveries >= 2

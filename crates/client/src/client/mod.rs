@@ -370,10 +370,18 @@ impl ExecServerClient {
                     slot.peer = Some(peer.clone());
                     if resume.is_some() {
                         self.inner.recoveries.fetch_add(1, Ordering::Relaxed);
-                        self.replay(&peer).await;
-                        self.watches_recovered();
-                        self.announce(ConnectionEvent::Recovered {
-                            session_id: self.session_id().unwrap_or_default(),
+                        // Catch-up runs beside other calls, not under the
+                        // slot's lock: it waits for room in each process's
+                        // event queue, and the consumer that would make room
+                        // may itself be waiting on a call (a deadlock when
+                        // it held the lock).
+                        let (client, peer) = (self.clone(), peer.clone());
+                        tokio::spawn(async move {
+                            client.replay(&peer).await;
+                            client.watches_recovered();
+                            client.announce(ConnectionEvent::Recovered {
+                                session_id: client.session_id().unwrap_or_default(),
+                            });
                         });
                     }
                     return Ok(peer);
