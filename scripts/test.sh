@@ -22,7 +22,7 @@ cargo test --profile "$PROFILE" --workspace --doc
 # The fuzzers, briefly (run them for longer by hand: --seconds 600). They are
 # built once with the workspace's features; `cargo run -p` would build a
 # second copy of the dependencies with one package's features.
-FUZZ_SECONDS=${FUZZ_SECONDS:-15}
+FUZZ_SECONDS=${FUZZ_SECONDS:-10}
 fuzzers=(fuzz_decode fuzz_router fuzz_relay)
 cargo build --profile "$PROFILE" --workspace "${fuzzers[@]/#/--example=}"
 for fuzzer in "${fuzzers[@]}"; do

@@ -86,3 +86,16 @@ async def test_file_system_failures_have_their_own_classes(scratch: os.PathLike)
         with pytest.raises(errors.DirectoryNotEmpty) as caught:
             await env.remove(d / "full")
         assert caught.value.path == str(d / "full")
+
+
+async def test_argument_mistakes_are_caught_here(scratch: os.PathLike) -> None:
+    from pathlib import Path
+
+    async with Environment.local() as env:
+        done = await env.run(Command(["pwd"]).cwd(Path(scratch)))
+        assert done.stdout.decode().strip() == os.fspath(scratch)
+        proc = await env.start(Command("cat").stdin())
+        with pytest.raises(TypeError):
+            await proc.write(5)  # type: ignore[arg-type]
+        await proc.close_stdin()
+        assert await proc.wait() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = ["Command", "managed_network"]
@@ -75,9 +76,9 @@ class Command:
         """Appends arguments."""
         return self._with(argv=self.argv + tuple(args))
 
-    def cwd(self, path: str) -> "Command":
+    def cwd(self, path: "Union[str, os.PathLike[str]]") -> "Command":
         """The working directory: an absolute path on the server's host."""
-        return self._with(working_dir=path)
+        return self._with(working_dir=os.fspath(path))
 
     def env(self, name: str, value: str) -> "Command":
         """Sets one variable of the child's environment."""

@@ -419,7 +419,9 @@ class Environment:
         await self._native.drop_connection()
 
     async def close(self) -> None:
-        """Ends the session: its processes are killed on the server."""
+        """Closes the connection. The session is detached: the server ends
+        it, and kills its processes, after its detached-session TTL (30 s by
+        default); :meth:`Process.terminate` what must end now."""
         await self._native.close()
 
     @classmethod

@@ -239,6 +239,8 @@ class Process:
         """Writes to stdin (a ``str`` as UTF-8). A write retried after a
         dropped connection is applied once. Returns ``"accepted"``, or
         ``"stdinClosed"`` when stdin is not (or no longer) writable."""
+        if isinstance(data, int):
+            raise TypeError("write() takes bytes or str, not an int")
         raw = data.encode() if isinstance(data, str) else bytes(data)
         return await self._native.write(raw)
 

@@ -17,6 +17,7 @@ in the calling thread (Jupyter) and where none does::
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from typing import Any, Awaitable, BinaryIO, Callable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -121,9 +122,10 @@ class Process:
         )
         try:
             return future.result(timeout)
-        except TimeoutError:
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            # Before Python 3.11 the two differ; callers catch TimeoutError.
             future.cancel()
-            raise
+            raise TimeoutError(f"process {self.id} still runs after {timeout} s") from None
 
     def communicate(self) -> CompletedProcess:
         """All output until the process closes, and its exit code."""
@@ -330,7 +332,7 @@ class Environment:
         return _run(self._inner.info())
 
     def close(self) -> None:
-        """Ends the session."""
+        """Closes the connection (see :meth:`exec_server.Environment.close`)."""
         _run(self._inner.close())
 
 
