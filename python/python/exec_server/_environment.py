@@ -362,6 +362,21 @@ class Environment:
         local.write(data)
         return len(data)
 
+    def _http(
+        self,
+        method: str,
+        url: str,
+        headers: Optional[Mapping[str, str]],
+        body: Optional[Union[bytes, str]],
+        timeout: Optional[float],
+        stream: bool,
+        follow_redirects: bool,
+    ) -> Awaitable[Tuple[int, List[Tuple[str, str]], bytes, Optional[_native.HttpBody]]]:
+        raw = body.encode() if isinstance(body, str) else body
+        return self._native.http_request(
+            method, url, list((headers or {}).items()), raw, timeout, stream, follow_redirects
+        )
+
     async def http_request(
         self,
         method: str,
@@ -374,10 +389,7 @@ class Environment:
     ) -> "HttpResponse":
         """An HTTP request made by the server (``http/request``): from its
         network, with its credentials; returns the whole response."""
-        raw = body.encode() if isinstance(body, str) else body
-        status, hdrs, data, _ = await self._native.http_request(
-            method, url, list((headers or {}).items()), raw, timeout, False, follow_redirects
-        )
+        status, hdrs, data, _ = await self._http(method, url, headers, body, timeout, False, follow_redirects)
         return HttpResponse(status, hdrs, data)
 
     async def http_stream(
@@ -392,10 +404,7 @@ class Environment:
     ) -> "StreamedHttpResponse":
         """As :meth:`http_request`, but the body is read as it arrives:
         ``async for chunk in (await env.http_stream("GET", url)).body``."""
-        raw = body.encode() if isinstance(body, str) else body
-        status, hdrs, _, stream = await self._native.http_request(
-            method, url, list((headers or {}).items()), raw, timeout, True, follow_redirects
-        )
+        status, hdrs, _, stream = await self._http(method, url, headers, body, timeout, True, follow_redirects)
         return StreamedHttpResponse(status, hdrs, _body(stream))
 
     async def watch(self, path: PathLike, *, recursive: bool = False) -> "FileWatch":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Awaitable, BinaryIO, Callable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, BinaryIO, Callable, Coroutine, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _environment, _process
 from ._command import Command
@@ -59,6 +59,18 @@ def _iterate(next_item: Callable[[], Awaitable[Optional[T]]]) -> Iterator[T]:
         yield item
 
 
+def _sync(items: AsyncIterator[T]) -> Iterator[T]:
+    """An async iterator driven on the background loop, one item per call."""
+
+    async def next_item() -> Optional[T]:
+        try:
+            return await items.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    return _iterate(next_item)
+
+
 class Process:
     """A started process (see :class:`exec_server.Process`); its methods block."""
 
@@ -89,13 +101,7 @@ class Process:
         return self._inner.exited
 
     def __iter__(self) -> Iterator[OutputChunk]:
-        async def next_chunk() -> Optional[OutputChunk]:
-            while True:
-                ev = await self._inner._next_event()
-                if ev is None or isinstance(ev, OutputChunk):
-                    return ev
-
-        return _iterate(next_chunk)
+        return _sync(self._inner.__aiter__())
 
     def events(self) -> Iterator[Event]:
         """Every event in order."""
@@ -300,28 +306,12 @@ class Environment:
         """An HTTP request made by the server: ``(status, headers, body)``
         with the body an iterator of ``bytes`` as it arrives."""
         r = _run(self._inner.http_stream(method, url, headers=headers, body=body, timeout=timeout))
-        body_iter = r.body.__aiter__()
-
-        async def next_piece() -> Optional[bytes]:
-            try:
-                return await body_iter.__anext__()
-            except StopAsyncIteration:
-                return None
-
-        return r.status, r.headers, _iterate(next_piece)
+        return r.status, r.headers, _sync(r.body)
 
     def watch(self, path: PathLike, *, recursive: bool = False) -> Iterator[Change]:
         """Changes under ``path`` until the watch ends (see
         :meth:`exec_server.Environment.watch`)."""
-        w = _run(self._inner.watch(path, recursive=recursive))
-
-        async def next_change() -> Optional[Change]:
-            try:
-                return await w.__anext__()
-            except StopAsyncIteration:
-                return None
-
-        return _iterate(next_change)
+        return _sync(_run(self._inner.watch(path, recursive=recursive)))
 
     def drop_connection(self) -> None:
         """Drops the current connection; the next call resumes the session."""
