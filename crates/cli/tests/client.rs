@@ -127,6 +127,36 @@ async fn stdin_write_close_and_files() {
     }
 }
 
+/// A terminal sends a chunk per line: 200 000 short lines are 200 000
+/// chunks in 1.3 MB, four times the server's 49 999-chunk window while far
+/// under its 8 MiB. The client acknowledges by count as well as by bytes, so
+/// the stream never waits on an acknowledgement that only bytes would send
+/// (it stalled at about 430 KB before).
+#[tokio::test]
+async fn a_terminal_printing_many_short_lines_is_not_held_by_the_window() {
+    let s = Server::start(&[]);
+    let c = client(&s.url);
+    let mut p = exec_params("lines", &["seq", "1", "200000"]);
+    p.tty = true;
+    let mut h = c.start_process(p).await.unwrap();
+    let (out, code) = tokio::time::timeout(Duration::from_secs(60), drain(&mut h))
+        .await
+        .expect("the whole output within 60 s");
+    // The terminal turns each newline into CR LF.
+    let want: Vec<u8> = expected_seq(200_000)
+        .split_inclusive(|b| *b == b'\n')
+        .flat_map(|line| [&line[..line.len() - 1], b"\r\n"].concat())
+        .collect();
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        out.len(),
+        want.len(),
+        "first difference at {:?}",
+        first_difference(&out, &want)
+    );
+    assert!(out == want);
+}
+
 /// The local environment runs the same protocol in-process.
 #[tokio::test]
 async fn local_environment_runs_in_process() {

@@ -34,6 +34,11 @@ pub const RECOVERY_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// Output bytes a [`ProcessHandle`] hands over between two `process/ack`
 /// calls: 1 MiB.
 pub const ACK_EVERY_BYTES: usize = 1024 * 1024;
+/// Output chunks a [`ProcessHandle`] hands over between two `process/ack`
+/// calls: 4096. Why: the server's window counts chunks as well as bytes
+/// (49 999 undelivered chunks, 8 MiB), and a terminal sends one chunk per
+/// line, so 50 000 short lines fill it long before 1 MiB of bytes.
+pub const ACK_EVERY_CHUNKS: usize = 4096;
 
 /// Client settings.
 #[derive(Clone)]

@@ -52,6 +52,8 @@ pub struct ProcessHandle {
     acks: bool,
     /// Output bytes handed over since the last acknowledgement.
     consumed: usize,
+    /// Output chunks handed over since the last acknowledgement.
+    consumed_chunks: usize,
     /// The OS pid, when the server reports it.
     pid: Option<u32>,
     /// The exit code, once `Exited` was handed over.
@@ -150,6 +152,7 @@ impl ExecServerClient {
                 events: rx,
                 acks: params.ack_output,
                 consumed: 0,
+                consumed_chunks: 0,
                 pid,
                 exit_code: None,
                 finished: false,
@@ -298,8 +301,12 @@ impl ProcessHandle {
             }
             Some(ProcessEvent::Output { seq, data, .. }) if self.acks => {
                 self.consumed += data.len();
-                if self.consumed >= super::ACK_EVERY_BYTES {
+                self.consumed_chunks += 1;
+                if self.consumed >= super::ACK_EVERY_BYTES
+                    || self.consumed_chunks >= super::ACK_EVERY_CHUNKS
+                {
                     self.consumed = 0;
+                    self.consumed_chunks = 0;
                     self.acknowledge(*seq);
                 }
             }

@@ -117,6 +117,9 @@ pub struct ExecParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pty_size: Option<PtySize>,
     /// Ours: keep unacknowledged output until `process/ack` (flow control, no loss).
+    /// Reading from the process pauses once 8 MiB or 49 999 chunks are
+    /// unacknowledged, so a client acknowledges well before either (a terminal
+    /// sends a chunk per line: short lines reach the chunk count first).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ack_output: bool,
     /// Ours: `limits`, what the process may use before the server ends it
