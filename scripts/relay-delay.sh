@@ -43,13 +43,20 @@ for env in $envs; do
         i=$((i + 1)); [ $i -lt 100 ] || { echo "$env never reachable" >&2; head -20 "$dir/ref.log" >&2 || true; exit 1; }; sleep 0.2
     done
 done
+# Two clients: one that names the working directory (as Codex always does),
+# whose process/start goes out right behind initialize, and one that asks the
+# server for its cwd first (initialize answered before the start is sent).
 for env in $envs; do
-    : >"$dir/times"
-    for _ in $(seq "$N"); do
-        t0=$(date +%s%N)
-        "$BIN" run --registry "$url" --environment "$env" -- true
-        t1=$(date +%s%N)
-        echo $(( (t1 - t0) / 1000 )) >>"$dir/times"
+    for how in "--cwd /tmp" ""; do
+        : >"$dir/times"
+        for _ in $(seq "$N"); do
+            t0=$(date +%s%N)
+            # shellcheck disable=SC2086
+            "$BIN" run --registry "$url" --environment "$env" $how -- true
+            t1=$(date +%s%N)
+            echo $(( (t1 - t0) / 1000 )) >>"$dir/times"
+        done
+        label=${how:-"(server cwd)"}
+        sort -n "$dir/times" | awk -v env="$env" -v ms="$MS" -v how="$label" '{a[NR]=$1} END {printf "%s executor, %s ms one way, run %s: new connection to exit of true p50 %.1f ms, min %.1f ms, max %.1f ms (%d runs)\n", env, ms, how, a[int((NR+1)/2)]/1000, a[1]/1000, a[NR]/1000, NR}'
     done
-    sort -n "$dir/times" | awk -v env="$env" -v ms="$MS" '{a[NR]=$1} END {printf "%s executor, %s ms one way: new connection to exit of true p50 %.1f ms, min %.1f ms, max %.1f ms (%d runs)\n", env, ms, a[int((NR+1)/2)]/1000, a[1]/1000, a[NR]/1000, NR}'
 done

@@ -157,6 +157,102 @@ async fn a_terminal_printing_many_short_lines_is_not_held_by_the_window() {
     assert!(out == want);
 }
 
+/// A scripted WebSocket server for one connection: it answers `initialize`
+/// only once `process/start` has arrived (with `init_answer` as the reply,
+/// a result or an error object), then answers the start with `start_answer`.
+/// Returns its URL and the methods it received, in order.
+async fn withholding_server(
+    init_answer: serde_json::Value,
+    start_answer: serde_json::Value,
+) -> (String, tokio::sync::oneshot::Receiver<Vec<String>>) {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", l.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (sock, _) = l.accept().await.unwrap();
+        let mut ws = tokio_tungstenite::accept_async(sock).await.unwrap();
+        let mut methods = Vec::new();
+        let mut init_id = None;
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+            let Message::Text(t) = m else { continue };
+            let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+            let method = v["method"].as_str().unwrap_or_default().to_string();
+            methods.push(match method.as_str() {
+                "process/start" => format!("{method} ackOutput={}", v["params"]["ackOutput"]),
+                _ => method.clone(),
+            });
+            match method.as_str() {
+                "initialize" => init_id = Some(v["id"].clone()),
+                "process/start" => {
+                    let mut a = init_answer.clone();
+                    a["id"] = init_id.take().expect("initialize came first");
+                    a["jsonrpc"] = "2.0".into();
+                    ws.send(Message::Text(a.to_string().into())).await.unwrap();
+                    let mut b = start_answer.clone();
+                    b["id"] = v["id"].clone();
+                    b["jsonrpc"] = "2.0".into();
+                    ws.send(Message::Text(b.to_string().into())).await.unwrap();
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let _ = tx.send(methods);
+        // Hold the connection open until the client is done with it.
+        let _ = tokio::time::timeout(Duration::from_secs(5), ws.next()).await;
+    });
+    (url, rx)
+}
+
+/// A fresh session's first `process/start` goes out right behind
+/// `initialize` and `initialized`, before `initialize` is answered (a round
+/// trip saved on every new connection); `ackOutput` is asked for, and kept
+/// only if the answer advertises `processOutputAck`.
+#[tokio::test]
+async fn a_first_start_is_pipelined_behind_initialize() {
+    let init = serde_json::json!({"result": {"sessionId": "s1", "environmentInfo": {
+        "shell": {"name": "sh", "path": "/bin/sh"}, "cwd": "file:///tmp",
+        "capabilities": {}}}});
+    let (url, methods) = withholding_server(
+        init,
+        serde_json::json!({"result": {"processId": "p", "sandboxType": "none"}}),
+    )
+    .await;
+    let c = client(&url);
+    let h = tokio::time::timeout(
+        Duration::from_secs(5),
+        c.start_process(exec_params("p", &["true"])),
+    )
+    .await
+    .expect("the start did not wait for initialize's answer")
+    .unwrap();
+    assert_eq!(h.id, "p");
+    assert_eq!(c.session_id().as_deref(), Some("s1"));
+    assert_eq!(
+        methods.await.unwrap(),
+        ["initialize", "initialized", "process/start ackOutput=true"]
+    );
+}
+
+/// When a pipelined `initialize` is refused, the first start reports that
+/// refusal, not its own.
+#[tokio::test]
+async fn a_refused_initialize_is_the_error_of_the_pipelined_start() {
+    let refused = serde_json::json!({"error": {"code": -32600, "message": "no such session"}});
+    let start = serde_json::json!({"error": {"code": -32600, "message": "not initialized"}});
+    let (url, _methods) = withholding_server(refused, start).await;
+    let c = client(&url);
+    match c.start_process(exec_params("p", &["true"])).await {
+        Err(exec_server_client::ClientError::Server(e)) => {
+            assert_eq!(e.message, "no such session")
+        }
+        Err(other) => panic!("{other:?}"),
+        Ok(_) => panic!("started"),
+    }
+}
+
 /// The local environment runs the same protocol in-process.
 #[tokio::test]
 async fn local_environment_runs_in_process() {

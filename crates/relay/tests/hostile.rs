@@ -167,7 +167,7 @@ async fn another_harnesss_authorization_is_refused() {
     let sid = "mallory-stream";
     let exec_key = PublicKey::from_wire(&bundle.executor_public_key).unwrap();
     let p = prologue("e2", &bundle.executor_registration_id, sid);
-    let (_init, msg1) = Initiator::start(
+    let (init, msg1) = Initiator::start(
         &mallory,
         &exec_key,
         &p,
@@ -181,7 +181,22 @@ async fn another_harnesss_authorization_is_refused() {
     ws.send(Message::Binary(Frame::handshake(sid, msg1).encode().into()))
         .await
         .unwrap();
-    assert!(is_protocol_reset(&next_frame(&mut ws).await, sid));
+    // The executor answers msg1 while it asks the registry; what Mallory
+    // sends meanwhile is held, never echoed, and the refusal resets it.
+    let mut f = next_frame(&mut ws).await;
+    if let Some(Frame {
+        body: Some(Body::Handshake { payload }),
+        ..
+    }) = f
+    {
+        let transport = init.finish(&payload).unwrap();
+        let (mut send, _recv) = exec_server_relay::stream::halves(sid, transport);
+        for frame in send.seal(b"steal").unwrap() {
+            ws.send(Message::Binary(frame.into())).await.unwrap();
+        }
+        f = next_frame(&mut ws).await;
+    }
+    assert!(is_protocol_reset(&f, sid), "{f:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

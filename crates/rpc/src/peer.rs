@@ -3,7 +3,7 @@
 //! requests from the other side to the owner through a channel.
 
 use crate::admission::{AdmissionGuard, InboundAdmission};
-use crate::pending::{CallError, PendingCalls};
+use crate::pending::{CallError, PendingCall, PendingCalls};
 use crate::transport::{Connection, Inbound, Outbound};
 use exec_server_protocol::{
     binary, encode_error, encode_notification, encode_request_traced, encode_response, ErrorObject,
@@ -179,6 +179,14 @@ impl RpcPeer {
         params: Value,
         timeout: Option<Duration>,
     ) -> Result<Value, CallError> {
+        self.send_call(method, params).await?.wait(timeout).await
+    }
+
+    /// Sends a request for `method` and returns its answer to wait for
+    /// later, so that other messages can follow it before it is answered
+    /// (pipelining). Errors: [`CallError::Closed`], or too many calls
+    /// waiting.
+    pub async fn send_call(&self, method: &str, params: Value) -> Result<PendingCall, CallError> {
         let call = self.pending.register()?;
         self.outbound
             .send(encode_request_traced(
@@ -189,7 +197,7 @@ impl RpcPeer {
             ))
             .await
             .map_err(|_| CallError::Closed)?;
-        call.wait(timeout).await
+        Ok(call)
     }
 
     /// Calls `method` with `params` (which must not hold `chunk`) and

@@ -98,8 +98,12 @@ impl ExecServerClient {
         &self,
         mut params: ExecParams,
     ) -> Result<ProcessHandle, ClientError> {
-        self.peer().await?;
-        params.ack_output = self.supports("processOutputAck");
+        self.peer_early().await?;
+        // Behind a pipelined `initialize` the capabilities are not known
+        // yet: `ackOutput` is asked for anyway (a server without it ignores
+        // an unknown member, the reference too) and acknowledgements are
+        // sent only if the answer says the server takes them.
+        params.ack_output = !self.init_settled() || self.supports("processOutputAck");
         let (tx, rx) = event_queue();
         let id = params.process_id.clone();
         {
@@ -117,9 +121,15 @@ impl ExecServerClient {
             );
         }
         let mut outcome = self
-            .call::<_, ExecResponse>(m::PROCESS_START, &params, false)
+            .call_maybe_early::<_, ExecResponse>(m::PROCESS_START, &params, false, true)
             .await
             .map(Some);
+        if let Err(e) = self.initialized().await {
+            // The start failed too, or will be lost with the connection:
+            // `initialize`'s refusal is the one that explains it.
+            lock(&self.inner.procs).remove(&id);
+            return Err(e);
+        }
         let mut pid = None;
         if matches!(&outcome, Err(ClientError::Connection(_))) {
             // The request may or may not have reached the server before the drop.
@@ -150,7 +160,7 @@ impl ExecServerClient {
                 id,
                 client: self.clone(),
                 events: rx,
-                acks: params.ack_output,
+                acks: params.ack_output && self.supports("processOutputAck"),
                 consumed: 0,
                 consumed_chunks: 0,
                 pid,

@@ -1,5 +1,6 @@
 //! One physical relay socket of an executor: up to [`MAX_ACTIVE_STREAMS`]
-//! streams, each admitted by a Noise handshake plus a registry `/validate`, and
+//! streams, each admitted by a Noise handshake plus a registry `/validate`
+//! (asked while the harness already sends; see [`Mux::handshake`]), and
 //! each handed to the program as a [`Channel`]. Every frame rule of the
 //! reference (REMOTE.md (g)) is applied here.
 
@@ -73,8 +74,8 @@ impl Drop for OpenStream {
 enum Event {
     Validated {
         stream_id: String,
-        vid: u64,
-        result: Option<Box<(Transport, Vec<u8>)>>,
+        id: u64,
+        admitted: bool,
     },
     Ended {
         stream_id: String,
@@ -87,7 +88,10 @@ struct Mux<'a> {
     out: mpsc::Sender<Message>,
     events: mpsc::Sender<Event>,
     active: HashMap<String, Active>,
+    /// Streams awaiting the registry's `/validate`, by entry id.
     pending: HashMap<String, u64>,
+    /// The program's end of each held stream, given at admission.
+    held: HashMap<String, Channel>,
     next_id: u64,
     failures: u32,
     paused_until: Option<Instant>,
@@ -110,13 +114,24 @@ impl Mux<'_> {
         }
     }
 
+    /// Answers msg1 at once and asks the registry meanwhile: the stream is
+    /// *held* (its messages queued, no program sees them) until `/validate`
+    /// says yes. Why: a harness may then send its first requests while the
+    /// registry is asked instead of after, which saves a round trip to the
+    /// registry on every new connection. Safe: msg2 proves this executor's
+    /// key to the harness and gives it session keys, nothing more; nothing
+    /// the harness sends is acted on, and nothing is sent to it, before the
+    /// registry has agreed, and a refusal resets the stream.
     fn handshake(&mut self, stream_id: String, msg1: Vec<u8>) {
-        if self.active.contains_key(&stream_id) {
-            return self.reset(&stream_id);
-        }
         if self.pending.remove(&stream_id).is_some() {
+            // A second msg1 while the first is judged: neither goes on.
+            self.active.remove(&stream_id);
+            self.held.remove(&stream_id);
             self.reset(&stream_id);
             return self.charge();
+        }
+        if self.active.contains_key(&stream_id) {
+            return self.reset(&stream_id);
         }
         if self.paused_until.is_some_and(|t| Instant::now() < t)
             || self.active.len() >= MAX_ACTIVE_STREAMS
@@ -143,76 +158,68 @@ impl Mux<'_> {
                 return self.charge();
             }
         };
+        let req = ValidateRequest {
+            executor_registration_id: self.ctx.registration_id.clone(),
+            harness_public_key: pending.initiator_key().to_wire(),
+            harness_key_authorization: authorization,
+        };
+        let Ok((transport, msg2)) = pending.complete(&mut OsRandom) else {
+            self.reset(&stream_id);
+            return self.charge();
+        };
+        let f = Frame::handshake(&stream_id, msg2).encode();
+        if self.out.try_send(Message::Binary(f.into())).is_err() {
+            // The socket is stuck; the watchdog will end it.
+            return;
+        }
         self.next_id += 1;
-        let vid = self.next_id;
-        self.pending.insert(stream_id.clone(), vid);
+        let id = self.next_id;
+        self.pending.insert(stream_id.clone(), id);
+        let (active, channel) = self.open(&stream_id, id, transport);
+        self.active.insert(stream_id.clone(), active);
+        self.held.insert(stream_id.clone(), channel);
         let ctx = self.ctx.clone();
         let events = self.events.clone();
         tokio::spawn(async move {
-            let req = ValidateRequest {
-                executor_registration_id: ctx.registration_id.clone(),
-                harness_public_key: pending.initiator_key().to_wire(),
-                harness_key_authorization: authorization,
-            };
             let valid = tokio::time::timeout(
                 VALIDATION_TIMEOUT,
                 ctx.registry.validate(&ctx.environment_id, &stream_id, &req),
             )
             .await;
-            let result = match valid {
-                Ok(Ok(true)) => pending.complete(&mut OsRandom).ok().map(Box::new),
+            let admitted = match valid {
+                Ok(Ok(true)) => true,
                 Ok(Ok(false)) => {
                     tracing::info!("environment registry rejected Noise relay harness key");
-                    None
+                    false
                 }
                 Ok(Err(e)) => {
                     tracing::warn!("harness key validation failed: {e}");
-                    None
+                    false
                 }
                 Err(_) => {
                     tracing::warn!("harness key validation timed out");
-                    None
+                    false
                 }
             };
             let _ = events
                 .send(Event::Validated {
                     stream_id,
-                    vid,
-                    result,
+                    id,
+                    admitted,
                 })
                 .await;
         });
     }
 
-    async fn validated(
-        &mut self,
-        stream_id: String,
-        vid: u64,
-        result: Option<Box<(Transport, Vec<u8>)>>,
-    ) {
-        if self.pending.get(&stream_id) != Some(&vid) {
-            return; // superseded or reset meanwhile
-        }
-        self.pending.remove(&stream_id);
-        let Some((transport, msg2)) = result.map(|b| *b) else {
-            self.reset(&stream_id);
-            return self.charge();
-        };
-        if self.active.len() >= MAX_ACTIVE_STREAMS {
-            return self.reset(&stream_id);
-        }
-        let f = Frame::handshake(&stream_id, msg2).encode();
-        if self.out.send(Message::Binary(f.into())).await.is_err() {
-            return;
-        }
-        let (mut send, recv) = halves(&stream_id, transport);
+    /// A stream's routing entry and the program's end of it; its writer
+    /// seals what the program sends.
+    fn open(&self, stream_id: &str, id: u64, transport: Transport) -> (Active, Channel) {
+        let (mut send, recv) = halves(stream_id, transport);
         let (in_tx, in_rx) = mpsc::channel(STREAM_QUEUE);
         let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
-        self.next_id += 1;
-        let id = self.next_id;
         let out = self.out.clone();
         let events = self.events.clone();
-        let sid = stream_id.clone();
+        let sid = stream_id.to_string();
         let writer = tokio::spawn(async move {
             'msgs: while let Some(msg) = out_rx.recv().await {
                 let Ok(frames) = send.seal(&msg) else { break };
@@ -224,31 +231,56 @@ impl Mux<'_> {
             }
             let _ = events.send(Event::Ended { stream_id: sid, id }).await;
         });
-        self.active.insert(
-            stream_id.clone(),
-            Active {
-                id,
-                recv,
-                inbound: in_tx,
-                _counted: OpenStream::new(self.ctx.observer.clone()),
-                writer: writer.abort_handle(),
-            },
-        );
-        (self.ctx.handler)(Channel {
+        let active = Active {
+            id,
+            recv,
+            inbound: in_tx,
+            _counted: OpenStream::new(self.ctx.observer.clone()),
+            writer: writer.abort_handle(),
+        };
+        let channel = Channel {
             inbound: in_rx,
             outbound: out_tx,
             peer: format!("relay stream {stream_id}"),
-        });
+        };
+        (active, channel)
+    }
+
+    /// The registry's answer for held stream `stream_id` (entry `id`): the
+    /// program gets the stream, with what arrived meanwhile, or it is reset.
+    fn validated(&mut self, stream_id: String, id: u64, admitted: bool) {
+        if self.pending.get(&stream_id) != Some(&id) {
+            return; // reset or replaced meanwhile
+        }
+        self.pending.remove(&stream_id);
+        let channel = self.held.remove(&stream_id);
+        match channel {
+            Some(channel) if admitted => (self.ctx.handler)(channel),
+            _ => {
+                self.active.remove(&stream_id);
+                self.reset(&stream_id);
+                self.charge();
+            }
+        }
     }
 
     async fn data(&mut self, stream_id: String, seq: u32, payload: Vec<u8>) {
         let Some(a) = self.active.get_mut(&stream_id) else {
-            if self.pending.remove(&stream_id).is_some() {
-                self.charge();
-            }
             return self.reset(&stream_id);
         };
+        let held = self.pending.contains_key(&stream_id);
         match a.recv.open(seq, payload) {
+            Ok(msgs) if held => {
+                // Nobody reads a held stream yet: more than its queue before
+                // the registry answers is a harness not worth waiting for.
+                if msgs.into_iter().any(|m| a.inbound.try_send(m).is_err()) {
+                    tracing::debug!("relay stream sent too much before admission");
+                    self.active.remove(&stream_id);
+                    self.pending.remove(&stream_id);
+                    self.held.remove(&stream_id);
+                    self.reset(&stream_id);
+                }
+            }
             Ok(msgs) => {
                 for m in msgs {
                     if a.inbound.send(m).await.is_err() {
@@ -309,6 +341,7 @@ where
         events: ev_tx,
         active: HashMap::new(),
         pending: HashMap::new(),
+        held: HashMap::new(),
         next_id: 0,
         failures: 0,
         paused_until: None,
@@ -337,15 +370,18 @@ where
                         // The reason is unauthenticated: never logged.
                         mux.active.remove(&stream_id);
                         mux.pending.remove(&stream_id);
+                        mux.held.remove(&stream_id);
                     }
                     Body::Resume { .. } | Body::Ack | Body::Heartbeat => {}
                 }
             }
             Some(ev) = ev_rx.recv() => match ev {
-                Event::Validated { stream_id, vid, result } => mux.validated(stream_id, vid, result).await,
+                Event::Validated { stream_id, id, admitted } => mux.validated(stream_id, id, admitted),
                 Event::Ended { stream_id, id } => {
                     if mux.active.get(&stream_id).is_some_and(|a| a.id == id) {
                         mux.active.remove(&stream_id);
+                        mux.pending.remove(&stream_id);
+                        mux.held.remove(&stream_id);
                         mux.reset(&stream_id);
                     }
                 }
