@@ -5,11 +5,14 @@
 //!   buffer's unused capacity (no zeroing before the read, no copy after it);
 //! - [`huge_pages`]: transparent huge pages for large message buffers;
 //! - [`fd_pass`]: file descriptors over Unix sockets (`SCM_RIGHTS`);
-//! - [`procfs`]: a process's parent, group, session, CPU time and memory.
+//! - [`procfs`]: a process's parent, group, session, CPU time and memory;
+//! - [`launch`]: a program started inside its cgroup (`clone3`), as cheaply
+//!   as `posix_spawn`.
 //!
 //! Linux only where it matters; elsewhere the advice is a no-op.
 
 pub mod fd_pass;
 pub mod huge_pages;
+pub mod launch;
 pub mod procfs;
 pub mod read_at;

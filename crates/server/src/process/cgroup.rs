@@ -92,6 +92,7 @@ impl Cgroups {
                 dir,
                 caps: None,
                 owner: self.inner.clone(),
+                killed: Default::default(),
             });
         }
         let dir = base.join(format!(
@@ -103,6 +104,7 @@ impl Cgroups {
                 dir,
                 caps: None,
                 owner: self.inner.clone(),
+                killed: Default::default(),
             }),
             Err(e) => {
                 tracing::warn!(
@@ -247,6 +249,12 @@ pub struct ProcessCgroup {
     caps: Option<super::resources::Caps>,
     /// The server's cgroups, whose pool it returns to.
     owner: Arc<Inner>,
+    /// Set once `cgroup.kill` was written: such a cgroup is never pooled.
+    /// Why: this kernel (6.18) kills every child later born into a cgroup
+    /// that was ever killed (`clone3(CLONE_INTO_CGROUP)` compares the
+    /// cgroup's kill count with the parent's), so a reused one would kill
+    /// the next command at once.
+    killed: std::sync::atomic::AtomicBool,
 }
 
 impl ProcessCgroup {
@@ -283,6 +291,22 @@ impl ProcessCgroup {
         Ok(files)
     }
 
+    /// How a child joins this cgroup: born in it (its directory, for
+    /// `clone3`) when it has no caps; else by the `cgroup.procs` writes of
+    /// [`Self::join_handles`] (caps may need cgroup v1 hierarchies too).
+    pub fn join(&self) -> io::Result<Join> {
+        if self.caps.is_some() {
+            return Ok(Join {
+                dir: None,
+                procs: self.join_handles()?,
+            });
+        }
+        Ok(Join {
+            dir: Some(std::fs::File::open(&self.dir)?),
+            procs: Vec::new(),
+        })
+    }
+
     /// True while some process is still in the cgroup.
     pub fn is_populated(&self) -> bool {
         std::fs::read_to_string(self.dir.join("cgroup.events"))
@@ -292,7 +316,37 @@ impl ProcessCgroup {
 
     /// SIGKILLs every process in the cgroup, daemons included.
     pub fn kill(&self) {
+        self.killed.store(true, Ordering::Relaxed);
         kill_members(&self.dir);
+    }
+}
+
+/// How a child joins its cgroups (see [`ProcessCgroup::join`]).
+#[derive(Default)]
+pub struct Join {
+    /// The cgroup v2 directory to be born in, when that is enough.
+    pub dir: Option<std::fs::File>,
+    /// `cgroup.procs` files to write `0` to between fork and exec.
+    pub procs: Vec<std::fs::File>,
+}
+
+impl Join {
+    /// The `cgroup.procs` files to write to, for a start that cannot be
+    /// born in the cgroup (sandboxed, or `clone3` refused).
+    pub fn procs_handles(&self) -> io::Result<Vec<std::fs::File>> {
+        match &self.dir {
+            Some(dir) if self.procs.is_empty() => {
+                let fd = nix::fcntl::openat(
+                    dir,
+                    "cgroup.procs",
+                    nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .map_err(io::Error::from)?;
+                Ok(vec![std::fs::File::from(fd)])
+            }
+            _ => self.procs.iter().map(std::fs::File::try_clone).collect(),
+        }
     }
 }
 
@@ -314,7 +368,7 @@ pub(super) fn kill_members(dir: &Path) {
 
 impl Drop for ProcessCgroup {
     fn drop(&mut self) {
-        if self.caps.is_none() && !self.is_populated() {
+        if self.caps.is_none() && !self.killed.load(Ordering::Relaxed) && !self.is_populated() {
             let mut pool = self.owner.pool();
             if pool.len() < POOLED_CGROUPS {
                 pool.push(std::mem::take(&mut self.dir));

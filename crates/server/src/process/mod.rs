@@ -265,9 +265,9 @@ impl Process {
             group.set_caps(limits)?;
         }
         let join = match &cgroup {
-            Some(g) if caps.is_some() => g.join_handles()?,
-            Some(g) => g.join_handles().unwrap_or_default(),
-            None => Vec::new(),
+            Some(g) if caps.is_some() => g.join()?,
+            Some(g) => g.join().unwrap_or_default(),
+            None => cgroup::Join::default(),
         };
         let started = spawn::start(&plan.exec, &join, plan.confinement.as_ref())?;
         drop(join);

@@ -184,17 +184,16 @@ fn join_cgroup(fd: std::os::fd::RawFd) {
 }
 
 /// Starts `exec`, confined by `sandbox` when given; the child (bubblewrap
-/// and everything in the sandbox, when confined) joins each of `cgroups`
-/// (their open `cgroup.procs`) before it runs. Errors are OS errors (cwd or
-/// program missing, exec failure) and sandbox refusals, answered as spawn
-/// failures.
+/// and everything in the sandbox, when confined) joins the cgroups of
+/// `join` before it runs: born in its cgroup where it can be (see
+/// [`exec_server_sysio::launch`]), else by writing to their `cgroup.procs`
+/// between fork and exec. Errors are OS errors (cwd or program missing,
+/// exec failure) and sandbox refusals, answered as spawn failures.
 pub fn start(
     exec: &Exec,
-    cgroups: &[std::fs::File],
+    join: &super::cgroup::Join,
     sandbox: Option<&crate::sandbox::StartSandbox>,
 ) -> std::io::Result<Started> {
-    // Raw descriptors collected before the fork: the child only iterates.
-    let cgroup_fds: Vec<std::os::fd::RawFd> = cgroups.iter().map(|f| f.as_raw_fd()).collect();
     let cwd = exec.cwd.as_path();
     let meta = std::fs::metadata(cwd).map_err(|e| tag(Stage::Cwd, cwd, e))?;
     if !meta.is_dir() {
@@ -210,6 +209,30 @@ pub fn start(
         Some(_) => e,
     };
     let arg0 = exec.arg0.as_deref().unwrap_or(&exec.argv[0]);
+    if let (None, Some(dir), true) = (sandbox, &join.dir, join.procs.is_empty()) {
+        if BORN_IN_CGROUP.load(std::sync::atomic::Ordering::Relaxed) {
+            match born_in_cgroup(exec, &program, arg0, dir.as_raw_fd()) {
+                Ok((pid, io, exit)) => {
+                    return Ok(Started {
+                        pid,
+                        io,
+                        exit,
+                        confinement: None,
+                    })
+                }
+                Err(e) if clone3_refused(&e) => {
+                    BORN_IN_CGROUP.store(false, std::sync::atomic::Ordering::Relaxed);
+                    tracing::info!(
+                        "clone3 into a cgroup refused ({e}); children join theirs after fork"
+                    );
+                }
+                Err(e) => return Err(exec_failed(e)),
+            }
+        }
+    }
+    let procs = join.procs_handles().unwrap_or_default();
+    // Raw descriptors collected before the fork: the child only iterates.
+    let cgroup_fds: Vec<std::os::fd::RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
     let (mut cmd, guard, _fds) = match sandbox {
         None => {
             let mut cmd = Command::new(&program);
@@ -243,6 +266,87 @@ pub fn start(
     })
 }
 
+/// False once `clone3` refused to place a child in its cgroup (an old
+/// kernel, a seccomp filter): later starts go straight to the fork path.
+static BORN_IN_CGROUP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// True for the errors of `clone3` itself that say "not here" rather than
+/// "this program": the caller falls back to fork and a `cgroup.procs` write.
+fn clone3_refused(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::Unsupported
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG | libc::EOPNOTSUPP | libc::EBUSY)
+        )
+}
+
+/// Starts an unconfined `exec` born in the cgroup open as `cgroup_dir`
+/// (`clone3(CLONE_INTO_CGROUP)`): on pipes in a process group of its own, or
+/// on a PTY as the leader of a new session, exactly as [`on_pipes`] and
+/// [`on_a_pty`] do.
+fn born_in_cgroup(
+    exec: &Exec,
+    program: &Path,
+    arg0: &str,
+    cgroup_dir: std::os::fd::RawFd,
+) -> std::io::Result<Spawned> {
+    use exec_server_sysio::launch::{launch, Program, Setup};
+    use std::os::unix::ffi::OsStrExt;
+    let argv = std::iter::once(arg0).chain(exec.argv[1..].iter().map(String::as_str));
+    let env = exec.env.iter().map(|(k, v)| format!("{k}={v}"));
+    let prog = Program::new(
+        program.as_os_str().as_bytes(),
+        argv,
+        env,
+        exec.cwd.as_path().as_os_str().as_bytes(),
+    )?;
+    let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
+    match exec.io {
+        Io::Pty(size) => {
+            let pty = open_pty(size)?;
+            let s = pty.slave.as_raw_fd();
+            let setup = Setup {
+                stdio: [s, s, s],
+                new_session: true,
+                controlling_tty: true,
+                cgroup: Some(cgroup_dir),
+            };
+            let (pid, exit) = reaper::spawn_and_watch(|| launch(&prog, &setup).map(|p| (p, p)))?;
+            // The master sees EOF (EIO) once every holder of the slave is gone.
+            drop(pty.slave);
+            Ok((pid, ChildIo::Pty { master: pty.master }, exit))
+        }
+        Io::Pipes { stdin } => {
+            let (out_r, out_w) = nix::unistd::pipe2(cloexec).map_err(std::io::Error::from)?;
+            let (err_r, err_w) = nix::unistd::pipe2(cloexec).map_err(std::io::Error::from)?;
+            let (in_child, in_ours) = if stdin {
+                let (r, w) = nix::unistd::pipe2(cloexec).map_err(std::io::Error::from)?;
+                (r, Some(w))
+            } else {
+                let null = std::fs::File::open("/dev/null")?;
+                (OwnedFd::from(null), None)
+            };
+            let setup = Setup {
+                stdio: [in_child.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+                new_session: false,
+                controlling_tty: false,
+                cgroup: Some(cgroup_dir),
+            };
+            let (pid, exit) = reaper::spawn_and_watch(|| launch(&prog, &setup).map(|p| (p, p)))?;
+            drop((in_child, out_w, err_w));
+            Ok((
+                pid,
+                ChildIo::Pipes {
+                    stdin: in_ours,
+                    stdout: out_r,
+                    stderr: err_r,
+                },
+                exit,
+            ))
+        }
+    }
+}
+
 /// What a started child gives its caller: its pid, its I/O ends and the
 /// receiver of its exit.
 type Spawned = (u32, ChildIo, oneshot::Receiver<reaper::Exit>);
@@ -255,17 +359,7 @@ fn on_a_pty(
     size: PtySize,
     cgroup_fds: Vec<std::os::fd::RawFd>,
 ) -> std::io::Result<Spawned> {
-    let ws = nix::pty::Winsize {
-        ws_row: size.rows,
-        ws_col: size.cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    let pty = nix::pty::openpty(Some(&ws), None).map_err(std::io::Error::from)?;
-    // Both ends close on exec: a child spawned meanwhile must not inherit the
-    // slave, or this PTY would never report EOF.
-    set_cloexec(&pty.master)?;
-    set_cloexec(&pty.slave)?;
+    let pty = open_pty(size)?;
     let slave = pty.slave;
     cmd.stdin(Stdio::from(slave.try_clone()?));
     cmd.stdout(Stdio::from(slave.try_clone()?));
@@ -355,6 +449,21 @@ fn on_pipes(
         },
         exit,
     ))
+}
+
+/// A new PTY of `size`, both ends close-on-exec: a child spawned meanwhile
+/// must not inherit the slave, or this PTY would never report EOF.
+fn open_pty(size: PtySize) -> std::io::Result<nix::pty::OpenptyResult> {
+    let ws = nix::pty::Winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&ws), None).map_err(std::io::Error::from)?;
+    set_cloexec(&pty.master)?;
+    set_cloexec(&pty.slave)?;
+    Ok(pty)
 }
 
 fn set_cloexec(fd: &OwnedFd) -> std::io::Result<()> {

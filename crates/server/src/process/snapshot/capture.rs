@@ -145,7 +145,7 @@ pub async fn capture(
     let group = host.cgroups.create();
     let join = group
         .as_ref()
-        .and_then(|g| g.join_handles().ok())
+        .and_then(|g| g.join().ok())
         .unwrap_or_default();
     let started = spawn::start(&run, &join, sandbox).map_err(CaptureError::Spawn)?;
     drop(join);
