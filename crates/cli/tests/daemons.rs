@@ -104,3 +104,59 @@ async fn session_expiry_kills_daemons_of_exited_processes() {
     c.ok("environment/info", json!({})).await;
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A command that writes `cgroup.kill` of its own cgroup (a clean-up
+/// script, say) leaves that cgroup marked "killed" by the kernel, which
+/// then kills every child born into it. The next commands, started one
+/// after another (so the emptied cgroup is the first one reused), still run:
+/// the server sees its child killed at birth, never reuses that cgroup, and
+/// starts the command the other way.
+#[tokio::test]
+async fn a_command_that_kills_its_own_cgroup_does_not_kill_the_next_ones() {
+    if !cgroups_writable() {
+        eprintln!("no writable cgroup2 here: nothing to kill");
+        return;
+    }
+    let s = Server::start(&[]);
+    let d = tmpdir("self-kill");
+    let mut c = Conn::open(&s.url, None).await;
+    let script = "mnt=$(awk '$9 == \"cgroup2\" {print $5; exit}' /proc/self/mountinfo); \
+                  cg=$(sed -n 's/^0:://p' /proc/self/cgroup); echo \"$cg\"; \
+                  echo 1 > \"$mnt$cg/cgroup.kill\"; echo survived";
+    c.ok(
+        "process/start",
+        start_params("k", &["sh", "-c", script], &d, false, false),
+    )
+    .await;
+    let killed = c.collect("k", WAIT).await;
+    assert_eq!(killed.exit, Some(137), "the command killed itself");
+    let killed_cgroup = String::from_utf8_lossy(&killed.bytes).trim().to_string();
+    assert!(!killed_cgroup.is_empty());
+    let mut in_killed = 0;
+    for i in 0..3 {
+        let id = format!("next{i}");
+        c.ok(
+            "process/start",
+            start_params(
+                &id,
+                &["sh", "-c", "sed -n 's/^0:://p' /proc/self/cgroup"],
+                &d,
+                false,
+                false,
+            ),
+        )
+        .await;
+        let n = c.collect(&id, WAIT).await;
+        assert_eq!(n.exit, Some(0), "start {i} after the self-kill");
+        if String::from_utf8_lossy(&n.bytes).trim() == killed_cgroup {
+            in_killed += 1;
+        }
+    }
+    // The first start may meet the killed cgroup (and go the other way);
+    // after that it is never handed out again.
+    assert!(
+        in_killed <= 1,
+        "the killed cgroup served {in_killed} starts"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

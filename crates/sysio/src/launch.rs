@@ -11,9 +11,10 @@
 //! memory until it calls `execve`, so nothing is copied either.
 //!
 //! The child runs on a stack of its own in the parent's memory, with every
-//! signal blocked until it has reset the handlers it inherited: it makes
-//! only system calls on data prepared beforehand, never allocates, and
-//! reports a failure through memory the parent reads once it resumes.
+//! signal blocked and every handler reset by the kernel (`CLONE_CLEAR_SIGHAND`):
+//! it makes only raw system calls on data prepared beforehand, takes no lock,
+//! never allocates, and reports through memory the parent reads once it
+//! resumes: that it ran at all, and the errno of a step that failed.
 //! x86-64 Linux only; elsewhere [`launch`] answers `Unsupported` and the
 //! caller keeps its portable path.
 
@@ -93,23 +94,57 @@ pub struct Setup {
 /// Bytes of the child's stack: it makes system calls and nothing else.
 const CHILD_STACK_BYTES: usize = 64 * 1024;
 
-/// What the child reads, and where it writes why it failed.
+/// What the child reads, and where it reports.
 struct Shared<'a> {
     program: &'a Program,
     setup: &'a Setup,
+    /// Set by the child first thing: still 0 after `clone3` returned a pid
+    /// means the child was killed before it ran (see [`LaunchError::BornKilled`]).
+    started: i32,
     /// 0, or the errno of the step that failed.
     errno: i32,
 }
 
+/// Why [`launch`] started nothing.
+#[derive(Debug)]
+pub enum LaunchError {
+    /// `clone3` itself refused: `ENOSYS`/`EINVAL`/`E2BIG` where the kernel
+    /// lacks it or the cgroup option, `EPERM` from a seccomp filter,
+    /// `EACCES`/`ENOENT`/`ENODEV`/`EBUSY`/`EBADF` for the cgroup,
+    /// `EAGAIN`/`ENOMEM` for resources; `Unsupported` off x86-64 Linux.
+    /// Nothing ran.
+    Clone(io::Error),
+    /// The child was killed before it ran a single instruction: its cgroup
+    /// kills what is born into it (this kernel, 6.18, compares the parent's
+    /// `cgroup.kill` count with that of a cgroup killed before). The cgroup
+    /// must not be used again.
+    BornKilled,
+    /// A step in the child failed (`setsid`, `dup2`, `chdir`, `execve`, …);
+    /// the child was reaped here. The error is about the program or its
+    /// set-up.
+    Child(io::Error),
+}
+
+impl std::fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LaunchError::Clone(e) => write!(f, "clone3: {e}"),
+            LaunchError::BornKilled => {
+                f.write_str("the child was killed as it was born in its cgroup")
+            }
+            LaunchError::Child(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for LaunchError {}
+
 /// Starts `program` as set up by `setup`; returns its pid once it has
-/// called `execve`. Errors: the OS error of the step that failed in the
-/// child (`chdir`, `execve`, …; the child is then reaped here), of `clone3`
-/// itself (`EINVAL`/`ENOSYS` where the kernel lacks it, or `EBUSY`/`EPERM`
-/// for a cgroup it refuses), or `Unsupported` off x86-64 Linux.
+/// called `execve`. Errors: see [`LaunchError`].
 ///
 /// The caller must make sure nothing else reaps the child before this
 /// returns (a failed child is waited for here).
-pub fn launch(program: &Program, setup: &Setup) -> io::Result<u32> {
+pub fn launch(program: &Program, setup: &Setup) -> Result<u32, LaunchError> {
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     {
         imp::launch(program, setup)
@@ -117,13 +152,15 @@ pub fn launch(program: &Program, setup: &Setup) -> io::Result<u32> {
     #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
     {
         let _ = (program, setup);
-        Err(io::Error::from(io::ErrorKind::Unsupported))
+        Err(LaunchError::Clone(io::Error::from(
+            io::ErrorKind::Unsupported,
+        )))
     }
 }
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod imp {
-    use super::{Program, Setup, Shared, CHILD_STACK_BYTES};
+    use super::{LaunchError, Program, Setup, Shared, CHILD_STACK_BYTES};
     use std::io;
 
     /// The kernel's `struct clone_args` up to `cgroup` (version 2, 88 bytes).
@@ -144,18 +181,23 @@ mod imp {
     }
 
     const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+    /// Every handled signal back to its default in the child (Linux 5.5;
+    /// `CLONE_INTO_CGROUP` needs 5.7): the child itself then never calls
+    /// `sigaction`, which in newer C libraries takes a lock for SIGABRT.
+    const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 
-    pub(super) fn launch(program: &Program, setup: &Setup) -> io::Result<u32> {
+    pub(super) fn launch(program: &Program, setup: &Setup) -> Result<u32, LaunchError> {
         let mut shared = Shared {
             program,
             setup,
+            started: 0,
             errno: 0,
         };
         // u128 keeps the top of the stack 16-byte aligned, as the ABI wants
         // at a call.
         let mut stack = vec![0u128; CHILD_STACK_BYTES / 16];
         let mut args = CloneArgs {
-            flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64,
+            flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | CLONE_CLEAR_SIGHAND,
             exit_signal: libc::SIGCHLD as u64,
             stack: stack.as_mut_ptr() as u64,
             stack_size: (stack.len() * 16) as u64,
@@ -207,18 +249,41 @@ mod imp {
         }
         drop(stack);
         if ret < 0 {
-            return Err(io::Error::from_raw_os_error(-ret as i32));
+            return Err(LaunchError::Clone(io::Error::from_raw_os_error(
+                -ret as i32,
+            )));
         }
         let pid = ret as i32;
         // The child has exec'd or exited: its report is final.
-        let errno = unsafe { std::ptr::read_volatile(&shared.errno) };
-        if errno != 0 {
-            let mut status = 0;
-            // SAFETY: waits for our own child, which has exited.
-            unsafe { libc::waitpid(pid, &mut status, 0) };
-            return Err(io::Error::from_raw_os_error(errno));
+        // SAFETY: plain reads of our own locals, which the child wrote.
+        let (started, errno) = unsafe {
+            (
+                std::ptr::read_volatile(&shared.started),
+                std::ptr::read_volatile(&shared.errno),
+            )
+        };
+        if started != 0 && errno == 0 {
+            return Ok(pid as u32);
         }
-        Ok(pid as u32)
+        reap(pid);
+        if started == 0 {
+            return Err(LaunchError::BornKilled);
+        }
+        Err(LaunchError::Child(io::Error::from_raw_os_error(errno)))
+    }
+
+    /// Waits for our own child `pid`, which has exited (again when a signal
+    /// interrupts the wait: a handler without `SA_RESTART`, as Python
+    /// installs, would otherwise leave a zombie).
+    fn reap(pid: i32) {
+        let mut status = 0;
+        loop {
+            // SAFETY: waits for a child of ours; `status` outlives the call.
+            let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+            if r >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return;
+            }
+        }
     }
 
     /// The child: set up, then `execve`. System calls only, on prepared data;
@@ -229,6 +294,7 @@ mod imp {
         // wrapper that touches no lock of the parent's.
         unsafe {
             let shared = &mut *arg.cast::<Shared>();
+            std::ptr::write_volatile(&mut shared.started, 1);
             let errno = prepare_and_exec(shared.program, shared.setup);
             std::ptr::write_volatile(&mut shared.errno, errno.max(1));
             libc::_exit(127)
@@ -242,22 +308,19 @@ mod imp {
                 .raw_os_error()
                 .unwrap_or(libc::EIO)
         };
-        // Default dispositions for every signal the parent handles (its
-        // handlers mean nothing after exec, and must not run before), and
-        // for SIGPIPE, which the Rust runtime ignores.
-        for sig in 1..=libc::SIGRTMAX() {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut sa) != 0 {
-                continue;
-            }
-            if sa.sa_sigaction != libc::SIG_DFL
-                && (sa.sa_sigaction != libc::SIG_IGN || sig == libc::SIGPIPE)
-            {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            }
-        }
+        // Handlers were reset by the kernel; ignored signals stay ignored
+        // across exec, except SIGPIPE, which the Rust runtime ignores and a
+        // program expects at its default (as std::process::Command does).
+        // The kernel's sigaction (handler, flags, restorer, mask): all zero
+        // is SIG_DFL. Raw calls: the C library's wrappers may take locks.
+        let default_action = [0u64; 4];
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            libc::SIGPIPE,
+            default_action.as_ptr(),
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        );
         let rc = if setup.new_session {
             libc::setsid()
         } else {
@@ -289,8 +352,14 @@ mod imp {
         if libc::chdir(program.cwd.as_ptr()) < 0 {
             return err();
         }
-        let empty: libc::sigset_t = std::mem::zeroed();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        let none = 0u64;
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &none as *const u64,
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        );
         libc::execve(
             program.path.as_ptr(),
             program.argv.as_ptr(),
@@ -343,7 +412,10 @@ mod tests {
             controlling_tty: false,
             cgroup: None,
         };
-        let pid = launch(&program, &setup)?;
+        let pid = launch(&program, &setup).map_err(|e| match e {
+            LaunchError::Child(e) | LaunchError::Clone(e) => e,
+            LaunchError::BornKilled => io::Error::other("born killed"),
+        })?;
         drop(out_w);
         let mut out = String::new();
         std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
@@ -394,8 +466,14 @@ mod tests {
             controlling_tty: false,
             cgroup: None,
         };
-        let e = launch(&missing, &setup).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        let child_errno = |e: LaunchError| match e {
+            LaunchError::Child(e) => e.raw_os_error(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            child_errno(launch(&missing, &setup).unwrap_err()),
+            Some(libc::ENOENT)
+        );
         let e = run("true", &[], "/nonexistent-dir").unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
         let plain = std::env::temp_dir().join(format!("launch-plain-{}", std::process::id()));
@@ -403,12 +481,7 @@ mod tests {
         let path = plain.to_str().unwrap().as_bytes().to_vec();
         let e = launch(&Program::new(&path, ["x"], [""; 0], b"/").unwrap(), &setup).unwrap_err();
         std::fs::remove_file(&plain).unwrap();
-        assert_eq!(e.raw_os_error(), Some(libc::EACCES));
-        // The failed children were reaped here: none is left to wait for.
-        let mut status = 0;
-        // SAFETY: waitpid with WNOHANG on any child of this test process.
-        let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-        assert!(r <= 0, "a failed child was left unreaped: {r}");
+        assert_eq!(child_errno(e), Some(libc::EACCES));
         assert!(Program::new(b"/bin/sh", ["a\0b"], [""; 0], b"/").is_err());
     }
 }

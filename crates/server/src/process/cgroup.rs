@@ -8,10 +8,11 @@
 //! such daemons with it — on `process/terminate`, session expiry and shutdown.
 //!
 //! The server makes `exec-server-<pid>-<12 hex>/` below its own cgroup in the first
-//! writable cgroup2 mount, and `p<n>/` below that per process; the child joins
-//! it between fork and exec (see [`ProcessCgroup::join_handles`]). That needs a
-//! `pre_exec` hook, so such children are started with fork rather than
-//! posix_spawn. Where there is no writable cgroup2 (no mount, no permission,
+//! writable cgroup2 mount, and `p<n>/` below that per process (eight made
+//! ahead; an emptied one is reused, a killed one never). An unconfined child
+//! without caps is born in it (`clone3`, see [`ProcessCgroup::join`]); others
+//! join it between fork and exec ([`ProcessCgroup::join_handles`]), which
+//! needs a `pre_exec` hook and so a fork. Where there is no writable cgroup2 (no mount, no permission,
 //! an unprivileged container), everything here is a no-op and the
 //! process-group kill of [`super::kill`] alone applies; [`Cgroups::available`]
 //! says which.
@@ -24,6 +25,9 @@ use std::sync::{Arc, Mutex};
 
 /// Most empty cgroups kept for reuse: 256.
 const POOLED_CGROUPS: usize = 256;
+/// Empty cgroups made ahead, at start and whenever a killed one is removed,
+/// so a start finds one ready (no `mkdir` on its path): 8.
+const PREFILLED_CGROUPS: usize = 8;
 
 /// One server's cgroups: its directory, the empty per-process cgroups kept
 /// for reuse, and where memory, task and CPU caps are held. Owned by the
@@ -41,7 +45,7 @@ struct Inner {
     /// Empty per-process cgroups kept for reuse: creating and removing a
     /// cgroup takes the kernel's global cgroup lock, which made concurrent
     /// starts several times slower. At most [`POOLED_CGROUPS`].
-    pool: Mutex<Vec<PathBuf>>,
+    pool: Mutex<Vec<Pooled>>,
     next: AtomicU64,
     /// Where each cap is held (see [`super::resources`]).
     places: Places,
@@ -63,14 +67,14 @@ impl Cgroups {
             Some(b) => Places::detect(b, &name),
             None => Places::none(),
         };
-        Cgroups {
-            inner: Arc::new(Inner {
-                base,
-                pool: Mutex::new(Vec::new()),
-                next: AtomicU64::new(1),
-                places,
-            }),
-        }
+        let inner = Arc::new(Inner {
+            base,
+            pool: Mutex::new(Vec::new()),
+            next: AtomicU64::new(1),
+            places,
+        });
+        inner.refill();
+        Cgroups { inner }
     }
 
     /// True when processes get a cgroup of their own.
@@ -86,34 +90,24 @@ impl Cgroups {
     /// Creates an empty cgroup for a process about to start; `None` where
     /// cgroups are unavailable (the process-group kill still applies).
     pub fn create(&self) -> Option<ProcessCgroup> {
-        let base = self.inner.base.as_ref()?;
-        if let Some(dir) = self.inner.pool().pop() {
-            return Some(ProcessCgroup {
-                dir,
-                caps: None,
-                owner: self.inner.clone(),
-                killed: Default::default(),
-            });
-        }
-        let dir = base.join(format!(
-            "p{}",
-            self.inner.next.fetch_add(1, Ordering::Relaxed)
-        ));
-        match std::fs::create_dir(&dir) {
-            Ok(()) => Some(ProcessCgroup {
-                dir,
-                caps: None,
-                owner: self.inner.clone(),
-                killed: Default::default(),
-            }),
-            Err(e) => {
-                tracing::warn!(
-                    "cannot make the cgroup {}: {e}; its daemons escape the cgroup kill",
-                    dir.display()
-                );
-                None
-            }
-        }
+        self.inner.base.as_ref()?;
+        let popped = self.inner.pool().pop();
+        let Pooled { dir } = match popped {
+            Some(p) => p,
+            None => match self.inner.fresh() {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("cannot make a cgroup: {e}; its daemons escape the cgroup kill");
+                    return None;
+                }
+            },
+        };
+        Some(ProcessCgroup {
+            dir,
+            caps: None,
+            owner: self.inner.clone(),
+            killed: Default::default(),
+        })
     }
 
     /// Kills every process in every per-process cgroup and removes the
@@ -133,9 +127,36 @@ impl Inner {
         self.places.remove_all();
     }
 
-    fn pool(&self) -> std::sync::MutexGuard<'_, Vec<PathBuf>> {
+    fn pool(&self) -> std::sync::MutexGuard<'_, Vec<Pooled>> {
         self.pool.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// A new empty cgroup below the server's directory.
+    fn fresh(&self) -> io::Result<Pooled> {
+        let base = self.base.as_ref().ok_or(io::ErrorKind::NotFound)?;
+        let dir = base.join(format!("p{}", self.next.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir(&dir)?;
+        Ok(Pooled { dir })
+    }
+
+    /// Tops the pool up to [`PREFILLED_CGROUPS`] (best effort).
+    fn refill(&self) {
+        if self.base.is_none() {
+            return;
+        }
+        while self.pool().len() < PREFILLED_CGROUPS {
+            match self.fresh() {
+                Ok(p) => self.pool().push(p),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// An empty cgroup ready for a process (no descriptor is held for it: a
+/// pool of 256 would hold 256).
+struct Pooled {
+    dir: PathBuf,
 }
 
 /// A server that goes away without a shutdown (an embedded one dropped, a
@@ -249,12 +270,12 @@ pub struct ProcessCgroup {
     caps: Option<super::resources::Caps>,
     /// The server's cgroups, whose pool it returns to.
     owner: Arc<Inner>,
-    /// Set once `cgroup.kill` was written: such a cgroup is never pooled.
-    /// Why: this kernel (6.18) kills every child later born into a cgroup
-    /// that was ever killed (`clone3(CLONE_INTO_CGROUP)` compares the
-    /// cgroup's kill count with the parent's), so a reused one would kill
-    /// the next command at once.
-    killed: std::sync::atomic::AtomicBool,
+    /// Set once `cgroup.kill` was written (by us, or seen by a child born
+    /// killed): such a cgroup is never pooled. Why: this kernel (6.18)
+    /// kills every child later born into a cgroup that was ever killed
+    /// (`clone3(CLONE_INTO_CGROUP)` compares the cgroup's kill count with
+    /// the parent's), so a reused one would kill the next command at once.
+    killed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ProcessCgroup {
@@ -299,11 +320,25 @@ impl ProcessCgroup {
             return Ok(Join {
                 dir: None,
                 procs: self.join_handles()?,
+                poisoned: None,
             });
         }
         Ok(Join {
             dir: Some(std::fs::File::open(&self.dir)?),
             procs: Vec::new(),
+            poisoned: Some(self.killed.clone()),
+        })
+    }
+
+    /// True when the cgroup can serve another process: read back empty and
+    /// not frozen (a cgroup that cannot be read, gone or broken, cannot).
+    fn reusable(&self) -> bool {
+        if self.caps.is_some() || self.killed.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::fs::read_to_string(self.dir.join("cgroup.events")).is_ok_and(|events| {
+            let has = |line: &str| events.lines().any(|l| l.trim() == line);
+            has("populated 0") && !has("frozen 1")
         })
     }
 
@@ -328,9 +363,18 @@ pub struct Join {
     pub dir: Option<std::fs::File>,
     /// `cgroup.procs` files to write `0` to between fork and exec.
     pub procs: Vec<std::fs::File>,
+    /// Its cgroup's "never reuse" mark.
+    poisoned: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Join {
+    /// Marks the cgroup never to be reused: it killed a child born in it.
+    pub fn poison(&self) {
+        if let Some(p) = &self.poisoned {
+            p.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// The `cgroup.procs` files to write to, for a start that cannot be
     /// born in the cgroup (sandboxed, or `clone3` refused).
     pub fn procs_handles(&self) -> io::Result<Vec<std::fs::File>> {
@@ -368,13 +412,17 @@ pub(super) fn kill_members(dir: &Path) {
 
 impl Drop for ProcessCgroup {
     fn drop(&mut self) {
-        if self.caps.is_none() && !self.killed.load(Ordering::Relaxed) && !self.is_populated() {
+        if self.reusable() {
             let mut pool = self.owner.pool();
             if pool.len() < POOLED_CGROUPS {
-                pool.push(std::mem::take(&mut self.dir));
+                pool.push(Pooled {
+                    dir: std::mem::take(&mut self.dir),
+                });
                 return;
             }
         }
         let _ = std::fs::remove_dir(&self.dir);
+        // Off any start's path: the next start finds a fresh one ready.
+        self.owner.refill();
     }
 }

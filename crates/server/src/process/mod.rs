@@ -582,6 +582,18 @@ impl Process {
         slot.as_ref().filter(|g| g.is_populated()).cloned()
     }
 
+    /// Gives its cgroup back once the process has closed with nothing left
+    /// in it, so the next start reuses it rather than making one; a daemon
+    /// left behind keeps it.
+    fn release_empty_cgroup(&self) {
+        let mut slot = self.cgroup.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|g| !g.is_populated()) {
+            let group = slot.take();
+            drop(slot);
+            drop(group);
+        }
+    }
+
     /// The memory or task cap that fired, read from its cgroup's counters.
     fn cap_exceeded(&self) -> Option<LimitReason> {
         self.cgroup

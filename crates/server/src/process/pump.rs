@@ -71,6 +71,7 @@ pub(super) async fn pump(
                     }
                 });
             }
+            proc.release_empty_cgroup();
             break;
         }
         let paused = lock(&proc.state).log.window_full();

@@ -211,6 +211,7 @@ pub fn start(
     let arg0 = exec.arg0.as_deref().unwrap_or(&exec.argv[0]);
     if let (None, Some(dir), true) = (sandbox, &join.dir, join.procs.is_empty()) {
         if BORN_IN_CGROUP.load(std::sync::atomic::Ordering::Relaxed) {
+            use exec_server_sysio::launch::LaunchError;
             match born_in_cgroup(exec, &program, arg0, dir.as_raw_fd()) {
                 Ok((pid, io, exit)) => {
                     return Ok(Started {
@@ -220,13 +221,25 @@ pub fn start(
                         confinement: None,
                     })
                 }
-                Err(e) if clone3_refused(&e) => {
-                    BORN_IN_CGROUP.store(false, std::sync::atomic::Ordering::Relaxed);
-                    tracing::info!(
-                        "clone3 into a cgroup refused ({e}); children join theirs after fork"
-                    );
+                Err(Launch::Setup(e)) | Err(Launch::Child(LaunchError::Child(e))) => {
+                    return Err(exec_failed(e))
                 }
-                Err(e) => return Err(exec_failed(e)),
+                // Nothing ran: this start goes the fork way, which joins
+                // the cgroup after fork (unaffected by a past kill).
+                Err(Launch::Child(LaunchError::BornKilled)) => {
+                    join.poison();
+                    tracing::info!("a cgroup killed what was born in it; not reused");
+                }
+                Err(Launch::Child(LaunchError::Clone(e))) => {
+                    if clone3_unavailable(&e) {
+                        BORN_IN_CGROUP.store(false, std::sync::atomic::Ordering::Relaxed);
+                        tracing::info!("clone3 into a cgroup unavailable ({e}); children join theirs after fork");
+                    } else {
+                        tracing::debug!(
+                            "clone3 into a cgroup refused ({e}); this child joins after fork"
+                        );
+                    }
+                }
             }
         }
     }
@@ -270,14 +283,50 @@ pub fn start(
 /// kernel, a seccomp filter): later starts go straight to the fork path.
 static BORN_IN_CGROUP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
-/// True for the errors of `clone3` itself that say "not here" rather than
-/// "this program": the caller falls back to fork and a `cgroup.procs` write.
-fn clone3_refused(e: &std::io::Error) -> bool {
+/// True for the errors of `clone3` that will not change for this server
+/// (no such call or option, a seccomp filter's refusal): every later start
+/// goes the fork way at once. Others (a cgroup gone or refused, no memory)
+/// send only the start that met them that way.
+fn clone3_unavailable(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::Unsupported
         || matches!(
             e.raw_os_error(),
-            Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG | libc::EOPNOTSUPP | libc::EBUSY)
+            Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG | libc::EPERM | libc::EOPNOTSUPP)
         )
+}
+
+/// Why [`born_in_cgroup`] started nothing: setting up the child's I/O
+/// failed here, or [`launch`](exec_server_sysio::launch::launch) failed.
+enum Launch {
+    Setup(std::io::Error),
+    Child(exec_server_sysio::launch::LaunchError),
+}
+
+impl From<std::io::Error> for Launch {
+    fn from(e: std::io::Error) -> Launch {
+        Launch::Setup(e)
+    }
+}
+
+/// [`reaper::spawn_and_watch`] of a [`launch`](exec_server_sysio::launch::launch).
+fn watched_launch(
+    prog: &exec_server_sysio::launch::Program,
+    setup: &exec_server_sysio::launch::Setup,
+) -> Result<(u32, tokio::sync::oneshot::Receiver<reaper::Exit>), Launch> {
+    let mut failed = None;
+    let watched =
+        reaper::spawn_and_watch(|| match exec_server_sysio::launch::launch(prog, setup) {
+            Ok(pid) => Ok((pid, pid)),
+            Err(e) => {
+                failed = Some(e);
+                Err(std::io::Error::other("launch failed"))
+            }
+        });
+    match (watched, failed) {
+        (Ok(w), _) => Ok(w),
+        (Err(_), Some(e)) => Err(Launch::Child(e)),
+        (Err(e), None) => Err(Launch::Setup(e)),
+    }
 }
 
 /// Starts an unconfined `exec` born in the cgroup open as `cgroup_dir`
@@ -289,8 +338,8 @@ fn born_in_cgroup(
     program: &Path,
     arg0: &str,
     cgroup_dir: std::os::fd::RawFd,
-) -> std::io::Result<Spawned> {
-    use exec_server_sysio::launch::{launch, Program, Setup};
+) -> Result<Spawned, Launch> {
+    use exec_server_sysio::launch::{Program, Setup};
     use std::os::unix::ffi::OsStrExt;
     let argv = std::iter::once(arg0).chain(exec.argv[1..].iter().map(String::as_str));
     let env = exec.env.iter().map(|(k, v)| format!("{k}={v}"));
@@ -311,7 +360,7 @@ fn born_in_cgroup(
                 controlling_tty: true,
                 cgroup: Some(cgroup_dir),
             };
-            let (pid, exit) = reaper::spawn_and_watch(|| launch(&prog, &setup).map(|p| (p, p)))?;
+            let (pid, exit) = watched_launch(&prog, &setup)?;
             // The master sees EOF (EIO) once every holder of the slave is gone.
             drop(pty.slave);
             Ok((pid, ChildIo::Pty { master: pty.master }, exit))
@@ -332,7 +381,7 @@ fn born_in_cgroup(
                 controlling_tty: false,
                 cgroup: Some(cgroup_dir),
             };
-            let (pid, exit) = reaper::spawn_and_watch(|| launch(&prog, &setup).map(|p| (p, p)))?;
+            let (pid, exit) = watched_launch(&prog, &setup)?;
             drop((in_child, out_w, err_w));
             Ok((
                 pid,
@@ -451,25 +500,34 @@ fn on_pipes(
     ))
 }
 
-/// A new PTY of `size`, both ends close-on-exec: a child spawned meanwhile
-/// must not inherit the slave, or this PTY would never report EOF.
-fn open_pty(size: PtySize) -> std::io::Result<nix::pty::OpenptyResult> {
-    let ws = nix::pty::Winsize {
-        ws_row: size.rows,
-        ws_col: size.cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    let pty = nix::pty::openpty(Some(&ws), None).map_err(std::io::Error::from)?;
-    set_cloexec(&pty.master)?;
-    set_cloexec(&pty.slave)?;
-    Ok(pty)
+/// A new PTY's two ends.
+struct Pty {
+    master: OwnedFd,
+    slave: OwnedFd,
 }
 
-fn set_cloexec(fd: &OwnedFd) -> std::io::Result<()> {
-    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-    fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(std::io::Error::from)?;
-    Ok(())
+/// A new PTY of `size`, both ends opened close-on-exec: a child another
+/// thread starts meanwhile must not inherit them (it could read or type on
+/// this terminal, and the master would never report EOF while it lives).
+/// `openpty(3)` opens them inheritable and cannot be used.
+fn open_pty(size: PtySize) -> std::io::Result<Pty> {
+    use nix::fcntl::OFlag;
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let master = nix::pty::posix_openpt(flags).map_err(std::io::Error::from)?;
+    nix::pty::grantpt(&master).map_err(std::io::Error::from)?;
+    nix::pty::unlockpt(&master).map_err(std::io::Error::from)?;
+    // SAFETY: the descriptor is the PtyMaster's, given up to the OwnedFd.
+    let master = unsafe { OwnedFd::from_raw_fd(master.into_raw_fd()) };
+    // SAFETY: TIOCGPTPEER opens the slave of the master `fd` with the flags
+    // given (Linux 4.13); the result is checked, then owned.
+    let slave = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, flags.bits()) };
+    if slave < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    set_pty_size(&master, size.cols, size.rows)?;
+    Ok(Pty { master, slave })
 }
 
 /// Sets a PTY's window size.
