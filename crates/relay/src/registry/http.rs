@@ -214,8 +214,9 @@ async fn upgrade(registry: Arc<Registry>, mut req: Request<Incoming>) -> Respons
         cfg.read_buffer_size = SOCKET_READ_BUFFER;
         cfg.max_message_size = Some(crate::frame::MAX_FRAME_BYTES);
         cfg.max_frame_size = Some(crate::frame::MAX_FRAME_BYTES);
+        // Large reads while the socket streams, none held while it idles.
         let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-            TokioIo::new(io),
+            super::burst::BurstReader::new(TokioIo::new(io)),
             Role::Server,
             Some(cfg),
         )
