@@ -47,8 +47,8 @@ async fn bridge(mut ch: Channel, url: String) {
             }
             m = source.next() => {
                 let bytes = match m {
-                    Some(Ok(Message::Text(t))) => t.as_str().as_bytes().to_vec(),
-                    Some(Ok(Message::Binary(b))) => b.to_vec(),
+                    Some(Ok(Message::Text(t))) => t.into(),
+                    Some(Ok(Message::Binary(b))) => b,
                     Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
                     Some(Ok(_)) => continue,
                 };

@@ -108,19 +108,19 @@ async fn stalled_neighbour(registry: &str, env: &str) -> exec_server_relay::stre
     let mut ch = harness::connect(&client, env, &me).await.expect("stream");
     let init = r#"{"id":1,"method":"initialize","params":{"clientName":"stalled"}}"#;
     ch.outbound
-        .send(init.as_bytes().to_vec())
+        .send(init.as_bytes().to_vec().into())
         .await
         .expect("send");
     ch.inbound.recv().await.expect("initialize answer");
     ch.outbound
-        .send(br#"{"method":"initialized"}"#.to_vec())
+        .send(br#"{"method":"initialized"}"#.to_vec().into())
         .await
         .expect("send");
     let start = serde_json::json!({
         "id": 2, "method": "process/start", "params": params("stalled", &["yes"]),
     });
     ch.outbound
-        .send(start.to_string().into_bytes())
+        .send(start.to_string().into_bytes().into())
         .await
         .expect("send");
     ch

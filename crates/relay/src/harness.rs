@@ -145,7 +145,7 @@ fn run_stream(
 ) -> Channel {
     let (mut send, mut recv) = halves(&stream_id, transport);
     let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(QUEUE);
-    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(QUEUE);
+    let (out_tx, mut out_rx) = mpsc::channel::<bytes::Bytes>(QUEUE);
     let (frame_tx, mut frame_rx) = mpsc::channel::<Message>(QUEUE);
     // Writer: frames from the sealer and pings onto the socket.
     let writer = tokio::spawn(async move {

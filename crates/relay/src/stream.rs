@@ -112,8 +112,9 @@ impl RecvHalf {
 pub struct Channel {
     /// Messages from the peer.
     pub inbound: tokio::sync::mpsc::Receiver<Vec<u8>>,
-    /// Messages to the peer.
-    pub outbound: tokio::sync::mpsc::Sender<Vec<u8>>,
+    /// Messages to the peer: shared bytes, so a frame the program also
+    /// keeps (an output log's chunk) is sealed from where it lies.
+    pub outbound: tokio::sync::mpsc::Sender<bytes::Bytes>,
     /// Description, e.g. `relay stream 1b4e…`.
     pub peer: String,
 }

@@ -72,7 +72,7 @@ async fn connect_when_attached(client: &RegistryClient, env: &str) -> Channel {
 }
 
 async fn echo(ch: &mut Channel, msg: &[u8]) {
-    ch.outbound.send(msg.to_vec()).await.unwrap();
+    ch.outbound.send(msg.to_vec().into()).await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(10), ch.inbound.recv())
         .await
         .unwrap();

@@ -174,7 +174,7 @@ async fn metrics_count_sockets_streams_and_bytes() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let msg = vec![5u8; 100_000];
-    ch.outbound.send(msg.clone()).await.unwrap();
+    ch.outbound.send(msg.clone().into()).await.unwrap();
     let back = tokio::time::timeout(Duration::from_secs(10), ch.inbound.recv())
         .await
         .unwrap()

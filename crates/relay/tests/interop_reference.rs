@@ -56,7 +56,7 @@ async fn roundtrip(
 ) -> serde_json::Value {
     let id = msg["id"].clone();
     ch.outbound
-        .send(serde_json::to_vec(&msg).unwrap())
+        .send(serde_json::to_vec(&msg).unwrap().into())
         .await
         .unwrap();
     loop {
@@ -119,7 +119,7 @@ async fn reference_executor_through_our_registry_to_our_harness() {
     .await;
     assert!(init["result"]["sessionId"].is_string(), "{init}");
     ch.outbound
-        .send(br#"{"method":"initialized"}"#.to_vec())
+        .send(br#"{"method":"initialized"}"#.to_vec().into())
         .await
         .unwrap();
     // A 100 kB request: two records, as the reference cuts them.

@@ -216,7 +216,7 @@ impl Mux<'_> {
     fn open(&self, stream_id: &str, id: u64, transport: Transport) -> (Active, Channel) {
         let (mut send, recv) = halves(stream_id, transport);
         let (in_tx, in_rx) = mpsc::channel(STREAM_QUEUE);
-        let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
+        let (out_tx, mut out_rx) = mpsc::channel::<bytes::Bytes>(STREAM_QUEUE);
         let out = self.out.clone();
         let events = self.events.clone();
         let sid = stream_id.to_string();

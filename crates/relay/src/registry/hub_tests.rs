@@ -40,7 +40,7 @@ fn flood_handler() -> StreamHandler {
                         None => return,
                     }
                 }
-                if ch.outbound.send(chunk.clone()).await.is_err() {
+                if ch.outbound.send(chunk.clone().into()).await.is_err() {
                     return;
                 }
                 credit = credit.saturating_sub(CHUNK);
@@ -90,7 +90,7 @@ async fn a_stalled_harness_does_not_hold_the_executors_other_streams() {
     let exec = tokio::spawn(executor::run(config, flood_handler()));
     let client = RegistryClient::new(&base, "harness", None, true).unwrap();
     let mut reader = harness_stream(&client, "flood").await;
-    reader.outbound.send(b"go".to_vec()).await.unwrap();
+    reader.outbound.send(b"go".to_vec().into()).await.unwrap();
     // Read (and acknowledge) all along, also while the other stream opens.
     let (counter, mut read) = tokio::sync::watch::channel(0usize);
     let reading = tokio::spawn(async move {
@@ -100,14 +100,18 @@ async fn a_stalled_harness_does_not_hold_the_executors_other_streams() {
             unacked += m.len();
             while unacked >= ACK_BYTES {
                 unacked -= ACK_BYTES;
-                if reader.outbound.send(b"more".to_vec()).await.is_err() {
+                if reader.outbound.send(b"more".to_vec().into()).await.is_err() {
                     return;
                 }
             }
         }
     });
     let mut stalled = harness_stream(&client, "flood").await;
-    stalled.outbound.send(b"flood".to_vec()).await.unwrap();
+    stalled
+        .outbound
+        .send(b"flood".to_vec().into())
+        .await
+        .unwrap();
     let since_stall = *read.borrow();
     // `stalled` is not read until the relay has reset it: its socket closes,
     // so its messages end after at most the budget (plus what the sockets

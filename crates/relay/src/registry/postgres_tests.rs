@@ -230,7 +230,7 @@ async fn a_database_restart_breaks_no_stream_and_new_connections_wait() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     async fn round_trip(ch: &mut Channel, msg: &[u8]) {
-        ch.outbound.send(msg.to_vec()).await.unwrap();
+        ch.outbound.send(msg.to_vec().into()).await.unwrap();
         let back = tokio::time::timeout(Duration::from_secs(10), ch.inbound.recv())
             .await
             .expect("an echo within 10 s")

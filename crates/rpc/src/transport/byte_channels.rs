@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 pub fn byte_channels(
     peer: String,
     mut inbound: mpsc::Receiver<Vec<u8>>,
-    outbound: mpsc::Sender<Vec<u8>>,
+    outbound: mpsc::Sender<bytes::Bytes>,
 ) -> Connection {
     let (conn, mut end) = binary_channel(peer);
     let closer = end.closer.clone();
@@ -52,13 +52,14 @@ pub fn byte_channels(
             };
             let message = match m {
                 None => break,
-                Some(Outgoing::Text(m)) => m.into_bytes(),
-                Some(Outgoing::Binary(frame)) => Vec::from(frame),
+                Some(Outgoing::Text(m)) => bytes::Bytes::from(m.into_bytes()),
+                // Shared, not copied: the output log keeps the same bytes.
+                Some(Outgoing::Binary(frame)) => frame,
                 Some(Outgoing::BinaryParts(head, payload)) => {
                     let mut frame = Vec::with_capacity(head.len() + payload.len());
                     frame.extend_from_slice(&head);
                     frame.extend_from_slice(&payload);
-                    frame
+                    bytes::Bytes::from(frame)
                 }
                 // Never queued: a channel does not stream text.
                 Some(Outgoing::Stream(_)) => break,
