@@ -265,6 +265,16 @@ async fn local_environment_runs_in_process() {
         .unwrap();
     let (out, code) = drain(&mut h).await;
     assert_eq!((out.as_slice(), code), (&b"local\n"[..], Some(4)));
+    // In-process messages cross as shared bytes: output is never base64.
+    assert!(env.client.binary_frames().await);
+    let mut h = env
+        .client
+        .start_process(exec_params("l2", &["seq", "1", "300000"]))
+        .await
+        .unwrap();
+    let (out, code) = drain(&mut h).await;
+    assert_eq!(code, Some(0));
+    assert!(out == expected_seq(300_000));
 }
 
 /// A file uploads byte for byte whether its blocks travel as binary frames

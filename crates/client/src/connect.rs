@@ -202,17 +202,17 @@ impl Source {
             }
             #[cfg(feature = "embedded")]
             Source::Embedded(EmbeddedServer(state)) => {
-                let (client_side, server_side) = tokio::io::duplex(1 << 20);
-                let (sr, sw) = tokio::io::split(server_side);
-                let server_conn = transport::lines(sr, sw, "embedded client".into());
+                // Messages cross as shared bytes, and binary frames are
+                // agreed as on a WebSocket: output is never base64 here.
+                let (client_conn, server_conn) =
+                    transport::channel_pair("embedded server".into(), "embedded client".into());
                 tokio::spawn(exec_server::connection::serve(
                     state.clone(),
                     server_conn,
                     "JSON-RPC message from embedded client".into(),
                     None,
                 ));
-                let (cr, cw) = tokio::io::split(client_side);
-                Ok(transport::lines(cr, cw, "embedded server".into()))
+                Ok(client_conn)
             }
         }
     }

@@ -1,6 +1,7 @@
 //! A connection over a pair of message channels: how a relay stream (our
 //! client's or our executor's) becomes an ordinary JSON-RPC connection,
-//! without this crate knowing anything of the relay.
+//! without this crate knowing anything of the relay, and how an embedded
+//! server and its client in one process talk ([`channel_pair`]).
 
 use super::{binary_channel, Inbound};
 use crate::{Connection, Outgoing};
@@ -13,10 +14,11 @@ use tokio::sync::mpsc;
 /// unless both ends agree on binary frames in `initialize`: only ours do,
 /// so a reference peer at the other end keeps JSON, while ours get the
 /// binary fast path (raw bytes instead of base64). Closing the connection
-/// ends both directions.
-pub fn byte_channels(
+/// ends both directions. `inbound` carries whole messages, owned
+/// (`Vec<u8>`) or shared (`Bytes`).
+pub fn byte_channels<M: Into<bytes::Bytes> + Send + 'static>(
     peer: String,
-    mut inbound: mpsc::Receiver<Vec<u8>>,
+    mut inbound: mpsc::Receiver<M>,
     outbound: mpsc::Sender<bytes::Bytes>,
 ) -> Connection {
     let (conn, mut end) = binary_channel(peer);
@@ -31,10 +33,12 @@ pub fn byte_channels(
                 _ = in_tx.closed() => None,
             };
             let Some(m) = m else { break };
+            let m: bytes::Bytes = m.into();
             let item = if binary::looks_binary(&m) {
-                Inbound::Binary(m.into())
+                Inbound::Binary(m)
             } else {
-                match String::from_utf8(m) {
+                // No copy for a message this process made (`Vec`-backed).
+                match String::from_utf8(Vec::from(m)) {
                     Ok(s) => Inbound::Message(s),
                     Err(_) => Inbound::Invalid("message is not valid UTF-8".into()),
                 }
@@ -72,4 +76,20 @@ pub fn byte_channels(
         inbound_pump.abort();
     });
     conn
+}
+
+/// Messages queued each way between an embedded server and its client.
+const PAIR_QUEUE: usize = 64;
+
+/// Two connected ends in one process, `a` and `b` named by their peers:
+/// messages cross as shared bytes, binary frames included, so an embedded
+/// server's output reaches its client without being encoded, copied or
+/// parsed as text.
+pub fn channel_pair(a_peer: String, b_peer: String) -> (Connection, Connection) {
+    let (a_tx, a_rx) = mpsc::channel::<bytes::Bytes>(PAIR_QUEUE);
+    let (b_tx, b_rx) = mpsc::channel::<bytes::Bytes>(PAIR_QUEUE);
+    (
+        byte_channels(a_peer, b_rx, a_tx),
+        byte_channels(b_peer, a_rx, b_tx),
+    )
 }
