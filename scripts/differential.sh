@@ -14,7 +14,7 @@ if [ -z "${REF_BIN:-}" ]; then
 fi
 echo "== client tests against the reference: $REF_BIN"
 EXEC_SERVER_TEST_SERVER_CMD="$REF_BIN exec-server --listen ws://127.0.0.1:0" \
-  cargo test --release -p exec-server-cli --test client -- --test-threads 2
+  cargo test --profile ci -p exec-server-cli --test integration -- client:: --test-threads 2
 status=$?
 echo "== exit $status (failures are differences from our server; see the note in BENCHMARKS.md / the issue)"
 exit $status
