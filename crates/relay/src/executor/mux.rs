@@ -36,6 +36,10 @@ pub const VALIDATION_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_QUEUE: usize = 256;
 /// Messages queued towards one stream's program.
 const STREAM_QUEUE: usize = 64;
+/// Bytes a harness may send on a stream the registry has not admitted yet:
+/// 256 KiB (its first requests are a few KB). Past it the stream is reset,
+/// so an unadmitted harness cannot make an executor hold more.
+pub const MAX_HELD_BYTES: usize = 256 * 1024;
 
 struct Active {
     id: u64,
@@ -90,8 +94,9 @@ struct Mux<'a> {
     active: HashMap<String, Active>,
     /// Streams awaiting the registry's `/validate`, by entry id.
     pending: HashMap<String, u64>,
-    /// The program's end of each held stream, given at admission.
-    held: HashMap<String, Channel>,
+    /// The program's end of each held stream, given at admission, and the
+    /// bytes its harness has sent meanwhile.
+    held: HashMap<String, (Channel, usize)>,
     next_id: u64,
     failures: u32,
     paused_until: Option<Instant>,
@@ -177,7 +182,7 @@ impl Mux<'_> {
         self.pending.insert(stream_id.clone(), id);
         let (active, channel) = self.open(&stream_id, id, transport);
         self.active.insert(stream_id.clone(), active);
-        self.held.insert(stream_id.clone(), channel);
+        self.held.insert(stream_id.clone(), (channel, 0));
         let ctx = self.ctx.clone();
         let events = self.events.clone();
         tokio::spawn(async move {
@@ -253,7 +258,7 @@ impl Mux<'_> {
             return; // reset or replaced meanwhile
         }
         self.pending.remove(&stream_id);
-        let channel = self.held.remove(&stream_id);
+        let channel = self.held.remove(&stream_id).map(|(c, _)| c);
         match channel {
             Some(channel) if admitted => (self.ctx.handler)(channel),
             _ => {
@@ -268,6 +273,17 @@ impl Mux<'_> {
         let Some(a) = self.active.get_mut(&stream_id) else {
             return self.reset(&stream_id);
         };
+        let over_budget = self.held.get_mut(&stream_id).is_some_and(|(_, sent)| {
+            *sent += payload.len();
+            *sent > MAX_HELD_BYTES
+        });
+        if over_budget {
+            tracing::debug!("relay stream sent too much before admission");
+            self.active.remove(&stream_id);
+            self.pending.remove(&stream_id);
+            self.held.remove(&stream_id);
+            return self.reset(&stream_id);
+        }
         let held = self.pending.contains_key(&stream_id);
         match a.recv.open(seq, payload) {
             Ok(msgs) if held => {
