@@ -244,14 +244,27 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// [`spawn_and_watch`] of a standard-library command: the child and the
+/// receiver of how it ended. Errors: the spawn's.
+pub fn spawn_command(
+    cmd: &mut std::process::Command,
+) -> std::io::Result<(std::process::Child, oneshot::Receiver<Exit>)> {
+    spawn_and_watch(|| {
+        let child = cmd.spawn()?;
+        let pid = child.id();
+        Ok::<_, std::io::Error>((child, pid))
+    })
+}
+
 /// Runs `spawn` under the spawn lock, registers a waiter for the pid it
 /// returns and starts waiting for that child alone. The receiver yields how
 /// it ended ([`Exit`]).
 ///
-/// Errors: `spawn`'s, or the waits' thread cannot be started.
-pub fn spawn_and_watch<T>(
-    spawn: impl FnOnce() -> std::io::Result<(T, u32)>,
-) -> std::io::Result<(T, oneshot::Receiver<Exit>)> {
+/// Errors: `spawn`'s (of any type that can also carry an OS error), or the
+/// waits' thread cannot be started.
+pub fn spawn_and_watch<T, E: From<std::io::Error>>(
+    spawn: impl FnOnce() -> Result<(T, u32), E>,
+) -> Result<(T, oneshot::Receiver<Exit>), E> {
     let r = reaper()?;
     let (value, pid) = {
         let _guard = lock(&r.spawn_lock);

@@ -12,6 +12,7 @@ use crate::noise::{PendingResponder, Transport};
 use crate::random::OsRandom;
 use crate::stream::{halves, Channel, RecvHalf};
 use futures_util::{SinkExt, StreamExt};
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,16 +88,23 @@ enum Event {
     },
 }
 
+/// A stream the registry has not admitted yet.
+struct Held {
+    /// Its routing entry's id, to match the registry's answer.
+    id: u64,
+    /// The program's end, given at admission.
+    channel: Channel,
+    /// Bytes its harness has sent meanwhile.
+    sent: usize,
+}
+
 struct Mux<'a> {
     ctx: &'a Arc<Ctx>,
     out: mpsc::Sender<Message>,
     events: mpsc::Sender<Event>,
     active: HashMap<String, Active>,
-    /// Streams awaiting the registry's `/validate`, by entry id.
-    pending: HashMap<String, u64>,
-    /// The program's end of each held stream, given at admission, and the
-    /// bytes its harness has sent meanwhile.
-    held: HashMap<String, (Channel, usize)>,
+    /// Streams awaiting the registry's `/validate` (held).
+    held: HashMap<String, Held>,
     next_id: u64,
     failures: u32,
     paused_until: Option<Instant>,
@@ -107,6 +115,12 @@ impl Mux<'_> {
         let f = Frame::reset(stream_id, RESET_PROTOCOL_ERROR).encode();
         // A full queue means the socket is stuck; the watchdog will end it.
         let _ = self.out.try_send(Message::Binary(f.into()));
+    }
+
+    /// Stops routing `stream_id`, held or admitted.
+    fn forget(&mut self, stream_id: &str) {
+        self.active.remove(stream_id);
+        self.held.remove(stream_id);
     }
 
     fn charge(&mut self) {
@@ -128,10 +142,9 @@ impl Mux<'_> {
     /// the harness sends is acted on, and nothing is sent to it, before the
     /// registry has agreed, and a refusal resets the stream.
     fn handshake(&mut self, stream_id: String, msg1: Vec<u8>) {
-        if self.pending.remove(&stream_id).is_some() {
+        if self.held.contains_key(&stream_id) {
             // A second msg1 while the first is judged: neither goes on.
-            self.active.remove(&stream_id);
-            self.held.remove(&stream_id);
+            self.forget(&stream_id);
             self.reset(&stream_id);
             return self.charge();
         }
@@ -140,7 +153,7 @@ impl Mux<'_> {
         }
         if self.paused_until.is_some_and(|t| Instant::now() < t)
             || self.active.len() >= MAX_ACTIVE_STREAMS
-            || self.pending.len() >= MAX_PENDING_VALIDATIONS
+            || self.held.len() >= MAX_PENDING_VALIDATIONS
         {
             return self.reset(&stream_id);
         }
@@ -179,10 +192,16 @@ impl Mux<'_> {
         }
         self.next_id += 1;
         let id = self.next_id;
-        self.pending.insert(stream_id.clone(), id);
         let (active, channel) = self.open(&stream_id, id, transport);
         self.active.insert(stream_id.clone(), active);
-        self.held.insert(stream_id.clone(), (channel, 0));
+        self.held.insert(
+            stream_id.clone(),
+            Held {
+                id,
+                channel,
+                sent: 0,
+            },
+        );
         let ctx = self.ctx.clone();
         let events = self.events.clone();
         tokio::spawn(async move {
@@ -254,18 +273,16 @@ impl Mux<'_> {
     /// The registry's answer for held stream `stream_id` (entry `id`): the
     /// program gets the stream, with what arrived meanwhile, or it is reset.
     fn validated(&mut self, stream_id: String, id: u64, admitted: bool) {
-        if self.pending.get(&stream_id) != Some(&id) {
-            return; // reset or replaced meanwhile
-        }
-        self.pending.remove(&stream_id);
-        let channel = self.held.remove(&stream_id).map(|(c, _)| c);
-        match channel {
-            Some(channel) if admitted => (self.ctx.handler)(channel),
-            _ => {
-                self.active.remove(&stream_id);
-                self.reset(&stream_id);
-                self.charge();
-            }
+        let held = match self.held.entry(stream_id.clone()) {
+            Entry::Occupied(e) if e.get().id == id => e.remove(),
+            _ => return, // reset or replaced meanwhile
+        };
+        if admitted {
+            (self.ctx.handler)(held.channel);
+        } else {
+            self.active.remove(&stream_id);
+            self.reset(&stream_id);
+            self.charge();
         }
     }
 
@@ -273,27 +290,20 @@ impl Mux<'_> {
         let Some(a) = self.active.get_mut(&stream_id) else {
             return self.reset(&stream_id);
         };
-        let over_budget = self.held.get_mut(&stream_id).is_some_and(|(_, sent)| {
-            *sent += payload.len();
-            *sent > MAX_HELD_BYTES
+        let held = self.held.get_mut(&stream_id).map(|h| {
+            h.sent += payload.len();
+            h.sent
         });
-        if over_budget {
-            tracing::debug!("relay stream sent too much before admission");
-            self.active.remove(&stream_id);
-            self.pending.remove(&stream_id);
-            self.held.remove(&stream_id);
-            return self.reset(&stream_id);
-        }
-        let held = self.pending.contains_key(&stream_id);
         match a.recv.open(seq, payload) {
-            Ok(msgs) if held => {
-                // Nobody reads a held stream yet: more than its queue before
-                // the registry answers is a harness not worth waiting for.
-                if msgs.into_iter().any(|m| a.inbound.try_send(m).is_err()) {
+            Ok(msgs) if held.is_some() => {
+                // Nobody reads a held stream yet: more than its budget or its
+                // queue before the registry answers is a harness not worth
+                // waiting for.
+                let over = held.is_some_and(|sent| sent > MAX_HELD_BYTES)
+                    || msgs.into_iter().any(|m| a.inbound.try_send(m).is_err());
+                if over {
                     tracing::debug!("relay stream sent too much before admission");
-                    self.active.remove(&stream_id);
-                    self.pending.remove(&stream_id);
-                    self.held.remove(&stream_id);
+                    self.forget(&stream_id);
                     self.reset(&stream_id);
                 }
             }
@@ -356,7 +366,6 @@ where
         out: out_tx,
         events: ev_tx,
         active: HashMap::new(),
-        pending: HashMap::new(),
         held: HashMap::new(),
         next_id: 0,
         failures: 0,
@@ -384,9 +393,7 @@ where
                     Body::Data { seq, payload, .. } => mux.data(stream_id, seq, payload).await,
                     Body::Reset { .. } => {
                         // The reason is unauthenticated: never logged.
-                        mux.active.remove(&stream_id);
-                        mux.pending.remove(&stream_id);
-                        mux.held.remove(&stream_id);
+                        mux.forget(&stream_id);
                     }
                     Body::Resume { .. } | Body::Ack | Body::Heartbeat => {}
                 }
@@ -395,9 +402,7 @@ where
                 Event::Validated { stream_id, id, admitted } => mux.validated(stream_id, id, admitted),
                 Event::Ended { stream_id, id } => {
                     if mux.active.get(&stream_id).is_some_and(|a| a.id == id) {
-                        mux.active.remove(&stream_id);
-                        mux.pending.remove(&stream_id);
-                        mux.held.remove(&stream_id);
+                        mux.forget(&stream_id);
                         mux.reset(&stream_id);
                     }
                 }

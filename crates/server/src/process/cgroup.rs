@@ -375,22 +375,20 @@ impl Join {
         }
     }
 
-    /// The `cgroup.procs` files to write to, for a start that cannot be
-    /// born in the cgroup (sandboxed, or `clone3` refused).
-    pub fn procs_handles(&self) -> io::Result<Vec<std::fs::File>> {
-        match &self.dir {
-            Some(dir) if self.procs.is_empty() => {
-                let fd = nix::fcntl::openat(
-                    dir,
-                    "cgroup.procs",
-                    nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
-                    nix::sys::stat::Mode::empty(),
-                )
-                .map_err(io::Error::from)?;
-                Ok(vec![std::fs::File::from(fd)])
-            }
-            _ => self.procs.iter().map(std::fs::File::try_clone).collect(),
-        }
+    /// The v2 cgroup's `cgroup.procs`, opened from its directory, for a
+    /// start that cannot be born in it (sandboxed, or `clone3` refused);
+    /// `None` when [`Self::procs`] already holds what to write to, or it
+    /// cannot be opened (the process-group kill still applies).
+    pub fn v2_procs(&self) -> Option<std::fs::File> {
+        let dir = self.dir.as_ref().filter(|_| self.procs.is_empty())?;
+        nix::fcntl::openat(
+            dir,
+            "cgroup.procs",
+            nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .ok()
+        .map(std::fs::File::from)
     }
 }
 

@@ -209,43 +209,19 @@ pub fn start(
         Some(_) => e,
     };
     let arg0 = exec.arg0.as_deref().unwrap_or(&exec.argv[0]);
-    if let (None, Some(dir), true) = (sandbox, &join.dir, join.procs.is_empty()) {
-        if BORN_IN_CGROUP.load(std::sync::atomic::Ordering::Relaxed) {
-            use exec_server_sysio::launch::LaunchError;
-            match born_in_cgroup(exec, &program, arg0, dir.as_raw_fd()) {
-                Ok((pid, io, exit)) => {
-                    return Ok(Started {
-                        pid,
-                        io,
-                        exit,
-                        confinement: None,
-                    })
-                }
-                Err(Launch::Setup(e)) | Err(Launch::Child(LaunchError::Child(e))) => {
-                    return Err(exec_failed(e))
-                }
-                // Nothing ran: this start goes the fork way, which joins
-                // the cgroup after fork (unaffected by a past kill).
-                Err(Launch::Child(LaunchError::BornKilled)) => {
-                    join.poison();
-                    tracing::info!("a cgroup killed what was born in it; not reused");
-                }
-                Err(Launch::Child(LaunchError::Clone(e))) => {
-                    if clone3_unavailable(&e) {
-                        BORN_IN_CGROUP.store(false, std::sync::atomic::Ordering::Relaxed);
-                        tracing::info!("clone3 into a cgroup unavailable ({e}); children join theirs after fork");
-                    } else {
-                        tracing::debug!(
-                            "clone3 into a cgroup refused ({e}); this child joins after fork"
-                        );
-                    }
-                }
-            }
+    if sandbox.is_none() {
+        if let Some(started) = try_born_in_cgroup(exec, &program, arg0, join) {
+            return started.map_err(exec_failed);
         }
     }
-    let procs = join.procs_handles().unwrap_or_default();
+    let v2_procs = join.v2_procs();
     // Raw descriptors collected before the fork: the child only iterates.
-    let cgroup_fds: Vec<std::os::fd::RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
+    let cgroup_fds: Vec<std::os::fd::RawFd> = join
+        .procs
+        .iter()
+        .chain(&v2_procs)
+        .map(|f| f.as_raw_fd())
+        .collect();
     let (mut cmd, guard, _fds) = match sandbox {
         None => {
             let mut cmd = Command::new(&program);
@@ -277,6 +253,49 @@ pub fn start(
         exit,
         confinement: confine(pid),
     })
+}
+
+/// Starts an unconfined `exec` born in its cgroup, when `join` allows it
+/// and `clone3` does; `None` when the start is to go the fork way instead
+/// (no cgroup, caps to join after fork, or `clone3` refused or killed the
+/// child at birth: nothing ran). Errors: the child's set-up or program.
+fn try_born_in_cgroup(
+    exec: &Exec,
+    program: &Path,
+    arg0: &str,
+    join: &super::cgroup::Join,
+) -> Option<std::io::Result<Started>> {
+    use exec_server_sysio::launch::LaunchError;
+    let dir = join.dir.as_ref().filter(|_| join.procs.is_empty())?;
+    if !BORN_IN_CGROUP.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    match born_in_cgroup(exec, program, arg0, dir.as_raw_fd()) {
+        Ok((pid, io, exit)) => Some(Ok(Started {
+            pid,
+            io,
+            exit,
+            confinement: None,
+        })),
+        Err(Launch::Setup(e)) | Err(Launch::Child(LaunchError::Child(e))) => Some(Err(e)),
+        // The fork way joins the cgroup after fork, unaffected by a past kill.
+        Err(Launch::Child(LaunchError::BornKilled)) => {
+            join.poison();
+            tracing::info!("a cgroup killed what was born in it; not reused");
+            None
+        }
+        Err(Launch::Child(LaunchError::Clone(e))) => {
+            if clone3_unavailable(&e) {
+                BORN_IN_CGROUP.store(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(
+                    "clone3 into a cgroup unavailable ({e}); children join theirs after fork"
+                );
+            } else {
+                tracing::debug!("clone3 into a cgroup refused ({e}); this child joins after fork");
+            }
+            None
+        }
+    }
 }
 
 /// False once `clone3` refused to place a child in its cgroup (an old
@@ -313,20 +332,11 @@ fn watched_launch(
     prog: &exec_server_sysio::launch::Program,
     setup: &exec_server_sysio::launch::Setup,
 ) -> Result<(u32, tokio::sync::oneshot::Receiver<reaper::Exit>), Launch> {
-    let mut failed = None;
-    let watched =
-        reaper::spawn_and_watch(|| match exec_server_sysio::launch::launch(prog, setup) {
-            Ok(pid) => Ok((pid, pid)),
-            Err(e) => {
-                failed = Some(e);
-                Err(std::io::Error::other("launch failed"))
-            }
-        });
-    match (watched, failed) {
-        (Ok(w), _) => Ok(w),
-        (Err(_), Some(e)) => Err(Launch::Child(e)),
-        (Err(e), None) => Err(Launch::Setup(e)),
-    }
+    reaper::spawn_and_watch(|| {
+        exec_server_sysio::launch::launch(prog, setup)
+            .map(|pid| (pid, pid))
+            .map_err(Launch::Child)
+    })
 }
 
 /// Starts an unconfined `exec` born in the cgroup open as `cgroup_dir`
@@ -428,11 +438,7 @@ fn on_a_pty(
             Ok(())
         });
     }
-    let (child, exit) = reaper::spawn_and_watch(|| {
-        let child = cmd.spawn()?;
-        let pid = child.id();
-        Ok((child, pid))
-    })?;
+    let (child, exit) = reaper::spawn_command(&mut cmd)?;
     let pid = child.id();
     // Our copies of the slave were moved into `cmd` and are closed with it, so
     // the master sees EOF (EIO) once every process holding the slave is gone.
@@ -472,11 +478,7 @@ fn on_pipes(
             });
         }
     }
-    let (mut child, exit) = reaper::spawn_and_watch(|| {
-        let child = cmd.spawn()?;
-        let pid = child.id();
-        Ok((child, pid))
-    })?;
+    let (mut child, exit) = reaper::spawn_command(&mut cmd)?;
     let pid = child.id();
     let stdin = child.stdin.take().map(OwnedFd::from);
     let stdout = child

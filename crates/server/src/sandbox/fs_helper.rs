@@ -179,12 +179,7 @@ impl Helper {
             .stdin(Stdio::piped())
             .stdout(Stdio::from(theirs))
             .stderr(Stdio::piped());
-        let (mut child, exit) = reaper::spawn_and_watch(|| {
-            let child = command.spawn()?;
-            let pid = child.id();
-            Ok((child, pid))
-        })
-        .map_err(cannot_start)?;
+        let (mut child, exit) = reaper::spawn_command(&mut command).map_err(cannot_start)?;
         // Our copies of the child's ends, so its exit is seen as end of file.
         drop(command);
         drop(fds);
