@@ -7,7 +7,10 @@
 //! ```
 //!
 //! Prints `127.0.0.1:PORT` (where it listens) on its first line, then serves
-//! until killed. Bytes keep their order; throughput is not limited.
+//! until killed. Bytes keep their order; throughput is not limited. With
+//! `ONE_WAY_MS` 0 it is a plain forwarder (256 KiB buffers, no timer, no
+//! per-chunk allocation): the floor for any relay in user space, one extra
+//! hop with no framing and no crypto.
 
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -71,6 +74,17 @@ async fn main() {
             };
             let _ = inbound.set_nodelay(true);
             let _ = outbound.set_nodelay(true);
+            if delay.is_zero() {
+                let (mut inbound, mut outbound) = (inbound, outbound);
+                let _ = tokio::io::copy_bidirectional_with_sizes(
+                    &mut inbound,
+                    &mut outbound,
+                    256 * 1024,
+                    256 * 1024,
+                )
+                .await;
+                return;
+            }
             let (ir, iw) = inbound.into_split();
             let (or, ow) = outbound.into_split();
             tokio::join!(delayed_copy(ir, ow, delay), delayed_copy(or, iw, delay));
