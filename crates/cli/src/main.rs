@@ -8,6 +8,7 @@ mod forward;
 mod generate;
 mod registry;
 mod serve;
+mod upgrade;
 
 use clap::{Parser, Subcommand};
 
@@ -86,6 +87,9 @@ enum Command {
     Registry(registry::RegistryArgs),
     /// Bridge a listening exec-server into a registry, stream by stream.
     Forward(forward::ForwardArgs),
+    /// Upgrade a running server to a new binary without stopping what it
+    /// runs: sessions, processes, terminals and output are handed over.
+    Upgrade(upgrade::UpgradeArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(generate::CompletionsArgs),
     /// Print the man page (roff), e.g. `exec-server man > exec-server.1`.
@@ -164,6 +168,20 @@ fn main() {
     {
         std::process::exit(exec_server::sandbox::fs_helper::serve());
     }
+    // The question an upgrading server asks its successor first.
+    if args
+        .get(1)
+        .is_some_and(|a| a == exec_server::handover::VERSION_FLAG)
+    {
+        println!("{}", exec_server::handover::version_line());
+        std::process::exit(0);
+    }
+    if args
+        .get(1)
+        .is_some_and(|a| a == exec_server::handover::CHECK_FLAG)
+    {
+        std::process::exit(upgrade::check_state(args.get(2)));
+    }
     alloc::tune();
     let cli = Cli::parse();
     let otlp = init_logging(cli.log_format, cli.otlp_endpoint.as_deref());
@@ -189,6 +207,7 @@ fn main() {
             Some(Command::Kill(args)) => commands::kill::kill(args).await,
             Some(Command::Registry(args)) => registry::run(args).await,
             Some(Command::Forward(args)) => forward::run(args).await,
+            Some(Command::Upgrade(args)) => upgrade::run(args).await,
             Some(Command::Completions(args)) => generate::completions(args),
             Some(Command::Man) => generate::man(),
         }

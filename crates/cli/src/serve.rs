@@ -353,6 +353,24 @@ pub async fn run(args: ServeArgs) -> i32 {
             }
         });
     }
+    // The state a previous image of this process handed over (an upgrade):
+    // its children are waited for again before anything else can reap them.
+    let mut inherited = match exec_server::handover::restore::take() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("exec-server: cannot take over from the previous binary: {e}");
+            return 1;
+        }
+    };
+    if let Some(i) = inherited.as_mut() {
+        if let Err(e) = i.adopt_children() {
+            eprintln!("exec-server: cannot wait for the previous binary's processes: {e}");
+            return 1;
+        }
+    }
+    // This binary's path as started: `exec-server upgrade` and SIGUSR2
+    // re-read it from disk.
+    let own_path = std::env::current_exe().unwrap_or_default();
     let addr: ListenAddr = match args.listen.parse() {
         Ok(a) => a,
         Err(e) => {
@@ -420,8 +438,17 @@ pub async fn run(args: ServeArgs) -> i32 {
         },
         None => None,
     };
+    let handed = inherited.as_mut().and_then(|i| i.take_listener());
     let listener = if args.remote.remote.is_some() {
         None
+    } else if let Some((fd, kind, url)) = handed {
+        match listen::Listener::inherited(fd, &kind, &url) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("exec-server: {e}");
+                return 1;
+            }
+        }
     } else {
         match listen::bind(&addr).await {
             Ok(l) => Some(l),
@@ -440,6 +467,7 @@ pub async fn run(args: ServeArgs) -> i32 {
                 .filter_map(|(l, _)| l.local_addr().ok().map(|a| a.port())),
         )
         .collect();
+    let mut inherited_url = false;
     let config = ServerConfig {
         concurrent_requests: args.concurrent_requests.max(1),
         detached_session_ttl: Duration::from_secs(args.detached_session_ttl),
@@ -475,7 +503,7 @@ pub async fn run(args: ServeArgs) -> i32 {
             _ => Vec::new(),
         },
     };
-    let state = match ServerState::new(config.clone()) {
+    let state = match ServerState::new_inherited(config.clone(), inherited.as_mut()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("exec-server: cannot start: {e}");
@@ -491,6 +519,17 @@ pub async fn run(args: ServeArgs) -> i32 {
         eprintln!("exec-server: {e}");
         state.shutdown();
         return 2;
+    }
+    if let Some(mut i) = inherited.take() {
+        let control = i.take_control();
+        let (began, refused) = (i.began_ms(), i.refused().map(str::to_string));
+        tracing::info!(
+            from = i.written_by(),
+            "taking over from the previous binary"
+        );
+        let adopted = state.adopt(i);
+        crate::upgrade::report(control, began, refused.as_deref(), &adopted);
+        inherited_url = true;
     }
     if let Some((listener, addr)) = metrics {
         let url = format!("http://{}/metrics", listener.local_addr().unwrap_or(addr));
@@ -510,7 +549,8 @@ pub async fn run(args: ServeArgs) -> i32 {
         ListenAddr::Unix(p) => Some(p.clone()),
         _ => None,
     };
-    if !matches!(addr, ListenAddr::Stdio) {
+    // After an upgrade the URL was printed already, by the first binary.
+    if !matches!(addr, ListenAddr::Stdio) && !inherited_url {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", listener.url());
         let _ = out.flush();
@@ -543,17 +583,58 @@ pub async fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
-    tokio::select! {
-        _ = listen::serve(listener, state.clone()) => tracing::info!("connection ended"),
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        _ = stdin_closed => tracing::info!("stdin closed: shutting down"),
+    let handover = listener.handover();
+    let control = handover
+        .as_ref()
+        .and_then(|_| crate::upgrade::Control::bind());
+    let mut usr2 =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2()).ok();
+    let serving = listen::serve(listener, state.clone());
+    tokio::pin!(serving);
+    tokio::pin!(stdin_closed);
+    loop {
+        let (binary, reply) = tokio::select! {
+            _ = &mut serving => { tracing::info!("connection ended"); break }
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break }
+            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: shutting down"); break }
+            _ = &mut stdin_closed => { tracing::info!("stdin closed: shutting down"); break }
+            Some(()) = recv_opt(&mut usr2) => (None, None),
+            (binary, reply) = accept_opt(control.as_ref(), &state) => (binary, Some(reply)),
+        };
+        if handover.is_none() {
+            tracing::warn!(
+                "upgrade asked for, but a stdio server's one connection cannot be handed over"
+            );
+            continue;
+        }
+        tracing::info!("upgrade asked for");
+        crate::upgrade::perform(&state, binary, &own_path, handover.clone(), reply).await;
     }
+    drop(control);
     state.shutdown();
     if let Some(p) = unix_path {
         let _ = std::fs::remove_file(p);
     }
     0
+}
+
+/// The next signal of `sig`; never when it could not be installed.
+async fn recv_opt(sig: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match sig {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next upgrade request on `control`; never without one.
+async fn accept_opt(
+    control: Option<&crate::upgrade::Control>,
+    state: &ServerState,
+) -> (Option<PathBuf>, std::os::unix::net::UnixStream) {
+    match control {
+        Some(c) => c.accept(state).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Warns (at `warn`, so on stderr with the default filter) that `what`, a

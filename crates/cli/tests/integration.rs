@@ -28,3 +28,4 @@ mod sandbox_fs;
 mod shell_snapshot;
 mod tracing_otlp;
 mod transports;
+mod upgrade;

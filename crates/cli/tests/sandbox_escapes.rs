@@ -63,6 +63,8 @@ impl UnixServer {
             .unwrap()
             .flatten()
             .map(|e| e.path())
+            // Beside it: the server's upgrade control socket.
+            .filter(|p| p.is_dir())
             .collect();
         assert_eq!(dirs.len(), 1, "one live server: {dirs:?}");
         dirs[0].clone()

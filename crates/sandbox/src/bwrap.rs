@@ -54,6 +54,26 @@ pub struct Guard {
     _placeholders: Vec<Placeholder>,
 }
 
+impl Guard {
+    /// The host paths of its placeholders, for a server handing its
+    /// running sandboxes over to a new binary ([`Guard::adopt`]).
+    pub fn placeholder_paths(&self) -> Vec<std::path::PathBuf> {
+        self._placeholders
+            .iter()
+            .map(|p| p.path().to_path_buf())
+            .collect()
+    }
+
+    /// The guard a previous image of this process held for a child that
+    /// still runs: its placeholders at `paths`, counted again (never
+    /// created: a path that is gone stays gone).
+    pub fn adopt(paths: &[std::path::PathBuf]) -> Guard {
+        Guard {
+            _placeholders: paths.iter().map(|p| Placeholder::adopt(p)).collect(),
+        }
+    }
+}
+
 /// A command ready for stdio, environment and spawning. The caller sets the
 /// environment (passed through unchanged to the command), stdio and process
 /// group; it must not clear the inherited descriptors the command refers to.

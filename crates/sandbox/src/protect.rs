@@ -57,6 +57,16 @@ impl Placeholder {
         }
     }
 
+    /// One more use of the placeholder at `path`, made by a previous image
+    /// of this process (an upgrade): counted, not created.
+    pub fn adopt(path: &Path) -> Placeholder {
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        *reg.entry(path.to_path_buf()).or_insert(0) += 1;
+        Placeholder {
+            path: path.to_path_buf(),
+        }
+    }
+
     /// The placeholder's path.
     pub fn path(&self) -> &Path {
         &self.path

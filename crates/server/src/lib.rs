@@ -25,6 +25,7 @@ pub mod env_info;
 pub mod error;
 pub mod fs;
 pub mod handlers;
+pub mod handover;
 pub mod http;
 pub mod link;
 pub mod listen;
@@ -243,16 +244,31 @@ pub struct ServerState {
 impl ServerState {
     /// Builds the state and starts the child reaper. Must run inside a Tokio runtime.
     pub fn new(config: ServerConfig) -> std::io::Result<Arc<Self>> {
+        Self::new_inherited(config, None)
+    }
+
+    /// [`ServerState::new`] for the image an upgrade started: it keeps the
+    /// previous image's runtime directory and cgroups (its processes stay
+    /// in them). Call [`handover::restore::Inherited::adopt_children`]
+    /// first, then [`ServerState::adopt`].
+    pub fn new_inherited(
+        config: ServerConfig,
+        mut inherited: Option<&mut handover::restore::Inherited>,
+    ) -> std::io::Result<Arc<Self>> {
         reaper::install(config.reap_orphans)?;
         let spool = match &config.output_spool {
             Some(c) => c.open()?,
             None => None,
         };
         let run_base = rundir::RuntimeDir::base();
-        let runtime_dir = rundir::RuntimeDir::create(&run_base).map_err(|e| {
-            tracing::warn!("no runtime directory: {e}");
-            format!("{}: {e}", run_base.display())
-        });
+        let kept_dir = inherited.as_mut().and_then(|i| i.take_runtime_dir());
+        let runtime_dir = match kept_dir {
+            Some(d) => Ok(d),
+            None => rundir::RuntimeDir::create(&run_base).map_err(|e| {
+                tracing::warn!("no runtime directory: {e}");
+                format!("{}: {e}", run_base.display())
+            }),
+        };
         let mut hidden = config.hidden_paths.clone();
         hidden.push(run_base);
         hidden.extend(spool.as_ref().map(|s| s.dir().to_path_buf()));
@@ -261,7 +277,10 @@ impl ServerState {
             config.allow_unsandboxed,
             hidden,
         );
-        let cgroups = process::cgroup::Cgroups::new(config.process_cgroups);
+        let cgroups = process::cgroup::Cgroups::adopt(
+            config.process_cgroups,
+            inherited.as_ref().and_then(|i| i.cgroups()),
+        );
         let env_info =
             env_info::environment_info(sandbox.enforced(), cgroups.places(), &config.prepend_path);
         let host = process::Host {
@@ -271,6 +290,7 @@ impl ServerState {
                 .filter_map(|d| d.to_path().ok())
                 .collect(),
             cgroups,
+            handover: Default::default(),
         };
         let fs_mode = if config.concurrent_requests > 1 {
             Mode::Detached

@@ -82,6 +82,39 @@ impl Listener {
         }
     }
 
+    /// What an upgrade hands over: the socket's descriptor, `ws` or `unix`,
+    /// the URL. `None` for stdio, whose one connection cannot cross.
+    pub fn handover(&self) -> Option<(std::os::fd::RawFd, &'static str, String)> {
+        use std::os::fd::AsRawFd;
+        match self {
+            Listener::WebSocket(l, _) => Some((l.as_raw_fd(), "ws", self.url())),
+            Listener::Unix(l, _) => Some((l.as_raw_fd(), "unix", self.url())),
+            Listener::Stdio => None,
+        }
+    }
+
+    /// The listener a previous image of this process handed over
+    /// ([`Listener::handover`]). Errors: an unknown kind or URL, or a
+    /// descriptor that is not such a socket.
+    pub fn inherited(fd: std::os::fd::OwnedFd, kind: &str, url: &str) -> std::io::Result<Listener> {
+        let bad = || std::io::Error::other(format!("cannot take over listener {kind} {url}"));
+        match (kind, url.parse::<ListenAddr>().map_err(|_| bad())?) {
+            ("ws", ListenAddr::WebSocket(_)) => {
+                let l = std::net::TcpListener::from(fd);
+                l.set_nonblocking(true)?;
+                let l = TcpListener::from_std(l)?;
+                let local = l.local_addr()?;
+                Ok(Listener::WebSocket(l, local))
+            }
+            ("unix", ListenAddr::Unix(path)) => {
+                let l = std::os::unix::net::UnixListener::from(fd);
+                l.set_nonblocking(true)?;
+                Ok(Listener::Unix(UnixListener::from_std(l)?, path))
+            }
+            _ => Err(bad()),
+        }
+    }
+
     /// The URL clients use, printed on start: `ws://127.0.0.1:PORT`, `stdio`,
     /// `unix:///path`.
     pub fn url(&self) -> String {

@@ -166,6 +166,9 @@ fn reap_all() {
 /// Collects `pid` if it has exited (never blocks); `false` while it runs.
 fn reap_one(r: &Reaper, pid: i32) -> bool {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    // Under the spawn lock, as every collecting wait: [`freeze`] then knows
+    // that no status is between `waitpid` and its waiter.
+    let _collecting = lock(&r.spawn_lock);
     match waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
         Ok(WaitStatus::StillAlive) => false,
         Ok(status) => {
@@ -177,6 +180,28 @@ fn reap_one(r: &Reaper, pid: i32) -> bool {
         // Collected already (by the orphan reaper), or not our child.
         Err(_) => true,
     }
+}
+
+/// Holds every wait that collects a child (and every spawn) until dropped,
+/// so an upgrade hands over each child either still waitable or with its
+/// status already delivered (`Err` only where the reaper cannot start).
+pub fn freeze() -> std::io::Result<MutexGuard<'static, ()>> {
+    Ok(lock(&reaper()?.spawn_lock))
+}
+
+/// Waits for `pid`, a child a previous image of this process started (an
+/// upgrade; the pid stays this process's child across `execve`). Call it
+/// before [`install`] turns orphan reaping on, or the orphan reaper could
+/// collect the child first. Errors: the reaper cannot start.
+pub fn adopt(pid: u32) -> std::io::Result<oneshot::Receiver<Exit>> {
+    let r = reaper()?;
+    let (tx, rx) = oneshot::channel();
+    {
+        let _guard = lock(&r.spawn_lock);
+        lock(&r.waiters).insert(pid as i32, tx);
+    }
+    watch(r, pid as i32);
+    Ok(rx)
 }
 
 fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {

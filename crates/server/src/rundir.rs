@@ -80,7 +80,48 @@ impl RuntimeDir {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The descriptor holding its lock, which an upgrade keeps open across
+    /// the `execve` (the lock then never lapses, so no sweep takes the
+    /// directory meanwhile).
+    pub fn lock_fd(&self) -> std::os::fd::RawFd {
+        self._lock.as_raw_fd()
+    }
+
+    /// The directory a previous image of this process made and still
+    /// locks through `lock` ([`RuntimeDir::lock_fd`]).
+    pub fn adopt(path: PathBuf, lock: File) -> RuntimeDir {
+        RuntimeDir { path, _lock: lock }
+    }
 }
+
+/// The socket `exec-server upgrade` reaches the server with pid `pid`
+/// through: `control-<pid>.sock` in `base` (this user's, mode 0700).
+pub fn control_socket(base: &Path, pid: u32) -> PathBuf {
+    base.join(format!("{CONTROL_PREFIX}{pid}.sock"))
+}
+
+/// The pids of the servers with a control socket in `base`.
+pub fn control_sockets(base: &Path) -> Vec<(u32, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let pid = name
+                .to_str()?
+                .strip_prefix(CONTROL_PREFIX)?
+                .strip_suffix(".sock")?
+                .parse()
+                .ok()?;
+            Some((pid, e.path()))
+        })
+        .collect()
+}
+
+const CONTROL_PREFIX: &str = "control-";
 
 impl Drop for RuntimeDir {
     fn drop(&mut self) {
@@ -125,7 +166,13 @@ fn sweep(base: &Path) {
         let path = entry.path();
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let dead = if name.starts_with(NEW_PREFIX) {
+        let dead = if let Some(pid) = name
+            .strip_prefix(CONTROL_PREFIX)
+            .and_then(|n| n.strip_suffix(".sock"))
+        {
+            // A control socket lives as long as its server's pid.
+            !Path::new("/proc").join(pid).exists()
+        } else if name.starts_with(NEW_PREFIX) {
             entry
                 .metadata()
                 .and_then(|m| m.modified())
@@ -137,7 +184,11 @@ fn sweep(base: &Path) {
         };
         if dead {
             tracing::info!("removing {} (its server is gone)", path.display());
-            let _ = std::fs::remove_dir_all(&path);
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir_all(&path);
+            } else {
+                let _ = std::fs::remove_file(&path);
+            }
         }
     }
 }

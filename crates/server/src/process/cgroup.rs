@@ -77,6 +77,50 @@ impl Cgroups {
         Cgroups { inner }
     }
 
+    /// This server's cgroups written down for the next image of the
+    /// process (an upgrade); `None` when per-process cgroups are off.
+    pub fn parts(&self) -> Option<CgroupsParts> {
+        Some(CgroupsParts {
+            base: self.inner.base.clone()?,
+            next: self.inner.next.load(Ordering::Relaxed),
+            pool: self.inner.pool().iter().map(|p| p.dir.clone()).collect(),
+        })
+    }
+
+    /// The cgroups a previous image of this process made ([`Cgroups::parts`]):
+    /// the same directory (its processes stay where they are), pool and
+    /// names. Without parts, or with `enabled` off, as [`Cgroups::new`].
+    pub fn adopt(enabled: bool, parts: Option<CgroupsParts>) -> Cgroups {
+        let Some(parts) = parts.filter(|_| enabled) else {
+            return Cgroups::new(enabled);
+        };
+        let name = parts
+            .base
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let places = Places::detect(&parts.base, &name);
+        let inner = Arc::new(Inner {
+            base: Some(parts.base),
+            pool: Mutex::new(parts.pool.into_iter().map(|dir| Pooled { dir }).collect()),
+            next: AtomicU64::new(parts.next),
+            places,
+        });
+        inner.refill();
+        Cgroups { inner }
+    }
+
+    /// The cgroup a previous image of this process gave a process that
+    /// still runs ([`ProcessCgroup::parts`]).
+    pub fn adopt_process(&self, parts: ProcessCgroupParts) -> ProcessCgroup {
+        ProcessCgroup {
+            dir: parts.dir,
+            caps: parts.caps.map(super::resources::Caps::from_parts),
+            owner: self.inner.clone(),
+            killed: Arc::new(std::sync::atomic::AtomicBool::new(parts.killed)),
+        }
+    }
+
     /// True when processes get a cgroup of their own.
     pub fn available(&self) -> bool {
         self.inner.base.is_some()
@@ -278,7 +322,32 @@ pub struct ProcessCgroup {
     killed: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// A server's [`Cgroups`] written down for an upgrade.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CgroupsParts {
+    base: PathBuf,
+    next: u64,
+    pool: Vec<PathBuf>,
+}
+
+/// A [`ProcessCgroup`] written down for an upgrade.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ProcessCgroupParts {
+    dir: PathBuf,
+    killed: bool,
+    caps: Option<super::resources::CapsParts>,
+}
+
 impl ProcessCgroup {
+    /// Writes the cgroup down for the next image of this process.
+    pub fn parts(&self) -> ProcessCgroupParts {
+        ProcessCgroupParts {
+            dir: self.dir.clone(),
+            killed: self.killed.load(Ordering::Relaxed),
+            caps: self.caps.as_ref().map(|c| c.parts()),
+        }
+    }
+
     /// Writes the memory, task and CPU caps `limits` asks for (see
     /// [`super::resources`]). Errors: a cap that cannot hold, named.
     pub fn set_caps(

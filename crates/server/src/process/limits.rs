@@ -103,7 +103,73 @@ pub struct Watch {
     grace: Duration,
 }
 
+/// A [`Watch`] written down for the next image of the server (an upgrade):
+/// each instant as milliseconds from the moment it was written, negative
+/// for one already past.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct WatchParts {
+    deadline_in_ms: Option<i64>,
+    idle_ms: Option<u64>,
+    last_output_in_ms: i64,
+    max_output: Option<u64>,
+    output: u64,
+    fired: Option<(LimitReason, i64)>,
+    terminated: bool,
+    kill_in_ms: Option<i64>,
+    grace_ms: u64,
+}
+
+/// `at` as milliseconds from `now` (negative when past).
+fn offset_ms(at: Instant, now: Instant) -> i64 {
+    if at >= now {
+        (at - now).as_millis().min(i64::MAX as u128) as i64
+    } else {
+        -((now - at).as_millis().min(i64::MAX as u128) as i64)
+    }
+}
+
+/// The instant `ms` milliseconds from `now`.
+fn at_offset(ms: i64, now: Instant) -> Instant {
+    let d = Duration::from_millis(ms.unsigned_abs());
+    if ms >= 0 {
+        now + d
+    } else {
+        now.checked_sub(d).unwrap_or(now)
+    }
+}
+
 impl Watch {
+    /// Writes the watch down at `now`.
+    pub fn parts(&self, now: Instant) -> WatchParts {
+        WatchParts {
+            deadline_in_ms: self.deadline.map(|d| offset_ms(d, now)),
+            idle_ms: self.idle.map(|d| d.as_millis() as u64),
+            last_output_in_ms: offset_ms(self.last_output, now),
+            max_output: self.max_output,
+            output: self.output,
+            fired: self.fired.map(|(r, at)| (r, offset_ms(at, now))),
+            terminated: self.terminated,
+            kill_in_ms: self.kill_at.map(|k| offset_ms(k, now)),
+            grace_ms: self.grace.as_millis() as u64,
+        }
+    }
+
+    /// The watch [`Watch::parts`] wrote down, read at `now`: each deadline
+    /// keeps the time it had left.
+    pub fn from_parts(p: &WatchParts, now: Instant) -> Watch {
+        Watch {
+            deadline: p.deadline_in_ms.map(|ms| at_offset(ms, now)),
+            idle: p.idle_ms.map(Duration::from_millis),
+            last_output: at_offset(p.last_output_in_ms, now),
+            max_output: p.max_output,
+            output: p.output,
+            fired: p.fired.map(|(r, ms)| (r, at_offset(ms, now))),
+            terminated: p.terminated,
+            kill_at: p.kill_in_ms.map(|ms| at_offset(ms, now)),
+            grace: Duration::from_millis(p.grace_ms),
+        }
+    }
+
     /// Starts watching at `now` (no limits: never fires); a fired limit's
     /// SIGKILL follows its SIGTERM after `grace`.
     pub fn new(limits: Option<&ProcessLimits>, now: Instant, grace: Duration) -> Watch {

@@ -8,6 +8,7 @@ use exec_server_sysio::procfs;
 use std::sync::atomic::Ordering;
 
 /// What a process was started with, as `process/list` shows it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct StartedWith {
     argv: Vec<String>,
     cwd: PathUri,

@@ -5,6 +5,7 @@
 //! a clone until the process is closed. Killing is by process tree (see [`kill`]).
 
 pub mod cgroup;
+pub mod handover;
 pub mod kill;
 pub mod limits;
 pub mod list;
@@ -108,6 +109,9 @@ struct State {
     limit: Option<exec_server_protocol::types::LimitReason>,
     /// The signal that ended the process, once it exited by one.
     signal: Option<nix::sys::signal::Signal>,
+    /// Set while the server hands its processes to a new binary (an
+    /// upgrade): stdin takes nothing more, so nothing accepted is lost.
+    frozen: bool,
 }
 
 /// A managed process.
@@ -140,6 +144,8 @@ pub struct Process {
     started_with: list::StartedWith,
     /// Output bytes delivered so far (all streams), for `process/list`.
     output_bytes: std::sync::atomic::AtomicU64,
+    /// Where its pump and stdin writer stop for an upgrade ([`handover`]).
+    park: handover::Park,
 }
 
 /// The server's settings a process is started with.
@@ -167,6 +173,9 @@ pub struct Host {
     pub tool_dirs: Arc<[std::path::PathBuf]>,
     /// Its per-process cgroups and caps.
     pub cgroups: cgroup::Cgroups,
+    /// Raised when the server hands over to a new binary: every process
+    /// parks ([`handover`]).
+    pub handover: handover::Signal,
 }
 
 /// Something kept alive until the process closes.
@@ -176,9 +185,10 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Output ends for the pump.
+/// Output ends for the pump: stdout and stderr (each until its end of
+/// file), or the PTY master.
 enum Sources {
-    Pipes(AsyncFd<OwnedFd>, AsyncFd<OwnedFd>),
+    Pipes(Option<AsyncFd<OwnedFd>>, Option<AsyncFd<OwnedFd>>),
     Pty(Arc<AsyncFd<OwnedFd>>),
 }
 
@@ -218,13 +228,22 @@ fn raw_read(fd: &OwnedFd, buf: &mut read_buf::ReadBuf, at: usize) -> std::io::Re
     }
 }
 
-async fn write_all(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()> {
+/// Writes `data` whole, counting in `done` what the child has taken (so a
+/// write cut short by an upgrade knows where to go on).
+async fn write_all(
+    fd: &AsyncFd<OwnedFd>,
+    mut data: &[u8],
+    done: &std::sync::atomic::AtomicUsize,
+) -> std::io::Result<()> {
     while !data.is_empty() {
         let mut guard = fd.writable().await?;
         match guard
             .try_io(|inner| nix::unistd::write(inner.get_ref(), data).map_err(std::io::Error::from))
         {
-            Ok(Ok(n)) => data = &data[n..],
+            Ok(Ok(n)) => {
+                data = &data[n..];
+                done.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            }
             Ok(Err(e)) => return Err(e),
             Err(_would_block) => continue,
         }
@@ -290,7 +309,7 @@ impl Process {
                 stdout,
                 stderr,
             } => (
-                Sources::Pipes(nonblocking(stdout)?, nonblocking(stderr)?),
+                Sources::Pipes(Some(nonblocking(stdout)?), Some(nonblocking(stderr)?)),
                 stdin.map(nonblocking).transpose()?.map(Arc::new),
                 None,
             ),
@@ -322,6 +341,7 @@ impl Process {
                 sandbox_denied: false,
                 limit: None,
                 signal: None,
+                frozen: false,
             }),
             changed,
             resume: Notify::new(),
@@ -332,8 +352,10 @@ impl Process {
             kept: Mutex::new(Some(plan.kept)),
             started_with: plan.shown,
             output_bytes: std::sync::atomic::AtomicU64::new(0),
+            park: handover::Park::new(&host.handover),
         });
         if let Some((_, rx, fd)) = stdin_tx {
+            proc.park.stdin_started();
             tokio::spawn(stdin_writer(proc.clone(), rx, fd));
         }
         tokio::spawn(pump(
@@ -343,6 +365,7 @@ impl Process {
             link,
             start_gate,
             on_retire,
+            pump::From::Start,
             Held {
                 confinement,
                 span,
@@ -491,6 +514,11 @@ impl Process {
             return Ok(status);
         }
         let mut st = lock(&self.state);
+        if st.frozen {
+            // Not remembered: the same writeId, retried on the new binary,
+            // is applied there once.
+            return Err(handover::frozen_error());
+        }
         if let Some(permit) = permit {
             let sent = st
                 .stdin
@@ -510,6 +538,9 @@ impl Process {
         if st.write_ids.contains(write_id) {
             return Ok(Some(WriteStatus::Accepted));
         }
+        if st.frozen {
+            return Err(handover::frozen_error());
+        }
         if !st.has_stdin {
             return Ok(Some(WriteStatus::StdinClosed));
         }
@@ -526,6 +557,10 @@ impl Process {
     /// this sends the terminal's end-of-file character (^D).
     pub fn close_stdin(&self) -> WriteStatus {
         let mut st = lock(&self.state);
+        if st.frozen {
+            // The next binary keeps stdin open; the client's retry closes it.
+            return WriteStatus::Accepted;
+        }
         match st.stdin.take() {
             Some(tx) => {
                 let _ = tx.send(StdinOp::Close);
@@ -638,11 +673,29 @@ async fn stdin_writer(
     fd: Arc<AsyncFd<OwnedFd>>,
 ) {
     let is_pty = proc.tty.is_some();
-    while let Some(op) = rx.recv().await {
+    let mut parking = proc.park.signal();
+    loop {
+        let op = tokio::select! {
+            op = rx.recv() => op,
+            _ = handover::asked(&mut parking) => {
+                proc.park.stdin_parked(rx, fd, Vec::new());
+                return;
+            }
+        };
+        let Some(op) = op else { break };
+        // Bytes the child took so far: an upgrade hands over the rest.
+        let done = std::sync::atomic::AtomicUsize::new(0);
         let result = match op {
             // The permit is released once the child has taken the bytes.
-            StdinOp::Write(data, _permit) => write_all(&fd, &data).await,
-            StdinOp::Close if is_pty => write_all(&fd, b"\x04").await,
+            StdinOp::Write(data, _permit) => tokio::select! {
+                r = write_all(&fd, &data, &done) => r,
+                _ = handover::asked(&mut parking) => {
+                    let rest = data[done.load(std::sync::atomic::Ordering::Relaxed)..].to_vec();
+                    proc.park.stdin_parked(rx, fd, rest);
+                    return;
+                }
+            },
+            StdinOp::Close if is_pty => write_all(&fd, b"\x04", &done).await,
             StdinOp::Close => break,
         };
         if result.is_err() {
@@ -650,6 +703,7 @@ async fn stdin_writer(
             break;
         }
     }
+    proc.park.stdin_ended();
     // Writers waiting for room fail at once instead of timing out.
     proc.stdin_budget.close();
     // Dropping our clone closes a stdin pipe (EOF for the child). For a PTY the

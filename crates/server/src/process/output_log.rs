@@ -59,6 +59,25 @@ pub struct OutputLog {
     spool: Option<Spool>,
 }
 
+/// An [`OutputLog`] taken apart, for an upgrade.
+#[derive(Debug)]
+pub struct LogParts {
+    /// Retained chunks in memory, oldest first.
+    pub chunks: Vec<Chunk>,
+    /// The next seq to assign.
+    pub next_seq: u64,
+    /// Every event through this seq was delivered (or acknowledged).
+    pub delivered_seq: u64,
+    /// Delivery by acknowledgement only (`ackOutput`).
+    pub ack_mode: bool,
+    /// The exited event's seq and exit code.
+    pub exited: Option<(u64, i32)>,
+    /// The closed event's seq.
+    pub closed_seq: Option<u64>,
+    /// Output trimmed from memory to disk.
+    pub spool: Option<Spool>,
+}
+
 /// A page of `process/read`.
 #[derive(Debug)]
 pub struct Page {
@@ -85,6 +104,50 @@ impl OutputLog {
             ack_mode,
             exited: None,
             closed_seq: None,
+            spool,
+        }
+    }
+
+    /// Takes the log apart (an upgrade hands it to the next image), leaving
+    /// an empty one.
+    pub fn take_parts(&mut self) -> LogParts {
+        let log = std::mem::replace(self, OutputLog::new(self.ack_mode, None));
+        LogParts {
+            chunks: log.chunks.into(),
+            next_seq: log.next_seq,
+            delivered_seq: log.delivered_seq,
+            ack_mode: log.ack_mode,
+            exited: log.exited,
+            closed_seq: log.closed_seq,
+            spool: log.spool,
+        }
+    }
+
+    /// The log [`OutputLog::take_parts`] took apart; its counts are
+    /// recomputed from the chunks.
+    pub fn from_parts(parts: LogParts) -> OutputLog {
+        let LogParts {
+            chunks,
+            next_seq,
+            delivered_seq,
+            ack_mode,
+            exited,
+            closed_seq,
+            spool,
+        } = parts;
+        let undelivered = chunks.iter().filter(|c| c.seq > delivered_seq);
+        let (undelivered_bytes, undelivered_chunks) =
+            undelivered.fold((0, 0), |(b, n), c| (b + c.data.len(), n + 1));
+        OutputLog {
+            retained_bytes: chunks.iter().map(|c| c.data.len()).sum(),
+            chunks: chunks.into(),
+            next_seq,
+            delivered_seq,
+            undelivered_bytes,
+            undelivered_chunks,
+            ack_mode,
+            exited,
+            closed_seq,
             spool,
         }
     }

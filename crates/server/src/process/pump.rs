@@ -20,6 +20,17 @@ pub(super) struct Held {
     pub(super) live: Option<super::live::LiveSlot>,
 }
 
+/// Where a pump starts: at the spawn, or where the previous image of the
+/// server parked it (an upgrade).
+pub(super) enum From {
+    Start,
+    Resume {
+        /// The exit code, once the exit was recorded.
+        exit_code: Option<i32>,
+    },
+}
+
+#[allow(clippy::too_many_arguments)] // each is one thing the pump owns
 pub(super) async fn pump(
     proc: Arc<Process>,
     sources: Sources,
@@ -27,6 +38,7 @@ pub(super) async fn pump(
     link: Arc<Link>,
     start_gate: oneshot::Receiver<()>,
     on_retire: RetireHook,
+    from: From,
     held: Held,
 ) {
     let Held {
@@ -35,7 +47,19 @@ pub(super) async fn pump(
         limits: mut watch,
         mut live,
     } = held;
-    let _ = start_gate.await;
+    let mut parking = proc.park.signal();
+    tokio::select! {
+        _ = start_gate => {}
+        _ = handover::asked(&mut parking) => {
+            let parked = handover::PumpParked {
+                exit_code: None,
+                exit: Some(exit),
+                held: Some(Held { confinement, span, limits: watch, live }),
+            };
+            proc.park.pump_parked(parked, Some(sources));
+            return;
+        }
+    }
     // Room for a frame's header in front of large reads; an id so long that
     // its head does not fit costs one copy per frame instead.
     let headroom = notify::output_frame_headroom(&proc.id).min(MAX_FRAME_HEADROOM);
@@ -47,11 +71,38 @@ pub(super) async fn pump(
         _,
         _,
     ) = match &sources {
-        Sources::Pipes(o, e) => (Some(o), Some(e), OutputStream::Stdout, OutputStream::Stderr),
+        Sources::Pipes(o, e) => (
+            o.as_ref(),
+            e.as_ref(),
+            OutputStream::Stdout,
+            OutputStream::Stderr,
+        ),
         Sources::Pty(m) => (Some(&**m), None, OutputStream::Pty, OutputStream::Pty),
     };
-    let mut exit_code: Option<i32> = None;
+    let mut exit_code: Option<i32> = match from {
+        From::Start => None,
+        From::Resume { exit_code } => exit_code,
+    };
+    let mut park = false;
     loop {
+        if park {
+            // Between two steps: every byte read is in the log, and an exit
+            // the reaper delivered is either recorded or still in `exit`.
+            let parked = handover::PumpParked {
+                exit_code,
+                exit: exit_code.is_none().then_some(exit),
+                held: Some(Held {
+                    confinement,
+                    span,
+                    limits: watch,
+                    live,
+                }),
+            };
+            let (a_open, b_open) = (a.is_some(), b.is_some());
+            proc.park
+                .pump_parked(parked, Some(handover::keep_open(sources, a_open, b_open)));
+            return;
+        }
         if a.is_none() && b.is_none() && exit_code.is_some() {
             let seq = lock(&proc.state).log.push_closed();
             proc.bump();
@@ -168,12 +219,24 @@ pub(super) async fn pump(
                 }
             }
             _ = proc.resume.notified(), if paused => {}
+            _ = handover::asked(&mut parking) => park = true,
         }
     }
     drop(sources);
+    retain(proc, on_retire, EXITED_PROCESS_RETENTION).await;
+}
+
+/// Keeps a closed process's record readable for `time`, then retires it
+/// (unless it left its session first, or an upgrade parks it).
+pub(super) async fn retain(proc: Arc<Process>, on_retire: RetireHook, time: Duration) {
+    let mut parking = proc.park.signal();
     tokio::select! {
-        _ = tokio::time::sleep(EXITED_PROCESS_RETENTION) => on_retire(&proc),
+        _ = tokio::time::sleep(time) => on_retire(&proc),
         _ = proc.discarded.notified() => {}
+        _ = handover::asked(&mut parking) => {
+            let parked = handover::PumpParked { exit_code: None, exit: None, held: None };
+            proc.park.pump_parked(parked, None);
+        }
     }
 }
 
@@ -290,14 +353,23 @@ async fn emit_one(proc: &Process, link: &Link, stream: OutputStream, data: Fille
     };
     proc.bump();
     let Some(out) = out else { return };
-    let sent = match push {
-        Push::Frame(frame) => out.send_binary(frame).await,
-        Push::Json(payload) => {
-            out.send(encode_output_notification(&proc.id, seq, stream, &payload))
-                .await
+    let send = async {
+        match push {
+            Push::Frame(frame) => out.send_binary(frame).await,
+            Push::Json(payload) => {
+                out.send(encode_output_notification(&proc.id, seq, stream, &payload))
+                    .await
+            }
         }
     };
-    if sent.is_ok() {
+    // A client that does not read must not hold an upgrade up: the chunk
+    // is in the log, and a resume replays it.
+    let mut parking = proc.park.signal();
+    let sent = tokio::select! {
+        sent = send => sent.is_ok(),
+        _ = handover::asked(&mut parking) => false,
+    };
+    if sent {
         lock(&proc.state).log.delivered_by_push(seq);
     }
 }
@@ -310,7 +382,12 @@ enum Push {
 
 async fn send_event(proc: &Process, link: &Link, seq: u64, msg: String) {
     if let Some(out) = link.outbound() {
-        if out.send(msg).await.is_ok() {
+        let mut parking = proc.park.signal();
+        let sent = tokio::select! {
+            sent = out.send(msg) => sent.is_ok(),
+            _ = handover::asked(&mut parking) => false,
+        };
+        if sent {
             lock(&proc.state).log.delivered_by_push(seq);
         }
     }

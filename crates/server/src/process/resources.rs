@@ -164,7 +164,10 @@ fn find_place(c: Controller, v2: &Path, name: &str) -> Option<Place> {
     super::cgroup::sweep_dead(&own);
     let dir = own.join(name);
     match std::fs::create_dir(&dir) {
+        // It exists when a previous image of this process (an upgrade)
+        // made it: `name` carries the pid and a random suffix.
         Ok(()) => Some(Place::V1(dir)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Some(Place::V1(dir)),
         Err(e) => {
             tracing::debug!("no {} cap ({}: {e})", c.member(), dir.display());
             None
@@ -224,8 +227,7 @@ impl Caps {
             let (dir, v1) = match places.place(c) {
                 Some(Place::V2) => (v2.to_path_buf(), false),
                 Some(Place::V1(base)) => {
-                    let dir = base.join(format!("p{}", NEXT.fetch_add(1, Ordering::Relaxed)));
-                    std::fs::create_dir(&dir).map_err(|e| named(&dir, e))?;
+                    let dir = fresh_dir(base, &NEXT)?;
                     caps.v1.push(dir.clone());
                     (dir, true)
                 }
@@ -279,6 +281,20 @@ impl Caps {
     }
 }
 
+/// A new directory `p<n>` below `base`, `n` from `next`. Names a previous
+/// image of this process (an upgrade) still uses are skipped: its counter
+/// started again at 1.
+fn fresh_dir(base: &Path, next: &AtomicU64) -> io::Result<PathBuf> {
+    loop {
+        let dir = base.join(format!("p{}", next.fetch_add(1, Ordering::Relaxed)));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(named(&dir, e)),
+        }
+    }
+}
+
 fn named(path: &Path, e: io::Error) -> io::Error {
     tracing::warn!("cannot write {}: {e}", path.display());
     let file = path
@@ -319,6 +335,47 @@ fn write_cap(c: Controller, value: u64, dir: &Path, v1: bool) -> io::Result<()> 
                 dir.join("cpu.cfs_quota_us"),
                 &(value * CPU_PERIOD_US / 100).to_string(),
             )
+        }
+    }
+}
+
+/// A process's [`Caps`] written down for the next image of the server (an
+/// upgrade): its v1 cgroups and the counters that say which cap fired.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CapsParts {
+    v1: Vec<PathBuf>,
+    counters: Vec<(PathBuf, LimitReason)>,
+}
+
+impl Caps {
+    /// Writes the caps down; they stay in force (the cgroups are the
+    /// kernel's, and this image is replaced before it drops them).
+    pub fn parts(&self) -> CapsParts {
+        CapsParts {
+            v1: self.v1.clone(),
+            counters: self
+                .counters
+                .iter()
+                .map(|(file, _, reason)| (file.clone(), *reason))
+                .collect(),
+        }
+    }
+
+    /// The caps [`Caps::parts`] wrote down.
+    pub fn from_parts(p: CapsParts) -> Caps {
+        Caps {
+            v1: p.v1,
+            counters: p
+                .counters
+                .into_iter()
+                .map(|(file, reason)| {
+                    let key = match reason {
+                        LimitReason::MemoryLimit => "oom_kill",
+                        _ => "max",
+                    };
+                    (file, key, reason)
+                })
+                .collect(),
         }
     }
 }

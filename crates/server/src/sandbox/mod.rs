@@ -333,6 +333,29 @@ pub struct Confinement {
     _registration: Option<peers::Registration>,
 }
 
+impl Confinement {
+    /// The host paths of its placeholders (see [`Confinement::adopt`]).
+    pub fn placeholder_paths(&self) -> Vec<PathBuf> {
+        self._guard.placeholder_paths()
+    }
+
+    /// True when its process is registered among the live sandboxes.
+    pub fn confined(&self) -> bool {
+        self._registration.is_some()
+    }
+
+    /// What a previous image of this server held for its sandboxed process
+    /// `pid`, taken over after an upgrade: the placeholders at `paths`
+    /// counted again and, when `confined`, `pid` registered again among
+    /// `support`'s live sandboxes (peers inside it stay refused).
+    pub fn adopt(support: &Support, paths: &[PathBuf], pid: u32, confined: bool) -> Confinement {
+        Confinement {
+            _guard: Guard::adopt(paths),
+            _registration: confined.then(|| support.pids.register(pid)),
+        }
+    }
+}
+
 impl StartSandbox {
     /// What the process `pid`, started from `prepared` with its `guard`,
     /// keeps until it exits. A command that runs confined (`confined`) is

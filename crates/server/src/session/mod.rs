@@ -55,10 +55,13 @@ pub struct Session {
     /// What its processes hold in the output spool
     /// (`--output-spool-session-bytes`).
     pub(crate) spool_share: Arc<crate::process::spool::SessionShare>,
+    /// The server's: set while it hands over to a new binary, when no
+    /// process may start.
+    frozen: Arc<AtomicBool>,
 }
 
 impl Session {
-    pub(crate) fn new(id: String) -> Self {
+    pub(crate) fn new(id: String, frozen: Arc<AtomicBool>) -> Self {
         Session {
             id,
             link: Arc::new(Link::default()),
@@ -72,6 +75,7 @@ impl Session {
             ended: AtomicBool::new(false),
             live: Default::default(),
             spool_share: Default::default(),
+            frozen,
         }
     }
 
@@ -107,6 +111,12 @@ impl Session {
             // Torn down (expired, or the server is stopping) while this start
             // was on its way: a process started now would outlive its session.
             return Err(ExecError::failed("the session has ended"));
+        }
+        if self.frozen.load(Ordering::Acquire) {
+            return Err(ExecError::failed(
+                "the server is being upgraded: the process was not started; resume the session \
+                 and start it again",
+            ));
         }
         if procs.contains_key(id) {
             return Err(ExecError::already_exists(format!(
@@ -152,6 +162,29 @@ impl Session {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(group);
         }
+    }
+
+    /// Puts `proc`, adopted from a previous image of the server, in the
+    /// table (an upgrade).
+    pub fn adopt_process(&self, proc: Arc<Process>) {
+        self.procs().insert(proc.id.clone(), proc);
+    }
+
+    /// The cgroups of retired processes whose daemons still live, for the
+    /// next image of the server.
+    pub fn leftovers(&self) -> Vec<Arc<crate::process::cgroup::ProcessCgroup>> {
+        self.leftovers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Keeps `group`, a leftover cgroup from a previous image.
+    pub fn adopt_leftover(&self, group: crate::process::cgroup::ProcessCgroup) {
+        self.leftovers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::new(group));
     }
 
     /// Kills every process tree and closes every handle (session end).

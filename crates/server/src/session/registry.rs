@@ -5,7 +5,7 @@ use crate::error::{ExecError, ExecResult};
 use exec_server_rpc::pending::PendingCalls;
 use exec_server_rpc::Outbound;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -13,6 +13,8 @@ use std::time::Duration;
 pub struct SessionRegistry {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     ttl: Duration,
+    /// Set while the server hands over to a new binary: no process starts.
+    frozen: Arc<AtomicBool>,
 }
 
 impl Default for SessionRegistry {
@@ -27,6 +29,7 @@ impl SessionRegistry {
         SessionRegistry {
             sessions: Mutex::new(HashMap::new()),
             ttl,
+            frozen: Arc::default(),
         }
     }
 
@@ -38,7 +41,7 @@ impl SessionRegistry {
     /// connection's table of the server's own calls to the client).
     pub fn create(&self, conn: u64, out: Outbound, calls: PendingCalls) -> Arc<Session> {
         let id = uuid::Uuid::new_v4().to_string();
-        let s = Arc::new(Session::new(id.clone()));
+        let s = Arc::new(Session::new(id.clone(), self.frozen.clone()));
         s.link.attach(conn, out, calls);
         self.lock().insert(id, s.clone());
         s
@@ -78,6 +81,27 @@ impl SessionRegistry {
         // File handles belong to the connection, as in the reference: a client
         // that drops and reconnects in a loop cannot pile up descriptors.
         session.files.clear();
+        self.expire_later(session);
+    }
+
+    /// Stops every process start, for good (an upgrade: the server
+    /// `execve`s next).
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
+    }
+
+    /// A detached session `id` a previous image of this server kept (an
+    /// upgrade): it expires a TTL from now unless a client resumes it.
+    pub fn adopt(self: &Arc<Self>, id: String) -> Arc<Session> {
+        let s = Arc::new(Session::new(id.clone(), self.frozen.clone()));
+        self.lock().insert(id, s.clone());
+        self.expire_later(&s);
+        s
+    }
+
+    /// Tears `session` down a TTL from now, unless it is attached again
+    /// meanwhile.
+    fn expire_later(self: &Arc<Self>, session: &Arc<Session>) {
         let generation = session.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let registry = Arc::downgrade(self);
         let session = session.clone();

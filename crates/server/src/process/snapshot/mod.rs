@@ -394,6 +394,7 @@ mod tests {
         let host = crate::process::Host {
             tool_dirs: Vec::new().into(),
             cgroups: crate::process::cgroup::Cgroups::new(false),
+            handover: Default::default(),
         };
         let p = params(&["/bin/bash", "-c", "echo"]);
         assert_eq!(apply(&cache, &p, &host).await, Ok(Outcome::NotApplicable));

@@ -14,9 +14,11 @@
 //! The writes themselves run on the server's [`writer`] thread; a read waits
 //! for the spool's queued writes first.
 
+mod handover;
 mod share;
 mod writer;
 
+pub use handover::{SegmentParts, SpoolParts};
 pub use share::SessionShare;
 
 use bytes::Bytes;

@@ -52,6 +52,12 @@ pub(super) fn reserve_both(
     true
 }
 
+/// Counts `n` bytes already on disk against the share, whatever its cap
+/// (output a previous image of the server spooled).
+pub(super) fn count(share: &SessionShare, n: u64) {
+    share.used.fetch_add(n, Ordering::Relaxed);
+}
+
 /// Gives `n` bytes back to both.
 pub(super) fn release_both(server: &AtomicU64, share: &SessionShare, n: u64) {
     server.fetch_sub(n, Ordering::Relaxed);

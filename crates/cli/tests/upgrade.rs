@@ -1,0 +1,268 @@
+//! `exec-server upgrade` (and SIGUSR2): a second copy of the binary takes
+//! over every session, process and the listener in place; clients resume.
+
+use crate::common::*;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A second copy of the binary (a different file, as a package upgrade
+/// would leave), in `dir`.
+fn second_copy(dir: &Path) -> PathBuf {
+    let copy = dir.join("exec-server-next");
+    std::fs::copy(BIN, &copy).expect("copy the binary");
+    copy
+}
+
+/// Runs `exec-server upgrade --pid PID --binary BINARY`: (exit code, stdout
+/// and stderr).
+fn upgrade(pid: u32, binary: &Path) -> (i32, String) {
+    let out = Command::new(BIN)
+        .args(["upgrade", "--pid", &pid.to_string(), "--binary"])
+        .arg(binary)
+        .args(["--timeout", "30s"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run exec-server upgrade");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// The parent pid of `pid`, from `/proc`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[tokio::test]
+async fn a_stream_goes_on_byte_identical_across_an_upgrade_and_the_command_keeps_its_pid() {
+    let dir = tmpdir("upgrade-seq");
+    let next = second_copy(&dir);
+    let server = Server::start(&[]);
+    let out_path = dir.join("out");
+    // The command prints its pid, the stream, then its parent's pid: the
+    // server's, if it was never restarted nor re-parented.
+    let script = "echo pid=$$; seq 1 5000000; echo ppid=$(cut -d' ' -f4 /proc/$$/stat)";
+    let mut client = Command::new(BIN)
+        .args(["run", "--connect", &server.url, "--", "sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run the client");
+    assert!(
+        eventually(WAIT, || std::fs::metadata(&out_path)
+            .is_ok_and(|m| m.len() > 4096))
+        .await,
+        "the stream began"
+    );
+    let (code, text) = upgrade(server.pid(), &next);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("1 processes taken over"), "{text}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = client.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the client did not finish");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "client: {status}");
+    let got = std::fs::read(&out_path).unwrap();
+    let text = String::from_utf8_lossy(&got);
+    let first = text.lines().next().unwrap_or_default();
+    let pid: u32 = first
+        .strip_prefix("pid=")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("first line {first:?}"));
+    let mut want = format!("pid={pid}\n").into_bytes();
+    want.extend(expected_seq(5_000_000));
+    want.extend(format!("ppid={}\n", server.pid()).into_bytes());
+    assert!(
+        got == want,
+        "output differs at byte {:?} ({} bytes, want {})",
+        first_difference(&got, &want),
+        got.len(),
+        want.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_terminal_keeps_echoing_after_sigusr2_and_writes_stay_exactly_once() {
+    let server = Server::start(&[]);
+    let mut c = Conn::open(&server.url, None).await;
+    let started = c
+        .ok(
+            "process/start",
+            start_params("cat", &["cat"], Path::new("/tmp"), true, true),
+        )
+        .await;
+    let pid = started["pid"].as_u64().unwrap() as u32;
+    let write = |text: &str, id: &str| json!({"processId": "cat", "chunk": b64(text.as_bytes()), "writeId": id});
+    c.ok("process/write", write("before\n", "w1")).await;
+    let mut after = 0;
+    let mut seen = String::new();
+    let deadline = Instant::now() + WAIT;
+    while !seen.contains("before") && Instant::now() < deadline {
+        let r = read(&mut c, "cat", after, 1000).await;
+        after = r["nextSeq"].as_u64().unwrap() - 1;
+        for k in r["chunks"].as_array().unwrap() {
+            seen.push_str(&String::from_utf8_lossy(&unb64(&k["chunk"])));
+        }
+    }
+    assert!(seen.contains("before"), "echo before the upgrade: {seen:?}");
+    // SIGUSR2: the server upgrades to its own path (this test's binary).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.pid() as i32),
+        nix::sys::signal::Signal::SIGUSR2,
+    )
+    .unwrap();
+    assert!(
+        c.closed_within(WAIT).await,
+        "the old image's connection closed"
+    );
+    let mut c = Conn::open_retry(&server.url, &c.session.clone()).await;
+    // A retried write of an id applied before the upgrade is not applied again.
+    c.ok("process/write", write("before\n", "w1")).await;
+    c.ok("process/write", write("after\n", "w2")).await;
+    let mut seen = String::new();
+    let deadline = Instant::now() + WAIT;
+    while !seen.contains("after") && Instant::now() < deadline {
+        let r = read(&mut c, "cat", after, 1000).await;
+        assert_eq!(r["exited"], json!(false), "cat runs on: {r}");
+        after = r["nextSeq"].as_u64().unwrap() - 1;
+        for k in r["chunks"].as_array().unwrap() {
+            seen.push_str(&String::from_utf8_lossy(&unb64(&k["chunk"])));
+        }
+    }
+    assert!(seen.contains("after"), "echo after the upgrade: {seen:?}");
+    assert!(!seen.contains("before"), "w1 applied twice: {seen:?}");
+    assert_eq!(
+        parent_of(pid),
+        Some(server.pid()),
+        "cat is still the server's child"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_binary_leaves_the_server_serving() {
+    let dir = tmpdir("upgrade-refused");
+    let server = Server::start(&[]);
+    let mut c = Conn::open(&server.url, None).await;
+    c.ok(
+        "process/start",
+        start_params("s", &["sleep", "30"], Path::new("/tmp"), false, false),
+    )
+    .await;
+    // Not exec-server; an older one (another state version); not a program.
+    let old = dir.join("old");
+    std::fs::write(
+        &old,
+        "#!/bin/sh\necho 'exec-server 0.0.1 handover-state 7'\n",
+    )
+    .unwrap();
+    let garbage = dir.join("garbage");
+    std::fs::write(&garbage, [0x7fu8, b'E', b'L', b'F', 0, 1, 2, 3]).unwrap();
+    for f in [&old, &garbage] {
+        std::fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    for (binary, why) in [
+        (
+            Path::new("/bin/true"),
+            "does not take over a running server",
+        ),
+        (old.as_path(), "reads state versions [7]"),
+        (garbage.as_path(), "cannot run it"),
+        (dir.join("missing").as_path(), "cannot run it"),
+    ] {
+        let (code, text) = upgrade(server.pid(), binary);
+        assert_eq!(code, 1, "{binary:?}: {text}");
+        assert!(
+            text.contains("refused") && text.contains(why),
+            "{binary:?}: {text}"
+        );
+    }
+    // Refused before anything stopped: the same connection serves on.
+    let r = read(&mut c, "s", 0, 0).await;
+    assert_eq!(r["exited"], json!(false), "{r}");
+    c.ok(
+        "process/start",
+        start_params("t", &["true"], Path::new("/tmp"), false, false),
+    )
+    .await;
+    // One that lists the version but cannot read the state: the previous
+    // binary takes the state back; the connection drops, the session resumes.
+    let liar = dir.join("liar");
+    std::fs::write(
+        &liar,
+        "#!/bin/sh\ncase \"$1\" in --handover-version) echo 'exec-server 9 handover-state 1';; \
+         *) echo 'cannot read it' >&2; exit 3;; esac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&liar, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (code, text) = upgrade(server.pid(), &liar);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("cannot read the state"), "{text}");
+    let mut c = Conn::open_retry(&server.url, &c.session.clone()).await;
+    let r = read(&mut c, "s", 0, 0).await;
+    assert_eq!(r["exited"], json!(false), "sleep survives: {r}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_hundred_sessions_with_three_hundred_processes_all_survive() {
+    let dir = tmpdir("upgrade-many");
+    let next = second_copy(&dir);
+    let server = Server::start(&[]);
+    let mut sessions = Vec::new();
+    let mut pids = Vec::new();
+    for s in 0..100 {
+        let mut c = Conn::open(&server.url, None).await;
+        for p in 0..3 {
+            let id = format!("p{p}");
+            let script = format!("echo s{s}{id}; exec sleep 60");
+            let r = c
+                .ok(
+                    "process/start",
+                    start_params(&id, &["sh", "-c", &script], Path::new("/tmp"), false, false),
+                )
+                .await;
+            pids.push(r["pid"].as_u64().unwrap() as u32);
+        }
+        sessions.push(c.session.clone());
+        c.close().await;
+    }
+    let (code, text) = upgrade(server.pid(), &next);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("100 sessions, 300 processes"), "{text}");
+    for (s, session) in sessions.iter().enumerate() {
+        let mut c = Conn::open_retry(&server.url, session).await;
+        for p in 0..3 {
+            let r = read(&mut c, &format!("p{p}"), 0, 2000).await;
+            assert_eq!(r["exited"], json!(false), "session {s} p{p}: {r}");
+            let text: String = r["chunks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| String::from_utf8_lossy(&unb64(&k["chunk"])).to_string())
+                .collect();
+            assert_eq!(text, format!("s{s}p{p}\n"), "session {s} p{p}");
+        }
+        c.close().await;
+    }
+    for pid in pids {
+        assert_eq!(
+            parent_of(pid),
+            Some(server.pid()),
+            "pid {pid} kept its parent"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
