@@ -2,6 +2,7 @@
 
 mod alloc;
 mod commands;
+mod credentials;
 mod environment_id;
 mod executor;
 mod forward;
@@ -195,10 +196,25 @@ fn main() {
             std::process::exit(1);
         }
     };
+    let serve_args = match cli.command {
+        None => Some(cli.serve),
+        Some(Command::Serve(ref args)) => Some((**args).clone()),
+        _ => None,
+    };
+    if let Some(args) = serve_args {
+        // The server runs on a thread of its own: this main thread forks
+        // the sandboxes and makes an upgrade's execve (see the launcher).
+        let code = exec_server::launcher::run_here(move || {
+            let code = runtime.block_on(serve::run(args));
+            runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+            code
+        });
+        drop(otlp);
+        std::process::exit(code);
+    }
     let code = runtime.block_on(async move {
         match cli.command {
-            None => serve::run(cli.serve).await,
-            Some(Command::Serve(args)) => serve::run(*args).await,
+            None | Some(Command::Serve(_)) => 0,
             Some(Command::Run(args)) => commands::run::run(args).await,
             Some(Command::Shell(args)) => commands::shell::shell(args).await,
             Some(Command::Fs(args)) => commands::fs::fs(args).await,

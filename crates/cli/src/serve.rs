@@ -1,7 +1,6 @@
 //! `exec-server serve` (the default command).
 
 use clap::{Args, ValueEnum};
-use exec_server::auth::{token_digest, WsAuth};
 use exec_server::listen::{self, ListenAddr};
 use exec_server::{ServerConfig, ServerState};
 use std::io::Write;
@@ -225,74 +224,6 @@ pub struct ServeArgs {
     pub remote: crate::executor::RemoteArgs,
 }
 
-fn auth_from(args: &ServeArgs) -> Result<Option<WsAuth>, String> {
-    let Some(mode) = args.ws_auth else {
-        return Ok(None);
-    };
-    if let AuthMode::SignedBearerToken = mode {
-        if args.ws_token_file.is_some() || args.ws_token_sha256.is_some() {
-            return Err(
-                "--ws-token-file and --ws-token-sha256 go with --ws-auth capability-token".into(),
-            );
-        }
-        let path = args
-            .ws_shared_secret_file
-            .as_ref()
-            .ok_or("--ws-auth signed-bearer-token needs --ws-shared-secret-file")?;
-        if !path.is_absolute() {
-            return Err("--ws-shared-secret-file needs an absolute path".into());
-        }
-        check_permissions(path);
-        let secret = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let secret = secret.trim().as_bytes().to_vec();
-        if secret.len() < exec_server::auth::MIN_SHARED_SECRET_BYTES {
-            return Err(format!(
-                "{} holds {} bytes; a shared secret needs at least {}",
-                path.display(),
-                secret.len(),
-                exec_server::auth::MIN_SHARED_SECRET_BYTES
-            ));
-        }
-        return Ok(Some(WsAuth::SignedBearerToken(
-            exec_server::auth::JwtRules {
-                secret,
-                issuer: args.ws_issuer.clone(),
-                audience: args.ws_audience.clone(),
-                max_clock_skew_seconds: args.ws_max_clock_skew_seconds.unwrap_or(30),
-            },
-        )));
-    }
-    if args.ws_shared_secret_file.is_some() {
-        return Err("--ws-shared-secret-file goes with --ws-auth signed-bearer-token".into());
-    }
-    if let Some(path) = &args.ws_token_file {
-        if !path.is_absolute() {
-            return Err("--ws-token-file needs an absolute path".into());
-        }
-        check_permissions(path);
-        let token = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        if token.trim().is_empty() {
-            return Err(format!("{} is empty", path.display()));
-        }
-        return Ok(Some(WsAuth::CapabilityToken {
-            sha256: token_digest(&token),
-        }));
-    }
-    if let Some(hex_digest) = &args.ws_token_sha256 {
-        let bytes = hex::decode(hex_digest.trim())
-            .map_err(|_| "--ws-token-sha256 must be 64 hex digits".to_string())?;
-        let sha256: [u8; 32] = bytes
-            .try_into()
-            .map_err(|_| "--ws-token-sha256 must be 64 hex digits".to_string())?;
-        return Ok(Some(WsAuth::CapabilityToken { sha256 }));
-    }
-    Err("--ws-auth capability-token needs --ws-token-file or --ws-token-sha256".into())
-}
-
-/// `--operator-token-file`: the trimmed token. Errors: a relative path, an
-/// unreadable or empty file.
 /// `--default-limits` and `--max-limits` can hold here (each cap's
 /// controller is available), and no default is above its ceiling.
 fn server_limits_hold(
@@ -309,36 +240,6 @@ fn server_limits_hold(
         .map_err(|e| format!("--default-limits: {e}"))
 }
 
-fn operator_token_from(path: Option<&std::path::Path>) -> Result<Option<String>, String> {
-    let Some(path) = path else {
-        return Ok(None);
-    };
-    if !path.is_absolute() {
-        return Err("--operator-token-file needs an absolute path".into());
-    }
-    check_permissions(path);
-    let token = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let token = token.trim();
-    if token.is_empty() {
-        return Err(format!("{} is empty", path.display()));
-    }
-    Ok(Some(token.to_string()))
-}
-
-fn check_permissions(path: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(m) = std::fs::metadata(path) {
-        if m.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(
-                "secret file {} is readable by group or others (mode {:o}); chmod 600 it",
-                path.display(),
-                m.permissions().mode() & 0o777
-            );
-        }
-    }
-}
-
 /// Runs the server until SIGTERM/SIGINT (or stdin EOF with --exit-on-stdin-close,
 /// or the end of the single stdio connection). Returns the process exit code.
 pub async fn run(args: ServeArgs) -> i32 {
@@ -353,6 +254,10 @@ pub async fn run(args: ServeArgs) -> i32 {
             }
         });
     }
+    // SIGUSR2 asks for an upgrade; caught from the start, so it never ends
+    // the server (its default action) where an upgrade cannot be done.
+    let mut usr2 =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2()).ok();
     // The state a previous image of this process handed over (an upgrade):
     // its children are waited for again before anything else can reap them.
     let mut inherited = match exec_server::handover::restore::take() {
@@ -391,14 +296,15 @@ pub async fn run(args: ServeArgs) -> i32 {
         args.default_limits.clone().unwrap_or_default(),
         args.max_limits.clone().unwrap_or_default(),
     );
-    let operator_token = match operator_token_from(args.operator_token_file.as_deref()) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("exec-server: {e}");
-            return 2;
-        }
-    };
-    let auth = match auth_from(&args) {
+    let operator_token =
+        match crate::credentials::operator_token_from(args.operator_token_file.as_deref()) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("exec-server: {e}");
+                return 2;
+            }
+        };
+    let auth = match crate::credentials::auth_from(&args) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("exec-server: {e}");
@@ -543,6 +449,16 @@ pub async fn run(args: ServeArgs) -> i32 {
         tokio::spawn(exec_server::metrics::serve(listener, state.clone()));
     }
     let Some(listener) = listener else {
+        if let Some(mut usr2) = usr2 {
+            tokio::spawn(async move {
+                while usr2.recv().await.is_some() {
+                    tracing::warn!(
+                        "SIGUSR2: an executor in remote mode cannot be upgraded in place yet; \
+                         nothing was changed"
+                    );
+                }
+            });
+        }
         return crate::executor::run(args.remote.clone(), state).await;
     };
     let unix_path = match &addr {
@@ -587,8 +503,6 @@ pub async fn run(args: ServeArgs) -> i32 {
     let control = handover
         .as_ref()
         .and_then(|_| crate::upgrade::Control::bind());
-    let mut usr2 =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2()).ok();
     let serving = listen::serve(listener, state.clone());
     tokio::pin!(serving);
     tokio::pin!(stdin_closed);
@@ -598,8 +512,8 @@ pub async fn run(args: ServeArgs) -> i32 {
             _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break }
             _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: shutting down"); break }
             _ = &mut stdin_closed => { tracing::info!("stdin closed: shutting down"); break }
-            Some(()) = recv_opt(&mut usr2) => (None, None),
-            (binary, reply) = accept_opt(control.as_ref(), &state) => (binary, Some(reply)),
+            Some(()) = crate::upgrade::recv_opt(&mut usr2) => (None, None),
+            (binary, reply) = crate::upgrade::accept_opt(control.as_ref(), &state) => (binary, Some(reply)),
         };
         if handover.is_none() {
             tracing::warn!(
@@ -616,25 +530,6 @@ pub async fn run(args: ServeArgs) -> i32 {
         let _ = std::fs::remove_file(p);
     }
     0
-}
-
-/// The next signal of `sig`; never when it could not be installed.
-async fn recv_opt(sig: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
-    match sig {
-        Some(s) => s.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The next upgrade request on `control`; never without one.
-async fn accept_opt(
-    control: Option<&crate::upgrade::Control>,
-    state: &ServerState,
-) -> (Option<PathBuf>, std::os::unix::net::UnixStream) {
-    match control {
-        Some(c) => c.accept(state).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Warns (at `warn`, so on stderr with the default filter) that `what`, a

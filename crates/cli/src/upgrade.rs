@@ -237,6 +237,25 @@ impl Drop for Control {
     }
 }
 
+/// The next signal of `sig`; never when it could not be installed.
+pub async fn recv_opt(sig: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match sig {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next upgrade request on `control`; never without one.
+pub async fn accept_opt(
+    control: Option<&Control>,
+    state: &ServerState,
+) -> (Option<PathBuf>, std::os::unix::net::UnixStream) {
+    match control {
+        Some(c) => c.accept(state).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Writes `outcome` as one line on `reply` (best effort: the caller may
 /// have given up).
 fn answer(mut reply: impl Write, outcome: &Outcome) {

@@ -110,7 +110,8 @@ async fn a_terminal_keeps_echoing_after_sigusr2_and_writes_stay_exactly_once() {
     let mut after = 0;
     let mut seen = String::new();
     let deadline = Instant::now() + WAIT;
-    while !seen.contains("before") && Instant::now() < deadline {
+    // The terminal's echo, then cat's copy: both before the upgrade.
+    while seen.matches("before").count() < 2 && Instant::now() < deadline {
         let r = read(&mut c, "cat", after, 1000).await;
         after = r["nextSeq"].as_u64().unwrap() - 1;
         for k in r["chunks"].as_array().unwrap() {
@@ -264,5 +265,78 @@ async fn a_hundred_sessions_with_three_hundred_processes_all_survive() {
             "pid {pid} kept its parent"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_sandboxed_process_keeps_running_and_keeps_its_confinement() {
+    use crate::common::sandbox::{fixture, ww};
+    let f = fixture("upgrade-sandbox");
+    let next = second_copy(f.ws.parent().unwrap());
+    let server = Server::start(&[]);
+    let mut c = Conn::open(&server.url, None).await;
+    // Each line it reads names a file to create: inside the workspace, or
+    // outside it (which the sandbox refuses).
+    let script = "while read p; do if touch \"$p\" 2>/dev/null; then echo made $p; else echo refused $p; fi; done";
+    let mut p = start_params("sb", &["sh", "-c", script], &f.ws, false, true);
+    p["sandbox"] = ww(&f.ws);
+    let started = c.ok("process/start", p).await;
+    assert_eq!(started["sandboxType"], json!("linuxSeccomp"), "{started}");
+    let write = |path: &Path, id: &str| {
+        let line = format!("{}\n", path.display());
+        json!({"processId": "sb", "chunk": b64(line.as_bytes()), "writeId": id})
+    };
+    c.ok("process/write", write(&f.ws.join("before"), "w1"))
+        .await;
+    // Twice: the sandbox's parent thread must outlive every image.
+    for binary in [next.as_path(), Path::new(BIN)] {
+        let (code, text) = upgrade(server.pid(), binary);
+        assert_eq!(code, 0, "{text}");
+    }
+    let mut c = Conn::open_retry(&server.url, &c.session.clone()).await;
+    c.ok("process/write", write(&f.ws.join("after"), "w2"))
+        .await;
+    c.ok("process/write", write(&f.out.join("escaped"), "w3"))
+        .await;
+    let mut seen = String::new();
+    let mut after = 0;
+    let deadline = Instant::now() + WAIT;
+    while !seen.contains("refused") && Instant::now() < deadline {
+        let r = read(&mut c, "sb", after, 1000).await;
+        assert_eq!(r["exited"], json!(false), "{r}");
+        after = r["nextSeq"].as_u64().unwrap() - 1;
+        for k in r["chunks"].as_array().unwrap() {
+            seen.push_str(&String::from_utf8_lossy(&unb64(&k["chunk"])));
+        }
+    }
+    assert!(
+        seen.contains("made") && seen.contains("refused"),
+        "{seen:?}"
+    );
+    assert!(f.ws.join("before").exists() && f.ws.join("after").exists());
+    assert!(
+        !f.out.join("escaped").exists(),
+        "the confinement held after the upgrade: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_process_behind_the_managed_proxy_refuses_the_upgrade_by_name() {
+    let dir = tmpdir("upgrade-proxy");
+    let next = second_copy(&dir);
+    let server = Server::start(&[]);
+    let mut c = Conn::open(&server.url, None).await;
+    let mut p = start_params("np", &["sleep", "30"], Path::new("/tmp"), false, false);
+    p["networkProxy"] = json!({"proxy": crate::managed_network::proxy(json!({}))});
+    c.ok("process/start", p).await;
+    let (code, text) = upgrade(server.pid(), &next);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("\"np\"") && text.contains("managed network proxy"),
+        "{text}"
+    );
+    // Refused before anything stopped: the same connection serves on.
+    let r = read(&mut c, "np", 0, 0).await;
+    assert_eq!(r["exited"], json!(false), "{r}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -27,6 +27,7 @@ pub mod fs;
 pub mod handlers;
 pub mod handover;
 pub mod http;
+pub mod launcher;
 pub mod link;
 pub mod listen;
 pub mod metrics;

@@ -308,24 +308,24 @@ impl ServerState {
             std::process::exit(70);
         }
         let argv = request.argv.clone();
+        let (memfd_fd, previous_fd) = (memfd.as_raw_fd(), previous.as_raw_fd());
         if let Err(why) = check_state(&request.binary, &memfd) {
             tracing::error!("upgrade: {}: {why}", request.binary.display());
             let why = format!("{}: {why}", request.binary.display());
-            let err = exec_fd(&previous, &argv, &memfd, &why);
+            let err = exec_fd(previous_fd, argv, memfd_fd, why);
             tracing::error!("upgrade: cannot execute the previous binary again: {err}; exiting");
             std::process::exit(70);
         }
-        let err = exec(&binary, &argv, &memfd, previous.as_raw_fd());
+        let err = {
+            let argv = argv.clone();
+            crate::launcher::run(move || exec(&binary, &argv, memfd_fd, previous_fd))
+        };
         tracing::error!(
             "upgrade: cannot execute {}: {err}",
             request.binary.display()
         );
-        let err = exec_fd(
-            &previous,
-            &argv,
-            &memfd,
-            &format!("cannot execute the new binary: {err}"),
-        );
+        let why = format!("cannot execute the new binary: {err}");
+        let err = exec_fd(previous_fd, argv, memfd_fd, why);
         tracing::error!("upgrade: cannot execute the previous binary again either: {err}; exiting");
         drop((frozen_reaper, parked, request));
         std::process::exit(70);
@@ -334,7 +334,7 @@ impl ServerState {
 
 /// The environment of the next image: this one's, with the document's
 /// descriptor named and `refused` (why the state comes back) when set.
-fn next_env(memfd: &std::fs::File, previous: Option<RawFd>, refused: Option<&str>) -> Vec<CString> {
+fn next_env(memfd: RawFd, previous: Option<RawFd>, refused: Option<&str>) -> Vec<CString> {
     let ours = [
         image::STATE_FD_ENV,
         image::REFUSED_ENV,
@@ -349,7 +349,7 @@ fn next_env(memfd: &std::fs::File, previous: Option<RawFd>, refused: Option<&str
             CString::new(kv).ok()
         })
         .collect();
-    env.extend(CString::new(format!("{}={}", image::STATE_FD_ENV, memfd.as_raw_fd())).ok());
+    env.extend(CString::new(format!("{}={memfd}", image::STATE_FD_ENV)).ok());
     if let Some(fd) = previous {
         env.extend(CString::new(format!("{}={fd}", restore::PREVIOUS_FD_ENV)).ok());
     }
@@ -366,8 +366,10 @@ fn c_args(argv: &[OsString]) -> Vec<CString> {
         .collect()
 }
 
-/// `execve(binary)`; returns only its error.
-fn exec(binary: &CString, argv: &[OsString], memfd: &std::fs::File, previous: RawFd) -> nix::Error {
+/// `execve(binary)`; returns only its error. Run on the launcher thread
+/// ([`crate::launcher`]): every sandbox's parent thread lives on in the
+/// new image.
+fn exec(binary: &CString, argv: &[OsString], memfd: RawFd, previous: RawFd) -> nix::Error {
     let env = next_env(memfd, Some(previous), None);
     match nix::unistd::execve(binary, &c_args(argv), &env) {
         Ok(never) => match never {},
@@ -375,19 +377,22 @@ fn exec(binary: &CString, argv: &[OsString], memfd: &std::fs::File, previous: Ra
     }
 }
 
-/// `fexecve(previous)`: the previous binary takes the state back, told why.
-/// Returns only its error.
+/// `fexecve(previous)` on the launcher thread: the previous binary takes
+/// the state back, told `why`. Returns only its error.
 pub(crate) fn exec_fd(
-    previous: &impl AsRawFd,
-    argv: &[OsString],
-    memfd: &std::fs::File,
-    why: &str,
+    previous: RawFd,
+    argv: Vec<OsString>,
+    memfd: RawFd,
+    why: String,
 ) -> nix::Error {
-    let env = next_env(memfd, None, Some(why));
-    // SAFETY: `previous` is an open descriptor of an executable file.
-    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(previous.as_raw_fd()) };
-    match nix::unistd::fexecve(fd, &c_args(argv), &env) {
-        Ok(never) => match never {},
-        Err(e) => e,
-    }
+    crate::launcher::run(move || {
+        let env = next_env(memfd, None, Some(&why));
+        // SAFETY: `previous` is an open descriptor of an executable file,
+        // kept open by the caller while this runs.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(previous) };
+        match nix::unistd::fexecve(fd, &c_args(&argv), &env) {
+            Ok(never) => match never {},
+            Err(e) => e,
+        }
+    })
 }

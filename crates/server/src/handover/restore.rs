@@ -13,7 +13,7 @@ use crate::rundir::RuntimeDir;
 use crate::ServerState;
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
@@ -72,10 +72,10 @@ pub fn take() -> Result<Option<Inherited>, TakeError> {
                     // SAFETY: named by the previous image, which kept it open.
                     let prev = unsafe { OwnedFd::from_raw_fd(prev) };
                     let argv: Vec<OsString> = std::env::args_os().collect();
-                    let _ = image::inheritable(std::os::fd::AsRawFd::as_raw_fd(&memfd), true);
+                    let _ = image::inheritable(memfd.as_raw_fd(), true);
                     let why = format!("the new binary cannot read the state: {err}");
                     eprintln!("exec-server: upgrade: {why}; giving it back to the previous binary");
-                    let e = super::exec_fd(&prev, &argv, &memfd, &why);
+                    let e = super::exec_fd(prev.as_raw_fd(), argv, memfd.as_raw_fd(), why);
                     eprintln!("exec-server: cannot execute the previous binary: {e}");
                     Err(TakeError::Read(err))
                 }

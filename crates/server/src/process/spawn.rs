@@ -243,10 +243,18 @@ pub fn start(
     cmd.env_clear();
     cmd.envs(&exec.env);
     cmd.current_dir(cwd);
-    let (pid, io, exit) = match exec.io {
-        Io::Pty(size) => on_a_pty(cmd, size, cgroup_fds).map_err(exec_failed)?,
-        Io::Pipes { stdin } => on_pipes(cmd, stdin, cgroup_fds).map_err(exec_failed)?,
+    let exec_io = exec.io;
+    let fork = move || match exec_io {
+        Io::Pty(size) => on_a_pty(cmd, size, cgroup_fds),
+        Io::Pipes { stdin } => on_pipes(cmd, stdin, cgroup_fds),
     };
+    // A sandbox is forked by the launcher thread, whose end alone would
+    // end it (`--die-with-parent`): it survives an upgrade.
+    let (pid, io, exit) = match sandbox {
+        Some(_) => crate::launcher::run(fork),
+        None => fork(),
+    }
+    .map_err(exec_failed)?;
     Ok(Started {
         pid,
         io,
