@@ -105,17 +105,35 @@ impl executor::Observer for RelayMetrics {
     }
 }
 
-/// Runs the executor until SIGTERM/SIGINT or a fatal registration error.
-pub async fn run(args: RemoteArgs, state: Arc<ServerState>) -> i32 {
+/// The registration credential and whether registry error bodies may be
+/// shown (not with a bearer from stdin), as an upgrade hands it over: it
+/// was read from stdin once, by the first binary.
+pub type Credential = (String, bool);
+
+/// Resolves the flags into an executor (reading the bearer from stdin unless
+/// `inherited` carries it) and returns its future, which runs until a fatal
+/// registration error (exit code 1), and the credential. Errors: the exit
+/// code, after saying why on stderr.
+pub fn prepare(
+    args: &RemoteArgs,
+    state: Arc<ServerState>,
+    inherited: Option<Credential>,
+) -> Result<
+    (
+        impl std::future::Future<Output = i32> + Send + 'static,
+        Credential,
+    ),
+    i32,
+> {
     let (Some(url), Some(env)) = (&args.remote, &args.environment_id) else {
         eprintln!("exec-server: --remote needs --environment-id");
-        return 2;
+        return Err(2);
     };
-    let (token, show_bodies) = match bearer(&args, url) {
+    let (token, show_bodies) = match inherited.map_or_else(|| bearer(args, url), Ok) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("exec-server: {e}");
-            return 2;
+            return Err(2);
         }
     };
     // With a bearer from stdin, registry error bodies are never shown.
@@ -123,18 +141,17 @@ pub async fn run(args: RemoteArgs, state: Arc<ServerState>) -> i32 {
         Ok(r) => r,
         Err(e) => {
             eprintln!("exec-server: {e}");
-            return 2;
+            return Err(2);
         }
     };
     // Checked at parsing already; again for arguments built in code.
     let env = env.trim().to_string();
     if let Err(e) = exec_server_relay::environment_id::validate(&env) {
         eprintln!("exec-server: {e}");
-        return 2;
+        return Err(2);
     }
-    let serving = state.clone();
     let handler: StreamHandler = Arc::new(move |ch| {
-        let state = serving.clone();
+        let state = state.clone();
         let peer = ch.peer.clone();
         let conn = exec_server_rpc::transport::byte_channels(ch.peer, ch.inbound, ch.outbound);
         // A relay stream is a network peer: the same handshake deadline applies.
@@ -152,23 +169,16 @@ pub async fn run(args: RemoteArgs, state: Arc<ServerState>) -> i32 {
         pong_timeout: executor::PONG_TIMEOUT,
         observer: Arc::new(RelayMetrics),
     };
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("exec-server: cannot handle SIGTERM: {e}");
-            return 1;
+    let running = async move {
+        match executor::run(config, handler).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("exec-server: {e}");
+                1
+            }
         }
     };
-    let code = tokio::select! {
-        r = executor::run(config, handler) => match r {
-            Ok(()) => 0,
-            Err(e) => { eprintln!("exec-server: {e}"); 1 }
-        },
-        _ = term.recv() => 0,
-        _ = tokio::signal::ctrl_c() => 0,
-    };
-    state.shutdown();
-    code
+    Ok((running, (token, show_bodies)))
 }
 
 /// The client's source for `--registry URL --environment ID`: the token comes

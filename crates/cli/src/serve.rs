@@ -374,6 +374,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         )
         .collect();
     let mut inherited_url = false;
+    let mut remote_credential = None;
     let config = ServerConfig {
         concurrent_requests: args.concurrent_requests.max(1),
         detached_session_ttl: Duration::from_secs(args.detached_session_ttl),
@@ -433,6 +434,7 @@ pub async fn run(args: ServeArgs) -> i32 {
             from = i.written_by(),
             "taking over from the previous binary"
         );
+        remote_credential = i.take_remote_credential();
         let adopted = state.adopt(i);
         crate::upgrade::report(control, began, refused.as_deref(), &adopted);
         inherited_url = true;
@@ -448,42 +450,45 @@ pub async fn run(args: ServeArgs) -> i32 {
         );
         tokio::spawn(exec_server::metrics::serve(listener, state.clone()));
     }
-    let Some(listener) = listener else {
-        if let Some(mut usr2) = usr2 {
-            tokio::spawn(async move {
-                while usr2.recv().await.is_some() {
-                    tracing::warn!(
-                        "SIGUSR2: an executor in remote mode cannot be upgraded in place yet; \
-                         nothing was changed"
-                    );
-                }
-            });
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("exec-server: cannot handle SIGTERM: {e}");
+            return 1;
         }
-        return crate::executor::run(args.remote.clone(), state).await;
     };
     let unix_path = match &addr {
         ListenAddr::Unix(p) => Some(p.clone()),
         _ => None,
     };
-    // After an upgrade the URL was printed already, by the first binary.
-    if !matches!(addr, ListenAddr::Stdio) && !inherited_url {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", listener.url());
-        let _ = out.flush();
-    }
-    tracing::info!("listening on {}", listener.url());
-    if let ListenAddr::WebSocket(a) = &addr {
-        if config.auth.is_none() {
-            warn_unless_loopback(
-                a.ip(),
-                &format!("listening on {}", listener.url()),
-                "without --ws-auth",
-                "run commands as this user",
-            );
+    // What serves (the listener, or the remote executor), and what an
+    // upgrade hands over of it.
+    let mut target = crate::upgrade::Target::default();
+    let serving: std::pin::Pin<Box<dyn std::future::Future<Output = i32> + Send>> = match listener {
+        Some(listener) => {
+            announce(&listener, &addr, config.auth.is_none(), inherited_url);
+            target.listener = listener.handover();
+            let state = state.clone();
+            Box::pin(async move {
+                listen::serve(listener, state).await;
+                tracing::info!("connection ended");
+                0
+            })
         }
-    }
+        None => match crate::executor::prepare(&args.remote, state.clone(), remote_credential) {
+            Ok((running, credential)) => {
+                target.remote_credential = Some(credential);
+                Box::pin(running)
+            }
+            Err(code) => {
+                state.shutdown();
+                return code;
+            }
+        },
+    };
     let stdin_closed = async {
-        if args.exit_on_stdin_close && !matches!(addr, ListenAddr::Stdio) {
+        let listening = args.remote.remote.is_none() && !matches!(addr, ListenAddr::Stdio);
+        if args.exit_on_stdin_close && listening {
             use tokio::io::AsyncReadExt;
             let mut stdin = tokio::io::stdin();
             let mut buf = [0u8; 1024];
@@ -492,44 +497,55 @@ pub async fn run(args: ServeArgs) -> i32 {
             std::future::pending::<()>().await;
         }
     };
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("exec-server: cannot handle SIGTERM: {e}");
-            return 1;
-        }
-    };
-    let handover = listener.handover();
-    let control = handover
-        .as_ref()
-        .and_then(|_| crate::upgrade::Control::bind());
-    let serving = listen::serve(listener, state.clone());
-    tokio::pin!(serving);
+    let control = target
+        .upgradable()
+        .then(crate::upgrade::Control::bind)
+        .flatten();
     tokio::pin!(stdin_closed);
-    loop {
+    let mut serving = serving;
+    let code = loop {
         let (binary, reply) = tokio::select! {
-            _ = &mut serving => { tracing::info!("connection ended"); break }
-            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break }
-            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: shutting down"); break }
-            _ = &mut stdin_closed => { tracing::info!("stdin closed: shutting down"); break }
+            code = &mut serving => break code,
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break 0 }
+            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: shutting down"); break 0 }
+            _ = &mut stdin_closed => { tracing::info!("stdin closed: shutting down"); break 0 }
             Some(()) = crate::upgrade::recv_opt(&mut usr2) => (None, None),
             (binary, reply) = crate::upgrade::accept_opt(control.as_ref(), &state) => (binary, Some(reply)),
         };
-        if handover.is_none() {
+        if !target.upgradable() {
             tracing::warn!(
                 "upgrade asked for, but a stdio server's one connection cannot be handed over"
             );
             continue;
         }
         tracing::info!("upgrade asked for");
-        crate::upgrade::perform(&state, binary, &own_path, handover.clone(), reply).await;
-    }
+        crate::upgrade::perform(&state, binary, &own_path, &target, reply).await;
+    };
     drop(control);
     state.shutdown();
     if let Some(p) = unix_path {
         let _ = std::fs::remove_file(p);
     }
-    0
+    code
+}
+
+/// Prints the URL (the only stdout line; not again after an upgrade) and
+/// warns about a listener others can reach without authentication.
+fn announce(listener: &listen::Listener, addr: &ListenAddr, no_auth: bool, inherited: bool) {
+    if !matches!(addr, ListenAddr::Stdio) && !inherited {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", listener.url());
+        let _ = out.flush();
+    }
+    tracing::info!("listening on {}", listener.url());
+    if let (ListenAddr::WebSocket(a), true) = (addr, no_auth) {
+        warn_unless_loopback(
+            a.ip(),
+            &format!("listening on {}", listener.url()),
+            "without --ws-auth",
+            "run commands as this user",
+        );
+    }
 }
 
 /// Warns (at `warn`, so on stderr with the default filter) that `what`, a

@@ -265,20 +265,38 @@ fn answer(mut reply: impl Write, outcome: &Outcome) {
     }
 }
 
+/// What an upgrade hands over of what serves: the listener, or a remote
+/// executor's credential. Neither (a stdio server): it cannot upgrade.
+#[derive(Default)]
+pub struct Target {
+    /// The listener's descriptor, kind and URL.
+    pub listener: Option<(RawFd, &'static str, String)>,
+    /// The remote executor's registration credential.
+    pub remote_credential: Option<crate::executor::Credential>,
+}
+
+impl Target {
+    /// True when an upgrade can hand over what serves.
+    pub fn upgradable(&self) -> bool {
+        self.listener.is_some() || self.remote_credential.is_some()
+    }
+}
+
 /// Upgrades to `binary` (default: `own_path`, this server's path as it was
 /// started). Returns only when refused, after answering `reply` and logging.
 pub async fn perform(
     state: &Arc<ServerState>,
     binary: Option<PathBuf>,
     own_path: &Path,
-    listener: Option<(RawFd, &'static str, String)>,
+    target: &Target,
     reply: Option<std::os::unix::net::UnixStream>,
 ) {
     let request = handover::Request {
         binary: binary.unwrap_or_else(|| own_path.to_path_buf()),
         argv: std::env::args_os().collect(),
-        listener,
+        listener: target.listener.clone(),
         reply: reply.as_ref().map(|r| r.as_raw_fd()),
+        remote_credential: target.remote_credential.clone(),
     };
     let refusal = state.upgrade(request).await;
     tracing::warn!("upgrade refused; serving on: {refusal}");

@@ -340,3 +340,73 @@ async fn a_process_behind_the_managed_proxy_refuses_the_upgrade_by_name() {
     assert_eq!(r["exited"], json!(false), "{r}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_remote_executor_reattaches_with_its_credential_and_the_stream_goes_on() {
+    use crate::remote_mode::{start_executor, start_registry, wait_ready};
+    let dir = tmpdir("upgrade-remote");
+    let next = second_copy(&dir);
+    let (exec_tokens, harness_tokens) = (dir.join("exec"), dir.join("harness"));
+    std::fs::write(&exec_tokens, "up executor-secret\n").unwrap();
+    std::fs::write(&harness_tokens, "harness-secret\n").unwrap();
+    let (_registry, url) = start_registry(&[
+        "--executor-tokens",
+        exec_tokens.to_str().unwrap(),
+        "--harness-tokens",
+        harness_tokens.to_str().unwrap(),
+    ]);
+    // The bearer reaches the executor on stdin, once: the new binary must
+    // register with the one handed over.
+    let executor = start_executor(&url, "up", "executor-secret");
+    wait_ready(&url, "up", "harness-secret");
+    let out_path = dir.join("out");
+    let script = "echo pid=$$; seq 1 2000000; echo ppid=$(cut -d' ' -f4 /proc/$$/stat)";
+    let mut client = Command::new(BIN)
+        .args(["run", "--registry", &url, "--environment", "up", "--"])
+        .args(["sh", "-c", script])
+        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "harness-secret")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run the client");
+    assert!(
+        eventually(WAIT, || std::fs::metadata(&out_path)
+            .is_ok_and(|m| m.len() > 4096))
+        .await,
+        "the stream began"
+    );
+    let (code, text) = upgrade(executor.0.id(), &next);
+    assert_eq!(code, 0, "{text}");
+    // The stream's process, and the finished one of `wait_ready` whose
+    // record is still kept.
+    assert!(text.contains("2 processes taken over"), "{text}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = client.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the client did not finish");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "client: {status}");
+    let got = std::fs::read(&out_path).unwrap();
+    let text = String::from_utf8_lossy(&got);
+    let pid: u32 = text
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("pid="))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("first line of {:?}", &text[..text.len().min(40)]));
+    let mut want = format!("pid={pid}\n").into_bytes();
+    want.extend(expected_seq(2_000_000));
+    want.extend(format!("ppid={}\n", executor.0.id()).into_bytes());
+    assert!(
+        got == want,
+        "output differs at byte {:?}",
+        first_difference(&got, &want)
+    );
+    // New connections reach the new binary through the registry.
+    wait_ready(&url, "up", "harness-secret");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -73,6 +73,10 @@ pub struct StateDoc {
     pub cgroups: Option<CgroupsParts>,
     /// Every session.
     pub sessions: Vec<SessionDoc>,
+    /// A remote executor's registration credential (the memfd is this
+    /// process's alone), and whether registry error bodies may be shown.
+    #[serde(default)]
+    pub remote_credential: Option<(String, bool)>,
 }
 
 /// Collects descriptors and blob bytes while the document is written.

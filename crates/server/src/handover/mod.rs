@@ -53,6 +53,9 @@ pub struct Request {
     pub listener: Option<(RawFd, &'static str, String)>,
     /// The `exec-server upgrade` connection that waits for the outcome.
     pub reply: Option<RawFd>,
+    /// A remote executor's registration credential and whether registry
+    /// error bodies may be shown: read from stdin once, by the first binary.
+    pub remote_credential: Option<(String, bool)>,
 }
 
 /// Why an upgrade did not happen (the server goes on as it was).
@@ -301,6 +304,7 @@ impl ServerState {
                 .map(|d| (d.path().to_path_buf(), writer.keep(d.lock_fd()))),
             cgroups: self.host.cgroups.parts(),
             sessions,
+            remote_credential: request.remote_credential.clone(),
         };
         if let Err(e) = writer.finish(&doc, &memfd) {
             // Nothing can resume the parked processes in this image.

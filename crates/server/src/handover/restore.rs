@@ -144,6 +144,11 @@ impl Inherited {
         Some(RuntimeDir::adopt(path, std::fs::File::from(lock)))
     }
 
+    /// A remote executor's registration credential.
+    pub fn take_remote_credential(&mut self) -> Option<(String, bool)> {
+        self.reader.doc.remote_credential.take()
+    }
+
     /// The per-process cgroups' directory.
     pub fn cgroups(&self) -> Option<CgroupsParts> {
         self.reader.doc.cgroups.clone()

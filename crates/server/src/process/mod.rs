@@ -439,10 +439,11 @@ impl Process {
         let mut rx = self.changed.subscribe();
         let deadline = wait.map(|w| tokio::time::Instant::now() + w);
         loop {
-            {
+            let frozen = {
                 let mut st = lock(&self.state);
-                let ready = st.log.has_events_after(after);
-                if ready || deadline.is_none_or(|d| tokio::time::Instant::now() >= d) {
+                let ready = !st.frozen && st.log.has_events_after(after);
+                let due = deadline.is_none_or(|d| tokio::time::Instant::now() >= d);
+                if !st.frozen && (ready || due) {
                     // Asking from `after` proves everything up to it was received.
                     st.log.mark_delivered(after);
                     let page = st.log.read(after, max_bytes);
@@ -471,6 +472,13 @@ impl Process {
                     };
                 }
                 rx.borrow_and_update();
+                st.frozen
+            };
+            if frozen {
+                // Handing over: the log is being taken apart, and this
+                // connection ends at the `execve`. The client reads again
+                // once it has resumed.
+                return std::future::pending().await;
             }
             // Wake on a change or at the deadline; the next pass builds the page.
             if let Some(deadline) = deadline {
@@ -685,18 +693,20 @@ async fn stdin_writer(
         let Some(op) = op else { break };
         // Bytes the child took so far: an upgrade hands over the rest.
         let done = std::sync::atomic::AtomicUsize::new(0);
-        let result = match op {
-            // The permit is released once the child has taken the bytes.
-            StdinOp::Write(data, _permit) => tokio::select! {
-                r = write_all(&fd, &data, &done) => r,
-                _ = handover::asked(&mut parking) => {
-                    let rest = data[done.load(std::sync::atomic::Ordering::Relaxed)..].to_vec();
-                    proc.park.stdin_parked(rx, fd, rest);
-                    return;
-                }
-            },
-            StdinOp::Close if is_pty => write_all(&fd, b"\x04", &done).await,
+        // The permit is released once the child has taken the bytes. A
+        // terminal's end of file is its ^D character.
+        let (data, _permit) = match op {
+            StdinOp::Write(data, permit) => (data, Some(permit)),
+            StdinOp::Close if is_pty => (b"\x04".to_vec(), None),
             StdinOp::Close => break,
+        };
+        let result = tokio::select! {
+            r = write_all(&fd, &data, &done) => r,
+            _ = handover::asked(&mut parking) => {
+                let rest = data[done.load(std::sync::atomic::Ordering::Relaxed)..].to_vec();
+                proc.park.stdin_parked(rx, fd, rest);
+                return;
+            }
         };
         if result.is_err() {
             lock(&proc.state).stdin_broken = true;
