@@ -40,31 +40,34 @@ fn parent_of(pid: u32) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-#[tokio::test]
-async fn a_stream_goes_on_byte_identical_across_an_upgrade_and_the_command_keeps_its_pid() {
-    let dir = tmpdir("upgrade-seq");
-    let next = second_copy(&dir);
-    let server = Server::start(&[]);
-    let out_path = dir.join("out");
-    // The command prints its pid, the stream, then its parent's pid: the
-    // server's, if it was never restarted nor re-parented.
-    let script = "echo pid=$$; seq 1 5000000; echo ppid=$(cut -d' ' -f4 /proc/$$/stat)";
-    let mut client = Command::new(BIN)
-        .args(["run", "--connect", &server.url, "--", "sh", "-c", script])
+/// The script both stream tests run: its pid, `seq 1 N`, then its parent's
+/// pid (the server's, if it was never restarted nor re-parented).
+fn seq_script(n: u32) -> String {
+    format!("echo pid=$$; seq 1 {n}; echo ppid=$(cut -d' ' -f4 /proc/$$/stat)")
+}
+
+/// Starts the client `cmd` with its stdout in `out`; returns once its
+/// stream has begun.
+async fn stream_to(mut cmd: Command, out: &Path) -> std::process::Child {
+    let client = cmd
         .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stdout(std::fs::File::create(out).unwrap())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("run the client");
     assert!(
-        eventually(WAIT, || std::fs::metadata(&out_path)
+        eventually(WAIT, || std::fs::metadata(out)
             .is_ok_and(|m| m.len() > 4096))
         .await,
         "the stream began"
     );
-    let (code, text) = upgrade(server.pid(), &next);
-    assert_eq!(code, 0, "{text}");
-    assert!(text.contains("1 processes taken over"), "{text}");
+    client
+}
+
+/// Waits (60 s at most) for the client running [`seq_script`] to succeed,
+/// then checks its output byte for byte: the pid it printed first, every
+/// line of `seq 1 n`, and `server` as the command's parent at its end.
+async fn check_seq_client(client: &mut std::process::Child, out: &Path, n: u32, server: u32) {
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(s) = client.try_wait().unwrap() {
@@ -74,7 +77,7 @@ async fn a_stream_goes_on_byte_identical_across_an_upgrade_and_the_command_keeps
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(status.success(), "client: {status}");
-    let got = std::fs::read(&out_path).unwrap();
+    let got = std::fs::read(out).unwrap();
     let text = String::from_utf8_lossy(&got);
     let first = text.lines().next().unwrap_or_default();
     let pid: u32 = first
@@ -82,8 +85,8 @@ async fn a_stream_goes_on_byte_identical_across_an_upgrade_and_the_command_keeps
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("first line {first:?}"));
     let mut want = format!("pid={pid}\n").into_bytes();
-    want.extend(expected_seq(5_000_000));
-    want.extend(format!("ppid={}\n", server.pid()).into_bytes());
+    want.extend(expected_seq(n as u64));
+    want.extend(format!("ppid={server}\n").into_bytes());
     assert!(
         got == want,
         "output differs at byte {:?} ({} bytes, want {})",
@@ -91,6 +94,24 @@ async fn a_stream_goes_on_byte_identical_across_an_upgrade_and_the_command_keeps
         got.len(),
         want.len()
     );
+}
+
+#[tokio::test]
+async fn a_stream_goes_on_byte_identical_across_an_upgrade_and_the_command_keeps_its_pid() {
+    let dir = tmpdir("upgrade-seq");
+    let next = second_copy(&dir);
+    let server = Server::start(&[]);
+    let out_path = dir.join("out");
+    // The command prints its pid, the stream, then its parent's pid: the
+    // server's, if it was never restarted nor re-parented.
+    let script = seq_script(5_000_000);
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--connect", &server.url, "--", "sh", "-c", &script]);
+    let mut client = stream_to(cmd, &out_path).await;
+    let (code, text) = upgrade(server.pid(), &next);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("1 processes taken over"), "{text}");
+    check_seq_client(&mut client, &out_path, 5_000_000, server.pid()).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -360,52 +381,18 @@ async fn a_remote_executor_reattaches_with_its_credential_and_the_stream_goes_on
     let executor = start_executor(&url, "up", "executor-secret");
     wait_ready(&url, "up", "harness-secret");
     let out_path = dir.join("out");
-    let script = "echo pid=$$; seq 1 2000000; echo ppid=$(cut -d' ' -f4 /proc/$$/stat)";
-    let mut client = Command::new(BIN)
-        .args(["run", "--registry", &url, "--environment", "up", "--"])
-        .args(["sh", "-c", script])
-        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "harness-secret")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run the client");
-    assert!(
-        eventually(WAIT, || std::fs::metadata(&out_path)
-            .is_ok_and(|m| m.len() > 4096))
-        .await,
-        "the stream began"
-    );
+    let script = seq_script(2_000_000);
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--registry", &url, "--environment", "up", "--"])
+        .args(["sh", "-c", &script])
+        .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "harness-secret");
+    let mut client = stream_to(cmd, &out_path).await;
     let (code, text) = upgrade(executor.0.id(), &next);
     assert_eq!(code, 0, "{text}");
     // The stream's process, and the finished one of `wait_ready` whose
     // record is still kept.
     assert!(text.contains("2 processes taken over"), "{text}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = client.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the client did not finish");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert!(status.success(), "client: {status}");
-    let got = std::fs::read(&out_path).unwrap();
-    let text = String::from_utf8_lossy(&got);
-    let pid: u32 = text
-        .lines()
-        .next()
-        .and_then(|l| l.strip_prefix("pid="))
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("first line of {:?}", &text[..text.len().min(40)]));
-    let mut want = format!("pid={pid}\n").into_bytes();
-    want.extend(expected_seq(2_000_000));
-    want.extend(format!("ppid={}\n", executor.0.id()).into_bytes());
-    assert!(
-        got == want,
-        "output differs at byte {:?}",
-        first_difference(&got, &want)
-    );
+    check_seq_client(&mut client, &out_path, 2_000_000, executor.0.id()).await;
     // New connections reach the new binary through the registry.
     wait_ready(&url, "up", "harness-secret");
     let _ = std::fs::remove_dir_all(&dir);
