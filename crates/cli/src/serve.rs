@@ -435,7 +435,7 @@ pub async fn run(args: ServeArgs) -> i32 {
             "taking over from the previous binary"
         );
         remote_credential = i.take_remote_credential();
-        let adopted = state.adopt(i);
+        let adopted = state.adopt(i).await;
         crate::upgrade::report(control, began, refused.as_deref(), &adopted);
         inherited_url = true;
     }

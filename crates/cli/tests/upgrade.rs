@@ -342,23 +342,63 @@ async fn a_sandboxed_process_keeps_running_and_keeps_its_confinement() {
 }
 
 #[tokio::test]
-async fn a_process_behind_the_managed_proxy_refuses_the_upgrade_by_name() {
+async fn a_process_behind_the_managed_proxy_keeps_its_proxy_and_its_rules() {
+    proxy_survives_an_upgrade(false).await;
+}
+
+#[tokio::test]
+async fn a_sandbox_routed_through_its_proxy_keeps_its_route_and_its_rules() {
+    proxy_survives_an_upgrade(true).await;
+}
+
+/// A process fetches a local URL (allowed) and a denied host (403) through
+/// its managed proxy, before and after an upgrade; `sandboxed`: in a
+/// sandbox whose only way out is the proxy (its Unix sockets, bridged).
+async fn proxy_survives_an_upgrade(sandboxed: bool) {
     let dir = tmpdir("upgrade-proxy");
     let next = second_copy(&dir);
     let server = Server::start(&[]);
+    let (base, _http) = crate::common::loopback_http::http_server().await;
     let mut c = Conn::open(&server.url, None).await;
-    let mut p = start_params("np", &["sleep", "30"], Path::new("/tmp"), false, false);
-    p["networkProxy"] = json!({"proxy": crate::managed_network::proxy(json!({}))});
+    // Each line it reads is a URL to fetch through its proxy variables.
+    let script =
+        "while read u; do curl -sS --max-time 10 -o /dev/null -w '%{http_code}\\n' \"$u\"; done";
+    let mut p = start_params("np", &["sh", "-c", script], &dir, false, true);
+    let rules = json!({"allowLocalBinding": true, "domains": {"blocked.test": "deny"}});
+    p["networkProxy"] = json!({"proxy": crate::managed_network::proxy(rules)});
+    if sandboxed {
+        p["enforceManagedNetwork"] = json!(true);
+        p["sandbox"] = crate::common::sandbox::ww(&dir);
+    }
     c.ok("process/start", p).await;
+    let urls = format!("{base}/echo\nhttp://blocked.test/\n");
+    let ask = |id: &str| json!({"processId": "np", "chunk": b64(urls.as_bytes()), "writeId": id});
+    // Reads until `n` status lines have arrived after `after`.
+    async fn statuses(c: &mut Conn, after: &mut u64, n: usize) -> Vec<String> {
+        let mut text = String::new();
+        let deadline = Instant::now() + WAIT;
+        while text.lines().count() < n && Instant::now() < deadline {
+            let r = read(c, "np", *after, 1000).await;
+            assert_eq!(r["exited"], json!(false), "{r}");
+            *after = r["nextSeq"].as_u64().unwrap() - 1;
+            for k in r["chunks"].as_array().unwrap() {
+                text.push_str(&String::from_utf8_lossy(&unb64(&k["chunk"])));
+            }
+        }
+        text.lines().map(str::to_string).collect()
+    }
+    let mut after = 0;
+    c.ok("process/write", ask("w1")).await;
+    assert_eq!(statuses(&mut c, &mut after, 2).await, ["200", "403"]);
     let (code, text) = upgrade(server.pid(), &next);
-    assert_eq!(code, 1, "{text}");
-    assert!(
-        text.contains("\"np\"") && text.contains("managed network proxy"),
-        "{text}"
+    assert_eq!(code, 0, "{text}");
+    let mut c = Conn::open_retry(&server.url, &c.session.clone()).await;
+    c.ok("process/write", ask("w2")).await;
+    assert_eq!(
+        statuses(&mut c, &mut after, 2).await,
+        ["200", "403"],
+        "the same proxy port, the same rules, after the upgrade"
     );
-    // Refused before anything stopped: the same connection serves on.
-    let r = read(&mut c, "np", 0, 0).await;
-    assert_eq!(r["exited"], json!(false), "{r}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

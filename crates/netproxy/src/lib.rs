@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod env;
+pub mod handover;
 pub mod host;
 mod http;
 pub mod mask;
@@ -26,6 +27,7 @@ pub use policy::{
     Rules, Source, Verdict,
 };
 
+pub use mitm::CaParts;
 /// A certificate in DER (for [`Launch::upstream_roots`]).
 pub use rustls::pki_types::CertificateDer;
 
@@ -92,6 +94,10 @@ impl Shared {
 /// A running proxy. Dropping it stops it.
 pub struct Proxy {
     ca_pem: Option<String>,
+    /// The interception CA, for [`Proxy::handover`].
+    mitm: Option<Arc<mitm::Authority>>,
+    /// Its listeners' descriptors, for [`Proxy::handover`].
+    fds: handover::ListenerFds,
     http: SocketAddr,
     socks: Option<SocketAddr>,
     allow_local_binding: bool,
@@ -103,15 +109,42 @@ impl Proxy {
     /// Binds the listeners (127.0.0.1, ephemeral ports) and starts serving.
     /// Errors: the OS's bind errors.
     pub async fn start(launch: Launch, decider: Arc<dyn Decider>) -> std::io::Result<Proxy> {
+        Self::start_with(launch, decider, None).await
+    }
+
+    /// Serves on the listeners and with the CA a previous image of the
+    /// server handed over ([`Proxy::handover`]): the child's proxy
+    /// variables and trusted CA stay right. Errors: a listener that is not
+    /// one, or a CA that does not load.
+    pub async fn take_over(
+        launch: Launch,
+        decider: Arc<dyn Decider>,
+        inherited: handover::Inherited,
+    ) -> std::io::Result<Proxy> {
+        Self::start_with(launch, decider, Some(inherited)).await
+    }
+
+    async fn start_with(
+        launch: Launch,
+        decider: Arc<dyn Decider>,
+        mut inherited: Option<handover::Inherited>,
+    ) -> std::io::Result<Proxy> {
         let (stop_tx, stop) = watch::channel(());
         let allow_local_binding = launch.rules.allow_local_binding;
         let masking = launch.masking.filter(|m| !m.is_empty());
-        let mitm = match &masking {
-            Some(_) => Some(Arc::new(
+        let ca_parts = inherited.as_mut().and_then(|i| i.ca.take());
+        let mitm = match (&masking, ca_parts) {
+            (Some(_), Some(parts)) => Some(Arc::new(
+                mitm::Authority::from_parts(&parts, &launch.upstream_roots)
+                    .map_err(std::io::Error::other)?,
+            )),
+            (Some(_), None) => Some(Arc::new(
                 mitm::Authority::new(&launch.upstream_roots).map_err(std::io::Error::other)?,
             )),
-            None => None,
+            (None, _) => None,
         };
+        let mut fds = handover::ListenerFds::default();
+        let mut listeners = handover::Listeners::new(inherited);
         let ca_pem = mitm.as_ref().map(|a| a.ca_pem().to_string());
         let shared = Arc::new(Shared {
             masking,
@@ -122,29 +155,36 @@ impl Proxy {
             stop,
         });
         let mut tasks = Vec::new();
-        let http_l = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let http_l = listeners.tcp(handover::Slot::Http).await?;
         let http = http_l.local_addr()?;
+        fds.http = Some(std::os::fd::AsRawFd::as_raw_fd(&http_l));
         tasks.push(tokio::spawn(accept_tcp(http_l, shared.clone(), Kind::Http)));
         let mut socks = None;
         if launch.socks5 {
-            let l = TcpListener::bind(("127.0.0.1", 0)).await?;
+            let l = listeners.tcp(handover::Slot::Socks).await?;
             socks = Some(l.local_addr()?);
+            fds.socks = Some(std::os::fd::AsRawFd::as_raw_fd(&l));
             tasks.push(tokio::spawn(accept_tcp(l, shared.clone(), Kind::Socks)));
         }
         if let Some(dir) = &launch.unix_dir {
-            let l = UnixListener::bind(dir.join(HTTP_SOCKET))?;
+            let l = listeners.unix(handover::Slot::UnixHttp, &dir.join(HTTP_SOCKET))?;
+            fds.unix_http = Some(std::os::fd::AsRawFd::as_raw_fd(&l));
             tasks.push(tokio::spawn(accept_unix(l, shared.clone(), Kind::Http)));
             if launch.socks5 {
-                let l = UnixListener::bind(dir.join(SOCKS_SOCKET))?;
+                let l = listeners.unix(handover::Slot::UnixSocks, &dir.join(SOCKS_SOCKET))?;
+                fds.unix_socks = Some(std::os::fd::AsRawFd::as_raw_fd(&l));
                 tasks.push(tokio::spawn(accept_unix(l, shared.clone(), Kind::Socks)));
             }
             if launch.transparent_tcp {
-                let l = UnixListener::bind(dir.join(TCP_SOCKET))?;
+                let l = listeners.unix(handover::Slot::UnixTcp, &dir.join(TCP_SOCKET))?;
+                fds.unix_tcp = Some(std::os::fd::AsRawFd::as_raw_fd(&l));
                 tasks.push(tokio::spawn(accept_unix(l, shared.clone(), Kind::Socks)));
             }
         }
         Ok(Proxy {
             ca_pem,
+            mitm: shared.mitm.clone(),
+            fds,
             http,
             socks,
             allow_local_binding,
@@ -167,6 +207,13 @@ impl Proxy {
     /// masked anything: the child must trust it (and only this child does).
     pub fn ca_pem(&self) -> Option<&str> {
         self.ca_pem.as_deref()
+    }
+
+    /// What the next image of the server needs to serve the same child:
+    /// its listeners' descriptors (valid while this proxy lives) and its
+    /// interception CA.
+    pub fn handover(&self) -> (handover::ListenerFds, Option<CaParts>) {
+        (self.fds, self.mitm.as_ref().map(|m| m.parts()))
     }
 
     /// The child environment pointing at this proxy (SANDBOX.md §3.1).

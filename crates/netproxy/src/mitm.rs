@@ -73,14 +73,61 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub struct Authority {
     ca: CertifiedIssuer<'static, KeyPair>,
     ca_pem: String,
+    /// The CA certificate leaves are chained to: the one the child trusts
+    /// (after an upgrade, the previous image's; the key is the same).
+    ca_der: CertificateDer<'static>,
+    /// The CA's private key (PKCS#8 PEM), for the next image of the server.
+    key_pem: String,
     leaves: Mutex<HashMap<String, Arc<ServerConfig>>>,
     upstream: Arc<ClientConfig>,
+}
+
+/// A proxy's interception CA written down for the next image of the server
+/// (an upgrade): its key, and the certificate the child trusts.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+pub struct CaParts {
+    key_pem: String,
+    cert_pem: String,
+    cert_der: Vec<u8>,
+}
+
+impl std::fmt::Debug for CaParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaParts").finish_non_exhaustive()
+    }
 }
 
 impl Authority {
     /// A fresh CA; upstream servers are verified against the Mozilla roots
     /// and `extra_roots` (DER).
     pub fn new(extra_roots: &[CertificateDer<'static>]) -> Result<Authority, MitmError> {
+        let ca = Self::issuer(KeyPair::generate()?)?;
+        let (ca_pem, ca_der) = (ca.pem(), ca.der().clone());
+        Self::build(ca, ca_pem, ca_der, extra_roots)
+    }
+
+    /// The CA a previous image of the server made ([`Authority::parts`]):
+    /// its key signs new leaves, chained to the certificate the child
+    /// already trusts.
+    pub fn from_parts(
+        parts: &CaParts,
+        extra_roots: &[CertificateDer<'static>],
+    ) -> Result<Authority, MitmError> {
+        let ca = Self::issuer(KeyPair::from_pem(&parts.key_pem)?)?;
+        let der = CertificateDer::from(parts.cert_der.clone());
+        Self::build(ca, parts.cert_pem.clone(), der, extra_roots)
+    }
+
+    /// The CA written down for the next image of the server.
+    pub fn parts(&self) -> CaParts {
+        CaParts {
+            key_pem: self.key_pem.clone(),
+            cert_pem: self.ca_pem.clone(),
+            cert_der: self.ca_der.to_vec(),
+        }
+    }
+
+    fn issuer(key: KeyPair) -> Result<CertifiedIssuer<'static, KeyPair>, MitmError> {
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
         dn.push(
@@ -94,8 +141,16 @@ impl Authority {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate()?)?;
-        let ca_pem = ca.pem();
+        Ok(CertifiedIssuer::self_signed(params, key)?)
+    }
+
+    fn build(
+        ca: CertifiedIssuer<'static, KeyPair>,
+        ca_pem: String,
+        ca_der: CertificateDer<'static>,
+        extra_roots: &[CertificateDer<'static>],
+    ) -> Result<Authority, MitmError> {
+        let key_pem = ca.key().serialize_pem();
         let mut roots = RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         for r in extra_roots {
@@ -110,6 +165,8 @@ impl Authority {
         Ok(Authority {
             ca,
             ca_pem,
+            ca_der,
+            key_pem,
             leaves: Mutex::new(HashMap::new()),
             upstream: Arc::new(client),
         })
@@ -133,7 +190,7 @@ impl Authority {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.ca)?;
-        let chain = vec![cert.der().clone(), self.ca.der().clone()];
+        let chain = vec![cert.der().clone(), self.ca_der.clone()];
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         let mut cfg = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?

@@ -5,7 +5,7 @@ use super::scope_path;
 use std::fmt;
 
 /// The scheme of a request the proxy sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Scheme {
     /// Plain `http://` through the HTTP listener.
     Http,
@@ -23,7 +23,7 @@ impl Scheme {
 }
 
 /// The host part of a [`Dest`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum HostMatch {
     /// This host only (lowercase, no trailing dot, IPv6 without brackets).
     Exact(String),
@@ -32,7 +32,7 @@ enum HostMatch {
 }
 
 /// One destination a secret may be sent to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Dest {
     scheme: Scheme,
     host: HostMatch,

@@ -78,7 +78,9 @@ const BUILTIN_ENV: [&str; 6] = [
     "GH_HOST",
 ];
 
-/// One masked variable.
+/// One masked variable. Serialised only into an upgrade's state document
+/// (a memfd of this process), never to disk.
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct Masked {
     /// The variable's name.
     pub env_var: String,
@@ -102,7 +104,7 @@ impl fmt::Debug for Masked {
 }
 
 /// The masking of one process: placeholder → secret, per destination.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Masking {
     records: Vec<Masked>,
 }

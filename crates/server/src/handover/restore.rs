@@ -160,7 +160,7 @@ impl ServerState {
     /// back detached (each expires a TTL from now unless resumed), processes
     /// with their pids, output, seqs and writeIds. A process that cannot be
     /// taken over is killed and named in [`Adopted::failed`].
-    pub fn adopt(self: &Arc<Self>, mut inherited: Inherited) -> Adopted {
+    pub async fn adopt(self: &Arc<Self>, mut inherited: Inherited) -> Adopted {
         let mut adopted = Adopted::default();
         let sessions = std::mem::take(&mut inherited.reader.doc.sessions);
         for s in sessions {
@@ -169,8 +169,9 @@ impl ServerState {
             for group in s.leftovers {
                 session.adopt_leftover(self.host.cgroups.adopt_process(group));
             }
-            for doc in s.processes {
+            for mut doc in s.processes {
                 let (id, pid) = (doc.id().to_string(), doc.pid());
+                let proxy = doc.take_proxy();
                 let weak = Arc::downgrade(&session);
                 let cx = AdoptContext {
                     link: session.link.clone(),
@@ -186,7 +187,28 @@ impl ServerState {
                     live: [&session.live, &self.live_processes],
                     exit: inherited.exits.remove(&pid),
                 };
-                match adopt(doc, &mut inherited.reader, cx) {
+                let taken = adopt(doc, &mut inherited.reader, cx);
+                let taken = match (taken, proxy) {
+                    (Ok(p), Some(proxy)) => {
+                        let link = session.link.clone();
+                        let reader = &mut inherited.reader;
+                        match crate::network::handover::adopt(proxy, reader, link, &self.config)
+                            .await
+                        {
+                            Ok(running) => {
+                                p.hold_until_closed(Box::new(running));
+                                Ok(p)
+                            }
+                            // Never a process whose proxy does not serve.
+                            Err(e) => {
+                                p.terminate();
+                                Err(std::io::Error::other(format!("its network proxy: {e}")))
+                            }
+                        }
+                    }
+                    (taken, _) => taken,
+                };
+                match taken {
                     Ok(p) => {
                         session.adopt_process(p);
                         adopted.processes += 1;

@@ -157,6 +157,25 @@ impl CaBundle {
         Ok(bundle)
     }
 
+    /// The bundle written down for an upgrade: its file, the path the child
+    /// sees, and its own directory.
+    pub fn parts(&self) -> (PathBuf, PathBuf, Option<PathBuf>) {
+        (
+            self.file.clone(),
+            self.child_path.clone(),
+            self.own_dir.clone(),
+        )
+    }
+
+    /// The bundle a previous image of the server wrote ([`CaBundle::parts`]).
+    pub fn adopt((file, child_path, own_dir): (PathBuf, PathBuf, Option<PathBuf>)) -> CaBundle {
+        CaBundle {
+            file,
+            child_path,
+            own_dir,
+        }
+    }
+
     /// The bundle's path as the child sees it.
     pub fn child_path(&self) -> &Path {
         &self.child_path

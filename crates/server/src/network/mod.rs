@@ -5,6 +5,7 @@
 //! with the notification `network/policyDecision`. The proxy itself lives in
 //! `exec-server-netproxy`.
 
+pub mod handover;
 pub mod masking;
 
 use crate::link::Link;
@@ -77,6 +78,10 @@ pub struct RunningProxy {
     /// The CA bundle naming the proxy's interception CA, when it intercepts.
     pub ca: Option<masking::CaBundle>,
     _dir: Option<SocketDir>,
+    /// What it was started from, for an upgrade ([`handover`]).
+    cfg: RemoteNetworkProxyLaunchConfig,
+    process_id: String,
+    masking: Option<Arc<exec_server_netproxy::mask::Masking>>,
 }
 
 impl RunningProxy {
@@ -133,35 +138,21 @@ pub async fn start(
         &std::collections::BTreeMap<String, String>,
     )>,
 ) -> Result<RunningProxy, crate::error::ExecError> {
-    let tcp = &server.transparent_tcp;
-    let failed = |e: std::io::Error| {
-        crate::error::ExecError::failed(format!("cannot start the network proxy: {e}"))
-            .with_source(e)
-    };
-    let timeout = Duration::from_millis(cfg.policy_decision_timeout_ms.unwrap_or(0));
-    let decider = Arc::new(ClientDecider::new(link, process_id.to_string(), timeout));
-    let mut l = launch(cfg);
+    let decider = decider_for(cfg, process_id, link);
     let dir = match routed {
-        Some(parent) => Some(SocketDir::create(parent).map_err(failed)?),
+        Some(parent) => Some(SocketDir::create(parent).map_err(start_failed)?),
         None => None,
     };
-    l.unix_dir = dir.as_ref().map(|d| d.0.clone());
-    let transparent = tcp.enabled_for(cfg, routed.is_some());
-    l.transparent_tcp = transparent;
-    l.tcp_upstream = tcp.upstream_proxy.clone();
     let env = mask.as_ref().map(|(_, e)| *e);
-    l.masking = mask.map(|(m, _)| m);
-    l.rules.reserved_local_ports = server.reserved_ports.clone();
-    l.upstream_roots = server
-        .netproxy_upstream_roots
-        .iter()
-        .map(|d| exec_server_netproxy::CertificateDer::from(d.clone()))
-        .collect();
-    let proxy = Proxy::start(l, decider).await.map_err(failed)?;
+    let masking = mask.map(|(m, _)| m);
+    let dir_path = dir.as_ref().map(|d| d.0.clone());
+    let l = launch_for(cfg, dir_path, server, masking.clone());
+    let transparent = l.transparent_tcp;
+    let proxy = Proxy::start(l, decider).await.map_err(start_failed)?;
     let ca = match (proxy.ca_pem(), env) {
         (Some(pem), Some(env)) => {
             let socket_dir = dir.as_ref().map(|d| d.0.as_path());
-            Some(masking::CaBundle::write(pem, env, socket_dir).map_err(failed)?)
+            Some(masking::CaBundle::write(pem, env, socket_dir).map_err(start_failed)?)
         }
         _ => None,
     };
@@ -185,7 +176,48 @@ pub async fn start(
         route,
         ca,
         _dir: dir,
+        cfg: cfg.clone(),
+        process_id: process_id.to_string(),
+        masking,
     })
+}
+
+fn start_failed(e: std::io::Error) -> crate::error::ExecError {
+    crate::error::ExecError::failed(format!("cannot start the network proxy: {e}")).with_source(e)
+}
+
+/// The decider of `process_id`'s proxy: it asks the client of `link`.
+fn decider_for(
+    cfg: &RemoteNetworkProxyLaunchConfig,
+    process_id: &str,
+    link: Arc<Link>,
+) -> Arc<ClientDecider> {
+    let timeout = Duration::from_millis(cfg.policy_decision_timeout_ms.unwrap_or(0));
+    Arc::new(ClientDecider::new(link, process_id.to_string(), timeout))
+}
+
+/// The launch of a proxy for `cfg`: Unix sockets in `dir` when routed, the
+/// server's transparent-TCP settings, reserved ports and upstream roots,
+/// and the process's `masking`.
+fn launch_for(
+    cfg: &RemoteNetworkProxyLaunchConfig,
+    dir: Option<PathBuf>,
+    server: &crate::ServerConfig,
+    masking: Option<Arc<exec_server_netproxy::mask::Masking>>,
+) -> Launch {
+    let tcp = &server.transparent_tcp;
+    let mut l = launch(cfg);
+    l.transparent_tcp = tcp.enabled_for(cfg, dir.is_some());
+    l.unix_dir = dir;
+    l.tcp_upstream = tcp.upstream_proxy.clone();
+    l.masking = masking;
+    l.rules.reserved_local_ports = server.reserved_ports.clone();
+    l.upstream_roots = server
+        .netproxy_upstream_roots
+        .iter()
+        .map(|d| exec_server_netproxy::CertificateDer::from(d.clone()))
+        .collect();
+    l
 }
 
 /// The proxy launch for a validated wire config.

@@ -263,6 +263,9 @@ pub struct ProcessDoc {
     closed: bool,
     limits: Option<WatchParts>,
     live: bool,
+    /// Its managed network proxy, while it has one.
+    #[serde(default)]
+    proxy: Option<crate::network::handover::ProxyDoc>,
 }
 
 impl ProcessDoc {
@@ -285,7 +288,14 @@ impl ProcessDoc {
         if let Some((segments, _)) = &self.spool {
             all.extend(segments.iter().map(|s| s.fd));
         }
+        all.extend(self.proxy.iter().flat_map(|p| p.fds()));
         all
+    }
+
+    /// Takes its proxy out, to serve it again first ([`adopt`] is sync; a
+    /// proxy starts in the runtime).
+    pub fn take_proxy(&mut self) -> Option<crate::network::handover::ProxyDoc> {
+        self.proxy.take()
     }
 
     /// True when every blob range it names lies within `len` bytes.
@@ -319,7 +329,7 @@ impl Process {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .is_some_and(|k| !k.is_empty())
+            .is_some_and(|k| k.iter().any(|k| !k.is::<crate::network::RunningProxy>()))
     }
 
     /// Parks the pump and the stdin writer (the handover signal must be
@@ -416,6 +426,14 @@ impl Parked {
             self.spooled.push(parts);
             (segments, failed)
         });
+        let proxy = proc
+            .kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .flatten()
+            .find_map(|k| k.downcast_ref::<crate::network::RunningProxy>())
+            .map(|p| p.write(sink));
         let held = self.pump.parked.held.as_ref();
         let confinement = held.and_then(|h| h.confinement.as_ref());
         let cgroup = proc.cgroup.lock().unwrap_or_else(|p| p.into_inner());
@@ -462,6 +480,7 @@ impl Parked {
             closed: held.is_none(),
             limits: held.map(|h| h.limits.parts(tokio::time::Instant::now())),
             live: held.is_some_and(|h| h.live.is_some()),
+            proxy,
         };
         st.log = OutputLog::from_parts(LogParts {
             chunks: log.chunks,
