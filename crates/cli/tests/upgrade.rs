@@ -437,3 +437,37 @@ async fn a_remote_executor_reattaches_with_its_credential_and_the_stream_goes_on
     wait_ready(&url, "up", "harness-secret");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_watch_goes_on_after_an_upgrade() {
+    let dir = tmpdir("upgrade-watch");
+    let watched = dir.join("watched");
+    std::fs::create_dir_all(&watched).unwrap();
+    let next = second_copy(&dir);
+    let server = Server::start(&[]);
+    let mut c = Conn::open(&server.url, None).await;
+    c.ok(
+        "fs/watch",
+        json!({"watchId": "w1", "path": uri(&watched), "recursive": true}),
+    )
+    .await;
+    let (code, text) = upgrade(server.pid(), &next);
+    assert_eq!(code, 0, "{text}");
+    let mut c = Conn::open_retry(&server.url, &c.session.clone()).await;
+    std::fs::write(watched.join("after.txt"), "x").unwrap();
+    let target = uri(&watched.join("after.txt"));
+    let n = c
+        .expect(
+            |m| {
+                m["method"] == "fs/changed"
+                    && m["params"]["paths"]
+                        .as_array()
+                        .is_some_and(|p| p.contains(&json!(target)))
+            },
+            WAIT,
+        )
+        .await
+        .expect("fs/changed after the upgrade");
+    assert_eq!(n["params"]["watchId"], "w1");
+    let _ = std::fs::remove_dir_all(&dir);
+}

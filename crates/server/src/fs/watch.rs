@@ -27,7 +27,22 @@ pub const MAX_WATCHES_PER_SESSION: usize = 64;
 /// Notifications queued per watch before further changes are dropped: 1024.
 pub const WATCH_QUEUE_EVENTS: usize = 1024;
 
-type Entries = Mutex<HashMap<String, SubId>>;
+/// Watch id → its hub subscription, and what it watches (for an upgrade).
+type Entries = Mutex<HashMap<String, Entry>>;
+
+struct Entry {
+    sub: SubId,
+    path: PathUri,
+    recursive: bool,
+}
+
+/// A watch written down for the next image of the server (an upgrade).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct WatchDoc {
+    id: String,
+    path: PathUri,
+    recursive: bool,
+}
 
 /// The session's watches: watch id → subscription in the shared hub.
 #[derive(Default)]
@@ -35,7 +50,7 @@ pub struct WatchTable {
     watches: Arc<Entries>,
 }
 
-fn lock(m: &Entries) -> MutexGuard<'_, HashMap<String, SubId>> {
+fn lock(m: &Entries) -> MutexGuard<'_, HashMap<String, Entry>> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -68,7 +83,12 @@ impl WatchTable {
         let (sub, mut rx, ended) = hub
             .subscribe(id, native, recursive, WATCH_QUEUE_EVENTS)
             .map_err(hub_error)?;
-        table.insert(id.to_string(), sub);
+        let entry = Entry {
+            sub,
+            path: path.clone(),
+            recursive,
+        };
+        table.insert(id.to_string(), entry);
         drop(table);
         let table: Weak<Entries> = Arc::downgrade(&self.watches);
         let watch_id = id.to_string();
@@ -82,7 +102,7 @@ impl WatchTable {
             };
             if let Some(table) = table.upgrade() {
                 let mut t = lock(&table);
-                if t.get(&watch_id) == Some(&sub) {
+                if t.get(&watch_id).map(|e| e.sub) == Some(sub) {
                     t.remove(&watch_id);
                 }
             }
@@ -94,15 +114,15 @@ impl WatchTable {
 
     /// Stops a watch (unknown ids are fine).
     pub fn unwatch(&self, id: &str) {
-        let sub = lock(&self.watches).remove(id);
-        if let (Some(sub), Ok(hub)) = (sub, hub::hub()) {
-            hub.unsubscribe(sub);
+        let entry = lock(&self.watches).remove(id);
+        if let (Some(entry), Ok(hub)) = (entry, hub::hub()) {
+            hub.unsubscribe(entry.sub);
         }
     }
 
     /// Stops every watch.
     pub fn clear(&self) {
-        let subs: Vec<SubId> = lock(&self.watches).drain().map(|(_, s)| s).collect();
+        let subs: Vec<SubId> = lock(&self.watches).drain().map(|(_, e)| e.sub).collect();
         if subs.is_empty() {
             return;
         }
@@ -110,6 +130,32 @@ impl WatchTable {
             for sub in subs {
                 hub.unsubscribe(sub);
             }
+        }
+    }
+
+    /// Every watch, written down for the next image of the server.
+    pub fn docs(&self) -> Vec<WatchDoc> {
+        lock(&self.watches)
+            .iter()
+            .map(|(id, e)| WatchDoc {
+                id: id.clone(),
+                path: e.path.clone(),
+                recursive: e.recursive,
+            })
+            .collect()
+    }
+
+    /// Watches again, in this image, what `doc` watched in the previous
+    /// one (changes during the upgrade itself are not seen). A path gone
+    /// meanwhile ends the watch with `fs/watchEnded`, as a removal would.
+    pub fn adopt(&self, doc: WatchDoc, link: Arc<Link>) {
+        if let Err(e) = self.watch(&doc.id, &doc.path, doc.recursive, link.clone()) {
+            tracing::info!(watch = %doc.id, "upgrade: watch not taken over: {e}");
+            let n = FsWatchEndedNotification {
+                watch_id: doc.id,
+                reason: format!("the server was upgraded and cannot watch it again: {e}"),
+            };
+            tokio::spawn(async move { notify(&link, methods::FS_WATCH_ENDED, &n).await });
         }
     }
 

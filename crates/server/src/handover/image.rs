@@ -52,6 +52,9 @@ pub struct SessionDoc {
     pub processes: Vec<ProcessDoc>,
     /// Cgroups of retired processes whose daemons still live.
     pub leftovers: Vec<ProcessCgroupParts>,
+    /// Its `fs/watch` watches.
+    #[serde(default)]
+    pub watches: Vec<crate::fs::watch::WatchDoc>,
 }
 
 /// Everything the next image needs.

@@ -282,6 +282,7 @@ impl ServerState {
                 id: session.id.clone(),
                 processes,
                 leftovers: session.leftovers().iter().map(|g| g.parts()).collect(),
+                watches: session.watches.docs(),
             });
         }
         let doc = StateDoc {

@@ -169,6 +169,9 @@ impl ServerState {
             for group in s.leftovers {
                 session.adopt_leftover(self.host.cgroups.adopt_process(group));
             }
+            for watch in s.watches {
+                session.watches.adopt(watch, session.link.clone());
+            }
             for mut doc in s.processes {
                 let (id, pid) = (doc.id().to_string(), doc.pid());
                 let proxy = doc.take_proxy();
