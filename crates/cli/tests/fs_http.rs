@@ -611,16 +611,7 @@ async fn fs_watch_notifies_changes_until_unwatched() {
     );
     std::fs::write(d.join("new.txt"), "x").unwrap();
     let target = uri(&d.join("new.txt"));
-    let n = c
-        .expect(
-            |m| {
-                m["method"] == "fs/changed"
-                    && m["params"]["paths"]
-                        .as_array()
-                        .is_some_and(|p| p.contains(&json!(target)))
-            },
-            WAIT,
-        )
+    let n = expect_fs_changed(&mut c, &target)
         .await
         .expect("fs/changed for new.txt");
     assert_eq!(n["params"]["watchId"], "w1");

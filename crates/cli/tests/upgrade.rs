@@ -456,16 +456,7 @@ async fn a_watch_goes_on_after_an_upgrade() {
     let mut c = Conn::open_retry(&server.url, &c.session.clone()).await;
     std::fs::write(watched.join("after.txt"), "x").unwrap();
     let target = uri(&watched.join("after.txt"));
-    let n = c
-        .expect(
-            |m| {
-                m["method"] == "fs/changed"
-                    && m["params"]["paths"]
-                        .as_array()
-                        .is_some_and(|p| p.contains(&json!(target)))
-            },
-            WAIT,
-        )
+    let n = expect_fs_changed(&mut c, &target)
         .await
         .expect("fs/changed after the upgrade");
     assert_eq!(n["params"]["watchId"], "w1");

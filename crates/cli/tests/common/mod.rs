@@ -427,6 +427,20 @@ pub async fn read(c: &mut Conn, pid: &str, after: u64, wait_ms: u64) -> Value {
     .await
 }
 
+/// The first `fs/changed` naming the path `target` (a URI) within [`WAIT`].
+pub async fn expect_fs_changed(c: &mut Conn, target: &str) -> Option<Value> {
+    c.expect(
+        |m| {
+            m["method"] == "fs/changed"
+                && m["params"]["paths"]
+                    .as_array()
+                    .is_some_and(|p| p.contains(&json!(target)))
+        },
+        WAIT,
+    )
+    .await
+}
+
 /// Asserts that no process matching `needle` is left within 3 s.
 pub async fn assert_gone(needle: &str) {
     assert!(
