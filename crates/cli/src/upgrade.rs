@@ -135,6 +135,14 @@ pub async fn run(args: UpgradeArgs) -> i32 {
             );
             1
         }
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+            eprintln!(
+                "exec-server upgrade: {}: the server dropped this request; another upgrade was \
+                 under way (run this one again once it has finished)",
+                socket.display()
+            );
+            1
+        }
         Ok(Err(e)) => {
             eprintln!("exec-server upgrade: {}: {e}", socket.display());
             1
@@ -361,8 +369,8 @@ pub fn check_state(fd: Option<&std::ffi::OsString>) -> i32 {
     // server (a shared open file description).
     let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
     match handover::image::Reader::check(&file) {
-        Ok((sessions, processes)) => {
-            println!("ok: {sessions} sessions, {processes} processes");
+        Ok((nonce, sessions, processes)) => {
+            println!("ok {nonce} sessions={sessions} processes={processes}");
             0
         }
         Err(e) => {

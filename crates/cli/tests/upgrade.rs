@@ -235,6 +235,41 @@ async fn a_refused_binary_leaves_the_server_serving() {
     let mut c = Conn::open_retry(&server.url, &c.session.clone()).await;
     let r = read(&mut c, "s", 0, 0).await;
     assert_eq!(r["exited"], json!(false), "sleep survives: {r}");
+    // One that says yes to the check without reading the document, and one
+    // whose check hangs (and starts a child): both refused, nothing left.
+    let mute = dir.join("mute");
+    std::fs::write(
+        &mute,
+        "#!/bin/sh\ncase \"$1\" in --handover-version) echo 'exec-server 9 handover-state 1';; \
+         *) echo ok;; esac\n",
+    )
+    .unwrap();
+    let hang = dir.join("hang");
+    std::fs::write(
+        &hang,
+        "#!/bin/sh\ncase \"$1\" in --handover-version) echo 'exec-server 9 handover-state 1';; \
+         *) sleep 1000 & wait;; esac\n",
+    )
+    .unwrap();
+    for (binary, why) in [
+        (&mute, "without reading the state"),
+        (&hang, "did not read the state within"),
+    ] {
+        std::fs::set_permissions(binary, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let (code, text) = upgrade(server.pid(), binary);
+        assert_eq!(code, 1, "{text}");
+        assert!(text.contains(why), "{text}");
+        let mut again = Conn::open_retry(&server.url, &c.session.clone()).await;
+        let r = read(&mut again, "s", 0, 0).await;
+        assert_eq!(r["exited"], json!(false), "sleep survives {binary:?}: {r}");
+        c = again;
+    }
+    assert!(
+        eventually(WAIT, || pids_matching("sleep 1000").is_empty()).await,
+        "the hung check's child was killed: {:?}",
+        pids_matching("sleep 1000")
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -460,5 +495,56 @@ async fn a_watch_goes_on_after_an_upgrade() {
         .await
         .expect("fs/changed after the upgrade");
     assert_eq!(n["params"]["watchId"], "w1");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_reader_paging_through_spooled_output_sees_every_seq_across_upgrades() {
+    let dir = tmpdir("upgrade-paging");
+    let next = second_copy(&dir);
+    let server = Server::start(&[]);
+    let mut c = Conn::open(&server.url, None).await;
+    // 40 MiB, read in pages of at most 2 MiB by a slow reader: most of it
+    // is read back from the spool, some of it while an upgrade runs.
+    let cmd = ["sh", "-c", "yes | head -c 41943040"];
+    c.ok(
+        "process/start",
+        start_params("y", &cmd, Path::new("/tmp"), false, false),
+    )
+    .await;
+    let pid = server.pid();
+    let upgrader = std::thread::spawn(move || {
+        for _ in 0..15 {
+            std::thread::sleep(Duration::from_millis(100));
+            let (code, text) = upgrade(pid, &next);
+            assert_eq!(code, 0, "{text}");
+        }
+    });
+    let (mut after, mut bytes) = (0u64, 0usize);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "read {bytes} bytes in 60 s");
+        let params =
+            json!({"processId": "y", "afterSeq": after, "waitMs": 1000, "maxBytes": 2 << 20});
+        let id = c.send("process/read", params).await;
+        let Some(r) = c.expect(|m| m["id"] == json!(id), WAIT).await else {
+            // The old image's connection ended: resume on the new one.
+            c = Conn::open_retry(&server.url, &c.session.clone()).await;
+            continue;
+        };
+        let r = &r["result"];
+        for k in r["chunks"].as_array().unwrap() {
+            let seq = k["seq"].as_u64().unwrap();
+            assert_eq!(seq, after + 1, "a page after {after} skipped seqs: {seq}");
+            after = seq;
+            bytes += unb64(&k["chunk"]).len();
+        }
+        if r["closed"] == json!(true) && r["chunks"].as_array().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    upgrader.join().expect("every upgrade succeeded");
+    assert_eq!(bytes, 41_943_040);
     let _ = std::fs::remove_dir_all(&dir);
 }

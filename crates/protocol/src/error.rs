@@ -141,6 +141,10 @@ pub enum ErrorKind {
     Io,
     /// `failed`: anything else that failed on the executor (-32603).
     Failed,
+    /// `upgrading`: the server is handing over to a new binary and did
+    /// nothing; resume the session and send the same request again (a
+    /// write with the same writeId is applied once) (-32603).
+    Upgrading,
 }
 
 impl ErrorKind {
@@ -176,6 +180,7 @@ impl ErrorKind {
             ErrorKind::SpawnFailed => "spawnFailed",
             ErrorKind::Io => "io",
             ErrorKind::Failed => "failed",
+            ErrorKind::Upgrading => "upgrading",
         }
     }
 

@@ -39,6 +39,21 @@ pub const ACK_EVERY_BYTES: usize = 1024 * 1024;
 /// (49 999 undelivered chunks, 8 MiB), and a terminal sends one chunk per
 /// line, so 50 000 short lines fill it long before 1 MiB of bytes.
 pub const ACK_EVERY_CHUNKS: usize = 4096;
+/// How often a request the server answered `upgrading` (it hands over to
+/// a new binary and did nothing) is sent again: 100 times, every 50 ms
+/// (the handover takes milliseconds; a refused one, up to 20 s).
+const UPGRADE_RETRIES: u32 = 100;
+/// The pause before each of those.
+const UPGRADE_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// True when the server answered `upgrading`: it hands over to a new binary
+/// and did nothing, so the same request (the same writeId) may go again,
+/// whatever the method; the old image's connection ends within
+/// milliseconds and the request then reaches the new one.
+fn upgrading(e: &CallError) -> bool {
+    use exec_server_protocol::error::ErrorKind;
+    matches!(e, CallError::Server(o) if ErrorKind::of(o) == Some(ErrorKind::Upgrading))
+}
 
 /// Client settings.
 #[derive(Clone)]
@@ -584,8 +599,9 @@ impl ExecServerClient {
     ) -> Result<R, ClientError> {
         let value = serde_json::to_value(params).map_err(|e| ClientError::protocol(method, e))?;
         let mut attempt = 0;
+        let mut upgrades = 0;
         loop {
-            let peer = if early && attempt == 0 {
+            let peer = if early && attempt == 0 && upgrades == 0 {
                 self.peer_early().await?
             } else {
                 self.peer().await?
@@ -598,6 +614,10 @@ impl ExecServerClient {
                     return serde_json::from_value(v).map_err(|e| ClientError::protocol(method, e))
                 }
                 Err(CallError::Closed) if retry && attempt == 0 => attempt += 1,
+                Err(e) if upgrading(&e) && upgrades < UPGRADE_RETRIES => {
+                    upgrades += 1;
+                    tokio::time::sleep(UPGRADE_RETRY_PAUSE).await;
+                }
                 Err(e) => return Err(ClientError::from_call(e)),
             }
         }
@@ -615,6 +635,7 @@ impl ExecServerClient {
         retry: bool,
     ) -> Result<(Value, Option<bytes::Bytes>), ClientError> {
         let mut attempt = 0;
+        let mut upgrades = 0;
         loop {
             let peer = self.peer().await?;
             match peer
@@ -629,6 +650,10 @@ impl ExecServerClient {
             {
                 Ok(v) => return Ok(v),
                 Err(CallError::Closed) if retry && attempt == 0 => attempt += 1,
+                Err(e) if upgrading(&e) && upgrades < UPGRADE_RETRIES => {
+                    upgrades += 1;
+                    tokio::time::sleep(UPGRADE_RETRY_PAUSE).await;
+                }
                 Err(e) => return Err(ClientError::from_call(e)),
             }
         }

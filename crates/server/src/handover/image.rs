@@ -60,6 +60,9 @@ pub struct SessionDoc {
 /// Everything the next image needs.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct StateDoc {
+    /// Random, new for each document: `--handover-check` prints it back,
+    /// proving it read this very document.
+    pub nonce: String,
     /// The version of the binary that wrote it (for messages).
     pub written_by: String,
     /// When the upgrade began, in milliseconds since the Unix epoch.
@@ -278,7 +281,7 @@ impl Reader {
     /// Reads the document in `memfd` without taking anything over
     /// (`--handover-check`): the counts of sessions and processes it holds.
     /// Errors: see [`ReadError`].
-    pub fn check(memfd: &std::fs::File) -> Result<(usize, usize), ReadError> {
+    pub fn check(memfd: &std::fs::File) -> Result<(String, usize, usize), ReadError> {
         let (doc, blob) = Self::parse(memfd)?;
         let processes = doc.sessions.iter().map(|s| s.processes.len()).sum();
         for s in &doc.sessions {
@@ -291,7 +294,7 @@ impl Reader {
                 }
             }
         }
-        Ok((doc.sessions.len(), processes))
+        Ok((doc.nonce, doc.sessions.len(), processes))
     }
 
     /// Takes the descriptor numbered `n`. Errors: not named, or taken.

@@ -170,15 +170,20 @@ pub const CHECK_FLAG: &str = "--handover-check";
 /// [`PREFLIGHT_TIMEOUT`]: the new binary must read this very document
 /// before it replaces this image. Called with the reaper frozen, so the
 /// child is waited for here, not through it. Errors: why not.
-fn check_state(binary: &Path, memfd: &std::fs::File) -> Result<(), String> {
+fn check_state(binary: &Path, memfd: &std::fs::File, nonce: &str) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
     let mut child = std::process::Command::new(binary)
         .arg(CHECK_FLAG)
         .arg(memfd.as_raw_fd().to_string())
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
+        // A group of its own: a check that hangs is killed with whatever
+        // it started.
+        .process_group(0)
         .spawn()
         .map_err(|e| format!("cannot run it: {e}"))?;
+    let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
     let deadline = std::time::Instant::now() + PREFLIGHT_TIMEOUT;
     let status = loop {
         match child.try_wait() {
@@ -187,7 +192,7 @@ fn check_state(binary: &Path, memfd: &std::fs::File) -> Result<(), String> {
                 std::thread::sleep(Duration::from_millis(2))
             }
             Ok(None) => {
-                let _ = child.kill();
+                let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
                 let _ = child.wait();
                 return Err(format!(
                     "it did not read the state within {} s",
@@ -197,8 +202,17 @@ fn check_state(binary: &Path, memfd: &std::fs::File) -> Result<(), String> {
             Err(e) => return Err(format!("cannot wait for it: {e}")),
         }
     };
-    if status.success() {
+    let mut out = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        use std::io::Read;
+        let _ = (&mut o).take(4096).read_to_string(&mut out);
+    }
+    // The document's nonce proves the check read this very document.
+    if status.success() && out.split_whitespace().any(|w| w == nonce) {
         return Ok(());
+    }
+    if status.success() {
+        return Err("it answered without reading the state (no nonce in its answer)".into());
     }
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
@@ -286,6 +300,7 @@ impl ServerState {
             });
         }
         let doc = StateDoc {
+            nonce: crate::rundir::short_id(),
             written_by: env!("CARGO_PKG_VERSION").to_string(),
             began_ms,
             listener: request
@@ -314,7 +329,7 @@ impl ServerState {
         }
         let argv = request.argv.clone();
         let (memfd_fd, previous_fd) = (memfd.as_raw_fd(), previous.as_raw_fd());
-        if let Err(why) = check_state(&request.binary, &memfd) {
+        if let Err(why) = check_state(&request.binary, &memfd, &doc.nonce) {
             tracing::error!("upgrade: {}: {why}", request.binary.display());
             let why = format!("{}: {why}", request.binary.display());
             let err = exec_fd(previous_fd, argv, memfd_fd, why);

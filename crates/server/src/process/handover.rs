@@ -163,7 +163,8 @@ pub(super) fn keep_open(sources: Sources, a_open: bool, b_open: bool) -> Sources
 
 /// The answer to a stdin write that arrives while the server hands over.
 pub(super) fn frozen_error() -> ExecError {
-    ExecError::failed(
+    ExecError::new(
+        crate::error::ErrorKind::Upgrading,
         "the server is being upgraded: this write was not applied; resume the session and retry \
          it with the same writeId",
     )

@@ -113,7 +113,8 @@ impl Session {
             return Err(ExecError::failed("the session has ended"));
         }
         if self.frozen.load(Ordering::Acquire) {
-            return Err(ExecError::failed(
+            return Err(ExecError::new(
+                crate::error::ErrorKind::Upgrading,
                 "the server is being upgraded: the process was not started; resume the session \
                  and start it again",
             ));
