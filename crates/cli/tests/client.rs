@@ -436,3 +436,63 @@ async fn next_event(w: &mut exec_server_client::Watch) -> Option<exec_server_cli
         .await
         .expect("a watch event within 10 s")
 }
+
+/// A write the server refuses with `upgrading` (it was handing over to a
+/// new binary and did nothing) is sent again with the same writeId, and
+/// the caller sees only its success.
+#[tokio::test]
+async fn a_write_refused_during_an_upgrade_is_sent_again_with_its_write_id() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", l.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<Vec<String>>();
+    tokio::spawn(async move {
+        let (sock, _) = l.accept().await.unwrap();
+        let mut ws = tokio_tungstenite::accept_async(sock).await.unwrap();
+        let mut write_ids = Vec::new();
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+            let Message::Text(t) = m else { continue };
+            let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+            let answer = match v["method"].as_str().unwrap_or_default() {
+                "initialize" => serde_json::json!({"result": {"sessionId": "s1",
+                    "environmentInfo": {"shell": {"name": "sh", "path": "/bin/sh"},
+                    "cwd": "file:///tmp", "capabilities": {}}}}),
+                "process/start" => {
+                    serde_json::json!({"result": {"processId": "p", "sandboxType": "none"}})
+                }
+                "process/write" => {
+                    write_ids.push(v["params"]["writeId"].as_str().unwrap().to_string());
+                    if write_ids.len() == 1 {
+                        serde_json::json!({"error": {"code": -32603, "message": "upgrading",
+                            "data": {"kind": "upgrading"}}})
+                    } else {
+                        serde_json::json!({"result": {"status": "accepted"}})
+                    }
+                }
+                _ => continue,
+            };
+            let mut a = answer;
+            a["id"] = v["id"].clone();
+            a["jsonrpc"] = "2.0".into();
+            ws.send(Message::Text(a.to_string().into())).await.unwrap();
+            if write_ids.len() == 2 {
+                break;
+            }
+        }
+        let _ = tx.send(write_ids);
+        let _ = tokio::time::timeout(Duration::from_secs(5), ws.next()).await;
+    });
+    let c = client(&url);
+    let mut params = exec_params("p", &["cat"]);
+    params.pipe_stdin = true;
+    let h = c.start_process(params).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), h.write(b"x".to_vec()))
+        .await
+        .expect("the write was sent again")
+        .unwrap();
+    assert_eq!(status, exec_server_protocol::types::WriteStatus::Accepted);
+    let ids = rx.await.unwrap();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_eq!(ids[0], ids[1], "the same writeId both times");
+}
