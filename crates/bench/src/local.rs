@@ -31,7 +31,12 @@ fn local_blocking(sc: Scenario) -> Result<Outcome, String> {
             Ok(Outcome::of(vec![plain, login]))
         }
         Scenario::SpawnSandboxed => {
-            let lat = crate::sandboxed::bwrap_latencies_local(300)?;
+            let lat = crate::sandboxed::bwrap_latencies_local(300, None)?;
+            Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
+        }
+        Scenario::SpawnSandboxedPaced => {
+            let pause = Some(crate::sandboxed::PACE);
+            let lat = crate::sandboxed::bwrap_latencies_local(100, pause)?;
             Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
         }
         Scenario::Spawn | Scenario::SpawnLimited => {

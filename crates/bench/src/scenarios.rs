@@ -28,11 +28,12 @@ pub enum Scenario {
     ManyProcs,
     IdleConns,
     SpawnSandboxed,
+    SpawnSandboxedPaced,
     ShellSnapshot,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 14] = [
+    pub const ALL: [Scenario; 15] = [
         Scenario::Connect,
         Scenario::Spawn,
         Scenario::SpawnLimited,
@@ -46,6 +47,7 @@ impl Scenario {
         Scenario::ManyProcs,
         Scenario::IdleConns,
         Scenario::SpawnSandboxed,
+        Scenario::SpawnSandboxedPaced,
         Scenario::ShellSnapshot,
     ];
 
@@ -72,6 +74,7 @@ impl Scenario {
             Scenario::ManyProcs => "many-procs",
             Scenario::IdleConns => "idle-conns",
             Scenario::SpawnSandboxed => "spawn-sandboxed",
+            Scenario::SpawnSandboxedPaced => "spawn-sandboxed-paced",
             Scenario::ShellSnapshot => "shell-snapshot",
         }
     }
@@ -81,7 +84,8 @@ impl Scenario {
             Scenario::Connect
             | Scenario::Spawn
             | Scenario::SpawnLimited
-            | Scenario::SpawnSandboxed => &["p50 ms", "p99 ms"],
+            | Scenario::SpawnSandboxed
+            | Scenario::SpawnSandboxedPaced => &["p50 ms", "p99 ms"],
             Scenario::SpawnConcurrent | Scenario::SpawnPipelined => &["ops/s"],
             Scenario::Stream
             | Scenario::FsRead
@@ -210,7 +214,13 @@ pub async fn run(sc: Scenario, srv: &Running) -> Result<Outcome, String> {
         }
         Scenario::SpawnSandboxed => {
             let c = Conn::open(&url).await?;
-            let lat = crate::sandboxed::spawn_latencies(&c, 300).await?;
+            let lat = crate::sandboxed::spawn_latencies(&c, 300, None).await?;
+            Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
+        }
+        Scenario::SpawnSandboxedPaced => {
+            let c = Conn::open(&url).await?;
+            let pause = Some(crate::sandboxed::PACE);
+            let lat = crate::sandboxed::spawn_latencies(&c, 100, pause).await?;
             Ok(Outcome::of(vec![pct(lat.clone(), 0.5), pct(lat, 0.99)]))
         }
         Scenario::Connect => {

@@ -97,6 +97,14 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
     pub process_cgroups: ProcessCgroups,
 
+    /// Most sandboxes kept prepared ahead: after a sandboxed start, the next
+    /// one with the same policy, cwd and stdin mode is made at once and waits
+    /// (at most 30 s) for its command, so that start skips bubblewrap's
+    /// set-up. Each serves one command: no two commands share namespaces.
+    /// 0 turns this off.
+    #[arg(long, default_value_t = exec_server::DEFAULT_WARM_SANDBOXES, value_name = "N")]
+    pub warm_sandboxes: usize,
+
     /// Most concurrent connections; more are refused with HTTP 503.
     #[arg(long, default_value_t = exec_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
@@ -386,6 +394,7 @@ pub async fn run(args: ServeArgs) -> i32 {
         default_limits,
         max_limits,
         process_cgroups: args.process_cgroups != ProcessCgroups::Off,
+        warm_sandboxes: args.warm_sandboxes,
         max_connections: args.max_connections.max(1),
         max_message_bytes: args.max_message_bytes.max(1024),
         max_http_body_bytes: args.max_http_body_bytes,

@@ -25,6 +25,7 @@ mod remote_mode;
 mod sandbox;
 mod sandbox_escapes;
 mod sandbox_fs;
+mod sandbox_warm;
 mod shell_snapshot;
 mod tracing_otlp;
 mod transports;

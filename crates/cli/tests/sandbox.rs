@@ -150,7 +150,9 @@ async fn s7_s8_network_restricted_or_enabled() {
 
 #[tokio::test]
 async fn s9_protected_names_stay_read_only_and_leave_nothing() {
-    let s = Server::start(&[]);
+    // A warm sandbox holds its placeholders while it waits (`sandbox_warm`
+    // checks they go with it); here nothing may be left once the command is.
+    let s = Server::start(&["--warm-sandboxes", "0"]);
     let f = fixture("s9");
     // A nested repository and a worktree-style `.git` pointer file.
     std::fs::create_dir_all(f.ws.join("sub/.git")).unwrap();

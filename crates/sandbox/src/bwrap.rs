@@ -5,7 +5,7 @@ use crate::plan::{Mount, Plan};
 use crate::protect::Placeholder;
 use crate::Error;
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -132,21 +132,15 @@ pub const PROC_READ_ONLY: [&str; 5] = [
 /// Errors: [`Error::BwrapMissing`] for a confined plan without bubblewrap;
 /// [`Error::Io`] when a descriptor cannot be made.
 pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Prepared, Error> {
-    match plan {
-        Plan::Direct => {
-            let mut command = Command::new(target.program);
-            command
-                .arg0(target.arg0)
-                .args(target.args)
-                .current_dir(target.cwd);
-            Ok(Prepared {
-                command,
-                guard: Guard::default(),
-                fds: Vec::new(),
-                confined: false,
-            })
-        }
-        Plan::Seccomp(mode) => {
+    match Confined::of(plan) {
+        Ok(plan) => confined(
+            runtime,
+            plan,
+            target.cwd,
+            |mode| inner_stage(target, mode, pwd_of(target)),
+            None,
+        ),
+        Err(Plan::Seccomp(mode)) => {
             let mut command = Command::new(&runtime.helper);
             command
                 .args(inner_stage(target, mode.as_str(), "keep".into()))
@@ -160,53 +154,159 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                 confined: true,
             })
         }
-        Plan::Confined {
-            view,
-            seccomp,
-            unshare_net,
-            proxy,
-        } => {
-            let bwrap = runtime.bwrap.as_ref().ok_or(Error::BwrapMissing)?;
-            let mut args = Args(Vec::with_capacity(64));
-            args.namespaces(unshare_net);
-            let fds = args.view(runtime, &view)?;
-            if let Some(route) = &proxy {
-                // Read-only: the command must not write into the host
-                // directory (a read-only policy would then fill the host's
-                // disk) nor rename anything over the proxy's sockets (the
-                // bridge pins them anyway).
-                args.push(&[
-                    "--ro-bind".as_ref(),
-                    route.host_dir.as_ref(),
-                    crate::PROXY_DIR_INSIDE.as_ref(),
-                ]);
-            }
-            args.proc();
-            args.push(&["--cap-drop".as_ref(), "ALL".as_ref()]);
-            args.push(&[
-                "--chdir".as_ref(),
-                target.cwd.as_ref(),
-                "--".as_ref(),
-                runtime.helper.as_ref(),
-            ]);
-            let mode = match &proxy {
-                Some(route) => crate::bridge::inner_mode(route),
-                None => seccomp.as_str().to_string(),
-            };
-            args.0.extend(inner_stage(target, &mode, pwd_of(target)));
-            let mut command = Command::new(bwrap);
-            command.args(args.0).current_dir(target.cwd);
-            monitor_hooks(&mut command, &fds);
+        // Plan::Direct.
+        Err(_) => {
+            let mut command = Command::new(target.program);
+            command
+                .arg0(target.arg0)
+                .args(target.args)
+                .current_dir(target.cwd);
             Ok(Prepared {
                 command,
-                guard: Guard {
-                    _placeholders: view.placeholders,
-                },
-                fds,
-                confined: true,
+                guard: Guard::default(),
+                fds: Vec::new(),
+                confined: false,
             })
         }
     }
+}
+
+/// A sandbox prepared ahead ([`crate::warm`]): spawn [`Warm::prepared`]
+/// with the command's stdio and no environment, then write the command's
+/// message ([`crate::warm::encode`]) to [`Warm::message`] and close it.
+pub struct Warm {
+    /// The bubblewrap command, its inner stage waiting for the message.
+    pub prepared: Prepared,
+    /// The message pipe's write end (close-on-exec, [`crate::warm::MAX_MESSAGE_BYTES`]
+    /// of room).
+    pub message: OwnedFd,
+}
+
+/// Builds a warm sandbox for `plan` with its working directory `cwd`;
+/// `Ok(None)` for a plan without namespaces (nothing to prepare ahead).
+///
+/// Errors: as [`prepare`], and the pipe's.
+pub fn prepare_warm(runtime: &Runtime, plan: Plan, cwd: &Path) -> Result<Option<Warm>, Error> {
+    let Ok(plan) = Confined::of(plan) else {
+        return Ok(None);
+    };
+    let mut ends = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(Error::Io(std::io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors are new and owned here alone.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+    // SAFETY: fcntl on a pipe this function owns.
+    let room = unsafe {
+        libc::fcntl(
+            write.as_raw_fd(),
+            libc::F_SETPIPE_SZ,
+            crate::warm::MAX_MESSAGE_BYTES as libc::c_int,
+        )
+    };
+    if room < 0 || (room as usize) < crate::warm::MAX_MESSAGE_BYTES {
+        return Err(Error::Io(std::io::Error::last_os_error()));
+    }
+    let mut tail = OsString::from(crate::warm::WARM_PREFIX);
+    tail.push(read.as_raw_fd().to_string());
+    let prepared = confined(
+        runtime,
+        plan,
+        cwd,
+        |mode| vec![INNER_FLAG.into(), mode.into(), tail],
+        Some(read),
+    )?;
+    Ok(Some(Warm {
+        prepared,
+        message: write,
+    }))
+}
+
+/// The parts of [`Plan::Confined`].
+struct Confined {
+    view: crate::plan::View,
+    seccomp: crate::seccomp::SeccompMode,
+    unshare_net: bool,
+    proxy: Option<crate::plan::ProxyRoute>,
+}
+
+impl Confined {
+    /// The parts of a confined plan; any other plan back as it was.
+    fn of(plan: Plan) -> Result<Confined, Plan> {
+        match plan {
+            Plan::Confined {
+                view,
+                seccomp,
+                unshare_net,
+                proxy,
+            } => Ok(Confined {
+                view,
+                seccomp,
+                unshare_net,
+                proxy,
+            }),
+            other => Err(other),
+        }
+    }
+}
+
+/// The bubblewrap command for a confined plan; `inner` gives the inner
+/// stage's arguments for its seccomp or proxy mode, and `passed` is a
+/// descriptor they name (it crosses into the sandbox).
+fn confined(
+    runtime: &Runtime,
+    plan: Confined,
+    cwd: &Path,
+    inner: impl FnOnce(&str) -> Vec<OsString>,
+    passed: Option<OwnedFd>,
+) -> Result<Prepared, Error> {
+    let Confined {
+        view,
+        seccomp,
+        unshare_net,
+        proxy,
+    } = plan;
+    let bwrap = runtime.bwrap.as_ref().ok_or(Error::BwrapMissing)?;
+    let mut args = Args(Vec::with_capacity(64));
+    args.namespaces(unshare_net);
+    let mut fds = args.view(runtime, &view)?;
+    if let Some(route) = &proxy {
+        // Read-only: the command must not write into the host
+        // directory (a read-only policy would then fill the host's
+        // disk) nor rename anything over the proxy's sockets (the
+        // bridge pins them anyway).
+        args.push(&[
+            "--ro-bind".as_ref(),
+            route.host_dir.as_ref(),
+            crate::PROXY_DIR_INSIDE.as_ref(),
+        ]);
+    }
+    args.proc();
+    args.push(&["--cap-drop".as_ref(), "ALL".as_ref()]);
+    args.push(&[
+        "--chdir".as_ref(),
+        cwd.as_ref(),
+        "--".as_ref(),
+        runtime.helper.as_ref(),
+    ]);
+    let mode = match &proxy {
+        Some(route) => crate::bridge::inner_mode(route),
+        None => seccomp.as_str().to_string(),
+    };
+    args.0.extend(inner(&mode));
+    let mut command = Command::new(bwrap);
+    command.args(args.0).current_dir(cwd);
+    fds.extend(passed);
+    monitor_hooks(&mut command, &fds);
+    Ok(Prepared {
+        command,
+        guard: Guard {
+            _placeholders: view.placeholders,
+        },
+        fds,
+        confined: true,
+    })
 }
 
 /// The inner stage's arguments: its flag, the seccomp or proxy `mode`, the

@@ -45,8 +45,11 @@ fn cstring(s: &OsString) -> CString {
 
 /// Runs the inner stage with the arguments after [`INNER_FLAG`]; never returns.
 pub fn run(args: &[OsString]) -> ! {
-    let [mode, pwd, program, rest @ ..] = args else {
-        fail("inner stage: missing arguments", EXIT_CANNOT_EXEC);
+    let (mode, pwd, program, rest) = match args {
+        [mode, pwd, program, rest @ ..] => (mode, pwd, program, rest),
+        // A warm sandbox names no command: it comes in the message.
+        [mode, pwd] => (mode, pwd, pwd, &[][..]),
+        _ => fail("inner stage: missing arguments", EXIT_CANNOT_EXEC),
     };
     // SAFETY: resetting dispositions and the mask of this single-threaded
     // process before exec; no handler of ours is installed.
@@ -61,7 +64,18 @@ pub fn run(args: &[OsString]) -> ! {
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
     }
     let pwd = pwd.as_bytes();
-    if pwd == b"unset" {
+    let warm = pwd
+        .strip_prefix(crate::warm::WARM_PREFIX.as_bytes())
+        .map(|fd| {
+            std::str::from_utf8(fd)
+                .ok()
+                .and_then(|fd| fd.parse::<std::os::fd::RawFd>().ok())
+                .filter(|fd| *fd > 2)
+                .unwrap_or_else(|| fail("inner stage: malformed warm descriptor", EXIT_CANNOT_EXEC))
+        });
+    if warm.is_some() {
+        // The command's environment comes whole with its message.
+    } else if pwd == b"unset" {
         // SAFETY: single-threaded; nothing reads the environment concurrently.
         unsafe { std::env::remove_var("PWD") };
     } else if let Some(v) = pwd.strip_prefix(b"set:") {
@@ -134,20 +148,56 @@ pub fn run(args: &[OsString]) -> ! {
             );
         }
     }
+    if let Some(fd) = warm {
+        run_warm(fd);
+    }
     let prog = cstring(program);
     let argv: Vec<CString> = rest.iter().map(cstring).collect();
     let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     ptrs.push(std::ptr::null());
     // SAFETY: NUL-terminated strings and a NULL-terminated array that outlive the call.
     unsafe { libc::execv(prog.as_ptr(), ptrs.as_ptr()) };
+    exec_failed(&program.to_string_lossy())
+}
+
+/// Waits for the warm sandbox's message on `fd` ([`crate::warm`]) and
+/// executes its command with exactly its environment; an empty message
+/// (the server no longer needs this sandbox) exits 0. Never returns.
+fn run_warm(fd: std::os::fd::RawFd) -> ! {
+    // SAFETY: the server passed this descriptor for this stage alone.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let bytes = crate::warm::read_message(fd).unwrap_or_else(|e| {
+        fail(
+            &format!("inner stage: cannot read the command: {e}"),
+            EXIT_CANNOT_EXEC,
+        )
+    });
+    if bytes.is_empty() {
+        std::process::exit(0);
+    }
+    let Some(m) = crate::warm::decode(&bytes) else {
+        fail("inner stage: malformed command message", EXIT_CANNOT_EXEC);
+    };
+    let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
+        v.iter()
+            .map(|a| a.as_ptr())
+            .chain([std::ptr::null()])
+            .collect()
+    };
+    let (argv, envp) = (ptrs(&m.argv), ptrs(&m.env));
+    // SAFETY: NUL-terminated strings and NULL-terminated arrays that outlive the call.
+    unsafe { libc::execve(m.program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    exec_failed(&m.program.to_string_lossy())
+}
+
+/// Fails the start after an exec of `program` failed, with a shell's exit
+/// status for it.
+fn exec_failed(program: &str) -> ! {
     let err = std::io::Error::last_os_error();
     let code = if err.raw_os_error() == Some(libc::ENOENT) {
         EXIT_NOT_FOUND
     } else {
         EXIT_CANNOT_EXEC
     };
-    fail(
-        &format!("cannot execute {}: {err}", program.to_string_lossy()),
-        code,
-    )
+    fail(&format!("cannot execute {program}: {err}"), code)
 }

@@ -104,10 +104,13 @@ pub mod policy;
 pub mod protect;
 pub mod seccomp;
 pub mod transparent;
+pub mod warm;
 
-pub use bwrap::{prepare, Guard, Prepared, Runtime, Target as Command};
+pub use bwrap::{prepare, prepare_warm, Guard, Prepared, Runtime, Target as Command, Warm};
 pub use denied::is_likely_denied;
-pub use plan::{resolve, route_through_proxy, Mount, Plan, ProxyRoute, View, PROXY_DIR_INSIDE};
+pub use plan::{
+    resolve, route_through_proxy, Mount, Plan, PlanKey, ProxyRoute, View, PROXY_DIR_INSIDE,
+};
 pub use policy::{Access, FileSystem, Policy, Profile, Rule, Target};
 pub use seccomp::SeccompMode;
 

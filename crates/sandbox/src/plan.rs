@@ -80,6 +80,60 @@ pub enum Plan {
     },
 }
 
+/// What decides the sandbox a [`Plan`] starts, placeholders named by
+/// their paths: two plans with equal keys start identical sandboxes (the
+/// same bubblewrap arguments but for descriptor numbers), so a sandbox
+/// prepared ahead for one may serve the other ([`crate::warm`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanKey {
+    /// [`Plan::Direct`].
+    Direct,
+    /// [`Plan::Seccomp`].
+    Seccomp(SeccompMode),
+    /// [`Plan::Confined`].
+    Confined {
+        /// [`View::full_read`].
+        full_read: bool,
+        /// [`View::mounts`].
+        mounts: Vec<Mount>,
+        /// The host paths of [`View::placeholders`].
+        placeholders: Vec<PathBuf>,
+        /// The seccomp mode.
+        seccomp: SeccompMode,
+        /// A private network namespace.
+        unshare_net: bool,
+        /// The proxy route.
+        proxy: Option<ProxyRoute>,
+    },
+}
+
+impl Plan {
+    /// This plan's [`PlanKey`].
+    pub fn key(&self) -> PlanKey {
+        match self {
+            Plan::Direct => PlanKey::Direct,
+            Plan::Seccomp(mode) => PlanKey::Seccomp(*mode),
+            Plan::Confined {
+                view,
+                seccomp,
+                unshare_net,
+                proxy,
+            } => PlanKey::Confined {
+                full_read: view.full_read,
+                mounts: view.mounts.clone(),
+                placeholders: view
+                    .placeholders
+                    .iter()
+                    .map(|p| p.path().to_path_buf())
+                    .collect(),
+                seccomp: *seccomp,
+                unshare_net: *unshare_net,
+                proxy: proxy.clone(),
+            },
+        }
+    }
+}
+
 /// Where a proxy-routed sandbox's traffic goes (`enforceManagedNetwork`): the
 /// executor's proxy listens on Unix sockets in `host_dir`; inside the
 /// sandbox's own network namespace a bridge listens on `127.0.0.1:PORT` for

@@ -48,6 +48,8 @@ pub use network::masking::pem_certificates as netproxy_pem_certificates;
 
 /// Default for `--max-connections`: 4096 concurrent connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default for `--warm-sandboxes`: 8 sandboxes prepared ahead (2 for each of 4 policies).
+pub const DEFAULT_WARM_SANDBOXES: usize = 8;
 pub use exec_server_protocol::MAX_MESSAGE_BYTES;
 
 /// Server settings.
@@ -126,6 +128,10 @@ pub struct ServerConfig {
     /// (tree kill that takes double-forked daemons along; memory, task and
     /// CPU caps). Default: on.
     pub process_cgroups: bool,
+    /// `--warm-sandboxes`: most sandboxes kept prepared ahead for the next
+    /// sandboxed starts ([`process::warm`]); 0 turns them off. Default:
+    /// [`DEFAULT_WARM_SANDBOXES`].
+    pub warm_sandboxes: usize,
     /// `--max-limits`: the most each member of `limits` may be; a start
     /// that gives none runs with the ceiling, one above it is refused.
     /// Default: none.
@@ -209,6 +215,7 @@ impl Default for ServerConfig {
             max_session_processes: None,
             default_limits: Default::default(),
             process_cgroups: true,
+            warm_sandboxes: DEFAULT_WARM_SANDBOXES,
             max_limits: Default::default(),
         }
     }
@@ -292,6 +299,7 @@ impl ServerState {
                 .collect(),
             cgroups,
             handover: Default::default(),
+            warm: process::warm::Pool::new(config.warm_sandboxes),
         };
         let fs_mode = if config.concurrent_requests > 1 {
             Mode::Detached
@@ -340,6 +348,7 @@ impl ServerState {
             // an embedding program's own children are not ours to kill.
             process::kill::kill_all_descendants();
         }
+        self.host.warm.close();
         self.host.cgroups.kill_all_and_remove();
         exec_server_sandbox::protect::release_all();
     }

@@ -269,6 +269,8 @@ impl ServerState {
         tracing::info!(binary = %request.binary.display(), "upgrade: handing over");
         self.host.handover.raise();
         self.sessions.freeze();
+        // Not commands: nothing of them is handed over.
+        self.host.warm.drain().await;
         let mut writer = image::Writer::default();
         let mut parked: Vec<Parked> = Vec::new();
         let mut parked_of: Vec<(Arc<crate::session::Session>, usize)> = Vec::new();

@@ -22,6 +22,7 @@ pub mod spawn;
 pub mod spawn_error;
 pub mod spool;
 mod stdin;
+pub mod warm;
 
 use crate::error::{ExecError, ExecResult};
 use crate::link::Link;
@@ -165,6 +166,8 @@ pub struct Host {
     /// Raised when the server hands over to a new binary: every process
     /// parks ([`handover`]).
     pub handover: handover::Signal,
+    /// Sandboxes prepared ahead for the next sandboxed starts ([`warm`]).
+    pub warm: Arc<warm::Pool>,
 }
 
 /// Something kept alive until the process closes.
@@ -237,25 +240,16 @@ impl Process {
             live,
             host,
         } = settings;
-        let mut cgroup = host.cgroups.create();
         let caps = plan.limits.as_ref().filter(|l| resources::any(Some(l)));
-        if let Some(limits) = caps {
-            // A cap must hold or the start fails: never a command that
-            // runs believing it is capped.
-            let group = cgroup.as_mut().ok_or_else(|| {
-                std::io::Error::other(
-                    "the process's cgroup could not be made; its caps cannot hold",
-                )
-            })?;
-            group.set_caps(limits)?;
-        }
-        let join = match &cgroup {
-            Some(g) if caps.is_some() => g.join()?,
-            Some(g) => g.join().unwrap_or_default(),
-            None => cgroup::Join::default(),
+        let warmable = plan.confinement.as_ref().filter(|_| caps.is_none());
+        let served = warmable.and_then(|sb| host.warm.take(&plan.exec, sb));
+        let (started, cgroup) = match served {
+            Some(served) => (served.started, served.cgroup),
+            None => Self::start_cold(&plan, caps, &host)?,
         };
-        let started = spawn::start(&plan.exec, &join, plan.confinement.as_ref())?;
-        drop(join);
+        if let Some(sb) = warmable {
+            host.warm.prepare_next(&plan.exec, sb, &host.cgroups);
+        }
         crate::metrics::process_spawned();
         let confinement = started.confinement;
         let pid = started.pid;
@@ -553,5 +547,34 @@ impl Process {
 
     fn bump(&self) {
         self.changed.send_modify(|v| *v += 1);
+    }
+}
+
+impl Process {
+    /// Starts `plan`'s child the cold way, in a new per-process cgroup
+    /// (`caps` written into it first). Errors: as [`Self::spawn`].
+    fn start_cold(
+        plan: &plan::LaunchPlan,
+        caps: Option<&exec_server_protocol::types::ProcessLimits>,
+        host: &Host,
+    ) -> std::io::Result<(spawn::Started, Option<cgroup::ProcessCgroup>)> {
+        let mut cgroup = host.cgroups.create();
+        if let Some(limits) = caps {
+            // A cap must hold or the start fails: never a command that
+            // runs believing it is capped.
+            let group = cgroup.as_mut().ok_or_else(|| {
+                std::io::Error::other(
+                    "the process's cgroup could not be made; its caps cannot hold",
+                )
+            })?;
+            group.set_caps(limits)?;
+        }
+        let join = match &cgroup {
+            Some(g) if caps.is_some() => g.join()?,
+            Some(g) => g.join().unwrap_or_default(),
+            None => cgroup::Join::default(),
+        };
+        let started = spawn::start(&plan.exec, &join, plan.confinement.as_ref())?;
+        Ok((started, cgroup))
     }
 }

@@ -230,7 +230,8 @@ pub fn start(
             (cmd, None, Vec::new())
         }
         Some(sb) => {
-            let p = sb.prepare(&exec.env, &program, arg0, &exec.argv[1..], cwd)?;
+            let plan = sb.plan(&exec.env)?;
+            let p = sb.prepare(plan, &exec.env, &program, arg0, &exec.argv[1..], cwd)?;
             (p.command, Some((p.guard, p.confined)), p.fds)
         }
     };
@@ -416,7 +417,7 @@ fn born_in_cgroup(
 
 /// What a started child gives its caller: its pid, its I/O ends and the
 /// receiver of its exit.
-type Spawned = (u32, ChildIo, oneshot::Receiver<reaper::Exit>);
+pub(super) type Spawned = (u32, ChildIo, oneshot::Receiver<reaper::Exit>);
 
 /// Starts `cmd` on a new PTY of `size`, as the leader of a new session
 /// with the terminal as its controlling one, after joining the cgroups open
@@ -458,7 +459,7 @@ fn on_a_pty(
 /// Starts `cmd` with piped stdout and stderr (stdin piped when
 /// `pipe_stdin`, else `/dev/null`) in a process group of its own, after
 /// joining the cgroups open as `cgroup_fds`.
-fn on_pipes(
+pub(super) fn on_pipes(
     mut cmd: Command,
     pipe_stdin: bool,
     cgroup_fds: Vec<std::os::fd::RawFd>,

@@ -21,7 +21,8 @@ use exec_server_protocol::types::{
 use exec_server_protocol::PathUri;
 pub use exec_server_sandbox::inner::{run as run_inner_stage, INNER_FLAG};
 use exec_server_sandbox::{
-    Access, FileSystem, Guard, Policy, Prepared, Profile, ProxyRoute, Rule, Runtime, Target,
+    Access, FileSystem, Guard, Plan, Policy, Prepared, Profile, ProxyRoute, Rule, Runtime, Target,
+    Warm,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -199,7 +200,7 @@ pub struct Confine {
 
 /// The confinement of one `process/start`: a [`Confine`] and its network
 /// route.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct StartSandbox {
     confine: Confine,
     /// The start has a `networkProxy`: the command's network namespace
@@ -287,31 +288,39 @@ impl StartSandbox {
         self.route = Some(route);
     }
 
-    /// The command that runs `program` confined, for the child environment
-    /// `env` (its `TMPDIR` is what `tmpdir` entries name). Errors are the
+    /// The plan for a command with the environment `env` (its `TMPDIR` is
+    /// what `tmpdir` entries name). Errors are the sandbox crate's
+    /// refusals, as I/O errors for the spawn path.
+    pub fn plan(&self, env: &BTreeMap<String, String>) -> std::io::Result<Plan> {
+        let runtime = &self.confine.runtime;
+        let mut policy = self.confine.policy.clone();
+        policy.tmpdir = env.get("TMPDIR").map(PathBuf::from);
+        let plan = exec_server_sandbox::resolve(&policy, std::slice::from_ref(&runtime.helper))
+            .map_err(std::io::Error::other)?;
+        if !self.routed {
+            return Ok(plan);
+        }
+        // Fail closed: a routed start without its route never runs.
+        let route = self.route.clone().ok_or_else(|| {
+            std::io::Error::other("sandbox refused: the network proxy route is missing")
+        })?;
+        Ok(exec_server_sandbox::route_through_proxy(plan, route))
+    }
+
+    /// The command that runs `program` confined under `plan` (from
+    /// [`Self::plan`]) for the child environment `env`. Errors are the
     /// sandbox crate's refusals, as I/O errors for the spawn path.
     pub fn prepare(
         &self,
+        plan: Plan,
         env: &BTreeMap<String, String>,
         program: &Path,
         arg0: &str,
         args: &[String],
         cwd: &Path,
     ) -> std::io::Result<Prepared> {
-        let runtime = &self.confine.runtime;
-        let mut policy = self.confine.policy.clone();
-        policy.tmpdir = env.get("TMPDIR").map(PathBuf::from);
-        let mut plan = exec_server_sandbox::resolve(&policy, std::slice::from_ref(&runtime.helper))
-            .map_err(std::io::Error::other)?;
-        if self.routed {
-            // Fail closed: a routed start without its route never runs.
-            let route = self.route.clone().ok_or_else(|| {
-                std::io::Error::other("sandbox refused: the network proxy route is missing")
-            })?;
-            plan = exec_server_sandbox::route_through_proxy(plan, route);
-        }
         exec_server_sandbox::prepare(
-            runtime,
+            &self.confine.runtime,
             plan,
             &exec_server_sandbox::Command {
                 program,
@@ -322,6 +331,14 @@ impl StartSandbox {
             },
         )
         .map_err(std::io::Error::other)
+    }
+
+    /// A sandbox for `plan` prepared ahead, its command to come
+    /// ([`exec_server_sandbox::warm`]); `Ok(None)` for a plan without
+    /// namespaces. Errors: as [`Self::prepare`].
+    pub fn prepare_warm(&self, plan: Plan, cwd: &Path) -> std::io::Result<Option<Warm>> {
+        exec_server_sandbox::prepare_warm(&self.confine.runtime, plan, cwd)
+            .map_err(std::io::Error::other)
     }
 }
 

@@ -395,6 +395,7 @@ mod tests {
             tool_dirs: Vec::new().into(),
             cgroups: crate::process::cgroup::Cgroups::new(false),
             handover: Default::default(),
+            warm: crate::process::warm::Pool::new(0),
         };
         let p = params(&["/bin/bash", "-c", "echo"]);
         assert_eq!(apply(&cache, &p, &host).await, Ok(Outcome::NotApplicable));

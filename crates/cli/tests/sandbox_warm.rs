@@ -1,0 +1,228 @@
+//! Sandboxes prepared ahead (`--warm-sandboxes`, SANDBOX.md "Sandboxes
+//! prepared ahead"): the next sandboxed start is served by a bubblewrap
+//! started before it was asked for, and still gets exactly the confinement
+//! its request names, alone. Which sandbox served a start is read on the
+//! host: the waiting bubblewrap is a child of the server whose command line
+//! names the `warm:` pipe, and `process/list` gives the served start's pid.
+
+use crate::common;
+
+use common::sandbox::*;
+use common::*;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Children of `server` that are warm sandboxes waiting for a command.
+fn warm_children(server: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The parent pid is the second field after the command's ")".
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if ppid == Some(server) && cmd.contains("--sandbox-inner-exec") && cmd.contains(" warm:") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The warm sandboxes of `server` once both for one key are there
+/// (bounded: 10 s).
+fn wait_for_warm(server: u32) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let warm = warm_children(server);
+        if warm.len() == 2 {
+            return warm;
+        }
+        assert!(Instant::now() < deadline, "no warm sandboxes: {warm:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn sh(id: &str, cwd: &Path, script: &str, env: Value, sandbox: Value) -> Value {
+    let mut p = start_params(id, &["/bin/sh", "-c", script], cwd, false, true);
+    p["env"] = env;
+    p["sandbox"] = sandbox;
+    p
+}
+
+/// Output of `id` until it contains `needle` (bounded: 10 s).
+async fn output_until(c: &mut Conn, id: &str, needle: &str) -> String {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&out).contains(needle) {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .unwrap_or_else(|| {
+                panic!("{id}: no {needle:?} in {:?}", String::from_utf8_lossy(&out))
+            });
+        let m = c
+            .expect(
+                |m| m["method"] == json!("process/output") && m["params"]["processId"] == json!(id),
+                left,
+            )
+            .await
+            .unwrap_or_else(|| {
+                panic!("{id}: no {needle:?} in {:?}", String::from_utf8_lossy(&out))
+            });
+        out.extend(unb64(&m["params"]["chunk"]));
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn pid_of(list: &Value, id: &str) -> u64 {
+    list["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["processId"] == json!(id)))
+        .and_then(|p| p["pid"].as_u64())
+        .unwrap_or_else(|| panic!("{id} not in {list}"))
+}
+
+#[tokio::test]
+async fn the_next_start_is_served_warm_and_confined_alone() {
+    let s = Server::start(&[]);
+    let f = fixture("warm1");
+    let mut c = Conn::open(&s.url, None).await;
+    // The first command runs cold and keeps running: what it is and what
+    // it holds must stay invisible to the next one.
+    let first = sh(
+        "first",
+        &f.ws,
+        "echo one > mark-first; echo up:$MARK; exec sleep 30",
+        json!({"PATH": "/usr/bin:/bin", "MARK": "first"}),
+        ww(&f.ws),
+    );
+    c.ok("process/start", first).await;
+    output_until(&mut c, "first", "up:first").await;
+    let warm = wait_for_warm(s.pid());
+
+    let script = "echo argv:$0:$1; echo env:$(env | sort | tr '\\n' ' '); \
+                  cat /proc/[0-9]*/comm | tr '\\n' ' '; echo procs-done; \
+                  echo two > mark-second; echo x > ../out/escape 2>/dev/null || echo ro-out; \
+                  read line; echo got:$line; exec sleep 30";
+    let mut second = start_params(
+        "second",
+        &["/bin/sh", "-c", script, "arg-zero", "arg-one"],
+        &f.ws,
+        false,
+        true,
+    );
+    second["env"] = json!({"PATH": "/usr/bin:/bin", "ONLY": "second"});
+    second["sandbox"] = ww(&f.ws);
+    c.ok("process/start", second).await;
+    let list = c.ok("process/list", json!({})).await;
+    let served = pid_of(&list, "second") as u32;
+    assert!(
+        warm.contains(&served),
+        "served by a warm sandbox: {served} not in {warm:?}"
+    );
+    c.ok(
+        "process/write",
+        json!({"processId": "second", "chunk": b64(b"hello\n"), "writeId": "w1"}),
+    )
+    .await;
+    let out = output_until(&mut c, "second", "got:hello").await;
+    assert!(out.contains("argv:arg-zero:arg-one\n"), "{out}");
+    // Exactly its own environment (sh adds PWD, SHLVL and `_` itself).
+    let env_line = out.lines().find(|l| l.starts_with("env:")).unwrap_or("");
+    let names: Vec<&str> = env_line["env:".len()..]
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
+        .filter(|k| !["PWD", "SHLVL", "_", "OLDPWD"].contains(k))
+        .collect();
+    assert_eq!(names, ["ONLY", "PATH"], "{out}");
+    // The first command's process is in another PID namespace.
+    let procs = out
+        .lines()
+        .find(|l| l.ends_with("procs-done"))
+        .unwrap_or("");
+    assert!(procs.contains("cat"), "{out}");
+    assert!(
+        !procs.contains("sleep"),
+        "the first command is visible: {out}"
+    );
+    // Its policy holds: the workspace writable, nothing outside it.
+    assert!(out.contains("ro-out"), "{out}");
+    assert!(!f.out.join("escape").exists());
+    assert_eq!(
+        std::fs::read_to_string(f.ws.join("mark-second")).unwrap(),
+        "two\n"
+    );
+    for id in ["first", "second"] {
+        c.ok("process/terminate", json!({"processId": id})).await;
+        let done = c.collect(id, Duration::from_secs(10)).await;
+        assert!(done.exit.is_some(), "{id}: {done:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_start_with_another_policy_or_cwd_never_takes_a_warm_sandbox() {
+    let s = Server::start(&[]);
+    let f = fixture("warm2");
+    let other = f.ws.join("sub");
+    std::fs::create_dir_all(&other).unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let r = run(&mut c, "w0", &f.ws, "echo made > made", Some(ww(&f.ws))).await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    let warm = wait_for_warm(s.pid());
+    // Read-only: the warm workspace-write sandbox must not serve it.
+    let r = run(&mut c, "w1", &f.ws, "echo no > denied", Some(ro(&f.ws))).await;
+    assert_ne!(r.exit, 0, "{r:?}");
+    assert!(!f.ws.join("denied").exists());
+    // Another working directory, same policy: not served either.
+    let r = run(&mut c, "w2", &other, "pwd", Some(ww(&f.ws))).await;
+    assert_eq!(
+        (r.exit, r.out.trim()),
+        (0, other.to_str().unwrap()),
+        "{r:?}"
+    );
+    let waiting = warm_children(s.pid());
+    assert!(
+        warm.iter().all(|w| waiting.contains(w)),
+        "the warm sandboxes of the first policy still wait: {warm:?}, {waiting:?}"
+    );
+    // The same policy and directory again: served, and its exit status is the command's.
+    let r = run(&mut c, "w3", &f.ws, "cat made; exit 7", Some(ww(&f.ws))).await;
+    assert_eq!((r.exit, r.out.as_str()), (7, "made\n"), "{r:?}");
+    let waiting = warm_children(s.pid());
+    let used: Vec<&u32> = warm.iter().filter(|w| !waiting.contains(w)).collect();
+    assert_eq!(used.len(), 1, "one was used: {warm:?}, {waiting:?}");
+}
+
+#[tokio::test]
+async fn none_are_kept_when_turned_off_and_none_outlive_the_server() {
+    let off = Server::start(&["--warm-sandboxes", "0"]);
+    let f = fixture("warm3");
+    let mut c = Conn::open(&off.url, None).await;
+    for i in 0..2 {
+        let r = run(&mut c, &format!("o{i}"), &f.ws, "true", Some(ww(&f.ws))).await;
+        assert_eq!(r.exit, 0, "{r:?}");
+        assert!(warm_children(off.pid()).is_empty());
+    }
+
+    let s = Server::start(&[]);
+    let mut c = Conn::open(&s.url, None).await;
+    let r = run(&mut c, "on", &f.ws, "true", Some(ww(&f.ws))).await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    let warm = wait_for_warm(s.pid());
+    // Its placeholders (absent protected names) exist while it waits…
+    assert!(f.ws.join(".codex").is_dir());
+    assert_eq!(s.terminate(), Some(0));
+    // …and neither they nor the sandboxes outlive the server.
+    for w in warm {
+        assert!(!Path::new(&format!("/proc/{w}")).exists());
+    }
+    assert!(!f.ws.join(".codex").exists());
+}

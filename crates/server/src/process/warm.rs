@@ -1,0 +1,370 @@
+//! Sandboxes prepared ahead ("warm", [`exec_server_sandbox::warm`]): after a
+//! sandboxed start, the next bubblewrap sandbox with the same plan, working
+//! directory and stdin mode is started at once, its inner stage waiting on a
+//! pipe; the next start that matches takes it and only sends its command.
+//! bubblewrap's set-up, the network namespace, the inner stage's exec and the
+//! seccomp filter are then off the start's path.
+//!
+//! Why a warm sandbox confines exactly as a cold one (SANDBOX.md "Sandboxes
+//! prepared ahead"): it is built from the same plan by the same code, and the
+//! plan is resolved again for the start that takes it and must be equal
+//! ([`PlanKey`]: mounts, placeholders, seccomp mode, network, proxy route),
+//! as must the working directory and stdin mode; it serves one command and
+//! is never reused, so no command shares its PID namespace, `/tmp` or
+//! mounts with another; the command's environment and arguments arrive
+//! whole in the message and nothing of them is in the sandbox before.
+//! What differs is the time its view was made: at most [`MAX_AGE`] earlier.
+//!
+//! Only pipe-mode starts without caps take a warm sandbox (a PTY is made per
+//! start; caps are written into the cgroup before the child joins it).
+
+use super::cgroup::{Cgroups, ProcessCgroup};
+use super::plan::{Exec, Io};
+use super::spawn::{self, ChildIo, Started};
+use crate::reaper::Exit;
+use crate::sandbox::{Confinement, StartSandbox};
+use exec_server_sandbox::PlanKey;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// Longest a warm sandbox waits for its command before it is ended: 30 s
+/// (its placeholders, empty read-only directories standing for absent
+/// protected names, exist on the host meanwhile).
+pub const MAX_AGE: Duration = Duration::from_secs(30);
+
+/// Longest [`Pool::drain`] waits for the warm sandboxes to exit: 2 s.
+const DRAIN_BOUND: Duration = Duration::from_secs(2);
+
+/// The warm sandboxes of one server. Cheap to share (`Arc`).
+#[derive(Default)]
+pub struct Pool {
+    /// Most kept at once (`--warm-sandboxes`); 0 turns them off.
+    capacity: usize,
+    state: Mutex<State>,
+    next_id: AtomicU64,
+    /// Set at shutdown and at an upgrade: no warm sandbox is kept after.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// Most warm sandboxes kept for one key: 2, so back-to-back starts find
+/// one ready while the next is being made.
+const PER_KEY: usize = 2;
+
+/// The pool's entries, and the keys of those being made.
+#[derive(Default)]
+struct State {
+    entries: Vec<Entry>,
+    making: Vec<Key>,
+}
+
+/// What a warm sandbox was made for.
+#[derive(Clone, PartialEq, Eq)]
+struct Key {
+    plan: PlanKey,
+    cwd: PathBuf,
+    stdin: bool,
+}
+
+/// One warm sandbox: a running bubblewrap whose inner stage waits.
+struct Entry {
+    id: u64,
+    key: Key,
+    pid: u32,
+    io: Option<ChildIo>,
+    exit: Option<oneshot::Receiver<Exit>>,
+    /// The message pipe's write end; closing it unused ends the sandbox.
+    message: Option<OwnedFd>,
+    confinement: Option<Confinement>,
+    cgroup: Option<ProcessCgroup>,
+}
+
+/// A start served by a warm sandbox: the child and the cgroup it was born in.
+pub struct Served {
+    /// The started child.
+    pub started: Started,
+    /// Its per-process cgroup, when cgroups are on.
+    pub cgroup: Option<ProcessCgroup>,
+}
+
+impl Pool {
+    /// A pool keeping at most `capacity` warm sandboxes (0: none).
+    pub fn new(capacity: usize) -> Arc<Pool> {
+        Arc::new(Pool {
+            capacity,
+            ..Pool::default()
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serves `exec` confined by `sandbox` from a matching warm sandbox
+    /// still waiting, sending it the command; `None` when there is none or
+    /// the command does not suit one (a PTY, a NUL byte, a message over the
+    /// bound, a missing cwd or program): the start then takes the cold way,
+    /// which reports any error as usual.
+    pub fn take(&self, exec: &Exec, sandbox: &StartSandbox) -> Option<Served> {
+        if self.capacity == 0 {
+            return None;
+        }
+        let Io::Pipes { stdin } = exec.io else {
+            return None;
+        };
+        let cwd = exec.cwd.as_path();
+        if !std::fs::metadata(cwd).is_ok_and(|m| m.is_dir()) {
+            return None;
+        }
+        let program = spawn::resolve_program(&exec.argv[0], &exec.env, cwd).ok()?;
+        let key = Key {
+            plan: sandbox.plan(&exec.env).ok()?.key(),
+            cwd: exec.cwd.clone(),
+            stdin,
+        };
+        let arg0 = exec.arg0.as_deref().unwrap_or(&exec.argv[0]);
+        let argv = std::iter::once(arg0).chain(exec.argv[1..].iter().map(String::as_str));
+        let argv: Vec<&str> = argv.collect();
+        let env = exec.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        let message =
+            exec_server_sandbox::warm::encode(program.as_os_str(), argv.into_iter(), env)?;
+        let mut entry = {
+            let mut state = self.state();
+            let at = state.entries.iter().position(|e| e.key == key)?;
+            state.entries.remove(at)
+        };
+        // Ended while it waited (its set-up failed, or it was killed): the
+        // cold way says why, if anything is wrong.
+        let alive = entry
+            .exit
+            .as_mut()
+            .is_some_and(|rx| matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+        let pipe = entry.message.take()?;
+        if !alive {
+            return None;
+        }
+        // The pipe is empty and has room for the largest message: one write.
+        match nix::unistd::write(&pipe, &message) {
+            Ok(n) if n == message.len() => {}
+            _ => return None,
+        }
+        drop(pipe);
+        let started = Started {
+            pid: entry.pid,
+            io: entry.io.take()?,
+            exit: entry.exit.take()?,
+            confinement: entry.confinement.take(),
+        };
+        Some(Served {
+            started,
+            cgroup: entry.cgroup.take(),
+        })
+    }
+
+    /// Starts, in the background, warm sandboxes for the next starts like
+    /// `exec` under `sandbox`, up to [`PER_KEY`] waiting or being made,
+    /// unless warm sandboxes are off. Best effort: a failure only means the
+    /// next start takes the cold way.
+    pub fn prepare_next(self: &Arc<Self>, exec: &Exec, sandbox: &StartSandbox, cgroups: &Cgroups) {
+        let Io::Pipes { stdin } = exec.io else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.capacity == 0 {
+            return;
+        }
+        let (pool, sandbox, cgroups) = (self.clone(), sandbox.clone(), cgroups.clone());
+        let (env, cwd) = (exec.env.clone(), exec.cwd.clone());
+        let expiry = runtime.clone();
+        runtime.spawn_blocking(move || {
+            for _ in 0..PER_KEY {
+                let id = pool.next_id.fetch_add(1, Ordering::Relaxed);
+                match pool.make(id, &sandbox, &env, cwd.clone(), stdin, &cgroups) {
+                    Ok(true) => {
+                        let pool = Arc::downgrade(&pool);
+                        expiry.spawn(async move {
+                            tokio::time::sleep(MAX_AGE).await;
+                            if let Some(pool) = pool.upgrade() {
+                                pool.remove(|e| e.id == id);
+                            }
+                        });
+                    }
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::debug!("no warm sandbox prepared: {e}");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Makes one warm sandbox and keeps it; `Ok(false)` when [`PER_KEY`]
+    /// for the same key wait or are being made already, or the plan has no
+    /// namespaces. Errors: the sandbox's preparation or spawn.
+    fn make(
+        &self,
+        id: u64,
+        sandbox: &StartSandbox,
+        env: &std::collections::BTreeMap<String, String>,
+        cwd: PathBuf,
+        stdin: bool,
+        cgroups: &Cgroups,
+    ) -> std::io::Result<bool> {
+        let plan = sandbox.plan(env)?;
+        let key = Key {
+            plan: plan.key(),
+            cwd,
+            stdin,
+        };
+        {
+            let mut state = self.state();
+            let waiting = state.entries.iter().filter(|e| e.key == key).count();
+            let making = state.making.iter().filter(|k| **k == key).count();
+            if waiting + making >= PER_KEY {
+                return Ok(false);
+            }
+            state.making.push(key.clone());
+        }
+        let made = Self::spawn(id, key.clone(), sandbox, plan, cgroups);
+        let evicted = {
+            let mut state = self.state();
+            if let Some(at) = state.making.iter().position(|k| *k == key) {
+                state.making.remove(at);
+            }
+            match made {
+                Ok(Some(entry)) if !self.closed.load(Ordering::Relaxed) => {
+                    state.entries.push(entry);
+                    (state.entries.len() > self.capacity).then(|| state.entries.remove(0))
+                }
+                Ok(entry) => entry,
+                Err(e) => return Err(e),
+            }
+        };
+        let kept = evicted.as_ref().is_none_or(|e| e.id != id);
+        drop(evicted);
+        Ok(kept)
+    }
+
+    /// Spawns one warm sandbox for `plan`; `None` for a plan without
+    /// namespaces.
+    fn spawn(
+        id: u64,
+        key: Key,
+        sandbox: &StartSandbox,
+        plan: exec_server_sandbox::Plan,
+        cgroups: &Cgroups,
+    ) -> std::io::Result<Option<Entry>> {
+        let Some(warm) = sandbox.prepare_warm(plan, &key.cwd)? else {
+            return Ok(None);
+        };
+        let cgroup = cgroups.create();
+        let join = cgroup
+            .as_ref()
+            .and_then(|g| g.join().ok())
+            .unwrap_or_default();
+        let procs = join.v2_procs();
+        let cgroup_fds = join
+            .procs
+            .iter()
+            .chain(&procs)
+            .map(std::os::fd::AsRawFd::as_raw_fd)
+            .collect();
+        let exec_server_sandbox::Warm { prepared, message } = warm;
+        let mut command = prepared.command;
+        // The command's environment comes with its message.
+        command.env_clear();
+        let stdin = key.stdin;
+        let (pid, io, exit) =
+            crate::launcher::run(move || spawn::on_pipes(command, stdin, cgroup_fds))?;
+        drop(prepared.fds);
+        let confinement = sandbox.confinement(prepared.guard, pid, prepared.confined);
+        Ok(Some(Entry {
+            id,
+            key,
+            pid,
+            io: Some(io),
+            exit: Some(exit),
+            message: Some(message),
+            confinement: Some(confinement),
+            cgroup,
+        }))
+    }
+
+    /// Ends the warm sandboxes `which` selects.
+    fn remove(&self, which: impl Fn(&Entry) -> bool) {
+        let gone: Vec<Entry> = {
+            let mut state = self.state();
+            let (gone, kept) = std::mem::take(&mut state.entries)
+                .into_iter()
+                .partition(|e| which(e));
+            state.entries = kept;
+            gone
+        };
+        drop(gone);
+    }
+
+    /// Ends every warm sandbox now and keeps none after (shutdown).
+    pub fn close(&self) {
+        drop(self.close_entries());
+    }
+
+    fn close_entries(&self) -> Vec<Entry> {
+        let mut state = self.state();
+        self.closed.store(true, Ordering::Relaxed);
+        std::mem::take(&mut state.entries)
+    }
+
+    /// Ends every warm sandbox, keeps none after, and waits (at most 2 s) until each has
+    /// exited (shutdown, and before an upgrade: nothing unknown to the next
+    /// image is left running).
+    pub async fn drain(&self) {
+        let entries = self.close_entries();
+        let mut exits = Vec::new();
+        let mut held = Vec::new();
+        for mut e in entries {
+            e.message = None;
+            exits.extend(e.exit.take());
+            // The cgroup and placeholders are released once it has exited.
+            held.push((e.cgroup.take(), e.confinement.take()));
+        }
+        let all = async {
+            for rx in exits {
+                let _ = rx.await;
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN_BOUND, all).await;
+        drop(held);
+    }
+}
+
+impl Drop for Entry {
+    /// Closing the message pipe unused makes the inner stage exit 0; the
+    /// cgroup and the placeholders are kept until the sandbox has exited,
+    /// so the cgroup can be reused and no placeholder vanishes under it.
+    fn drop(&mut self) {
+        self.message = None;
+        let (exit, cgroup, confinement) = (
+            self.exit.take(),
+            self.cgroup.take(),
+            self.confinement.take(),
+        );
+        let Some(exit) = exit else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = exit.await;
+                drop((cgroup, confinement));
+            });
+        } else {
+            let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
