@@ -87,6 +87,20 @@ pub struct Prepared {
     /// The command runs confined (namespaces, or at least the seccomp
     /// filter); false for a plain exec ([`Plan::Direct`]).
     pub confined: bool,
+    /// What [`Self::command`]'s `pre_exec` does, for a caller that starts
+    /// the same program another way (`clone3` into a cgroup).
+    pub hooks: Hooks,
+}
+
+/// The set-up between fork and exec a prepared command needs.
+#[derive(Debug, Default, Clone)]
+pub struct Hooks {
+    /// Mark every inherited descriptor above 2 close-on-exec.
+    pub close_inherited: bool,
+    /// Then clear that flag on these (they cross into the sandbox).
+    pub keep_fds: Vec<std::os::fd::RawFd>,
+    /// Start with these signals ignored.
+    pub ignored_signals: Vec<libc::c_int>,
 }
 
 /// What to run inside.
@@ -152,6 +166,10 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                 guard: Guard::default(),
                 fds: Vec::new(),
                 confined: true,
+                hooks: Hooks {
+                    close_inherited: true,
+                    ..Hooks::default()
+                },
             })
         }
         // Plan::Direct.
@@ -166,6 +184,7 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
                 guard: Guard::default(),
                 fds: Vec::new(),
                 confined: false,
+                hooks: Hooks::default(),
             })
         }
     }
@@ -298,7 +317,7 @@ fn confined(
     let mut command = Command::new(bwrap);
     command.args(args.0).current_dir(cwd);
     fds.extend(passed);
-    monitor_hooks(&mut command, &fds);
+    let hooks = monitor_hooks(&mut command, &fds);
     Ok(Prepared {
         command,
         guard: Guard {
@@ -306,6 +325,7 @@ fn confined(
         },
         fds,
         confined: true,
+        hooks,
     })
 }
 
@@ -338,8 +358,13 @@ fn pwd_of(target: &Target<'_>) -> OsString {
 /// Between fork and exec of the bubblewrap monitor: close what the server
 /// inherited, ignore the group signals ([`MONITOR_IGNORED`]), and let `fds`
 /// (the `--ro-bind-data` sources) cross the exec.
-fn monitor_hooks(command: &mut Command, fds: &[OwnedFd]) {
+fn monitor_hooks(command: &mut Command, fds: &[OwnedFd]) -> Hooks {
     let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let hooks = Hooks {
+        close_inherited: true,
+        keep_fds: raw.clone(),
+        ignored_signals: MONITOR_IGNORED.to_vec(),
+    };
     // SAFETY: between fork and exec only async-signal-safe calls
     // (signal, fcntl) on integers captured by value.
     unsafe {
@@ -356,6 +381,7 @@ fn monitor_hooks(command: &mut Command, fds: &[OwnedFd]) {
             Ok(())
         });
     }
+    hooks
 }
 
 /// bubblewrap's arguments, in order.

@@ -106,7 +106,7 @@ pub mod seccomp;
 pub mod transparent;
 pub mod warm;
 
-pub use bwrap::{prepare, prepare_warm, Guard, Prepared, Runtime, Target as Command, Warm};
+pub use bwrap::{prepare, prepare_warm, Guard, Hooks, Prepared, Runtime, Target as Command, Warm};
 pub use denied::is_likely_denied;
 pub use plan::{
     resolve, route_through_proxy, Mount, Plan, PlanKey, ProxyRoute, View, PROXY_DIR_INSIDE,

@@ -78,6 +78,7 @@ impl Program {
 }
 
 /// How the child is set up before `execve`.
+#[derive(Debug, Default)]
 pub struct Setup {
     /// Descriptors that become the child's 0, 1 and 2 (the parent's stay
     /// open; they should be close-on-exec).
@@ -89,6 +90,14 @@ pub struct Setup {
     pub controlling_tty: bool,
     /// A cgroup v2 directory (an open descriptor) the child is born in.
     pub cgroup: Option<RawFd>,
+    /// Mark every descriptor above 2 close-on-exec first (what the parent
+    /// inherited, or another thread opened without the flag).
+    pub close_inherited: bool,
+    /// Descriptors that must cross the `execve` (their close-on-exec flag
+    /// cleared, after [`Self::close_inherited`]).
+    pub keep_fds: Vec<RawFd>,
+    /// Signals the program starts with ignored (`SIG_IGN` crosses `execve`).
+    pub ignored_signals: Vec<libc::c_int>,
 }
 
 /// Bytes of the child's stack: it makes system calls and nothing else.
@@ -321,6 +330,32 @@ mod imp {
             std::ptr::null_mut::<u64>(),
             8usize,
         );
+        if setup.close_inherited
+            && libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ) != 0
+        {
+            return err();
+        }
+        for fd in &setup.keep_fds {
+            if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {
+                return err();
+            }
+        }
+        // The kernel's sigaction with the handler SIG_IGN (1).
+        let ignore_action = [1u64, 0, 0, 0];
+        for sig in &setup.ignored_signals {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                *sig,
+                ignore_action.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                8usize,
+            );
+        }
         let rc = if setup.new_session {
             libc::setsid()
         } else {
@@ -411,6 +446,7 @@ mod tests {
             new_session: false,
             controlling_tty: false,
             cgroup: None,
+            ..Setup::default()
         };
         let pid = launch(&program, &setup).map_err(|e| match e {
             LaunchError::Child(e) | LaunchError::Clone(e) => e,
@@ -458,6 +494,58 @@ mod tests {
     }
 
     #[test]
+    fn only_the_kept_descriptors_cross_and_the_ignored_signals_stay_ignored() {
+        let (kept, _kept_w) = pipe();
+        let (leaked, _leaked_w) = pipe();
+        // An inheritable descriptor, as another thread might leave one.
+        // SAFETY: fcntl on a descriptor this test owns.
+        assert_eq!(
+            unsafe { libc::fcntl(leaked.as_raw_fd(), libc::F_SETFD, 0) },
+            0
+        );
+        let (out_r, out_w) = pipe();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let script = "ls /proc/self/fd | tr '\\n' ' '; echo; grep SigIgn /proc/self/status";
+        let program = Program::new(
+            b"/bin/sh",
+            ["sh", "-c", script],
+            ["PATH=/usr/bin:/bin"],
+            b"/",
+        )
+        .unwrap();
+        let setup = Setup {
+            stdio: [null.as_raw_fd(), out_w.as_raw_fd(), out_w.as_raw_fd()],
+            close_inherited: true,
+            keep_fds: vec![kept.as_raw_fd()],
+            ignored_signals: vec![libc::SIGHUP],
+            ..Setup::default()
+        };
+        let pid = launch(&program, &setup).unwrap();
+        drop(out_w);
+        let mut out = String::new();
+        std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
+        let mut status = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        let mut lines = out.lines();
+        let fds: Vec<i32> = lines
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        assert!(fds.contains(&kept.as_raw_fd()), "{out}");
+        assert!(!fds.contains(&leaked.as_raw_fd()), "{out}");
+        let ignored = lines
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("SigIgn:")
+            .trim();
+        let ignored = u64::from_str_radix(ignored, 16).unwrap();
+        assert_ne!(ignored & (1 << (libc::SIGHUP - 1)), 0, "{out}");
+    }
+
+    #[test]
     fn failures_are_the_os_errors_of_the_step_that_failed() {
         let missing = Program::new(b"/nonexistent/prog", ["prog"], ["A=b"], b"/").unwrap();
         let setup = Setup {
@@ -465,6 +553,7 @@ mod tests {
             new_session: false,
             controlling_tty: false,
             cgroup: None,
+            ..Setup::default()
         };
         let child_errno = |e: LaunchError| match e {
             LaunchError::Child(e) => e.raw_os_error(),

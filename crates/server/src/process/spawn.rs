@@ -222,17 +222,20 @@ pub fn start(
         .chain(&v2_procs)
         .map(|f| f.as_raw_fd())
         .collect();
-    let (mut cmd, guard, _fds) = match sandbox {
+    let (mut cmd, guard, _fds, hooks) = match sandbox {
         None => {
             let mut cmd = Command::new(&program);
             cmd.args(&exec.argv[1..]);
             cmd.arg0(OsString::from(arg0));
-            (cmd, None, Vec::new())
+            (cmd, None, Vec::new(), None)
         }
         Some(sb) => {
             let plan = sb.plan(&exec.env)?;
             let p = sb.prepare(plan, &exec.env, &program, arg0, &exec.argv[1..], cwd)?;
-            (p.command, Some((p.guard, p.confined)), p.fds)
+            // A plain exec may carry its own argv[0], which born_in_cgroup
+            // could not read back from the command: it forks.
+            let hooks = Some(p.hooks).filter(|_| p.confined);
+            (p.command, Some((p.guard, p.confined)), p.fds, hooks)
         }
     };
     // Registered as soon as its pid exists, before any of its output is read.
@@ -244,6 +247,17 @@ pub fn start(
     cmd.env_clear();
     cmd.envs(&exec.env);
     cmd.current_dir(cwd);
+    if let Some(hooks) = &hooks {
+        if let Some(spawned) = sandbox_born_in_cgroup(&cmd, hooks, &exec.env, exec.io, join) {
+            let (pid, io, exit) = spawned?;
+            return Ok(Started {
+                pid,
+                io,
+                exit,
+                confinement: confine(pid),
+            });
+        }
+    }
     let exec_io = exec.io;
     let fork = move || match exec_io {
         Io::Pty(size) => on_a_pty(cmd, size, cgroup_fds),
@@ -274,18 +288,71 @@ fn try_born_in_cgroup(
     arg0: &str,
     join: &super::cgroup::Join,
 ) -> Option<std::io::Result<Started>> {
-    use exec_server_sysio::launch::LaunchError;
     let dir = join.dir.as_ref().filter(|_| join.procs.is_empty())?;
     if !BORN_IN_CGROUP.load(std::sync::atomic::Ordering::Relaxed) {
         return None;
     }
-    match born_in_cgroup(exec, program, arg0, dir.as_raw_fd()) {
-        Ok((pid, io, exit)) => Some(Ok(Started {
-            pid,
-            io,
-            exit,
-            confinement: None,
-        })),
+    let started = born_in_cgroup(exec, program, arg0, dir.as_raw_fd());
+    let (pid, io, exit) = match launched(started, join)? {
+        Ok(spawned) => spawned,
+        Err(e) => return Some(Err(e)),
+    };
+    Some(Ok(Started {
+        pid,
+        io,
+        exit,
+        confinement: None,
+    }))
+}
+
+/// Starts a sandbox's prepared `command`, with `hooks` standing for what
+/// its `pre_exec` does, born in the cgroup of `join` (no `cgroup.procs`
+/// write, which waits for the kernel's global migration lock: milliseconds
+/// on an idle machine), with exactly the environment `env`, on the launcher
+/// thread (see [`crate::launcher`]). `None`: the start is to go the fork
+/// way (no cgroup directory, caps to join, or `clone3` unavailable).
+pub(super) fn sandbox_born_in_cgroup(
+    command: &Command,
+    hooks: &exec_server_sandbox::Hooks,
+    env: &BTreeMap<String, String>,
+    io: Io,
+    join: &super::cgroup::Join,
+) -> Option<std::io::Result<Spawned>> {
+    use exec_server_sysio::launch::{Program, Setup};
+    use std::os::unix::ffi::OsStrExt;
+    let dir = join.dir.as_ref().filter(|_| join.procs.is_empty())?;
+    if !BORN_IN_CGROUP.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    let path = command.get_program().as_bytes();
+    let argv = std::iter::once(path).chain(command.get_args().map(|a| a.as_bytes()));
+    let env = env.iter().map(|(k, v)| format!("{k}={v}"));
+    let cwd = command.get_current_dir()?.as_os_str().as_bytes();
+    let prog = match Program::new(path, argv, env, cwd) {
+        Ok(p) => p,
+        Err(e) => return Some(Err(e)),
+    };
+    let setup = Setup {
+        cgroup: Some(dir.as_raw_fd()),
+        close_inherited: hooks.close_inherited,
+        keep_fds: hooks.keep_fds.clone(),
+        ignored_signals: hooks.ignored_signals.clone(),
+        ..Setup::default()
+    };
+    let started = crate::launcher::run(move || launch_on(&prog, setup, io));
+    launched(started, join)
+}
+
+/// What a start born in its cgroup came to: `None` when the start is to
+/// go the fork way instead (`clone3` refused, or the cgroup killed the
+/// child at birth: nothing ran; the cgroup is then never reused).
+fn launched(
+    started: Result<Spawned, Launch>,
+    join: &super::cgroup::Join,
+) -> Option<std::io::Result<Spawned>> {
+    use exec_server_sysio::launch::LaunchError;
+    match started {
+        Ok(spawned) => Some(Ok(spawned)),
         Err(Launch::Setup(e)) | Err(Launch::Child(LaunchError::Child(e))) => Some(Err(e)),
         // The fork way joins the cgroup after fork, unaffected by a past kill.
         Err(Launch::Child(LaunchError::BornKilled)) => {
@@ -368,18 +435,30 @@ fn born_in_cgroup(
         env,
         exec.cwd.as_path().as_os_str().as_bytes(),
     )?;
+    let setup = Setup {
+        cgroup: Some(cgroup_dir),
+        ..Setup::default()
+    };
+    launch_on(&prog, setup, exec.io)
+}
+
+/// Launches `prog` with `setup` (its stdio and session filled in here):
+/// on pipes in a process group of its own, or on a PTY as the leader of a
+/// new session, exactly as [`on_pipes`] and [`on_a_pty`] do.
+fn launch_on(
+    prog: &exec_server_sysio::launch::Program,
+    mut setup: exec_server_sysio::launch::Setup,
+    io: Io,
+) -> Result<Spawned, Launch> {
     let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
-    match exec.io {
+    match io {
         Io::Pty(size) => {
             let pty = open_pty(size)?;
             let s = pty.slave.as_raw_fd();
-            let setup = Setup {
-                stdio: [s, s, s],
-                new_session: true,
-                controlling_tty: true,
-                cgroup: Some(cgroup_dir),
-            };
-            let (pid, exit) = watched_launch(&prog, &setup)?;
+            setup.stdio = [s, s, s];
+            setup.new_session = true;
+            setup.controlling_tty = true;
+            let (pid, exit) = watched_launch(prog, &setup)?;
             // The master sees EOF (EIO) once every holder of the slave is gone.
             drop(pty.slave);
             Ok((pid, ChildIo::Pty { master: pty.master }, exit))
@@ -394,13 +473,8 @@ fn born_in_cgroup(
                 let null = std::fs::File::open("/dev/null")?;
                 (OwnedFd::from(null), None)
             };
-            let setup = Setup {
-                stdio: [in_child.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
-                new_session: false,
-                controlling_tty: false,
-                cgroup: Some(cgroup_dir),
-            };
-            let (pid, exit) = watched_launch(&prog, &setup)?;
+            setup.stdio = [in_child.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()];
+            let (pid, exit) = watched_launch(prog, &setup)?;
             drop((in_child, out_w, err_w));
             Ok((
                 pid,

@@ -280,8 +280,13 @@ impl Pool {
         // The command's environment comes with its message.
         command.env_clear();
         let stdin = key.stdin;
-        let (pid, io, exit) =
-            crate::launcher::run(move || spawn::on_pipes(command, stdin, cgroup_fds))?;
+        let io = Io::Pipes { stdin };
+        let none = std::collections::BTreeMap::new();
+        let born = spawn::sandbox_born_in_cgroup(&command, &prepared.hooks, &none, io, &join);
+        let (pid, io, exit) = match born {
+            Some(spawned) => spawned?,
+            None => crate::launcher::run(move || spawn::on_pipes(command, stdin, cgroup_fds))?,
+        };
         drop(prepared.fds);
         let confinement = sandbox.confinement(prepared.guard, pid, prepared.confined);
         Ok(Some(Entry {
