@@ -115,6 +115,10 @@ impl Pool {
         let Io::Pipes { stdin } = exec.io else {
             return None;
         };
+        // Resolving the plan scans the writable roots: not for nothing.
+        if self.state().entries.is_empty() {
+            return None;
+        }
         let cwd = exec.cwd.as_path();
         if !std::fs::metadata(cwd).is_ok_and(|m| m.is_dir()) {
             return None;
