@@ -226,3 +226,23 @@ async fn none_are_kept_when_turned_off_and_none_outlive_the_server() {
     }
     assert!(!f.ws.join(".codex").exists());
 }
+
+#[tokio::test]
+async fn a_protected_name_replaced_on_the_host_meanwhile_stays_protected() {
+    let s = Server::start(&[]);
+    let f = fixture("warm4");
+    std::fs::create_dir_all(f.ws.join(".git/hooks")).unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let r = run(&mut c, "w0", &f.ws, "true", Some(ww(&f.ws))).await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    wait_for_warm(s.pid());
+    // Replaced on the host while the sandboxes wait: removing a path
+    // detaches the read-only mount over it in every namespace.
+    std::fs::remove_dir_all(f.ws.join(".git")).unwrap();
+    std::fs::create_dir_all(f.ws.join(".git/hooks")).unwrap();
+    std::fs::remove_dir(f.ws.join(".codex")).unwrap();
+    let script = "echo pwned > .git/hooks/pre-commit; mkdir .codex/x; echo done";
+    let r = run(&mut c, "w1", &f.ws, script, Some(ww(&f.ws))).await;
+    assert!(!f.ws.join(".git/hooks/pre-commit").exists(), "{r:?}");
+    assert!(!f.ws.join(".codex/x").exists(), "{r:?}");
+}

@@ -152,7 +152,7 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
             plan,
             target.cwd,
             |mode| inner_stage(target, mode, pwd_of(target)),
-            None,
+            Vec::new(),
         ),
         Err(Plan::Seccomp(mode)) => {
             let mut command = Command::new(&runtime.helper);
@@ -199,23 +199,33 @@ pub struct Warm {
     /// The message pipe's write end (close-on-exec, [`crate::warm::MAX_MESSAGE_BYTES`]
     /// of room).
     pub message: OwnedFd,
+    /// The reply pipe's read end: one byte, [`crate::warm::INTACT`] just
+    /// before the command's `execve`, or [`crate::warm::STALE`] (then
+    /// nothing runs).
+    pub reply: OwnedFd,
 }
 
-/// Builds a warm sandbox for `plan` with its working directory `cwd`;
-/// `Ok(None)` for a plan without namespaces (nothing to prepare ahead).
-///
-/// Errors: as [`prepare`], and the pipe's.
-pub fn prepare_warm(runtime: &Runtime, plan: Plan, cwd: &Path) -> Result<Option<Warm>, Error> {
-    let Ok(plan) = Confined::of(plan) else {
-        return Ok(None);
-    };
+/// A pipe, both ends close-on-exec. Errors: the OS's.
+fn pipe() -> Result<(OwnedFd, OwnedFd), Error> {
     let mut ends = [0; 2];
     // SAFETY: pipe2 writes two descriptors into the array it is given.
     if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
         return Err(Error::Io(std::io::Error::last_os_error()));
     }
     // SAFETY: both descriptors are new and owned here alone.
-    let (read, write) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+    Ok(unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) })
+}
+
+/// Builds a warm sandbox for `plan` with its working directory `cwd`;
+/// `Ok(None)` for a plan without namespaces (nothing to prepare ahead).
+///
+/// Errors: as [`prepare`], and the pipes'.
+pub fn prepare_warm(runtime: &Runtime, plan: Plan, cwd: &Path) -> Result<Option<Warm>, Error> {
+    let Ok(plan) = Confined::of(plan) else {
+        return Ok(None);
+    };
+    let (read, write) = pipe()?;
+    let (reply, reply_w) = pipe()?;
     // SAFETY: fcntl on a pipe this function owns.
     let room = unsafe {
         libc::fcntl(
@@ -227,18 +237,23 @@ pub fn prepare_warm(runtime: &Runtime, plan: Plan, cwd: &Path) -> Result<Option<
     if room < 0 || (room as usize) < crate::warm::MAX_MESSAGE_BYTES {
         return Err(Error::Io(std::io::Error::last_os_error()));
     }
-    let mut tail = OsString::from(crate::warm::WARM_PREFIX);
-    tail.push(read.as_raw_fd().to_string());
+    let tail = OsString::from(format!(
+        "{}{}:{}",
+        crate::warm::WARM_PREFIX,
+        read.as_raw_fd(),
+        reply_w.as_raw_fd()
+    ));
     let prepared = confined(
         runtime,
         plan,
         cwd,
         |mode| vec![INNER_FLAG.into(), mode.into(), tail],
-        Some(read),
+        vec![read, reply_w],
     )?;
     Ok(Some(Warm {
         prepared,
         message: write,
+        reply,
     }))
 }
 
@@ -271,14 +286,14 @@ impl Confined {
 }
 
 /// The bubblewrap command for a confined plan; `inner` gives the inner
-/// stage's arguments for its seccomp or proxy mode, and `passed` is a
-/// descriptor they name (it crosses into the sandbox).
+/// stage's arguments for its seccomp or proxy mode, and `passed` are
+/// descriptors they name (they cross into the sandbox).
 fn confined(
     runtime: &Runtime,
     plan: Confined,
     cwd: &Path,
     inner: impl FnOnce(&str) -> Vec<OsString>,
-    passed: Option<OwnedFd>,
+    passed: Vec<OwnedFd>,
 ) -> Result<Prepared, Error> {
     let Confined {
         view,

@@ -66,12 +66,15 @@ pub fn run(args: &[OsString]) -> ! {
     let pwd = pwd.as_bytes();
     let warm = pwd
         .strip_prefix(crate::warm::WARM_PREFIX.as_bytes())
-        .map(|fd| {
-            std::str::from_utf8(fd)
+        .map(|fds| {
+            let fd = |s: &str| s.parse::<std::os::fd::RawFd>().ok().filter(|fd| *fd > 2);
+            std::str::from_utf8(fds)
                 .ok()
-                .and_then(|fd| fd.parse::<std::os::fd::RawFd>().ok())
-                .filter(|fd| *fd > 2)
-                .unwrap_or_else(|| fail("inner stage: malformed warm descriptor", EXIT_CANNOT_EXEC))
+                .and_then(|s| s.split_once(':'))
+                .and_then(|(m, r)| Some((fd(m)?, fd(r)?)))
+                .unwrap_or_else(|| {
+                    fail("inner stage: malformed warm descriptors", EXIT_CANNOT_EXEC)
+                })
         });
     if warm.is_some() {
         // The command's environment comes whole with its message.
@@ -148,8 +151,8 @@ pub fn run(args: &[OsString]) -> ! {
             );
         }
     }
-    if let Some(fd) = warm {
-        run_warm(fd);
+    if let Some((message, reply)) = warm {
+        run_warm(message, reply);
     }
     let prog = cstring(program);
     let argv: Vec<CString> = rest.iter().map(cstring).collect();
@@ -160,13 +163,19 @@ pub fn run(args: &[OsString]) -> ! {
     exec_failed(&program.to_string_lossy())
 }
 
-/// Waits for the warm sandbox's message on `fd` ([`crate::warm`]) and
-/// executes its command with exactly its environment; an empty message
-/// (the server no longer needs this sandbox) exits 0. Never returns.
-fn run_warm(fd: std::os::fd::RawFd) -> ! {
-    // SAFETY: the server passed this descriptor for this stage alone.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let bytes = crate::warm::read_message(fd).unwrap_or_else(|e| {
+/// Waits for the warm sandbox's message on `message` ([`crate::warm`]);
+/// an empty message (the server no longer needs this sandbox) exits 0.
+/// Then, if the sandbox's mounts are still those it was made with, replies
+/// [`crate::warm::INTACT`] on `reply` and executes the command with
+/// exactly its environment; else replies [`crate::warm::STALE`] and exits.
+/// Never returns.
+fn run_warm(message: std::os::fd::RawFd, reply: std::os::fd::RawFd) -> ! {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: the server passed these descriptors for this stage alone.
+    let (message, reply) = unsafe { (OwnedFd::from_raw_fd(message), OwnedFd::from_raw_fd(reply)) };
+    let mounts = || std::fs::read("/proc/self/mountinfo").ok();
+    let made = mounts();
+    let bytes = crate::warm::read_message(message).unwrap_or_else(|e| {
         fail(
             &format!("inner stage: cannot read the command: {e}"),
             EXIT_CANNOT_EXEC,
@@ -178,6 +187,17 @@ fn run_warm(fd: std::os::fd::RawFd) -> ! {
     let Some(m) = crate::warm::decode(&bytes) else {
         fail("inner stage: malformed command message", EXIT_CANNOT_EXEC);
     };
+    let intact = made.is_some() && mounts() == made;
+    let answer = if intact {
+        crate::warm::INTACT
+    } else {
+        crate::warm::STALE
+    };
+    let mut reply = std::fs::File::from(reply);
+    if std::io::Write::write_all(&mut reply, &[answer]).is_err() || !intact {
+        std::process::exit(0);
+    }
+    drop(reply);
     let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
         v.iter()
             .map(|a| a.as_ptr())

@@ -10,13 +10,29 @@
 //! program's absolute path, the `argv` entries (`argv[0]` first), then every
 //! environment entry as `NAME=VALUE`. An empty message (the server closed
 //! the pipe without writing) means "not needed": the inner stage exits 0.
+//!
+//! A waiting sandbox can go stale: removing or replacing a path on the host
+//! detaches every mount on it in every namespace, so a protected `.git` or a
+//! hidden path recreated meanwhile would be open in it. The inner stage keeps
+//! the text of its `/proc/self/mountinfo` from before it waits and compares
+//! it when the command comes: it replies [`INTACT`] and executes, or replies
+//! [`STALE`] and exits without running anything.
 
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 
 /// The inner stage's `<pwd>` argument prefix selecting the warm mode:
-/// `warm:FD`, `FD` the pipe's read end.
+/// `warm:MSG:REPLY`, `MSG` the message pipe's read end, `REPLY` the reply
+/// pipe's write end.
 pub const WARM_PREFIX: &str = "warm:";
+
+/// Reply: the sandbox's mounts are as they were made; the command's
+/// `execve` follows at once.
+pub const INTACT: u8 = b'+';
+/// Reply: a mount of the sandbox is gone since it was made (a protected or
+/// hidden path removed or replaced on the host detaches its mount in every
+/// namespace); the command never runs here and the start takes the cold way.
+pub const STALE: u8 = b'-';
 
 /// Largest message the server sends: beyond it a start takes the cold way
 /// (the pipe is made this large, so one write never blocks).
@@ -33,9 +49,14 @@ pub struct Message {
     pub env: Vec<CString>,
 }
 
-/// Encodes a command; `None` when a field holds a NUL byte (no exec could
-/// take it: the cold path reports that) or the message would exceed
-/// [`MAX_MESSAGE_BYTES`].
+/// Longest single argument or environment entry `execve` takes
+/// (`MAX_ARG_STRLEN`, 32 pages): a longer one takes the cold way, which
+/// reports the error as a failed start.
+const MAX_FIELD_BYTES: usize = 32 * 4096;
+
+/// Encodes a command; `None` when a field holds a NUL byte or is over
+/// `MAX_ARG_STRLEN` (no exec could take it: the cold path reports that) or
+/// the message would exceed [`MAX_MESSAGE_BYTES`].
 pub fn encode<'a>(
     program: &OsStr,
     argv: impl ExactSizeIterator<Item = &'a str>,
@@ -43,6 +64,7 @@ pub fn encode<'a>(
 ) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(1024);
     let field = |out: &mut Vec<u8>, parts: &[&[u8]]| -> Option<()> {
+        let start = out.len();
         for p in parts {
             if p.contains(&0) {
                 return None;
@@ -50,6 +72,9 @@ pub fn encode<'a>(
             out.extend_from_slice(p);
         }
         out.push(0);
+        if out.len() - start > MAX_FIELD_BYTES {
+            return None;
+        }
         (out.len() <= MAX_MESSAGE_BYTES).then_some(())
     };
     field(&mut out, &[argv.len().to_string().as_bytes()])?;
@@ -119,6 +144,9 @@ mod tests {
         let big = "x".repeat(MAX_MESSAGE_BYTES);
         let none = std::iter::empty::<(&str, &str)>();
         assert!(encode(OsStr::new("/bin/x"), [big.as_str()].into_iter(), none).is_none());
+        let long = "y".repeat(MAX_FIELD_BYTES);
+        let env = [("LONG", long.as_str())].into_iter();
+        assert!(encode(OsStr::new("/bin/x"), ["x"].into_iter(), env).is_none());
     }
 
     #[test]

@@ -78,6 +78,8 @@ struct Entry {
     exit: Option<oneshot::Receiver<Exit>>,
     /// The message pipe's write end; closing it unused ends the sandbox.
     message: Option<OwnedFd>,
+    /// The reply pipe's read end ([`exec_server_sandbox::warm::INTACT`]).
+    reply: OwnedFd,
     confinement: Option<Confinement>,
     cgroup: Option<ProcessCgroup>,
 }
@@ -156,6 +158,9 @@ impl Pool {
             _ => return None,
         }
         drop(pipe);
+        if !confirmed(&entry) {
+            return None;
+        }
         let started = Started {
             pid: entry.pid,
             io: entry.io.take()?,
@@ -279,7 +284,11 @@ impl Pool {
             .chain(&procs)
             .map(std::os::fd::AsRawFd::as_raw_fd)
             .collect();
-        let exec_server_sandbox::Warm { prepared, message } = warm;
+        let exec_server_sandbox::Warm {
+            prepared,
+            message,
+            reply,
+        } = warm;
         let mut command = prepared.command;
         // The command's environment comes with its message.
         command.env_clear();
@@ -300,6 +309,7 @@ impl Pool {
             io: Some(io),
             exit: Some(exit),
             message: Some(message),
+            reply,
             confinement: Some(confinement),
             cgroup,
         }))
@@ -349,6 +359,44 @@ impl Pool {
         };
         let _ = tokio::time::timeout(DRAIN_BOUND, all).await;
         drop(held);
+    }
+}
+
+/// Longest a start waits for a warm sandbox's reply: 10 s (it may still be
+/// setting up; on a loaded machine that can take a while).
+const REPLY_BOUND_MS: u16 = 10_000;
+
+/// Whether the command sent to `entry` runs there: its inner stage replied
+/// that the sandbox's mounts are intact. `false` (a stale sandbox, or one
+/// that ended before it read the command) guarantees the command did not
+/// run, so the start may take the cold way. No reply within the bound
+/// counts as running: a command must never run twice.
+fn confirmed(entry: &Entry) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(entry.reply.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::from(REPLY_BOUND_MS)) {
+        Ok(n) if n > 0 => {}
+        _ => {
+            tracing::warn!(
+                pid = entry.pid,
+                "a warm sandbox did not reply in time; served as is"
+            );
+            return true;
+        }
+    }
+    let mut byte = [0u8; 1];
+    match nix::unistd::read(entry.reply.as_fd(), &mut byte) {
+        Ok(1) if byte[0] == exec_server_sandbox::warm::INTACT => true,
+        Ok(1) => {
+            tracing::info!(
+                pid = entry.pid,
+                "a warm sandbox went stale (a mount of it is gone)"
+            );
+            false
+        }
+        Ok(_) => false,
+        Err(_) => true,
     }
 }
 
