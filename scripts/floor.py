@@ -28,7 +28,7 @@ LISTEN = "--listen ws://127.0.0.1:0"
 
 def run(cmd):
     print("$", cmd, flush=True)
-    out = subprocess.run(cmd, shell=True, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(cmd, shell=True, stdout=subprocess.PIPE, text=True, check=True).stdout
     print(out, flush=True)
     return out
 

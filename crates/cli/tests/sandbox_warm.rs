@@ -109,8 +109,8 @@ async fn the_next_start_is_served_warm_and_confined_alone() {
     let warm = wait_for_warm(s.pid());
 
     let script = "echo argv:$0:$1; echo env:$(env | sort | tr '\\n' ' '); \
-                  cat /proc/[0-9]*/comm | tr '\\n' ' '; echo procs-done; \
-                  echo two > mark-second; echo x > ../out/escape 2>/dev/null || echo ro-out; \
+                  echo procs:$(cat /proc/[0-9]*/comm | tr '\\n' ' '); \
+                  echo two > mark-second; (echo x > ../out/escape) 2>/dev/null || echo ro-out; \
                   read line; echo got:$line; exec sleep 30";
     let mut second = start_params(
         "second",
@@ -144,10 +144,7 @@ async fn the_next_start_is_served_warm_and_confined_alone() {
         .collect();
     assert_eq!(names, ["ONLY", "PATH"], "{out}");
     // The first command's process is in another PID namespace.
-    let procs = out
-        .lines()
-        .find(|l| l.ends_with("procs-done"))
-        .unwrap_or("");
+    let procs = out.lines().find(|l| l.starts_with("procs:")).unwrap_or("");
     assert!(procs.contains("cat"), "{out}");
     assert!(
         !procs.contains("sleep"),

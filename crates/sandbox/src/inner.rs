@@ -163,7 +163,8 @@ pub fn run(args: &[OsString]) -> ! {
     exec_failed(&program.to_string_lossy())
 }
 
-/// Waits for the warm sandbox's message on `message` ([`crate::warm`]);
+/// Replies [`crate::warm::READY`] on `reply`, then waits for the warm
+/// sandbox's message on `message` ([`crate::warm`]);
 /// an empty message (the server no longer needs this sandbox) exits 0.
 /// Then, if the sandbox's mounts are still those it was made with, replies
 /// [`crate::warm::INTACT`] on `reply` and executes the command with
@@ -175,6 +176,13 @@ fn run_warm(message: std::os::fd::RawFd, reply: std::os::fd::RawFd) -> ! {
     let (message, reply) = unsafe { (OwnedFd::from_raw_fd(message), OwnedFd::from_raw_fd(reply)) };
     let mounts = || std::fs::read("/proc/self/mountinfo").ok();
     let made = mounts();
+    let mut reply = std::fs::File::from(reply);
+    // A server that stopped listening must not kill this stage with
+    // SIGPIPE: it may still have decided the command runs.
+    // SAFETY: a disposition of this single-threaded process, restored below.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    // Unheard, it is only a hint: the message decides.
+    let _ = std::io::Write::write_all(&mut reply, &[crate::warm::READY]);
     let bytes = crate::warm::read_message(message).unwrap_or_else(|e| {
         fail(
             &format!("inner stage: cannot read the command: {e}"),
@@ -193,11 +201,15 @@ fn run_warm(message: std::os::fd::RawFd, reply: std::os::fd::RawFd) -> ! {
     } else {
         crate::warm::STALE
     };
-    let mut reply = std::fs::File::from(reply);
-    if std::io::Write::write_all(&mut reply, &[answer]).is_err() || !intact {
+    // Unheard, the server counted the command as running (it never runs
+    // one twice): it runs, unless the sandbox is stale.
+    let _ = std::io::Write::write_all(&mut reply, &[answer]);
+    if !intact {
         std::process::exit(0);
     }
     drop(reply);
+    // SAFETY: as above, before the exec.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
         v.iter()
             .map(|a| a.as_ptr())

@@ -26,6 +26,8 @@ use std::os::unix::ffi::OsStrExt;
 /// pipe's write end.
 pub const WARM_PREFIX: &str = "warm:";
 
+/// Reply: set up and waiting for the command (sent once, first).
+pub const READY: u8 = b'r';
 /// Reply: the sandbox's mounts are as they were made; the command's
 /// `execve` follows at once.
 pub const INTACT: u8 = b'+';

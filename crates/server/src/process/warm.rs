@@ -80,6 +80,8 @@ struct Entry {
     message: Option<OwnedFd>,
     /// The reply pipe's read end ([`exec_server_sandbox::warm::INTACT`]).
     reply: OwnedFd,
+    /// Its inner stage said it waits ([`exec_server_sandbox::warm::READY`]).
+    ready: bool,
     confinement: Option<Confinement>,
     cgroup: Option<ProcessCgroup>,
 }
@@ -139,8 +141,21 @@ impl Pool {
             exec_server_sandbox::warm::encode(program.as_os_str(), argv.into_iter(), env)?;
         let mut entry = {
             let mut state = self.state();
-            let at = state.entries.iter().position(|e| e.key == key)?;
-            state.entries.remove(at)
+            // One set up already, else the oldest (its set-up is the
+            // furthest along).
+            let mut first = None;
+            let mut ready = None;
+            for (i, e) in state.entries.iter_mut().enumerate() {
+                if e.key != key {
+                    continue;
+                }
+                first = first.or(Some(i));
+                if e.ready || poll_ready(e) {
+                    ready = Some(i);
+                    break;
+                }
+            }
+            state.entries.remove(ready.or(first)?)
         };
         // Ended while it waited (its set-up failed, or it was killed): the
         // cold way says why, if anything is wrong.
@@ -310,6 +325,7 @@ impl Pool {
             exit: Some(exit),
             message: Some(message),
             reply,
+            ready: false,
             confinement: Some(confinement),
             cgroup,
         }))
@@ -366,38 +382,68 @@ impl Pool {
 /// setting up; on a loaded machine that can take a while).
 const REPLY_BOUND_MS: u16 = 10_000;
 
+/// Whether `entry`'s inner stage has said it waits; reads that byte if
+/// it is there, never blocks.
+fn poll_ready(entry: &mut Entry) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(entry.reply.as_fd(), PollFlags::POLLIN)];
+    if !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0) {
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    entry.ready = matches!(nix::unistd::read(entry.reply.as_fd(), &mut byte), Ok(1))
+        && byte[0] == exec_server_sandbox::warm::READY;
+    entry.ready
+}
+
 /// Whether the command sent to `entry` runs there: its inner stage replied
 /// that the sandbox's mounts are intact. `false` (a stale sandbox, or one
 /// that ended before it read the command) guarantees the command did not
 /// run, so the start may take the cold way. No reply within the bound
 /// counts as running: a command must never run twice.
 fn confirmed(entry: &Entry) -> bool {
+    use exec_server_sandbox::warm::{INTACT, READY};
+    use nix::errno::Errno;
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
-    let mut fds = [PollFd::new(entry.reply.as_fd(), PollFlags::POLLIN)];
-    match poll(&mut fds, PollTimeout::from(REPLY_BOUND_MS)) {
-        Ok(n) if n > 0 => {}
-        _ => {
-            tracing::warn!(
-                pid = entry.pid,
-                "a warm sandbox did not reply in time; served as is"
-            );
-            return true;
+    let deadline = std::time::Instant::now() + Duration::from_millis(REPLY_BOUND_MS.into());
+    // READY (unless read already), then the answer; a signal to this thread
+    // (a child's SIGCHLD) interrupts a wait without ending it.
+    let mut reads = 0;
+    while reads < 2 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let left = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(entry.reply.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, left) {
+            Ok(n) if n > 0 => {}
+            Err(Errno::EINTR) => continue,
+            _ => {
+                tracing::warn!(
+                    pid = entry.pid,
+                    "a warm sandbox did not reply in time; served as is"
+                );
+                return true;
+            }
+        }
+        let mut byte = [0u8; 1];
+        match nix::unistd::read(entry.reply.as_fd(), &mut byte) {
+            Err(Errno::EINTR) => continue,
+            Ok(1) if byte[0] == READY => reads += 1,
+            Ok(1) if byte[0] == INTACT => return true,
+            Ok(1) => {
+                tracing::info!(
+                    pid = entry.pid,
+                    "a warm sandbox went stale (a mount of it is gone)"
+                );
+                return false;
+            }
+            // It ended before it read the command.
+            Ok(_) => return false,
+            Err(_) => return true,
         }
     }
-    let mut byte = [0u8; 1];
-    match nix::unistd::read(entry.reply.as_fd(), &mut byte) {
-        Ok(1) if byte[0] == exec_server_sandbox::warm::INTACT => true,
-        Ok(1) => {
-            tracing::info!(
-                pid = entry.pid,
-                "a warm sandbox went stale (a mount of it is gone)"
-            );
-            false
-        }
-        Ok(_) => false,
-        Err(_) => true,
-    }
+    true
 }
 
 impl Drop for Entry {
