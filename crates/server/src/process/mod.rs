@@ -4,6 +4,7 @@
 //! Ownership: the session's process table owns the [`Process`]; the pump task holds
 //! a clone until the process is closed. Killing is by process tree (see [`kill`]).
 
+mod born;
 pub mod cgroup;
 pub mod handover;
 pub mod kill;

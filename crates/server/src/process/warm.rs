@@ -310,7 +310,7 @@ impl Pool {
         let stdin = key.stdin;
         let io = Io::Pipes { stdin };
         let none = std::collections::BTreeMap::new();
-        let born = spawn::sandbox_born_in_cgroup(&command, &prepared.hooks, &none, io, &join);
+        let born = super::born::sandbox_born_in_cgroup(&command, &prepared.hooks, &none, io, &join);
         let (pid, io, exit) = match born {
             Some(spawned) => spawned?,
             None => crate::launcher::run(move || spawn::on_pipes(command, stdin, cgroup_fds))?,
