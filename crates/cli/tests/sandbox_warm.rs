@@ -15,26 +15,20 @@ use std::time::{Duration, Instant};
 
 /// Children of `server` that are warm sandboxes waiting for a command.
 fn warm_children(server: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
+    let parent_of = |pid: i32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // The parent pid is the second field after the command's ")".
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if ppid == Some(server) && cmd.contains("--sandbox-inner-exec") && cmd.contains(" warm:") {
-            out.push(pid);
-        }
-    }
-    out
+        let (_, rest) = stat.rsplit_once(')')?;
+        rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+    };
+    pids_matching("--sandbox-inner-exec")
+        .into_iter()
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains("\0warm:") && parent_of(*pid) == Some(server)
+        })
+        .map(|pid| pid as u32)
+        .collect()
 }
 
 /// The warm sandboxes of `server` once both for one key are there
