@@ -8,7 +8,9 @@ use exec_server_relay::keys::{prologue, Identity, PublicKey};
 use exec_server_relay::noise::Initiator;
 use exec_server_relay::random::OsRandom;
 use exec_server_relay::registry::signing::{self, Grant, Role};
-use exec_server_relay::registry::store::{MemoryStore, Store};
+use exec_server_relay::registry::store::{
+    Authorization, MemoryStore, Registration, Store, StoreError,
+};
 use exec_server_relay::registry::{Config, Registry};
 use exec_server_relay::registry_client::{RegistryClient, RegistryError};
 use exec_server_relay::stream::Channel;
@@ -99,6 +101,32 @@ async fn raw_socket(
     (ws, bundle)
 }
 
+/// A raw harness socket that claimed `sid` and sent msg1 as `me`,
+/// presenting `authorization` (else the one issued for `me`).
+async fn send_msg1(
+    client: &RegistryClient,
+    env: &str,
+    sid: &str,
+    me: &Identity,
+    authorization: Option<&str>,
+) -> (Ws, Initiator) {
+    let bundle = client.connect(env, &me.public_key()).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::connect_async(bundle.url.as_str())
+        .await
+        .unwrap();
+    let exec_key = PublicKey::from_wire(&bundle.executor_public_key).unwrap();
+    let p = prologue(env, &bundle.executor_registration_id, sid);
+    let auth = authorization.unwrap_or(&bundle.harness_key_authorization);
+    let (init, msg1) = Initiator::start(me, &exec_key, &p, auth.as_bytes(), &mut OsRandom).unwrap();
+    ws.send(Message::Binary(Frame::resume(sid).encode().into()))
+        .await
+        .unwrap();
+    ws.send(Message::Binary(Frame::handshake(sid, msg1).encode().into()))
+        .await
+        .unwrap();
+    (ws, init)
+}
+
 async fn next_frame(ws: &mut Ws) -> Option<Frame> {
     loop {
         match tokio::time::timeout(Duration::from_secs(10), ws.next())
@@ -160,27 +188,9 @@ async fn another_harnesss_authorization_is_refused() {
     let mallory = Identity::generate(&mut OsRandom);
     let alices = s.client.connect("e2", &alice.public_key()).await.unwrap();
     // Mallory proves her own key but presents Alice's authorization.
-    let bundle = s.client.connect("e2", &mallory.public_key()).await.unwrap();
-    let (mut ws, _) = tokio_tungstenite::connect_async(bundle.url.as_str())
-        .await
-        .unwrap();
+    let auth = alices.harness_key_authorization.as_str();
     let sid = "mallory-stream";
-    let exec_key = PublicKey::from_wire(&bundle.executor_public_key).unwrap();
-    let p = prologue("e2", &bundle.executor_registration_id, sid);
-    let (init, msg1) = Initiator::start(
-        &mallory,
-        &exec_key,
-        &p,
-        alices.harness_key_authorization.as_bytes(),
-        &mut OsRandom,
-    )
-    .unwrap();
-    ws.send(Message::Binary(Frame::resume(sid).encode().into()))
-        .await
-        .unwrap();
-    ws.send(Message::Binary(Frame::handshake(sid, msg1).encode().into()))
-        .await
-        .unwrap();
+    let (mut ws, init) = send_msg1(&s.client, "e2", sid, &mallory, Some(auth)).await;
     // The executor answers msg1 while it asks the registry; what Mallory
     // sends meanwhile is held, never echoed, and the refusal resets it.
     let mut f = next_frame(&mut ws).await;
@@ -608,5 +618,132 @@ async fn a_silent_executor_socket_blocks_registration_only_until_the_silence_tim
     assert_eq!(
         bundle.executor_registration_id,
         reg.executor_registration_id
+    );
+}
+
+/// A store whose authorizations are taken late: the registry's `/validate`
+/// answers after `delay`, so an executor holds its new streams that long.
+struct SlowValidation {
+    inner: MemoryStore,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl Store for SlowValidation {
+    async fn put_registration(&self, r: Registration) -> Result<(), StoreError> {
+        self.inner.put_registration(r).await
+    }
+    async fn registration(&self, environment_id: &str) -> Result<Option<Registration>, StoreError> {
+        self.inner.registration(environment_id).await
+    }
+    async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
+        self.inner.put_authorization(token, a).await
+    }
+    async fn take_authorization(
+        &self,
+        token: &str,
+        now_unix: u64,
+    ) -> Result<Option<Authorization>, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.take_authorization(token, now_unix).await
+    }
+    async fn signing_key(&self) -> Result<[u8; 32], StoreError> {
+        self.inner.signing_key().await
+    }
+}
+
+/// A harness stream on a raw socket, past its handshake: the socket and
+/// the stream's sealing and opening halves.
+async fn handshaken(
+    client: &RegistryClient,
+    env: &str,
+    sid: &str,
+) -> (
+    Ws,
+    exec_server_relay::stream::SendHalf,
+    exec_server_relay::stream::RecvHalf,
+) {
+    let me = Identity::generate(&mut OsRandom);
+    let (mut ws, init) = send_msg1(client, env, sid, &me, None).await;
+    let Some(Frame {
+        body: Some(Body::Handshake { payload }),
+        ..
+    }) = next_frame(&mut ws).await
+    else {
+        panic!("no msg2");
+    };
+    let (send, recv) = exec_server_relay::stream::halves(sid, init.finish(&payload).unwrap());
+    (ws, send, recv)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_is_held_until_admitted_and_reset_past_its_budget() {
+    use exec_server_relay::executor::mux::MAX_HELD_BYTES;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let store = Arc::new(SlowValidation {
+        inner: MemoryStore::default(),
+        delay: Duration::from_millis(1500),
+    });
+    let reg = Registry::new(Config::default(), store, format!("ws://{addr}"))
+        .await
+        .unwrap();
+    tokio::spawn(reg.serve(l));
+    let base = format!("http://{addr}");
+    tokio::spawn(executor::run(
+        executor::Config {
+            registry: RegistryClient::new(&base, "exec", None, true).unwrap(),
+            environment_id: "e9".into(),
+            keepalive: executor::KEEPALIVE,
+            pong_timeout: executor::PONG_TIMEOUT,
+            observer: Arc::new(executor::NoObserver),
+        },
+        echo_handler(),
+    ));
+    let client = RegistryClient::new(&base, "harness", None, true).unwrap();
+    drop(connect_when_attached(&client, "e9").await);
+
+    // Within its budget while the registry thinks: kept, then all of it
+    // is served once admitted.
+    let (mut ws, mut send, mut recv) = handshaken(&client, "e9", "within").await;
+    let sent_at = Instant::now();
+    let message = vec![7u8; MAX_HELD_BYTES / 4];
+    for _ in 0..3 {
+        for f in send.seal(&message).unwrap() {
+            ws.send(Message::Binary(f.into())).await.unwrap();
+        }
+    }
+    let mut echoed = 0;
+    while echoed < 3 * message.len() {
+        match next_frame(&mut ws).await {
+            Some(Frame {
+                body: Some(Body::Data { seq, payload, .. }),
+                ..
+            }) => {
+                // Nothing comes back before the registry has answered.
+                assert!(sent_at.elapsed() >= Duration::from_millis(1400));
+                for m in recv.open(seq, payload).unwrap() {
+                    assert!(m.iter().all(|b| *b == 7));
+                    echoed += m.len();
+                }
+            }
+            other => panic!("echo expected, got {other:?}"),
+        }
+    }
+
+    // Past its budget before the answer: reset at once, nothing served.
+    let (mut ws, mut send, _recv) = handshaken(&client, "e9", "over").await;
+    let sent_at = Instant::now();
+    let message = vec![9u8; MAX_HELD_BYTES / 4];
+    for _ in 0..5 {
+        for f in send.seal(&message).unwrap() {
+            ws.send(Message::Binary(f.into())).await.unwrap();
+        }
+    }
+    let f = next_frame(&mut ws).await;
+    assert!(is_protocol_reset(&f, "over"), "{f:?}");
+    assert!(
+        sent_at.elapsed() < Duration::from_millis(1400),
+        "reset for its budget, not after the registry's answer"
     );
 }
