@@ -123,6 +123,12 @@ const CONNECTION_EVENT_BACKLOG: usize = 64;
 
 struct ProcEntry {
     events: OrderedEvents,
+    /// The server said it started the process (its `process/start` was
+    /// answered, or a `process/read` found it). Until then a recovery's
+    /// catch-up that finds no such process leaves the stream alone: the
+    /// start may not have reached the server yet, and its own outcome
+    /// (or retry) decides.
+    confirmed: bool,
 }
 
 /// Most `process/read` pages one catch-up takes: 10 000.
@@ -134,13 +140,15 @@ const CATCH_UP_MORE_BYTES: usize = 1024 * 1024;
 /// Reads process `id` from its last released seq (`process/read`s that wait
 /// for nothing) until the server has nothing older to give: a page served from
 /// a disk spool may end early, and the server pushes only what is new. Waits
-/// for room in the consumer's queue between pages. False if the server no
-/// longer knows the process or the connection failed.
-async fn catch_up(inner: &Inner, peer: &RpcPeer, id: &str) -> bool {
+/// for room in the consumer's queue between pages.
+///
+/// A process the server does not know fails its stream only once its start
+/// was confirmed; either way the answer is [`CatchUp::Unknown`].
+async fn catch_up(inner: &Inner, peer: &RpcPeer, id: &str) -> CatchUp {
     for _ in 0..MAX_CATCH_UP_PAGES {
         let (after, room) = match lock(&inner.procs).get(id) {
             Some(e) if !e.events.is_finished() => (e.events.last_published(), e.events.room()),
-            _ => return true,
+            _ => return CatchUp::Done,
         };
         room.wait().await;
         let params = ReadParams {
@@ -158,7 +166,7 @@ async fn catch_up(inner: &Inner, peer: &RpcPeer, id: &str) -> bool {
             .await;
         let mut procs = lock(&inner.procs);
         let Some(e) = procs.get_mut(id) else {
-            return true;
+            return CatchUp::Done;
         };
         let page = match r.map(serde_json::from_value::<ReadResponse>) {
             Ok(Ok(page)) => page,
@@ -167,18 +175,21 @@ async fn catch_up(inner: &Inner, peer: &RpcPeer, id: &str) -> bool {
                     FailureReason::Protocol,
                     format!("bad process/read reply: {err}"),
                 ));
-                return true;
+                return CatchUp::Done;
             }
             Err(CallError::Server(err)) => {
-                e.events.fail(StreamFailure::new(
-                    FailureReason::RecoveryFailed,
-                    format!("process lost while recovering: {}", err.message),
-                ));
-                return false;
+                if e.confirmed {
+                    e.events.fail(StreamFailure::new(
+                        FailureReason::RecoveryFailed,
+                        format!("process lost while recovering: {}", err.message),
+                    ));
+                }
+                return CatchUp::Unknown;
             }
             // The connection dropped again: the next recovery goes on.
-            Err(_) => return false,
+            Err(_) => return CatchUp::ConnectionLost,
         };
+        e.confirmed = true;
         let bytes: usize = page.chunks.iter().map(|c| c.chunk.0.len()).sum();
         let maybe_more = !page.closed
             && bytes >= CATCH_UP_MORE_BYTES
@@ -188,10 +199,21 @@ async fn catch_up(inner: &Inner, peer: &RpcPeer, id: &str) -> bool {
                 .is_some_and(|c| c.seq + 1 == page.next_seq);
         e.events.recover(page);
         if !maybe_more || e.events.is_finished() {
-            return true;
+            return CatchUp::Done;
         }
     }
-    true
+    CatchUp::Done
+}
+
+/// How a [`catch_up`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CatchUp {
+    /// The server gave everything it had (or the stream had ended).
+    Done,
+    /// The server does not know the process.
+    Unknown,
+    /// The connection failed; the next recovery reads on.
+    ConnectionLost,
 }
 
 #[derive(Default)]

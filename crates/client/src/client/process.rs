@@ -117,6 +117,7 @@ impl ExecServerClient {
                 id.clone(),
                 ProcEntry {
                     events: OrderedEvents::new(tx),
+                    confirmed: false,
                 },
             );
         }
@@ -155,6 +156,11 @@ impl ExecServerClient {
         if let Ok(Some(r)) = &outcome {
             pid = r.pid;
         }
+        if outcome.is_ok() {
+            if let Some(e) = lock(&self.inner.procs).get_mut(&id) {
+                e.confirmed = true;
+            }
+        }
         match outcome {
             Ok(_) => Ok(ProcessHandle {
                 id,
@@ -181,7 +187,7 @@ impl ExecServerClient {
     /// for nothing).
     async fn started_before(&self, id: &str) -> bool {
         match self.peer().await {
-            Ok(peer) => super::catch_up(&self.inner, &peer, id).await,
+            Ok(peer) => super::catch_up(&self.inner, &peer, id).await == super::CatchUp::Done,
             Err(_) => false,
         }
     }
