@@ -86,7 +86,7 @@ fn pid_of(list: &Value, id: &str) -> u64 {
 
 #[tokio::test]
 async fn the_next_start_is_served_warm_and_confined_alone() {
-    let s = Server::start(&["--warm-sandboxes", "8"]);
+    let s = Server::start(&[]);
     let f = fixture("warm1");
     let mut c = Conn::open(&s.url, None).await;
     // The first command runs cold and keeps running: what it is and what
@@ -160,7 +160,7 @@ async fn the_next_start_is_served_warm_and_confined_alone() {
 
 #[tokio::test]
 async fn a_start_with_another_policy_or_cwd_never_takes_a_warm_sandbox() {
-    let s = Server::start(&["--warm-sandboxes", "8"]);
+    let s = Server::start(&[]);
     let f = fixture("warm2");
     let other = f.ws.join("sub");
     std::fs::create_dir_all(&other).unwrap();
@@ -203,7 +203,7 @@ async fn none_are_kept_when_turned_off_and_none_outlive_the_server() {
         assert!(warm_children(off.pid()).is_empty());
     }
 
-    let s = Server::start(&["--warm-sandboxes", "8"]);
+    let s = Server::start(&[]);
     let mut c = Conn::open(&s.url, None).await;
     let r = run(&mut c, "on", &f.ws, "true", Some(ww(&f.ws))).await;
     assert_eq!(r.exit, 0, "{r:?}");
@@ -216,4 +216,28 @@ async fn none_are_kept_when_turned_off_and_none_outlive_the_server() {
         assert!(!Path::new(&format!("/proc/{w}")).exists());
     }
     assert!(!f.ws.join(".codex").exists());
+}
+
+#[tokio::test]
+async fn a_protected_name_replaced_on_the_host_meanwhile_stays_protected() {
+    let s = Server::start(&[]);
+    let f = fixture("warm4");
+    std::fs::create_dir_all(f.ws.join(".git/hooks")).unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let r = run(&mut c, "w0", &f.ws, "true", Some(ww(&f.ws))).await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    wait_for_warm(s.pid());
+    // Replaced on the host while the sandboxes wait: removing a path
+    // detaches the read-only mount over it in every namespace.
+    std::fs::remove_dir_all(f.ws.join(".git")).unwrap();
+    std::fs::create_dir_all(f.ws.join(".git/hooks")).unwrap();
+    std::fs::remove_dir(f.ws.join(".codex")).unwrap();
+    let script = "echo pwned > .git/hooks/pre-commit; mkdir -p .codex/x; echo done";
+    let r = run(&mut c, "w1", &f.ws, script, Some(ww(&f.ws))).await;
+    assert!(!f.ws.join(".git/hooks/pre-commit").exists(), "{r:?}");
+    assert!(!f.ws.join(".codex/x").exists(), "{r:?}");
+    // It ran, confined as a cold start would be: the recreated names are
+    // read-only, and the removed placeholder was made again.
+    assert!(r.out.contains("done"), "{r:?}");
+    assert!(f.ws.join(".codex").is_dir(), "{r:?}");
 }

@@ -151,7 +151,7 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
             runtime,
             plan,
             target.cwd,
-            |mode| inner_stage(target, mode, pwd_of(target)),
+            |mode, _| inner_stage(target, mode, pwd_of(target)),
             Vec::new(),
         ),
         Err(Plan::Seccomp(mode)) => {
@@ -247,7 +247,11 @@ pub fn prepare_warm(runtime: &Runtime, plan: Plan, cwd: &Path) -> Result<Option<
         runtime,
         plan,
         cwd,
-        |mode| vec![INNER_FLAG.into(), mode.into(), tail],
+        |mode, mount_points| {
+            let mut v = vec![INNER_FLAG.into(), mode.into(), tail];
+            v.extend(mount_points);
+            v
+        },
         vec![read, reply_w],
     )?;
     Ok(Some(Warm {
@@ -286,13 +290,14 @@ impl Confined {
 }
 
 /// The bubblewrap command for a confined plan; `inner` gives the inner
-/// stage's arguments for its seccomp or proxy mode, and `passed` are
-/// descriptors they name (they cross into the sandbox).
+/// stage's arguments for its seccomp or proxy mode and the view's mount
+/// points, and `passed` are descriptors they name (they cross into the
+/// sandbox).
 fn confined(
     runtime: &Runtime,
     plan: Confined,
     cwd: &Path,
-    inner: impl FnOnce(&str) -> Vec<OsString>,
+    inner: impl FnOnce(&str, Vec<OsString>) -> Vec<OsString>,
     passed: Vec<OwnedFd>,
 ) -> Result<Prepared, Error> {
     let Confined {
@@ -304,7 +309,7 @@ fn confined(
     let bwrap = runtime.bwrap.as_ref().ok_or(Error::BwrapMissing)?;
     let mut args = Args(Vec::with_capacity(64));
     args.namespaces(unshare_net);
-    let mut fds = args.view(runtime, &view)?;
+    let (mut fds, mount_points) = args.view(runtime, &view)?;
     if let Some(route) = &proxy {
         // Read-only: the command must not write into the host
         // directory (a read-only policy would then fill the host's
@@ -328,7 +333,7 @@ fn confined(
         Some(route) => crate::bridge::inner_mode(route),
         None => seccomp.as_str().to_string(),
     };
-    args.0.extend(inner(&mode));
+    args.0.extend(inner(&mode, mount_points));
     let mut command = Command::new(bwrap);
     command.args(args.0).current_dir(cwd);
     fds.extend(passed);
@@ -424,8 +429,14 @@ impl Args {
 
     /// The file-system view: the root, `/dev`, the policy's mounts and the
     /// server's hidden paths. Returns the descriptors of the empty files
-    /// that deny single files (the command must inherit them).
-    fn view(&mut self, runtime: &Runtime, view: &crate::plan::View) -> Result<Vec<OwnedFd>, Error> {
+    /// that deny single files (the command must inherit them) and the
+    /// mount points of the policy's mounts and masks (a warm sandbox
+    /// checks they are still mounted).
+    fn view(
+        &mut self,
+        runtime: &Runtime,
+        view: &crate::plan::View,
+    ) -> Result<(Vec<OwnedFd>, Vec<OsString>), Error> {
         if view.full_read {
             self.push(&["--ro-bind".as_ref(), "/".as_ref(), "/".as_ref()]);
         } else {
@@ -436,9 +447,19 @@ impl Args {
         // The server's own sockets and directories: never reachable from
         // a sandbox, whatever the policy made readable or writable.
         let hidden = hidden_masks(&runtime.hidden, view);
+        let mut points = Vec::new();
         for m in view.mounts.iter().chain(&hidden) {
             if let Some(fd) = self.mount(m)? {
                 fds.push(fd);
+            }
+            match m {
+                Mount::Symlink(..) => {}
+                Mount::ReadOnly(p)
+                | Mount::Writable(p)
+                | Mount::Protect(p)
+                | Mount::ProtectNested(p)
+                | Mount::DenyDir(p)
+                | Mount::DenyFile(p) => points.push(p.as_os_str().to_os_string()),
             }
         }
         // A bind of `/` (or `/dev`) made after the minimal /dev hides its
@@ -452,7 +473,7 @@ impl Args {
         }) {
             self.push(&["--dev".as_ref(), "/dev".as_ref()]);
         }
-        Ok(fds)
+        Ok((fds, points))
     }
 
     /// One mount; a denied file returns the descriptor of its empty source.

@@ -21,6 +21,8 @@ use std::os::unix::ffi::OsStrExt;
 /// (`ROUTES` as [`crate::bridge::inner_mode`] writes them),
 /// where `<pwd>` is `keep`, `unset`, or `set:VALUE` (bubblewrap sets `PWD`
 /// itself; the child's environment must be exactly the one requested).
+/// A warm sandbox's is `<exe> --sandbox-inner-exec <mode> warm:MSG:REPLY
+/// [mount point…]` ([`crate::warm`]).
 pub const INNER_FLAG: &str = "--sandbox-inner-exec";
 
 /// Exit status when the command cannot be executed inside the sandbox (as a
@@ -45,10 +47,10 @@ fn cstring(s: &OsString) -> CString {
 
 /// Runs the inner stage with the arguments after [`INNER_FLAG`]; never returns.
 pub fn run(args: &[OsString]) -> ! {
-    let (mode, pwd, program, rest) = match args {
-        [mode, pwd, program, rest @ ..] => (mode, pwd, program, rest),
-        // A warm sandbox names no command: it comes in the message.
-        [mode, pwd] => (mode, pwd, pwd, &[][..]),
+    // A warm sandbox names no command (it comes in the message): what
+    // follows its `<pwd>` are the mount points to check.
+    let (mode, pwd, after) = match args {
+        [mode, pwd, after @ ..] => (mode, pwd, after),
         _ => fail("inner stage: missing arguments", EXIT_CANNOT_EXEC),
     };
     // SAFETY: resetting dispositions and the mask of this single-threaded
@@ -152,8 +154,11 @@ pub fn run(args: &[OsString]) -> ! {
         }
     }
     if let Some((message, reply)) = warm {
-        run_warm(message, reply);
+        run_warm(message, reply, after);
     }
+    let Some((program, rest)) = after.split_first() else {
+        fail("inner stage: missing arguments", EXIT_CANNOT_EXEC)
+    };
     let prog = cstring(program);
     let argv: Vec<CString> = rest.iter().map(cstring).collect();
     let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
@@ -166,11 +171,15 @@ pub fn run(args: &[OsString]) -> ! {
 /// Replies [`crate::warm::READY`] on `reply`, then waits for the warm
 /// sandbox's message on `message` ([`crate::warm`]);
 /// an empty message (the server no longer needs this sandbox) exits 0.
-/// Then, if the sandbox's mounts are still those it was made with, replies
-/// [`crate::warm::INTACT`] on `reply` and executes the command with
-/// exactly its environment; else replies [`crate::warm::STALE`] and exits.
-/// Never returns.
-fn run_warm(message: std::os::fd::RawFd, reply: std::os::fd::RawFd) -> ! {
+/// Then, if every one of `mount_points` is still mounted and nothing
+/// changed since the wait began, replies [`crate::warm::INTACT`] on
+/// `reply` and executes the command with exactly its environment; else
+/// replies [`crate::warm::STALE`] and exits. Never returns.
+fn run_warm(
+    message: std::os::fd::RawFd,
+    reply: std::os::fd::RawFd,
+    mount_points: &[OsString],
+) -> ! {
     use std::os::fd::{FromRawFd, OwnedFd};
     // SAFETY: the server passed these descriptors for this stage alone.
     let (message, reply) = unsafe { (OwnedFd::from_raw_fd(message), OwnedFd::from_raw_fd(reply)) };
@@ -195,7 +204,11 @@ fn run_warm(message: std::os::fd::RawFd, reply: std::os::fd::RawFd) -> ! {
     let Some(m) = crate::warm::decode(&bytes) else {
         fail("inner stage: malformed command message", EXIT_CANNOT_EXEC);
     };
-    let intact = made.is_some() && mounts() == made;
+    let now = mounts();
+    let intact = match (&made, &now) {
+        (Some(made), Some(now)) => made == now && crate::warm::all_mounted(now, mount_points),
+        _ => false,
+    };
     let answer = if intact {
         crate::warm::INTACT
     } else {

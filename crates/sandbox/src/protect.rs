@@ -18,6 +18,15 @@ fn registry() -> &'static Mutex<HashMap<PathBuf, usize>> {
     R.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Whether `e` says this user may not create the name (then the child,
+/// with at most the same rights, may not either).
+fn denied(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EACCES | libc::EPERM | libc::EROFS)
+    )
+}
+
 /// One use of a placeholder directory; the last drop removes it from the host.
 #[derive(Debug)]
 pub struct Placeholder {
@@ -32,6 +41,14 @@ impl Placeholder {
     fn acquire(path: &Path) -> Result<Option<Placeholder>, Error> {
         let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = reg.get_mut(path) {
+            // Removed on the host while in use: made again, or the new
+            // child's bind would fail for want of its source.
+            match std::fs::create_dir(path) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) if denied(&e) => return Ok(None),
+                Err(e) => return Err(Error::Placeholder(path.to_path_buf(), e)),
+                Ok(()) => {}
+            }
             *n += 1;
             return Ok(Some(Placeholder {
                 path: path.to_path_buf(),
@@ -45,14 +62,7 @@ impl Placeholder {
                 }))
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EACCES | libc::EPERM | libc::EROFS)
-                ) =>
-            {
-                Ok(None)
-            }
+            Err(e) if denied(&e) => Ok(None),
             Err(e) => Err(Error::Placeholder(path.to_path_buf(), e)),
         }
     }
@@ -195,6 +205,25 @@ mod tests {
             "kept while the second child runs"
         );
         drop(second);
+        assert!(!root.join(".codex").exists(), "removed by its last user");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_placeholder_removed_on_the_host_while_in_use_is_made_again() {
+        let root = std::env::temp_dir().join(format!("sbx-remade-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let root = std::fs::canonicalize(&root).unwrap();
+        let first = scan(&root).unwrap();
+        std::fs::remove_dir(root.join(".codex")).unwrap();
+        let second = scan(&root).unwrap();
+        assert_eq!(second.placeholders.len(), first.placeholders.len());
+        assert!(
+            root.join(".codex").is_dir(),
+            "the next child's bind has a source"
+        );
+        drop((first, second));
         assert!(!root.join(".codex").exists(), "removed by its last user");
         std::fs::remove_dir_all(&root).unwrap();
     }

@@ -13,10 +13,14 @@
 //!
 //! A waiting sandbox can go stale: removing or replacing a path on the host
 //! detaches every mount on it in every namespace, so a protected `.git` or a
-//! hidden path recreated meanwhile would be open in it. The inner stage keeps
-//! the text of its `/proc/self/mountinfo` from before it waits and compares
-//! it when the command comes: it replies [`INTACT`] and executes, or replies
-//! [`STALE`] and exits without running anything.
+//! hidden path recreated meanwhile would be open in it. When the command
+//! comes, the inner stage checks its `/proc/self/mountinfo`: every mount
+//! point the plan made (bubblewrap's arguments after the warm descriptors,
+//! [`all_mounted`]) is still there, and nothing changed since it started to
+//! wait. Then it replies [`INTACT`] and executes, else replies [`STALE`] and
+//! exits without running anything. The mount points are checked, not only
+//! the change: a path replaced between bubblewrap's bind and the stage's
+//! first reading would leave both readings alike and the sandbox open.
 
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
@@ -117,9 +121,61 @@ pub fn read_message(fd: std::os::fd::OwnedFd) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Whether every path of `targets` (absolute, as the sandbox sees it) is
+/// a mount point in `mountinfo`, the text of `/proc/<pid>/mountinfo`
+/// (its fifth field, with the kernel's `\NNN` octal escapes undone).
+/// Unreadable lines count as no mount.
+pub fn all_mounted(mountinfo: &[u8], targets: &[std::ffi::OsString]) -> bool {
+    let points: std::collections::HashSet<Vec<u8>> = mountinfo
+        .split(|b| *b == b'\n')
+        .filter_map(|line| line.split(|b| *b == b' ').nth(4))
+        .map(unescape)
+        .collect();
+    targets.iter().all(|t| points.contains(t.as_bytes()))
+}
+
+/// Undoes mountinfo's escapes: `\` then three octal digits is one byte.
+fn unescape(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let octal = field
+            .get(i + 1..i + 4)
+            .filter(|d| field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                out.push(v as u8);
+                i += 4;
+            }
+            None => {
+                out.push(field[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_points_are_found_with_their_escapes_undone() {
+        let info = b"22 1 0:21 / / ro,nosuid - tmpfs tmpfs rw\n\
+            30 22 8:1 /w /work/my\\040dir rw - ext4 /dev/vda rw\n\
+            31 30 8:1 /w/.git /work/my\\040dir/.git ro - ext4 /dev/vda rw\n";
+        let t = |v: &[&str]| -> Vec<std::ffi::OsString> { v.iter().map(|s| s.into()).collect() };
+        assert!(all_mounted(
+            info,
+            &t(&["/", "/work/my dir", "/work/my dir/.git"])
+        ));
+        assert!(all_mounted(info, &[]));
+        assert!(!all_mounted(info, &t(&["/work/my dir/.codex"])));
+        assert!(!all_mounted(info, &t(&["/work/my\\040dir"])));
+        assert!(!all_mounted(b"", &t(&["/"])));
+    }
 
     #[test]
     fn a_command_survives_the_round_trip() {

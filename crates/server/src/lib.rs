@@ -49,7 +49,7 @@ pub use network::masking::pem_certificates as netproxy_pem_certificates;
 /// Default for `--max-connections`: 4096 concurrent connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default for `--warm-sandboxes`: 8 sandboxes prepared ahead (2 for each of 4 policies).
-pub const DEFAULT_WARM_SANDBOXES: usize = 0;
+pub const DEFAULT_WARM_SANDBOXES: usize = 8;
 pub use exec_server_protocol::MAX_MESSAGE_BYTES;
 
 /// Server settings.
