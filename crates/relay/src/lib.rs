@@ -22,6 +22,12 @@ pub mod stream;
 pub mod testing;
 pub mod tls;
 
+/// Most relay frames a socket writer (executor or node) writes behind one
+/// another before it flushes: 16. A writer sends what is already queued
+/// with the frame it waited for, so a running stream makes fewer, larger
+/// socket writes; an idle one still flushes each frame at once.
+pub(crate) const MAX_FRAMES_PER_FLUSH: usize = 16;
+
 pub use keys::{Identity, PublicKey, WirePublicKey};
 pub use noise::{Initiator, NoiseError, PendingResponder, Transport};
 pub use random::{OsRandom, Randomness};

@@ -355,7 +355,19 @@ where
                 m = out_rx.recv() => match m { Some(m) => m, None => return Disconnect::LocalShutdown },
                 _ = ping.tick() => Message::Ping(Vec::new().into()),
             };
-            match tokio::time::timeout(Duration::from_secs(30), sink.send(m)).await {
+            // What is queued behind it goes out with it: one flush, fewer
+            // and larger socket writes while a stream runs.
+            let write = async {
+                sink.feed(m).await?;
+                for _ in 1..crate::MAX_FRAMES_PER_FLUSH {
+                    match out_rx.try_recv() {
+                        Ok(m) => sink.feed(m).await?,
+                        Err(_) => break,
+                    }
+                }
+                sink.flush().await
+            };
+            match tokio::time::timeout(Duration::from_secs(30), write).await {
                 Ok(Ok(())) => {}
                 _ => return Disconnect::WriteError,
             }

@@ -103,6 +103,18 @@ impl Inbox {
             }
         }
     }
+
+    /// A frame already queued, without waiting.
+    fn try_recv(&mut self) -> Option<Bytes> {
+        match self {
+            Inbox::Bounded(rx) => rx.try_recv().ok(),
+            Inbox::Counted(rx, queued) => {
+                let frame = rx.try_recv().ok()?;
+                queued.fetch_sub(frame.len(), Ordering::SeqCst);
+                Some(frame)
+            }
+        }
+    }
 }
 
 type Routes = Arc<Mutex<HashMap<String, Route>>>;
@@ -192,7 +204,19 @@ where
                 _ = ping.tick() => Message::Ping(Vec::new().into()),
                 _ = stop.cancelled() => break,
             };
-            if tokio::time::timeout(Duration::from_secs(30), sink.send(msg))
+            // What is queued behind it goes out with it: one flush, fewer
+            // and larger socket writes while a stream runs.
+            let write = async {
+                sink.feed(msg).await?;
+                for _ in 1..crate::MAX_FRAMES_PER_FLUSH {
+                    match rx.try_recv() {
+                        Some(b) => sink.feed(Message::Binary(b)).await?,
+                        None => break,
+                    }
+                }
+                sink.flush().await
+            };
+            if tokio::time::timeout(Duration::from_secs(30), write)
                 .await
                 .map_or(true, |r| r.is_err())
             {
