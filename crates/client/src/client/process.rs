@@ -187,7 +187,10 @@ impl ExecServerClient {
     /// for nothing).
     async fn started_before(&self, id: &str) -> bool {
         match self.peer().await {
-            Ok(peer) => super::catch_up(&self.inner, &peer, id).await == super::CatchUp::Done,
+            Ok(peer) => {
+                super::connection::catch_up(&self.inner, &peer, id).await
+                    == super::connection::CatchUp::Done
+            }
             Err(_) => false,
         }
     }
