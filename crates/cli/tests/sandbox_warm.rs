@@ -241,3 +241,38 @@ async fn a_protected_name_replaced_on_the_host_meanwhile_stays_protected() {
     assert!(r.out.contains("done"), "{r:?}");
     assert!(f.ws.join(".codex").is_dir(), "{r:?}");
 }
+
+#[tokio::test]
+async fn a_working_directory_moved_on_the_host_meanwhile_is_not_followed() {
+    let s = Server::start(&[]);
+    let f = fixture("warm5");
+    let sub = f.ws.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::create_dir_all(f.ws.join(".git")).unwrap();
+    let mut c = Conn::open(&s.url, None).await;
+    let r = run(&mut c, "m0", &sub, "true", Some(ww(&f.ws))).await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    wait_for_warm(s.pid());
+    // A waiting sandbox holds its working directory itself: moved into the
+    // protected `.git` and replaced, it must not take the command along.
+    std::fs::rename(&sub, f.ws.join(".git/sub")).unwrap();
+    std::fs::create_dir(&sub).unwrap();
+    let warm = warm_children(s.pid());
+    let r = run(
+        &mut c,
+        "m1",
+        &sub,
+        "echo pwned > x; echo done",
+        Some(ww(&f.ws)),
+    )
+    .await;
+    assert!(!f.ws.join(".git/sub/x").exists(), "{r:?}");
+    assert!(sub.join("x").is_file(), "ran where its path is now: {r:?}");
+    assert!(r.out.contains("done"), "{r:?}");
+    // A warm sandbox was offered the command (and found it stale).
+    let waiting = warm_children(s.pid());
+    assert!(
+        warm.iter().any(|w| !waiting.contains(w)),
+        "no warm sandbox was tried: {warm:?}, {waiting:?}"
+    );
+}

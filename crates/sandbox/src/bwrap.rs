@@ -248,7 +248,7 @@ pub fn prepare_warm(runtime: &Runtime, plan: Plan, cwd: &Path) -> Result<Option<
         plan,
         cwd,
         |mode, mount_points| {
-            let mut v = vec![INNER_FLAG.into(), mode.into(), tail];
+            let mut v = vec![INNER_FLAG.into(), mode.into(), tail, cwd.as_os_str().into()];
             v.extend(mount_points);
             v
         },

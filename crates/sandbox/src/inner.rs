@@ -22,7 +22,7 @@ use std::os::unix::ffi::OsStrExt;
 /// where `<pwd>` is `keep`, `unset`, or `set:VALUE` (bubblewrap sets `PWD`
 /// itself; the child's environment must be exactly the one requested).
 /// A warm sandbox's is `<exe> --sandbox-inner-exec <mode> warm:MSG:REPLY
-/// [mount point…]` ([`crate::warm`]).
+/// <cwd> [mount point…]` ([`crate::warm`]).
 pub const INNER_FLAG: &str = "--sandbox-inner-exec";
 
 /// Exit status when the command cannot be executed inside the sandbox (as a
@@ -171,15 +171,19 @@ pub fn run(args: &[OsString]) -> ! {
 /// Replies [`crate::warm::READY`] on `reply`, then waits for the warm
 /// sandbox's message on `message` ([`crate::warm`]);
 /// an empty message (the server no longer needs this sandbox) exits 0.
-/// Then, if every one of `mount_points` is still mounted and nothing
-/// changed since the wait began, replies [`crate::warm::INTACT`] on
-/// `reply` and executes the command with exactly its environment; else
+/// Then, if every one of `mount_points` is still mounted, nothing changed
+/// since the wait began, and the working directory is still the one its
+/// path names (`cwd_and_mount_points[0]`), replies [`crate::warm::INTACT`]
+/// on `reply` and executes the command with exactly its environment; else
 /// replies [`crate::warm::STALE`] and exits. Never returns.
 fn run_warm(
     message: std::os::fd::RawFd,
     reply: std::os::fd::RawFd,
-    mount_points: &[OsString],
+    cwd_and_mount_points: &[OsString],
 ) -> ! {
+    let Some((cwd, mount_points)) = cwd_and_mount_points.split_first() else {
+        fail("inner stage: missing arguments", EXIT_CANNOT_EXEC)
+    };
     use std::os::fd::{FromRawFd, OwnedFd};
     // SAFETY: the server passed these descriptors for this stage alone.
     let (message, reply) = unsafe { (OwnedFd::from_raw_fd(message), OwnedFd::from_raw_fd(reply)) };
@@ -206,7 +210,9 @@ fn run_warm(
     };
     let now = mounts();
     let intact = match (&made, &now) {
-        (Some(made), Some(now)) => made == now && crate::warm::all_mounted(now, mount_points),
+        (Some(made), Some(now)) => {
+            made == now && crate::warm::all_mounted(now, mount_points) && still_at(cwd)
+        }
         _ => false,
     };
     let answer = if intact {
@@ -233,6 +239,18 @@ fn run_warm(
     // SAFETY: NUL-terminated strings and NULL-terminated arrays that outlive the call.
     unsafe { libc::execve(m.program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
     exec_failed(&m.program.to_string_lossy())
+}
+
+/// Whether the working directory is still the directory at `path`: a
+/// warm sandbox holds its working directory, not its path, so a directory
+/// moved on the host (into a protected `.git`, out of every writable root)
+/// and replaced would take the command with it.
+fn still_at(path: &OsString) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata("."), std::fs::metadata(path)) {
+        (Ok(here), Ok(there)) => here.dev() == there.dev() && here.ino() == there.ino(),
+        _ => false,
+    }
 }
 
 /// Fails the start after an exec of `program` failed, with a shell's exit
