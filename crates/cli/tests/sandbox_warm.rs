@@ -276,3 +276,52 @@ async fn a_working_directory_moved_on_the_host_meanwhile_is_not_followed() {
         "no warm sandbox was tried: {warm:?}, {waiting:?}"
     );
 }
+
+#[tokio::test]
+async fn a_burst_in_many_directories_keeps_the_pool_within_its_bound() {
+    const CAPACITY: usize = 4;
+    const STARTS: usize = 16;
+    let s = Server::start(&["--warm-sandboxes", &CAPACITY.to_string()]);
+    let f = fixture("warm6");
+    let mut c = Conn::open(&s.url, None).await;
+    // Sampled on the host while the burst runs and its sandboxes are made.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, server) = (stop.clone(), s.pid());
+        std::thread::spawn(move || {
+            let mut most = 0;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                most = most.max(warm_children(server).len());
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            most
+        })
+    };
+    // Each in its own directory: each a key of its own.
+    for i in 0..STARTS {
+        let dir = f.ws.join(format!("d{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = sh(&format!("b{i}"), &dir, "echo ran", json!({}), ww(&f.ws));
+        c.send("process/start", p).await;
+    }
+    for i in 0..STARTS {
+        let done = c.collect(&format!("b{i}"), Duration::from_secs(20)).await;
+        assert_eq!((done.exit, done.bytes.as_slice()), (Some(0), &b"ran\n"[..]));
+    }
+    // The sandboxes made after the burst settle too.
+    let settled = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < settled {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = sampler.join().unwrap();
+    // Those waiting and being made never exceed the bound; ended ones may
+    // still be seen for the moment they take to exit beside their
+    // replacements (without the bound: one pair per directory, 16 or more).
+    assert!(
+        most <= 2 * CAPACITY,
+        "{most} warm sandboxes at once, bound {CAPACITY}"
+    );
+    assert!(most > 0, "none were made");
+}

@@ -322,6 +322,8 @@ pub struct Collected {
 }
 
 pub fn tmpdir(tag: &str) -> std::path::PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(sweep_tmpdirs);
     let d = std::env::temp_dir().join(format!(
         "es-test-{tag}-{}-{}",
         std::process::id(),
@@ -329,6 +331,25 @@ pub fn tmpdir(tag: &str) -> std::path::PathBuf {
     ));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// Removes the directories earlier test processes left (`es-test-TAG-PID-N`
+/// whose PID is gone): sandboxes that may write `/tmp` scan it for nested
+/// repositories, so a `/tmp` full of old fixtures slows every such start.
+fn sweep_tmpdirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("es-test-")) else {
+            continue;
+        };
+        let pid = rest.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 fn rand_suffix() -> u128 {

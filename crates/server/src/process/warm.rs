@@ -228,9 +228,11 @@ impl Pool {
         });
     }
 
-    /// Makes one warm sandbox and keeps it; `Ok(false)` when [`PER_KEY`]
-    /// for the same key wait or are being made already, or the plan has no
-    /// namespaces. Errors: the sandbox's preparation or spawn.
+    /// Makes one warm sandbox and keeps it, ending the oldest ready one
+    /// when those waiting and being made would exceed the capacity;
+    /// `Ok(false)` when [`PER_KEY`] for the same key wait or are being made
+    /// already, when the capacity's worth are still setting up, or the plan
+    /// has no namespaces. Errors: the sandbox's preparation or spawn.
     fn make(
         &self,
         id: u64,
@@ -246,15 +248,40 @@ impl Pool {
             cwd,
             stdin,
         };
-        {
+        let displaced = {
             let mut state = self.state();
             let waiting = state.entries.iter().filter(|e| e.key == key).count();
             let making = state.making.iter().filter(|k| **k == key).count();
             if waiting + making >= PER_KEY {
                 return Ok(false);
             }
+            // Sandboxes still setting up count against the bound, and only
+            // a ready one makes room: one displaced mid-set-up would finish
+            // it before it saw its pipe closed, so a burst of starts in many
+            // directories would set up several times the bound at once, all
+            // competing with the starts for the CPU.
+            let mut setting_up = state.making.len();
+            for e in state.entries.iter_mut() {
+                if !(e.ready || poll_ready(e)) {
+                    setting_up += 1;
+                }
+            }
+            if setting_up >= self.capacity {
+                return Ok(false);
+            }
+            let displaced = if state.entries.len() + state.making.len() >= self.capacity {
+                // The oldest ready one; there is one, since fewer than the
+                // capacity are setting up.
+                let at = state.entries.iter().position(|e| e.ready);
+                at.map(|at| state.entries.remove(at))
+            } else {
+                None
+            };
             state.making.push(key.clone());
-        }
+            displaced
+        };
+        // Ended outside the lock (closing its pipe ends it at once).
+        drop(displaced);
         let made = Self::spawn(id, key.clone(), sandbox, plan, cgroups);
         let evicted = {
             let mut state = self.state();
