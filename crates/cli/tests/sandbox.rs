@@ -197,6 +197,29 @@ async fn s9_protected_names_stay_read_only_and_leave_nothing() {
 }
 
 #[tokio::test]
+async fn a_nested_protected_name_made_a_symlink_fails_no_later_start() {
+    let s = Server::start(&["--warm-sandboxes", "0"]);
+    let f = fixture("s9link");
+    let mut c = Conn::open(&s.url, None).await;
+    // A confined command leaves nested `.git` symlinks behind: to a
+    // directory (the workspace itself) and dangling.
+    let script = "mkdir -p a b && ln -s .. a/.git && ln -s ../nowhere b/.git && echo made";
+    let r = run(&mut c, "l0", &f.ws, script, Some(ww(&f.ws))).await;
+    assert_eq!((r.exit, r.out.as_str()), (0, "made\n"), "{r:?}");
+    // The next start still runs, and the workspace is still writable in it.
+    let r = run(
+        &mut c,
+        "l1",
+        &f.ws,
+        "echo ok > after; echo ran",
+        Some(ww(&f.ws)),
+    )
+    .await;
+    assert_eq!((r.exit, r.out.as_str()), (0, "ran\n"), "{r:?}");
+    assert_eq!(std::fs::read_to_string(f.ws.join("after")).unwrap(), "ok\n");
+}
+
+#[tokio::test]
 async fn s10_s11_s12_sandbox_denied() {
     let s = Server::start(&[]);
     let f = fixture("s10");

@@ -129,7 +129,8 @@ pub struct Found {
 /// (existing, or a new placeholder), and nested ones up to [`MAX_SCAN_DEPTH`]
 /// levels and [`MAX_SCAN_ENTRIES`] directory entries (a nested repository
 /// deeper or later than that is not protected; symlinked directories are not
-/// followed, their targets are outside the root or scanned in place).
+/// followed, their targets are outside the root or scanned in place; a
+/// nested protected name that is a symlink is not protected).
 pub fn scan(root: &Path) -> Result<Found, Error> {
     let mut found = Found::default();
     for name in PROTECTED_NAMES {
@@ -164,7 +165,12 @@ pub fn scan(root: &Path) -> Result<Found, Error> {
                     continue;
                 };
                 if PROTECTED_NAMES.iter().any(|n| name == *n) {
-                    if depth > 0 {
+                    // A nested symlink is skipped like an absent name: a
+                    // bind over it fails the start (a command that made
+                    // one would fail every later start in its workspace),
+                    // and a bind of its target would let a command make
+                    // any directory, the workspace too, read-only.
+                    if depth > 0 && !ft.is_symlink() {
                         found.nested.push(entry.path());
                     }
                     continue;
