@@ -220,6 +220,29 @@ async fn a_nested_protected_name_made_a_symlink_fails_no_later_start() {
 }
 
 #[tokio::test]
+async fn thousands_of_nested_repositories_fail_no_start() {
+    let s = Server::start(&["--warm-sandboxes", "0"]);
+    let f = fixture("s9many");
+    // Three bubblewrap arguments each: 3 100 of them were past its 9 000.
+    for i in 0..3_100 {
+        std::fs::create_dir_all(f.ws.join(format!("r{i}/.git"))).unwrap();
+    }
+    let mut c = Conn::open(&s.url, None).await;
+    let script = "n=0; for d in r*/.git; do (echo x > $d/config) 2>/dev/null || n=$((n+1)); done; \
+                  echo ok > r0/file; echo protected:$n";
+    let r = run(&mut c, "n0", &f.ws, script, Some(ww(&f.ws))).await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    assert!(f.ws.join("r0/file").is_file());
+    // The first MAX_NESTED_PROTECTED found are still protected, checked on
+    // the host too.
+    assert_eq!(r.out, "protected:1000\n", "{r:?}");
+    let written = (0..3_100)
+        .filter(|i| f.ws.join(format!("r{i}/.git/config")).exists())
+        .count();
+    assert_eq!(written, 2_100);
+}
+
+#[tokio::test]
 async fn s10_s11_s12_sandbox_denied() {
     let s = Server::start(&[]);
     let f = fixture("s10");

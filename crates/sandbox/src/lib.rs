@@ -131,6 +131,12 @@ pub const MAX_SCAN_DEPTH: usize = 8;
 /// Most directory entries read per writable root when searching for nested
 /// protected names: 20 000 (bounds the cost of a start in a huge tree).
 pub const MAX_SCAN_ENTRIES: usize = 20_000;
+/// Most nested protected names bound read-only in one sandbox: 1 000 (three
+/// bubblewrap arguments each, and bubblewrap takes at most 9 000: a command
+/// that made thousands of nested `.git` directories would otherwise fail
+/// every later start in its workspace). Those found past it are not
+/// protected, like a nested repository past [`MAX_SCAN_ENTRIES`].
+pub const MAX_NESTED_PROTECTED: usize = 1_000;
 
 /// Why a child cannot be confined. Each is a refusal: nothing runs.
 #[derive(Debug, thiserror::Error)]

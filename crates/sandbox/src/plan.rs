@@ -349,12 +349,15 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
     }
     // Protected names cover their writable roots; the deny masks come last of
     // all, so nothing granted later re-exposes a denied path.
+    let mut nested_left = crate::MAX_NESTED_PROTECTED;
     for w in &writable {
         let found = protect::scan(w)?;
         view.mounts
             .extend(found.existing.into_iter().map(Mount::Protect));
-        view.mounts
-            .extend(found.nested.into_iter().map(Mount::ProtectNested));
+        let nested = found.nested.into_iter().take(nested_left);
+        let before = view.mounts.len();
+        view.mounts.extend(nested.map(Mount::ProtectNested));
+        nested_left -= view.mounts.len() - before;
         for ph in found.placeholders {
             view.mounts.push(Mount::Protect(ph.path().to_path_buf()));
             view.placeholders.push(ph);

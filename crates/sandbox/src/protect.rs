@@ -104,6 +104,12 @@ impl Drop for Placeholder {
     }
 }
 
+/// Whether `path` is a placeholder some sandbox of this process holds.
+fn is_placeholder(path: &Path) -> bool {
+    let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    reg.contains_key(path)
+}
+
 /// Removes every placeholder still registered (the server calls it at
 /// shutdown, after killing every sandbox, when no guard will be dropped any
 /// more). Only empty directories go.
@@ -170,7 +176,10 @@ pub fn scan(root: &Path) -> Result<Found, Error> {
                     // one would fail every later start in its workspace),
                     // and a bind of its target would let a command make
                     // any directory, the workspace too, read-only.
-                    if depth > 0 && !ft.is_symlink() {
+                    // So is a placeholder of a sandbox rooted below
+                    // (an empty directory standing for an absent name):
+                    // its last user removes it, maybe before this bind.
+                    if depth > 0 && !ft.is_symlink() && !is_placeholder(&entry.path()) {
                         found.nested.push(entry.path());
                     }
                     continue;
@@ -212,6 +221,23 @@ mod tests {
         );
         drop(second);
         assert!(!root.join(".codex").exists(), "removed by its last user");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_placeholder_below_is_not_a_nested_protected_name() {
+        let root = std::env::temp_dir().join(format!("sbx-below-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("w/sub/.git")).unwrap();
+        let root = std::fs::canonicalize(&root).unwrap();
+        // A sandbox rooted at `w` holds placeholders there meanwhile.
+        let inner = scan(&root.join("w")).unwrap();
+        assert!(root.join("w/.codex").is_dir());
+        // One rooted above protects the real nested repository, not the
+        // placeholders, which their holder may remove before this bind.
+        let outer = scan(&root).unwrap();
+        assert_eq!(outer.nested, vec![root.join("w/sub/.git")]);
+        drop((inner, outer));
         std::fs::remove_dir_all(&root).unwrap();
     }
 
