@@ -175,7 +175,8 @@ pub fn run(args: &[OsString]) -> ! {
 /// since the wait began, and the working directory is still the one its
 /// path names (`cwd_and_mount_points[0]`), replies [`crate::warm::INTACT`]
 /// on `reply` and executes the command with exactly its environment; else
-/// replies [`crate::warm::STALE`] and exits. Never returns.
+/// replies [`crate::warm::STALE`] and exits [`EXIT_CANNOT_EXEC`] saying so
+/// on stderr. Never returns.
 fn run_warm(
     message: std::os::fd::RawFd,
     reply: std::os::fd::RawFd,
@@ -224,7 +225,14 @@ fn run_warm(
     // one twice): it runs, unless the sandbox is stale.
     let _ = std::io::Write::write_all(&mut reply, &[answer]);
     if !intact {
-        std::process::exit(0);
+        // Heard, this exit is never reported (the start goes the cold way);
+        // unheard (the server stopped waiting for the reply and counted the
+        // command as running), it must not pass for a command that ran.
+        fail(
+            "the sandbox prepared for this command changed on the host before it ran \
+             (a mount or the working directory); the command did not run",
+            EXIT_CANNOT_EXEC,
+        );
     }
     drop(reply);
     // SAFETY: as above, before the exec.

@@ -173,7 +173,16 @@ impl Pool {
             _ => return None,
         }
         drop(pipe);
-        if !confirmed(&entry) {
+        // The reply may take a while (a sandbox still setting up, a loaded
+        // host; at most REPLY_BOUND_MS): the runtime's other tasks move to
+        // another worker meanwhile instead of waiting behind this start.
+        let intact = match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| confirmed(&entry))
+            }
+            _ => confirmed(&entry),
+        };
+        if !intact {
             return None;
         }
         let started = Started {
