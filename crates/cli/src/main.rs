@@ -202,6 +202,7 @@ fn main() {
         _ => None,
     };
     if let Some(args) = serve_args {
+        alloc::spawn_trimmer();
         // The server runs on a thread of its own: this main thread forks
         // the sandboxes and makes an upgrade's execve (see the launcher).
         let code = exec_server::launcher::run_here(move || {
