@@ -26,7 +26,28 @@ pub mod tls;
 /// another before it flushes: 16. A writer sends what is already queued
 /// with the frame it waited for, so a running stream makes fewer, larger
 /// socket writes; an idle one still flushes each frame at once.
-pub(crate) const MAX_FRAMES_PER_FLUSH: usize = 16;
+const MAX_FRAMES_PER_FLUSH: usize = 16;
+
+/// Writes `first` and then whatever `queued` yields at once (up to
+/// [`MAX_FRAMES_PER_FLUSH`] in all), and flushes once. Errors: the sink's.
+pub(crate) async fn write_batch<S>(
+    sink: &mut S,
+    first: tokio_tungstenite::tungstenite::Message,
+    mut queued: impl FnMut() -> Option<tokio_tungstenite::tungstenite::Message>,
+) -> Result<(), S::Error>
+where
+    S: futures_util::Sink<tokio_tungstenite::tungstenite::Message> + Unpin,
+{
+    use futures_util::SinkExt;
+    sink.feed(first).await?;
+    for _ in 1..MAX_FRAMES_PER_FLUSH {
+        match queued() {
+            Some(m) => sink.feed(m).await?,
+            None => break,
+        }
+    }
+    sink.flush().await
+}
 
 pub use keys::{Identity, PublicKey, WirePublicKey};
 pub use noise::{Initiator, NoiseError, PendingResponder, Transport};

@@ -354,10 +354,10 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
         let found = protect::scan(w)?;
         view.mounts
             .extend(found.existing.into_iter().map(Mount::Protect));
-        let nested = found.nested.into_iter().take(nested_left);
-        let before = view.mounts.len();
-        view.mounts.extend(nested.map(Mount::ProtectNested));
-        nested_left -= view.mounts.len() - before;
+        let nested = &found.nested[..found.nested.len().min(nested_left)];
+        nested_left -= nested.len();
+        view.mounts
+            .extend(nested.iter().cloned().map(Mount::ProtectNested));
         for ph in found.placeholders {
             view.mounts.push(Mount::Protect(ph.path().to_path_buf()));
             view.placeholders.push(ph);

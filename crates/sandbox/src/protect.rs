@@ -201,12 +201,20 @@ pub fn scan(root: &Path) -> Result<Found, Error> {
 mod tests {
     use super::*;
 
+    /// A fresh, empty, canonical directory `sbx-TAG-PID` with `dirs` made in it.
+    fn fresh_root(tag: &str, dirs: &[&str]) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("sbx-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        for d in dirs {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::canonicalize(&root).unwrap()
+    }
+
     #[test]
     fn a_placeholder_lives_while_any_of_its_users_does() {
-        let root = std::env::temp_dir().join(format!("sbx-protect-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join(".git")).unwrap();
-        let root = std::fs::canonicalize(&root).unwrap();
+        let root = fresh_root("protect", &[".git"]);
         let first = scan(&root).unwrap();
         assert_eq!(first.existing, vec![root.join(".git")]);
         assert_eq!(first.placeholders.len(), 3, "absent names get placeholders");
@@ -226,10 +234,7 @@ mod tests {
 
     #[test]
     fn a_placeholder_below_is_not_a_nested_protected_name() {
-        let root = std::env::temp_dir().join(format!("sbx-below-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join("w/sub/.git")).unwrap();
-        let root = std::fs::canonicalize(&root).unwrap();
+        let root = fresh_root("below", &["w/sub/.git"]);
         // A sandbox rooted at `w` holds placeholders there meanwhile.
         let inner = scan(&root.join("w")).unwrap();
         assert!(root.join("w/.codex").is_dir());
@@ -243,10 +248,7 @@ mod tests {
 
     #[test]
     fn a_placeholder_removed_on_the_host_while_in_use_is_made_again() {
-        let root = std::env::temp_dir().join(format!("sbx-remade-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).unwrap();
-        let root = std::fs::canonicalize(&root).unwrap();
+        let root = fresh_root("remade", &[]);
         let first = scan(&root).unwrap();
         std::fs::remove_dir(root.join(".codex")).unwrap();
         let second = scan(&root).unwrap();

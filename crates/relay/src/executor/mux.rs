@@ -11,7 +11,7 @@ use crate::keys::prologue;
 use crate::noise::{PendingResponder, Transport};
 use crate::random::OsRandom;
 use crate::stream::{halves, Channel, RecvHalf};
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -357,16 +357,7 @@ where
             };
             // What is queued behind it goes out with it: one flush, fewer
             // and larger socket writes while a stream runs.
-            let write = async {
-                sink.feed(m).await?;
-                for _ in 1..crate::MAX_FRAMES_PER_FLUSH {
-                    match out_rx.try_recv() {
-                        Ok(m) => sink.feed(m).await?,
-                        Err(_) => break,
-                    }
-                }
-                sink.flush().await
-            };
+            let write = crate::write_batch(&mut sink, m, || out_rx.try_recv().ok());
             match tokio::time::timeout(Duration::from_secs(30), write).await {
                 Ok(Ok(())) => {}
                 _ => return Disconnect::WriteError,

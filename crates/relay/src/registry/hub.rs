@@ -206,16 +206,7 @@ where
             };
             // What is queued behind it goes out with it: one flush, fewer
             // and larger socket writes while a stream runs.
-            let write = async {
-                sink.feed(msg).await?;
-                for _ in 1..crate::MAX_FRAMES_PER_FLUSH {
-                    match rx.try_recv() {
-                        Some(b) => sink.feed(Message::Binary(b)).await?,
-                        None => break,
-                    }
-                }
-                sink.flush().await
-            };
+            let write = crate::write_batch(&mut sink, msg, || rx.try_recv().map(Message::Binary));
             if tokio::time::timeout(Duration::from_secs(30), write)
                 .await
                 .map_or(true, |r| r.is_err())
