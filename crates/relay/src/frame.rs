@@ -30,8 +30,9 @@ pub enum Body {
         segment_index: u32,
         /// Must be 1.
         segment_count: u32,
-        /// Ciphertext, non-empty.
-        payload: Vec<u8>,
+        /// Ciphertext, non-empty; shared with the message it was decoded
+        /// from by [`Frame::decode_shared`].
+        payload: bytes::Bytes,
     },
     /// Field 6, `RelayAck` (ignored).
     Ack,
@@ -116,14 +117,14 @@ impl Frame {
     }
 
     /// A data frame.
-    pub fn data(stream_id: &str, seq: u32, payload: Vec<u8>) -> Frame {
+    pub fn data(stream_id: &str, seq: u32, payload: impl Into<bytes::Bytes>) -> Frame {
         Frame::new(
             stream_id,
             Body::Data {
                 seq,
                 segment_index: 0,
                 segment_count: 1,
-                payload,
+                payload: payload.into(),
             },
         )
     }
@@ -254,7 +255,8 @@ impl Frame {
 
     fn body_len_hint(&self) -> usize {
         match &self.body {
-            Some(Body::Data { payload, .. }) | Some(Body::Handshake { payload }) => payload.len(),
+            Some(Body::Data { payload, .. }) => payload.len(),
+            Some(Body::Handshake { payload }) => payload.len(),
             _ => 0,
         }
     }
@@ -262,6 +264,16 @@ impl Frame {
     /// Parses one frame (no rule checks: see [`Frame::validate`]). Errors:
     /// [`FrameError::TooLarge`], [`FrameError::Malformed`].
     pub fn decode(bytes: &[u8]) -> Result<Frame, FrameError> {
+        Frame::decode_with(bytes, None)
+    }
+
+    /// [`Frame::decode`] of a shared message: a data payload is a slice of
+    /// `bytes`, not a copy (a receiver then opens the record where it lies).
+    pub fn decode_shared(bytes: &bytes::Bytes) -> Result<Frame, FrameError> {
+        Frame::decode_with(bytes, Some(bytes))
+    }
+
+    fn decode_with(bytes: &[u8], shared: Option<&bytes::Bytes>) -> Result<Frame, FrameError> {
         if bytes.len() > MAX_FRAME_BYTES {
             return Err(FrameError::TooLarge);
         }
@@ -281,7 +293,7 @@ impl Frame {
                 (2, Value::Bytes(b)) => f.stream_id = utf8(b)?,
                 (3, Value::Varint(v)) => f.ack = v as u32,
                 (4, Value::Varint(v)) => f.ack_bits = v as u32,
-                (5, Value::Bytes(b)) => f.body = Some(decode_data(b)?),
+                (5, Value::Bytes(b)) => f.body = Some(decode_data(b, shared)?),
                 (6, Value::Bytes(_)) => f.body = Some(Body::Ack),
                 (7, Value::Bytes(b)) => {
                     let mut next_seq = 0;
@@ -338,15 +350,22 @@ pub fn peek_stream_id(bytes: &[u8]) -> Result<String, FrameError> {
     id.ok_or(FrameError::StreamId)
 }
 
-fn decode_data(b: &[u8]) -> Result<Body, FrameError> {
-    let (mut seq, mut segment_index, mut segment_count, mut payload) = (0, 0, 0, Vec::new());
+/// Field 5; `shared`, if given, is the whole message `b` lies in.
+fn decode_data(b: &[u8], shared: Option<&bytes::Bytes>) -> Result<Body, FrameError> {
+    let (mut seq, mut segment_index, mut segment_count) = (0, 0, 0);
+    let mut payload = bytes::Bytes::new();
     let mut r = Reader(b);
     while let Some((field, v)) = r.field()? {
         match (field, v) {
             (1, Value::Varint(v)) => seq = v as u32,
             (2, Value::Varint(v)) => segment_index = v as u32,
             (3, Value::Varint(v)) => segment_count = v as u32,
-            (4, Value::Bytes(b)) => payload = b.to_vec(),
+            (4, Value::Bytes(b)) => {
+                payload = match shared {
+                    Some(whole) => whole.slice_ref(b),
+                    None => bytes::Bytes::copy_from_slice(b),
+                }
+            }
             (1..=4, _) => return Err(FrameError::Malformed),
             _ => {}
         }

@@ -8,11 +8,10 @@ use crate::keys::{prologue, Identity, PublicKey};
 use crate::noise::Initiator;
 use crate::random::OsRandom;
 use crate::registry_client::{RegistryClient, RegistryError};
+use crate::socket::{Message, Outgoing};
 use crate::stream::{halves, Channel};
-use futures_util::{SinkExt, StreamExt};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Message;
 
 /// Time for the executor's msg2 after msg1 (it asks the registry first): 20 s.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -61,13 +60,9 @@ pub async fn connect(
         .await?;
     let executor_key = PublicKey::from_wire(&bundle.executor_public_key)
         .map_err(|e| HarnessError::Protocol(format!("executor key: {e}")))?;
-    let mut cfg = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
-    cfg.max_message_size = Some(MAX_FRAME_BYTES);
-    cfg.max_frame_size = Some(MAX_FRAME_BYTES);
-    let ws = crate::tls::connect_websocket(bundle.url.as_str(), cfg)
+    let (mut source, mut sink) = crate::socket::connect(bundle.url.as_str(), &[], MAX_FRAME_BYTES)
         .await
         .map_err(|e| HarnessError::Relay(e.to_string()))?;
-    let (mut sink, mut source) = ws.split();
     let stream_id = uuid::Uuid::new_v4().to_string();
     let p = prologue(environment_id, &bundle.executor_registration_id, &stream_id);
     let (init, msg1) = Initiator::start(
@@ -78,14 +73,13 @@ pub async fn connect(
         &mut OsRandom,
     )
     .map_err(|e| HarnessError::Protocol(e.to_string()))?;
-    for f in [
-        Frame::resume(&stream_id),
-        Frame::handshake(&stream_id, msg1),
-    ] {
-        sink.send(Message::Binary(f.encode().into()))
-            .await
-            .map_err(|e| HarnessError::Relay(e.to_string()))?;
-    }
+    let mut opening = vec![
+        Outgoing::Binary(Frame::resume(&stream_id).encode().into()),
+        Outgoing::Binary(Frame::handshake(&stream_id, msg1).encode().into()),
+    ];
+    sink.send(&mut opening)
+        .await
+        .map_err(|e| HarnessError::Relay(e.to_string()))?;
     let msg2 = tokio::time::timeout(HANDSHAKE_TIMEOUT, await_msg2(&mut source, &stream_id))
         .await
         .map_err(|_| HarnessError::Protocol("handshake timed out".into()))??;
@@ -95,21 +89,21 @@ pub async fn connect(
     Ok(run_stream(sink, source, stream_id, transport))
 }
 
-/// The relay socket (plain or TLS) and its two halves.
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-type Sink = futures_util::stream::SplitSink<Socket, Message>;
-type Source = futures_util::stream::SplitStream<Socket>;
+/// The relay socket's (plain or TLS) two halves.
+type Sink = crate::socket::Writer<tokio::io::WriteHalf<crate::socket::Upgraded>>;
+type Source = crate::socket::Reader<tokio::io::ReadHalf<crate::socket::Upgraded>>;
 
 /// The executor's handshake answer (msg2) on `stream_id`; frames of other
 /// streams and undecodable ones are skipped. Errors: a reset (refused),
 /// data before the handshake, the socket closing.
 async fn await_msg2(source: &mut Source, stream_id: &str) -> Result<Vec<u8>, HarnessError> {
-    while let Some(m) = source.next().await {
+    // Pings this early go unanswered: the relay's come every 30 s, and the
+    // handshake is bounded well below that.
+    while let Ok(Some(m)) = source.next().await {
         let bytes = match m {
-            Ok(Message::Binary(b)) => b,
-            Ok(Message::Close(_)) | Err(_) => break,
-            Ok(_) => continue,
+            Message::Binary(b) => b,
+            Message::Close => break,
+            _ => continue,
         };
         let Ok(f) = Frame::decode(&bytes) else {
             continue;
@@ -146,17 +140,19 @@ fn run_stream(
     let (mut send, mut recv) = halves(&stream_id, transport);
     let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(QUEUE);
     let (out_tx, mut out_rx) = mpsc::channel::<bytes::Bytes>(QUEUE);
-    let (frame_tx, mut frame_rx) = mpsc::channel::<Message>(QUEUE);
-    // Writer: frames from the sealer and pings onto the socket.
+    let (frame_tx, mut frame_rx) = mpsc::channel::<Outgoing>(QUEUE);
+    // Writer: frames from the sealer, pongs and pings onto the socket.
     let writer = tokio::spawn(async move {
         let mut ping = tokio::time::interval(Duration::from_secs(30));
         ping.tick().await;
+        let mut batch = Vec::with_capacity(crate::MAX_FRAMES_PER_FLUSH);
         loop {
             let m = tokio::select! {
                 m = frame_rx.recv() => match m { Some(m) => m, None => break },
-                _ = ping.tick() => Message::Ping(Vec::new().into()),
+                _ = ping.tick() => Outgoing::Ping(bytes::Bytes::new()),
             };
-            if sink.send(m).await.is_err() {
+            crate::socket::gather(&mut batch, m, || frame_rx.try_recv().ok());
+            if sink.send(&mut batch).await.is_err() {
                 break;
             }
         }
@@ -168,27 +164,44 @@ fn run_stream(
         while let Some(msg) = out_rx.recv().await {
             let Ok(frames) = send.seal(&msg) else { break };
             for f in frames {
-                if sealer_frames.send(Message::Binary(f.into())).await.is_err() {
+                if sealer_frames
+                    .send(Outgoing::Binary(f.into()))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
         }
     });
+    let pongs = frame_tx.clone();
     tokio::spawn(async move {
         loop {
-            // The user dropping its receiver ends the stream (and the socket).
+            // The user dropping its receiver ends the stream (and the socket);
+            // the reader is not needed after that, so a frame half read then
+            // is not lost to anyone.
             let m = tokio::select! {
                 m = source.next() => m,
-                _ = in_tx.closed() => None,
+                _ = in_tx.closed() => Ok(None),
             };
             let bytes = match m {
-                Some(Ok(Message::Binary(b))) => b,
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
-                Some(Ok(_)) => continue,
+                Ok(Some(Message::Binary(b))) => b,
+                Ok(Some(Message::Ping(p))) => {
+                    // Behind the frames already queued; the writer never
+                    // waits for this reader, so this cannot deadlock.
+                    if pongs.send(Outgoing::Pong(p)).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+                Ok(Some(Message::Close)) | Ok(None) | Err(_) => break,
+                Ok(Some(_)) => continue,
             };
-            let Ok(f) = Frame::decode(&bytes) else {
+            let Ok(f) = Frame::decode_shared(&bytes) else {
                 continue;
             };
+            // The payload is then the buffer's only handle: opened in place.
+            drop(bytes);
             if f.validate().is_err() || f.stream_id != sid {
                 continue;
             }

@@ -17,6 +17,7 @@ pub mod random;
 pub mod records;
 pub mod registry;
 pub mod registry_client;
+pub mod socket;
 pub mod stream;
 #[doc(hidden)]
 pub mod testing;
@@ -27,27 +28,6 @@ pub mod tls;
 /// with the frame it waited for, so a running stream makes fewer, larger
 /// socket writes; an idle one still flushes each frame at once.
 const MAX_FRAMES_PER_FLUSH: usize = 16;
-
-/// Writes `first` and then whatever `queued` yields at once (up to
-/// [`MAX_FRAMES_PER_FLUSH`] in all), and flushes once. Errors: the sink's.
-pub(crate) async fn write_batch<S>(
-    sink: &mut S,
-    first: tokio_tungstenite::tungstenite::Message,
-    mut queued: impl FnMut() -> Option<tokio_tungstenite::tungstenite::Message>,
-) -> Result<(), S::Error>
-where
-    S: futures_util::Sink<tokio_tungstenite::tungstenite::Message> + Unpin,
-{
-    use futures_util::SinkExt;
-    sink.feed(first).await?;
-    for _ in 1..MAX_FRAMES_PER_FLUSH {
-        match queued() {
-            Some(m) => sink.feed(m).await?,
-            None => break,
-        }
-    }
-    sink.flush().await
-}
 
 pub use keys::{Identity, PublicKey, WirePublicKey};
 pub use noise::{Initiator, NoiseError, PendingResponder, Transport};

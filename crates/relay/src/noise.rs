@@ -281,18 +281,25 @@ impl CipherState {
     }
 
     fn open_owned(&mut self, mut buf: Vec<u8>) -> Result<Vec<u8>, NoiseError> {
+        let n = self.open_in_place(&mut buf)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Decrypts `buf` where it lies; returns the plaintext's length (the
+    /// tag's bytes after it are left as they were).
+    fn open_in_place(&mut self, buf: &mut [u8]) -> Result<usize, NoiseError> {
         if buf.len() < TAG_LEN || buf.len() > MAX_MESSAGE_LEN {
             return Err(NoiseError::Length);
         }
         let nonce = self.next_nonce()?;
         let n = self
             .key
-            .open_in_place(nonce, ring::aead::Aad::empty(), &mut buf)
+            .open_in_place(nonce, ring::aead::Aad::empty(), buf)
             .map_err(|_| NoiseError::Decrypt)?
             .len();
-        buf.truncate(n);
         self.nonce += 1;
-        Ok(buf)
+        Ok(n)
     }
 }
 
@@ -326,6 +333,14 @@ impl Opener {
     /// As [`Transport::decrypt`], decrypting `record` where it lies.
     pub fn decrypt_owned(&mut self, record: Vec<u8>) -> Result<Vec<u8>, NoiseError> {
         self.0.open_owned(record)
+    }
+
+    /// As [`Transport::decrypt`], decrypting `record` where it lies and
+    /// leaving the plaintext in it.
+    pub fn decrypt_in_place(&mut self, record: &mut bytes::BytesMut) -> Result<(), NoiseError> {
+        let n = self.0.open_in_place(record)?;
+        record.truncate(n);
+        Ok(())
     }
 }
 

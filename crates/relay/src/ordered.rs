@@ -15,36 +15,45 @@ pub const MAX_PENDING_BYTES: usize = 1024 * 1024;
 #[error("relay stream frames out of order beyond the reorder window")]
 pub struct OutOfWindow;
 
-/// Orders one direction of one stream.
-#[derive(Default)]
-pub struct Ordered {
+/// Orders one direction of one stream's payloads (`T`: any byte buffer).
+pub struct Ordered<T = Vec<u8>> {
     expected: u32,
-    pending: BTreeMap<u32, Vec<u8>>,
+    pending: BTreeMap<u32, T>,
     pending_bytes: usize,
 }
 
-impl Ordered {
+impl<T> Default for Ordered<T> {
+    fn default() -> Self {
+        Ordered {
+            expected: 0,
+            pending: BTreeMap::new(),
+            pending_bytes: 0,
+        }
+    }
+}
+
+impl<T: AsRef<[u8]>> Ordered<T> {
     /// Accepts the frame at `seq` and returns the payloads now in order (empty
     /// for a duplicate or a buffered frame). Errors: [`OutOfWindow`].
-    pub fn push(&mut self, seq: u32, payload: Vec<u8>) -> Result<Vec<Vec<u8>>, OutOfWindow> {
+    pub fn push(&mut self, seq: u32, payload: T) -> Result<Vec<T>, OutOfWindow> {
         if seq < self.expected || self.pending.contains_key(&seq) {
             return Ok(Vec::new()); // duplicate
         }
         if seq > self.expected {
             if seq - self.expected > MAX_REORDER_DISTANCE
                 || self.pending.len() >= MAX_PENDING_FRAMES
-                || self.pending_bytes + payload.len() > MAX_PENDING_BYTES
+                || self.pending_bytes + payload.as_ref().len() > MAX_PENDING_BYTES
             {
                 return Err(OutOfWindow);
             }
-            self.pending_bytes += payload.len();
+            self.pending_bytes += payload.as_ref().len();
             self.pending.insert(seq, payload);
             return Ok(Vec::new());
         }
         let mut out = vec![payload];
         self.expected = self.expected.checked_add(1).ok_or(OutOfWindow)?;
         while let Some(p) = self.pending.remove(&self.expected) {
-            self.pending_bytes -= p.len();
+            self.pending_bytes -= p.as_ref().len();
             out.push(p);
             self.expected = self.expected.checked_add(1).ok_or(OutOfWindow)?;
         }
@@ -71,7 +80,7 @@ mod tests {
 
     #[test]
     fn reorders_drops_duplicates_and_bounds_the_window() {
-        let mut o = Ordered::default();
+        let mut o = Ordered::<Vec<u8>>::default();
         assert!(o.push(1, vec![1]).unwrap().is_empty());
         assert!(o.push(1, vec![1]).unwrap().is_empty());
         assert_eq!(o.push(0, vec![0]).unwrap(), vec![vec![0], vec![1]]);

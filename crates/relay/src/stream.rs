@@ -31,7 +31,7 @@ pub struct SendHalf {
 /// Receives messages on one stream.
 pub struct RecvHalf {
     opener: Opener,
-    ordered: Ordered,
+    ordered: Ordered<bytes::BytesMut>,
     reassembler: Reassembler,
 }
 
@@ -96,10 +96,15 @@ impl SendHalf {
 
 impl RecvHalf {
     /// Accepts the data frame at `seq`; returns the messages now complete.
-    pub fn open(&mut self, seq: u32, payload: Vec<u8>) -> Result<Vec<Vec<u8>>, StreamError> {
+    /// The record is opened where it lies when `payload` is its buffer's
+    /// only handle (a frame decoded by [`Frame::decode_shared`] and dropped).
+    pub fn open(&mut self, seq: u32, payload: bytes::Bytes) -> Result<Vec<Vec<u8>>, StreamError> {
+        let payload = payload
+            .try_into_mut()
+            .unwrap_or_else(|shared| bytes::BytesMut::from(&shared[..]));
         let mut out = Vec::new();
-        for c in self.ordered.push(seq, payload)? {
-            let record = self.opener.decrypt_owned(c)?;
+        for mut record in self.ordered.push(seq, payload)? {
+            self.opener.decrypt_in_place(&mut record)?;
             out.extend(self.reassembler.push(&record)?);
         }
         Ok(out)

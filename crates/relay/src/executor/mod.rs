@@ -11,11 +11,11 @@
 
 pub mod mux;
 
-use crate::api::REJECTION_HEADER;
 use crate::frame::MAX_FRAME_BYTES;
 use crate::keys::Identity;
 use crate::random::{OsRandom, Randomness};
 use crate::registry_client::{RegistryClient, RegistryError};
+use crate::socket::ConnectError;
 use crate::stream::Channel;
 use std::sync::Arc;
 use std::time::Duration;
@@ -173,28 +173,17 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
     tracing::info!(environment = %config.environment_id, "registered with the environment registry");
     let mut backoff = Duration::from_secs(1);
     loop {
-        let mut req =
-            match tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
-                reg.url.as_str(),
-            ) {
-                Ok(r) => r,
-                Err(_) => {
-                    return Err(ExecutorError(RegistryError::Protocol(
-                        "invalid relay URL".into(),
-                    )))
-                }
-            };
+        if url::Url::parse(&reg.url).is_err() {
+            return Err(ExecutorError(RegistryError::Protocol(
+                "invalid relay URL".into(),
+            )));
+        }
         let mut rid = [0u8; 16];
         OsRandom.fill(&mut rid);
         let rid: String = rid.iter().map(|b| format!("{b:02x}")).collect();
-        if let Ok(v) = format!("req_{rid}").parse() {
-            req.headers_mut().insert("x-request-id", v);
-        }
-        let mut cfg = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
-        cfg.max_message_size = Some(MAX_FRAME_BYTES);
-        cfg.max_frame_size = Some(MAX_FRAME_BYTES);
+        let headers = [("x-request-id", format!("req_{rid}"))];
         let mut reregister = false;
-        match crate::tls::connect_websocket(req, cfg).await {
+        match crate::socket::connect(&reg.url, &headers, MAX_FRAME_BYTES).await {
             Ok(ws) => {
                 tracing::info!("connected to the relay");
                 let ctx = Arc::new(Ctx {
@@ -210,17 +199,10 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
                 let why = mux::serve(ws, &ctx).await;
                 tracing::warn!(reason = ?why, "relay connection lost");
             }
-            Err(tokio_tungstenite::tungstenite::Error::Http(resp))
-                if resp.status().is_client_error() =>
-            {
-                let reason = resp
-                    .headers()
-                    .get(REJECTION_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("unknown");
+            Err(ConnectError::Refused { status, reason }) if (400..500).contains(&status) => {
                 tracing::warn!(
-                    status = resp.status().as_u16(),
-                    reason,
+                    status,
+                    reason = reason.as_deref().unwrap_or("unknown"),
                     "relay refused the registration; registering again"
                 );
                 reregister = true;

@@ -10,16 +10,13 @@ use crate::frame::{Body, Frame, RESET_PROTOCOL_ERROR};
 use crate::keys::prologue;
 use crate::noise::{PendingResponder, Transport};
 use crate::random::OsRandom;
+use crate::socket::{ClientSocket, Message, Outgoing};
 use crate::stream::{halves, Channel, RecvHalf};
-use futures_util::StreamExt;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
 
 /// Streams served at once on one socket: 128.
 pub const MAX_ACTIVE_STREAMS: usize = 128;
@@ -100,7 +97,7 @@ struct Held {
 
 struct Mux<'a> {
     ctx: &'a Arc<Ctx>,
-    out: mpsc::Sender<Message>,
+    out: mpsc::Sender<Outgoing>,
     events: mpsc::Sender<Event>,
     active: HashMap<String, Active>,
     /// Streams awaiting the registry's `/validate` (held).
@@ -114,7 +111,7 @@ impl Mux<'_> {
     fn reset(&self, stream_id: &str) {
         let f = Frame::reset(stream_id, RESET_PROTOCOL_ERROR).encode();
         // A full queue means the socket is stuck; the watchdog will end it.
-        let _ = self.out.try_send(Message::Binary(f.into()));
+        let _ = self.out.try_send(Outgoing::Binary(f.into()));
     }
 
     /// Stops routing `stream_id`, held or admitted.
@@ -186,7 +183,7 @@ impl Mux<'_> {
             return self.charge();
         };
         let f = Frame::handshake(&stream_id, msg2).encode();
-        if self.out.try_send(Message::Binary(f.into())).is_err() {
+        if self.out.try_send(Outgoing::Binary(f.into())).is_err() {
             // The socket is stuck; the watchdog will end it.
             return;
         }
@@ -248,7 +245,7 @@ impl Mux<'_> {
             'msgs: while let Some(msg) = out_rx.recv().await {
                 let Ok(frames) = send.seal(&msg) else { break };
                 for f in frames {
-                    if out.send(Message::Binary(f.into())).await.is_err() {
+                    if out.send(Outgoing::Binary(f.into())).await.is_err() {
                         break 'msgs;
                     }
                 }
@@ -286,7 +283,7 @@ impl Mux<'_> {
         }
     }
 
-    async fn data(&mut self, stream_id: String, seq: u32, payload: Vec<u8>) {
+    async fn data(&mut self, stream_id: String, seq: u32, payload: bytes::Bytes) {
         let Some(a) = self.active.get_mut(&stream_id) else {
             return self.reset(&stream_id);
         };
@@ -322,8 +319,9 @@ impl Mux<'_> {
         }
     }
 
-    fn frame(&mut self, bytes: &[u8]) -> Option<(String, Body)> {
-        let f = match Frame::decode(bytes) {
+    /// Decodes and checks a message; a data payload shares its buffer.
+    fn frame(&mut self, bytes: &bytes::Bytes) -> Option<(String, Body)> {
+        let f = match Frame::decode_shared(bytes) {
             Ok(f) => f,
             Err(e) => {
                 tracing::debug!("dropping an undecodable relay frame: {e}");
@@ -339,25 +337,23 @@ impl Mux<'_> {
 }
 
 /// Serves one socket until it fails; returns why it ended.
-pub(super) async fn serve<S>(ws: WebSocketStream<S>, ctx: &Arc<Ctx>) -> Disconnect
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut sink, mut source) = ws.split();
-    let (out_tx, mut out_rx) = mpsc::channel::<Message>(WRITE_QUEUE);
+pub(super) async fn serve((mut source, mut sink): ClientSocket, ctx: &Arc<Ctx>) -> Disconnect {
+    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(WRITE_QUEUE);
     let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(64);
     let keepalive = ctx.keepalive;
     let writer = tokio::spawn(async move {
         let mut ping = tokio::time::interval(keepalive);
         ping.tick().await;
+        let mut batch = Vec::with_capacity(crate::MAX_FRAMES_PER_FLUSH);
         loop {
             let m = tokio::select! {
                 m = out_rx.recv() => match m { Some(m) => m, None => return Disconnect::LocalShutdown },
-                _ = ping.tick() => Message::Ping(Vec::new().into()),
+                _ = ping.tick() => Outgoing::Ping(bytes::Bytes::new()),
             };
-            // What is queued behind it goes out with it: one flush, fewer
+            // What is queued behind it goes out with it: one write, fewer
             // and larger socket writes while a stream runs.
-            let write = crate::write_batch(&mut sink, m, || out_rx.try_recv().ok());
+            crate::socket::gather(&mut batch, m, || out_rx.try_recv().ok());
+            let write = sink.send(&mut batch);
             match tokio::time::timeout(Duration::from_secs(30), write).await {
                 Ok(Ok(())) => {}
                 _ => return Disconnect::WriteError,
@@ -378,19 +374,29 @@ where
     let mut watchdog = tokio::time::interval(Duration::from_millis(500).min(keepalive));
     let reason = loop {
         tokio::select! {
+            // Cancel-safe: a frame half read when another branch wins stays
+            // in the reader for the next call.
             m = source.next() => {
                 last_seen = Instant::now();
                 let bytes = match m {
-                    Some(Ok(Message::Binary(b))) => b,
-                    Some(Ok(Message::Close(_))) | None => break Disconnect::PeerClose,
-                    Some(Err(_)) => break Disconnect::ReadError,
-                    Some(Ok(Message::Text(_))) => {
+                    Ok(Some(Message::Binary(b))) => b,
+                    Ok(Some(Message::Close)) | Ok(None) => break Disconnect::PeerClose,
+                    Err(_) => break Disconnect::ReadError,
+                    Ok(Some(Message::Ping(p))) => {
+                        // A full queue means frames are flowing, which tells
+                        // the node the socket lives as well as a pong would.
+                        let _ = mux.out.try_send(Outgoing::Pong(p));
+                        continue;
+                    }
+                    Ok(Some(Message::Text(_))) => {
                         tracing::warn!("dropping a text message on the relay socket");
                         continue;
                     }
-                    Some(Ok(_)) => continue,
+                    Ok(Some(Message::Pong)) => continue,
                 };
                 let Some((stream_id, body)) = mux.frame(&bytes) else { continue };
+                // The payload is then its buffer's only handle: opened in place.
+                drop(bytes);
                 match body {
                     Body::Handshake { payload } => mux.handshake(stream_id, payload),
                     Body::Data { seq, payload, .. } => mux.data(stream_id, seq, payload).await,

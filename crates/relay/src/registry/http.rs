@@ -7,6 +7,7 @@
 
 use super::{Registry, Reply};
 use crate::api::REJECTION_HEADER;
+use crate::socket::{Reader, Role, Writer};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -18,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 /// Largest request head: 16 KiB (hyper's read buffer, so also the most a
 /// client may send ahead).
@@ -28,13 +28,6 @@ const MAX_BODY: usize = 64 * 1024;
 /// Time a client has to send a request head (or to start its next one on a
 /// kept-alive connection), its body, or its TLS handshake: 10 s.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Read buffer of a relay socket, and the most one read takes: 8 KiB.
-/// tungstenite fills its whole read buffer with zeros before reading, so
-/// this is memory every attached socket holds, idle or not (its 128 KiB
-/// default made an idle executor cost a node about 146 KiB); a frame larger
-/// than this grows the buffer for as long as it takes.
-const SOCKET_READ_BUFFER: usize = 8 * 1024;
 
 type Body = Full<Bytes>;
 
@@ -210,18 +203,13 @@ async fn upgrade(registry: Arc<Registry>, mut req: Request<Incoming>) -> Respons
                 return;
             }
         };
-        let mut cfg = WebSocketConfig::default();
-        cfg.read_buffer_size = SOCKET_READ_BUFFER;
-        cfg.max_message_size = Some(crate::frame::MAX_FRAME_BYTES);
-        cfg.max_frame_size = Some(crate::frame::MAX_FRAME_BYTES);
-        // Large reads while the socket streams, none held while it idles.
-        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-            super::burst::BurstReader::new(TokioIo::new(io)),
-            Role::Server,
-            Some(cfg),
-        )
-        .await;
-        registry.serve_socket(ws, admitted).await;
+        // Framed by our own reader and writer: a node forwards payloads
+        // without copying them (see `socket`).
+        let (r, w) = tokio::io::split(TokioIo::new(io));
+        let reader = Reader::new(r, Role::Server, crate::frame::MAX_FRAME_BYTES);
+        registry
+            .serve_socket((reader, Writer::new(w, Role::Server)), admitted)
+            .await;
     });
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(&key);
     let mut r = Response::new(Full::new(Bytes::new()));

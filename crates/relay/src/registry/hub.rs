@@ -19,16 +19,14 @@
 //! live for at most that long after its last frame.
 
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
+use crate::socket::{gather, Message, Outgoing, Reader, Writer, WsError};
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
 /// Frames queued towards an executor socket before its harnesses wait.
@@ -185,28 +183,59 @@ impl Drop for AttachedLink {
     }
 }
 
-/// Writes queued frames and pings; ends when the queue closes or `stop` fires.
-fn spawn_writer<S>(
-    mut sink: futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
+/// Pongs owed to a socket's peer, queued by its reader for its writer.
+const PONG_QUEUE: usize = 4;
+
+/// What a node does with one read from a relay socket.
+enum Read {
+    /// Route this relay frame.
+    Frame(Bytes),
+    /// Nothing to route (a ping, now owed a pong; a pong; a text message).
+    Skip,
+    /// The socket closed, failed or broke the protocol.
+    End,
+}
+
+fn classify(read: Result<Option<Message>, WsError>, pongs: &mpsc::Sender<Bytes>) -> Read {
+    match read {
+        Ok(Some(Message::Binary(b))) => Read::Frame(b),
+        Ok(Some(Message::Ping(p))) => {
+            // A full queue means pongs are already owed; one is enough.
+            let _ = pongs.try_send(p);
+            Read::Skip
+        }
+        Ok(Some(Message::Close)) | Ok(None) | Err(_) => Read::End,
+        Ok(Some(_)) => Read::Skip,
+    }
+}
+
+/// A relay socket's writer: writes queued frames, pongs its reader owes and
+/// pings; ends when the queue closes or `stop` fires, with a close frame.
+fn spawn_writer<W>(
+    mut writer: Writer<W>,
     mut rx: Inbox,
+    mut pongs: mpsc::Receiver<Bytes>,
     stop: CancellationToken,
     ping_every: Duration,
 ) -> tokio::task::JoinHandle<()>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
 {
     tokio::spawn(async move {
         let mut ping = tokio::time::interval(ping_every);
         ping.tick().await;
+        let mut batch = Vec::with_capacity(crate::MAX_FRAMES_PER_FLUSH);
         loop {
-            let msg = tokio::select! {
-                m = rx.recv() => match m { Some(b) => Message::Binary(b), None => break },
-                _ = ping.tick() => Message::Ping(Vec::new().into()),
+            let first = tokio::select! {
+                m = rx.recv() => match m { Some(b) => Outgoing::Binary(b), None => break },
+                Some(p) = pongs.recv() => Outgoing::Pong(p),
+                _ = ping.tick() => Outgoing::Ping(Bytes::new()),
                 _ = stop.cancelled() => break,
             };
-            // What is queued behind it goes out with it: one flush, fewer
-            // and larger socket writes while a stream runs.
-            let write = crate::write_batch(&mut sink, msg, || rx.try_recv().map(Message::Binary));
+            // What is queued behind it goes out with it: one vectored write,
+            // fewer and larger socket writes while a stream runs.
+            gather(&mut batch, first, || rx.try_recv().map(Outgoing::Binary));
+            let write = writer.send(&mut batch);
             if tokio::time::timeout(Duration::from_secs(30), write)
                 .await
                 .map_or(true, |r| r.is_err())
@@ -214,7 +243,7 @@ where
                 break;
             }
         }
-        let _ = sink.close().await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer.close()).await;
     })
 }
 
@@ -311,30 +340,42 @@ impl Hub {
 
     /// Serves an attached executor's socket until it closes, stays silent for
     /// the silence timeout, or another socket replaces it; then detaches it.
-    pub async fn serve_executor<S>(&self, ws: WebSocketStream<S>, attachment: ExecutorAttachment)
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    pub async fn serve_executor<R, W>(
+        &self,
+        (mut reader, writer): (Reader<R>, Writer<W>),
+        attachment: ExecutorAttachment,
+    ) where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
     {
         let ExecutorAttachment { link, rx } = attachment;
-        let (sink, mut stream) = ws.split();
         let stop = link.stop.clone();
         let ping_every = PING_INTERVAL.min(self.executor_silence / 2);
-        let writer = spawn_writer(sink, Inbox::Bounded(rx), stop.clone(), ping_every);
+        let (pong_tx, pong_rx) = mpsc::channel(PONG_QUEUE);
+        let writer = spawn_writer(
+            writer,
+            Inbox::Bounded(rx),
+            pong_rx,
+            stop.clone(),
+            ping_every,
+        );
         loop {
+            // Every other branch ends the loop, so a frame half read when
+            // one of them wins is never needed.
             let msg = tokio::select! {
-                m = tokio::time::timeout(self.executor_silence, stream.next()) => match m {
+                m = tokio::time::timeout(self.executor_silence, reader.next()) => match m {
                     Ok(m) => m,
                     Err(_) => {
                         tracing::info!(environment = %link.env, "executor socket silent too long; dropping it");
-                        None
+                        Ok(None)
                     }
                 },
-                _ = stop.cancelled() => None,
+                _ = stop.cancelled() => Ok(None),
             };
-            let bytes = match msg {
-                Some(Ok(Message::Binary(b))) => b,
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
-                Some(Ok(_)) => continue,
+            let bytes = match classify(msg, &pong_tx) {
+                Read::Frame(b) => b,
+                Read::Skip => continue,
+                Read::End => break,
             };
             let Ok(stream_id) = frame::peek_stream_id(&bytes) else {
                 continue;
@@ -356,7 +397,7 @@ impl Hub {
         // Not live any more before the socket closes: whoever sees it close
         // may register at once.
         drop(link);
-        drop(stream);
+        drop(reader);
     }
 
     /// Resets `stream_id`, whose harness let [`STREAM_BUFFER_BYTES`] pile up:
@@ -385,17 +426,17 @@ impl Hub {
 
     /// Serves one harness socket: it must claim a stream with `Resume` first;
     /// then its frames for that stream go to the executor and back.
-    pub async fn serve_harness<S>(
+    pub async fn serve_harness<R, W>(
         &self,
-        ws: WebSocketStream<S>,
+        (mut reader, writer): (Reader<R>, Writer<W>),
         env: String,
         registration_id: String,
     ) where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (sink, mut stream) = ws.split();
-        let first = match tokio::time::timeout(CLAIM_TIMEOUT, stream.next()).await {
-            Ok(Some(Ok(Message::Binary(b)))) => b,
+        let first = match tokio::time::timeout(CLAIM_TIMEOUT, reader.next()).await {
+            Ok(Ok(Some(Message::Binary(b)))) => b,
             _ => return,
         };
         let stream_id = match Frame::decode(&first) {
@@ -424,24 +465,27 @@ impl Hub {
             route.streams.insert(stream_id.clone(), queue.clone());
             exec
         };
+        let (pong_tx, pong_rx) = mpsc::channel(PONG_QUEUE);
         let writer = spawn_writer(
-            sink,
+            writer,
             Inbox::Counted(rx, queue.queued.clone()),
+            pong_rx,
             stop.clone(),
             PING_INTERVAL,
         );
         drop(queue);
         let mut ok = executor.send(first).await.is_ok();
         while ok {
+            // Every other branch ends the loop (see serve_executor).
             let msg = tokio::select! {
-                m = stream.next() => m,
-                _ = executor.closed() => None,
-                _ = stop.cancelled() => None,
+                m = reader.next() => m,
+                _ = executor.closed() => Ok(None),
+                _ = stop.cancelled() => Ok(None),
             };
-            let bytes = match msg {
-                Some(Ok(Message::Binary(b))) => b,
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
-                Some(Ok(_)) => continue,
+            let bytes = match classify(msg, &pong_tx) {
+                Read::Frame(b) => b,
+                Read::Skip => continue,
+                Read::End => break,
             };
             // A harness speaks for its own stream only.
             if frame::peek_stream_id(&bytes).ok().as_deref() != Some(stream_id.as_str()) {

@@ -16,7 +16,6 @@
 //! executors retry with a growing jittered delay), and a socket stops counting
 //! once closed or silent for [`Config::executor_silence_timeout`].
 
-mod burst;
 pub mod fleet;
 pub mod hub;
 pub mod metrics;
@@ -413,12 +412,13 @@ impl Registry {
         }
     }
 
-    pub(crate) async fn serve_socket<S>(
+    pub(crate) async fn serve_socket<R, W>(
         &self,
-        ws: tokio_tungstenite::WebSocketStream<S>,
+        ws: (crate::socket::Reader<R>, crate::socket::Writer<W>),
         admitted: Admitted,
     ) where
-        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         match admitted {
             Admitted::Executor(attachment, record) => {

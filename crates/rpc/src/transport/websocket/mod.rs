@@ -8,8 +8,6 @@
 
 #[cfg(test)]
 mod differential;
-mod frame;
-mod mask;
 mod reader;
 mod writer;
 
@@ -18,7 +16,7 @@ use super::{
     TextStream, OUTBOUND_QUEUE_MESSAGES, STALLED_WRITE_TIMEOUT, WS_FRAGMENT_BYTES,
 };
 use bytes::Bytes;
-use frame::OpCode;
+use exec_server_wsframe::frame::OpCode;
 use reader::{Event, FrameReader, ReadError};
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};

@@ -3,10 +3,12 @@
 //! header, never zeroed, unmasked as it lands); small frames are read
 //! through a short buffer so that many of them cost one system call.
 
-use super::frame::{parse_header, Header, OpCode, ProtocolViolation, MAX_HEADER_BYTES};
-use super::mask::apply_mask;
 use bytes::{Buf, BufMut, BytesMut};
 use exec_server_fastpath::lift::{Finished, HotLift, LiftedText};
+use exec_server_wsframe::frame::{
+    parse_header, Header, OpCode, ProtocolViolation, MAX_HEADER_BYTES,
+};
+use exec_server_wsframe::mask::apply_mask;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_tungstenite::tungstenite::protocol::Role;
 
@@ -323,8 +325,8 @@ fn close_code(payload: &[u8]) -> Result<Option<u16>, ReadError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::frame::header;
     use super::*;
+    use exec_server_wsframe::frame::header;
 
     /// Frames as a client sends them (masked).
     fn client_frame(fin: bool, op: OpCode, payload: &[u8]) -> Vec<u8> {

@@ -3,9 +3,9 @@
 //! copied into a staging buffer (a client's frames are masked in place when
 //! their buffer is not shared).
 
-use super::frame::{header, HeaderBytes, OpCode};
-use super::mask::{append_masked, apply_mask, MaskKeys};
 use bytes::{Bytes, BytesMut};
+use exec_server_wsframe::frame::{header, HeaderBytes, OpCode};
+use exec_server_wsframe::mask::{append_masked, apply_mask, MaskKeys};
 use std::io::IoSlice;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::protocol::Role;
@@ -149,7 +149,9 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// Queues a control frame (close, ping or pong; payload at most 125
     /// bytes, cut there if longer).
     pub(crate) fn push_control(&mut self, opcode: OpCode, payload: &[u8]) {
-        let payload = &payload[..payload.len().min(super::frame::MAX_CONTROL_PAYLOAD)];
+        let payload = &payload[..payload
+            .len()
+            .min(exec_server_wsframe::frame::MAX_CONTROL_PAYLOAD)];
         let mut op = opcode;
         self.push(Bytes::copy_from_slice(payload), &mut op, true);
     }

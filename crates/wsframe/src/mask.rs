@@ -15,7 +15,7 @@ fn rotated(key: [u8; 4], phase: usize) -> [u8; 4] {
 
 /// XORs `data` with `key`, `data[0]` taking key byte `phase % 4` (masking
 /// and unmasking are the same operation).
-pub(crate) fn apply_mask(data: &mut [u8], key: [u8; 4], phase: usize) {
+pub fn apply_mask(data: &mut [u8], key: [u8; 4], phase: usize) {
     let k = rotated(key, phase);
     #[cfg(target_arch = "x86_64")]
     if wide() {
@@ -36,7 +36,7 @@ pub(crate) fn apply_mask(data: &mut [u8], key: [u8; 4], phase: usize) {
 
 /// Appends `src` XORed with `key` (`src[0]` taking key byte `phase % 4`)
 /// to `out`: the copy and the mask in one pass.
-pub(crate) fn append_masked(out: &mut bytes::BytesMut, src: &[u8], key: [u8; 4], phase: usize) {
+pub fn append_masked(out: &mut bytes::BytesMut, src: &[u8], key: [u8; 4], phase: usize) {
     #[cfg(target_arch = "x86_64")]
     if wide() {
         out.reserve(src.len());
@@ -131,7 +131,7 @@ fn mask_words(data: &mut [u8], k: [u8; 4]) {
 /// Masking keys for a client's frames: unpredictable (RFC 6455 §5.3), drawn
 /// from the operating system's generator a batch at a time.
 #[derive(Debug)]
-pub(crate) struct MaskKeys {
+pub struct MaskKeys {
     pool: [u8; 256],
     used: usize,
 }
@@ -148,7 +148,7 @@ impl Default for MaskKeys {
 
 impl MaskKeys {
     /// A fresh key.
-    pub(crate) fn next_key(&mut self) -> [u8; 4] {
+    pub fn next_key(&mut self) -> [u8; 4] {
         if self.used + 4 > self.pool.len() {
             if getrandom::fill(&mut self.pool).is_err() {
                 // No entropy source: a key from the clock and a counter still

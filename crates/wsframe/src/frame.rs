@@ -6,14 +6,14 @@
 //! from the sender's (vectored writes, no staging copy).
 
 /// Largest frame header: 2 bytes, 8 of extended length, 4 of mask key.
-pub(crate) const MAX_HEADER_BYTES: usize = 14;
+pub const MAX_HEADER_BYTES: usize = 14;
 
 /// Largest payload of a control frame (RFC 6455 §5.5).
-pub(crate) const MAX_CONTROL_PAYLOAD: usize = 125;
+pub const MAX_CONTROL_PAYLOAD: usize = 125;
 
 /// A frame's opcode (RFC 6455 §5.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OpCode {
+pub enum OpCode {
     /// `0x0`: the next part of a fragmented message.
     Continue,
     /// `0x1`: the first frame of a text message.
@@ -51,16 +51,17 @@ impl OpCode {
         }
     }
     /// Close, ping and pong: never fragmented, at most 125 bytes.
-    pub(crate) fn is_control(self) -> bool {
+    pub fn is_control(self) -> bool {
         matches!(self, OpCode::Close | OpCode::Ping | OpCode::Pong)
     }
 }
 
 /// A parsed frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Header {
+pub struct Header {
     /// The last frame of its message.
     pub fin: bool,
+    /// What the frame is.
     pub opcode: OpCode,
     /// The client's masking key; `None` for an unmasked (server) frame.
     pub mask: Option<[u8; 4]>,
@@ -73,7 +74,7 @@ pub(crate) struct Header {
 /// A header that breaks RFC 6455; the text names the fault (sent as the
 /// reason of a 1002 close).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ProtocolViolation(pub &'static str);
+pub struct ProtocolViolation(pub &'static str);
 
 /// Parses the header at the start of `buf`: `Ok(None)` when more bytes are
 /// needed.
@@ -82,7 +83,7 @@ pub(crate) struct ProtocolViolation(pub &'static str);
 /// Reserved bits set (no extension is ever negotiated), an unknown opcode, a
 /// fragmented or over-long control frame, or a non-minimal length encoding's
 /// top bit set.
-pub(crate) fn parse_header(buf: &[u8]) -> Result<Option<Header>, ProtocolViolation> {
+pub fn parse_header(buf: &[u8]) -> Result<Option<Header>, ProtocolViolation> {
     let [b0, b1, ..] = *buf else { return Ok(None) };
     if b0 & 0x70 != 0 {
         return Err(ProtocolViolation("reserved bits set"));
@@ -143,14 +144,14 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Option<Header>, ProtocolViolati
 
 /// A frame header ready to be written (at most [`MAX_HEADER_BYTES`]).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HeaderBytes {
+pub struct HeaderBytes {
     bytes: [u8; MAX_HEADER_BYTES],
     len: u8,
 }
 
 impl HeaderBytes {
     /// The header's bytes.
-    pub(crate) fn as_slice(&self) -> &[u8] {
+    pub fn as_slice(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }
 }
@@ -158,7 +159,7 @@ impl HeaderBytes {
 /// Builds the header of a frame whose payload is `len` bytes, with the
 /// shortest length encoding; `mask` is the client's key (the payload must be
 /// masked with it separately, see [`super::mask::apply_mask`]).
-pub(crate) fn header(fin: bool, opcode: OpCode, len: usize, mask: Option<[u8; 4]>) -> HeaderBytes {
+pub fn header(fin: bool, opcode: OpCode, len: usize, mask: Option<[u8; 4]>) -> HeaderBytes {
     let mut bytes = [0u8; MAX_HEADER_BYTES];
     bytes[0] = if fin { 0x80 } else { 0 } | opcode.bits();
     let mask_bit = if mask.is_some() { 0x80 } else { 0 };

@@ -1,0 +1,81 @@
+//! Relay sockets after the HTTP upgrade: a [`Reader`] and a [`Writer`] of
+//! WebSocket frames (headers and masking from `exec-server-wsframe`) over
+//! the two halves of the upgraded connection, and [`connect`] for clients.
+//!
+//! Why not tungstenite here: a relay node only moves binary messages from
+//! one socket to another, and tungstenite's general-purpose path cost a
+//! streaming node about a third of its CPU in work that forwarding does not
+//! need: it zero-fills its read buffer before every read, copies each
+//! payload out of that buffer, and copies it again into its write buffer.
+//! [`Reader`] reads a large payload straight into the buffer that is handed
+//! on (one copy, the kernel's), and [`Writer`] sends a frame's header and
+//! its shared payload with one vectored write (no copy). Everything else
+//! (the upgrade handshake, every socket that is not a relay socket) stays on
+//! tungstenite.
+//!
+//! What is supported: binary, text, ping, pong and close frames; messages
+//! fragmented into continuation frames (reassembled); payload lengths in all
+//! three encodings. What is refused with [`WsError`]: reserved bits set (no
+//! extension is ever negotiated), unknown opcodes, control frames that are
+//! fragmented or longer than 125 bytes, frames masked the wrong way for the
+//! role (a server requires masked frames, a client unmasked ones), and
+//! messages longer than the reader's limit (checked before anything is
+//! allocated for them).
+
+mod connect;
+mod read;
+mod write;
+
+pub use connect::{connect, ClientSocket, ConnectError, Upgraded};
+pub use read::Reader;
+pub use write::{gather, Outgoing, Writer};
+
+/// Which end of the connection this is: a server reads masked frames and
+/// writes unmasked ones; a client the other way round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Accepted the upgrade (a relay node).
+    Server,
+    /// Asked for the upgrade (an executor, a harness).
+    Client,
+}
+
+/// A message read from a socket.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Message {
+    /// A binary message (opcode 2), reassembled if it was fragmented.
+    Binary(bytes::Bytes),
+    /// A text message (opcode 1); its bytes are not checked for UTF-8 since
+    /// relay sockets carry none and callers drop them.
+    Text(bytes::Bytes),
+    /// A ping (opcode 9) with its payload (at most 125 bytes); the caller
+    /// owes a pong with the same payload.
+    Ping(bytes::Bytes),
+    /// A pong (opcode 10).
+    Pong,
+    /// A close frame (opcode 8): the peer is done.
+    Close,
+}
+
+/// Why a socket cannot be read any more.
+#[derive(Debug, thiserror::Error)]
+pub enum WsError {
+    /// The connection failed or closed in the middle of a frame.
+    #[error("relay socket read failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer broke RFC 6455; the text says how.
+    #[error("WebSocket protocol error from the peer: {0}")]
+    Protocol(&'static str),
+    /// A message longer than the reader's limit (bytes).
+    #[error("WebSocket message of {len} bytes exceeds the limit of {limit}")]
+    TooLong {
+        /// Its length as far as it was announced.
+        len: u64,
+        /// The reader's limit.
+        limit: usize,
+    },
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

@@ -1,0 +1,164 @@
+//! The read side: frames parsed from a small read-ahead buffer, large
+//! payloads read straight into their own buffer.
+
+use super::{Message, Role, WsError};
+use bytes::{Buf, BufMut, BytesMut};
+use exec_server_wsframe::frame::{parse_header, Header, OpCode};
+use exec_server_wsframe::mask::apply_mask;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// Bytes read ahead per read while looking for a frame: 8 KiB, what an
+/// idle socket holds. A payload longer than what is already read ahead is
+/// read into a buffer of its own length, as few reads as the socket allows.
+pub const READ_AHEAD: usize = 8 * 1024;
+
+/// Parses the frame header at the start of `buf` and checks its masking
+/// against `role`; `None` until all of it has arrived.
+fn parse(buf: &[u8], role: Role) -> Result<Option<Header>, WsError> {
+    let Some(h) = parse_header(buf).map_err(|v| WsError::Protocol(v.0))? else {
+        return Ok(None);
+    };
+    match (role, h.mask.is_some()) {
+        (Role::Server, false) => Err(WsError::Protocol("unmasked frame from a client")),
+        (Role::Client, true) => Err(WsError::Protocol("masked frame from a server")),
+        _ => Ok(Some(h)),
+    }
+}
+
+/// Reads WebSocket messages from the read half of an upgraded connection.
+pub struct Reader<R> {
+    io: R,
+    role: Role,
+    /// Longest message accepted, in bytes.
+    limit: usize,
+    /// Read but not yet parsed.
+    ahead: BytesMut,
+    /// A fragmented message being reassembled: its opcode, bytes so far.
+    partial: Option<(OpCode, BytesMut)>,
+    /// A frame whose payload is still arriving: its header, bytes so far.
+    pending: Option<(Header, BytesMut)>,
+}
+
+impl<R: AsyncRead + Unpin> Reader<R> {
+    /// Reads frames for `role` from `io`, refusing messages longer than
+    /// `limit` bytes.
+    pub fn new(io: R, role: Role, limit: usize) -> Reader<R> {
+        Reader {
+            io,
+            role,
+            limit,
+            ahead: BytesMut::new(),
+            partial: None,
+            pending: None,
+        }
+    }
+
+    /// The next message; `Ok(None)` when the peer closed the connection
+    /// between frames. Errors: [`WsError`] (the socket is unusable then).
+    /// Cancel-safe: a call dropped in the middle of a frame loses nothing;
+    /// the next call goes on where it stopped.
+    pub async fn next(&mut self) -> Result<Option<Message>, WsError> {
+        loop {
+            let Some((header, payload)) = self.frame().await? else {
+                return match self.partial {
+                    None => Ok(None),
+                    Some(_) => Err(WsError::Protocol("connection closed inside a message")),
+                };
+            };
+            let message = match header.opcode {
+                OpCode::Ping => Message::Ping(payload.freeze()),
+                OpCode::Pong => Message::Pong,
+                OpCode::Close => Message::Close,
+                OpCode::Continue => {
+                    let Some((opcode, mut whole)) = self.partial.take() else {
+                        return Err(WsError::Protocol("continuation frame outside a message"));
+                    };
+                    whole.extend_from_slice(&payload);
+                    if !header.fin {
+                        self.partial = Some((opcode, whole));
+                        continue;
+                    }
+                    data(opcode, whole)
+                }
+                opcode => {
+                    if self.partial.is_some() {
+                        return Err(WsError::Protocol("new message inside a fragmented one"));
+                    }
+                    if !header.fin {
+                        self.partial = Some((opcode, payload));
+                        continue;
+                    }
+                    data(opcode, payload)
+                }
+            };
+            return Ok(Some(message));
+        }
+    }
+
+    /// One frame's header and unmasked payload; `None` at a clean end.
+    /// Cancel-safe: what a dropped call read stays in `ahead` or `pending`.
+    async fn frame(&mut self) -> Result<Option<(Header, BytesMut)>, WsError> {
+        if self.pending.is_none() {
+            let header = loop {
+                if let Some(h) = parse(&self.ahead, self.role)? {
+                    break h;
+                }
+                self.ahead.reserve(READ_AHEAD);
+                if self.io.read_buf(&mut self.ahead).await? == 0 {
+                    if self.ahead.is_empty() {
+                        return Ok(None);
+                    }
+                    return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+                }
+            };
+            let so_far = self.partial.as_ref().map_or(0, |(_, b)| b.len());
+            let total = header.len.saturating_add(so_far as u64);
+            if total > self.limit as u64 {
+                return Err(WsError::TooLong {
+                    len: total,
+                    limit: self.limit,
+                });
+            }
+            // Within the limit, so it fits in usize.
+            let len = header.len as usize;
+            self.ahead.advance(header.header_len);
+            let payload = if self.ahead.len() >= len {
+                self.ahead.split_to(len)
+            } else {
+                let mut p = BytesMut::with_capacity(len);
+                p.extend_from_slice(&self.ahead);
+                self.ahead.clear();
+                p
+            };
+            self.pending = Some((header, payload));
+        }
+        while let Some((header, p)) = &mut self.pending {
+            let want = header.len as usize - p.len();
+            if want == 0 {
+                break;
+            }
+            if self.io.read_buf(&mut (&mut *p).limit(want)).await? == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+            }
+        }
+        let Some((header, mut payload)) = self.pending.take() else {
+            return Ok(None);
+        };
+        if self.ahead.is_empty() && self.ahead.capacity() > READ_AHEAD {
+            // Do not keep a large read-ahead around once the socket idles.
+            self.ahead = BytesMut::new();
+        }
+        if let Some(key) = header.mask {
+            apply_mask(&mut payload, key, 0);
+        }
+        Ok(Some((header, payload)))
+    }
+}
+
+fn data(opcode: OpCode, payload: BytesMut) -> Message {
+    if opcode == OpCode::Text {
+        Message::Text(payload.freeze())
+    } else {
+        Message::Binary(payload.freeze())
+    }
+}

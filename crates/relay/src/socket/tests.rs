@@ -1,0 +1,332 @@
+use super::*;
+use bytes::Bytes;
+use exec_server_wsframe::frame::{header, OpCode};
+use exec_server_wsframe::mask::apply_mask;
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::AsyncWriteExt;
+use tokio_tungstenite::tungstenite::protocol::Role as TRole;
+use tokio_tungstenite::tungstenite::Message as TMessage;
+use tokio_tungstenite::WebSocketStream;
+
+const SIZES: [usize; 8] = [0, 1, 125, 126, 65_535, 65_536, 300_000, 17];
+
+fn payload(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+async fn tungstenite_peer(
+    io: tokio::io::DuplexStream,
+    role: TRole,
+) -> WebSocketStream<tokio::io::DuplexStream> {
+    WebSocketStream::from_raw_socket(io, role, None).await
+}
+
+#[tokio::test]
+async fn a_server_reads_what_a_tungstenite_client_sends() {
+    let (a, b) = tokio::io::duplex(1 << 16);
+    let (r, _w) = tokio::io::split(a);
+    let mut reader = Reader::new(r, Role::Server, 1 << 20);
+    let sender = tokio::spawn(async move {
+        let mut ws = tungstenite_peer(b, TRole::Client).await;
+        for (i, n) in SIZES.iter().enumerate() {
+            ws.send(TMessage::Binary(payload(*n, i as u8).into()))
+                .await
+                .unwrap();
+        }
+        ws.send(TMessage::Ping(Bytes::from_static(b"hi")))
+            .await
+            .unwrap();
+        ws.send(TMessage::Text("words".into())).await.unwrap();
+        ws.send(TMessage::Close(None)).await.unwrap();
+        ws
+    });
+    for (i, n) in SIZES.iter().enumerate() {
+        let m = reader.next().await.unwrap().unwrap();
+        assert_eq!(
+            m,
+            Message::Binary(payload(*n, i as u8).into()),
+            "message {i}"
+        );
+    }
+    assert_eq!(
+        reader.next().await.unwrap(),
+        Some(Message::Ping(Bytes::from_static(b"hi")))
+    );
+    assert_eq!(
+        reader.next().await.unwrap(),
+        Some(Message::Text(Bytes::from_static(b"words")))
+    );
+    assert_eq!(reader.next().await.unwrap(), Some(Message::Close));
+    drop(sender.await.unwrap());
+}
+
+#[tokio::test]
+async fn a_tungstenite_client_reads_what_a_server_writes() {
+    let (a, b) = tokio::io::duplex(1 << 16);
+    let (_r, w) = tokio::io::split(a);
+    let mut writer = Writer::new(w, Role::Server);
+    let reading = tokio::spawn(async move {
+        let mut ws = tungstenite_peer(b, TRole::Client).await;
+        let mut got = Vec::new();
+        while let Some(Ok(m)) = ws.next().await {
+            let end = matches!(m, TMessage::Close(_));
+            got.push(m);
+            if end {
+                break;
+            }
+        }
+        got
+    });
+    let mut batch: Vec<Outgoing> = SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Outgoing::Binary(payload(*n, i as u8).into()))
+        .collect();
+    writer.send(&mut batch).await.unwrap();
+    writer
+        .send(&mut vec![Outgoing::Ping(Bytes::from_static(b"p"))])
+        .await
+        .unwrap();
+    writer.close().await.unwrap();
+    let got = reading.await.unwrap();
+    assert_eq!(got.len(), SIZES.len() + 2);
+    for (i, n) in SIZES.iter().enumerate() {
+        assert_eq!(
+            got[i],
+            TMessage::Binary(payload(*n, i as u8).into()),
+            "message {i}"
+        );
+    }
+    assert_eq!(got[SIZES.len()], TMessage::Ping(Bytes::from_static(b"p")));
+    assert!(matches!(got[SIZES.len() + 1], TMessage::Close(_)));
+}
+
+#[tokio::test]
+async fn a_client_round_trips_with_a_tungstenite_server() {
+    let (a, b) = tokio::io::duplex(1 << 16);
+    let (r, w) = tokio::io::split(a);
+    let mut reader = Reader::new(r, Role::Client, 1 << 20);
+    let mut writer = Writer::new(w, Role::Client);
+    // The server echoes each binary message; tungstenite refuses unmasked
+    // frames from a client, so this also proves the masking.
+    let echo = tokio::spawn(async move {
+        let mut ws = tungstenite_peer(b, TRole::Server).await;
+        while let Some(Ok(m)) = ws.next().await {
+            match m {
+                TMessage::Binary(b) => ws.send(TMessage::Binary(b)).await.unwrap(),
+                TMessage::Close(_) => break,
+                _ => {}
+            }
+        }
+    });
+    let mut batch: Vec<Outgoing> = SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Outgoing::Binary(payload(*n, i as u8).into()))
+        .collect();
+    // Written while the echoes are read: neither side can fill the pipe
+    // and wait for the other.
+    let sending = tokio::spawn(async move {
+        writer.send(&mut batch).await.unwrap();
+        writer
+    });
+    let read_all = async {
+        for (i, n) in SIZES.iter().enumerate() {
+            let m = reader.next().await.unwrap().unwrap();
+            assert_eq!(
+                m,
+                Message::Binary(payload(*n, i as u8).into()),
+                "message {i}"
+            );
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), read_all)
+        .await
+        .expect("every echo within 20 s");
+    let mut writer = sending.await.unwrap();
+    writer.close().await.unwrap();
+    echo.await.unwrap();
+}
+
+/// A masked frame as a client would send it, `fin` and `opcode` as given.
+fn masked_frame(fin: bool, opcode: OpCode, body: &[u8]) -> Vec<u8> {
+    let key = [0x12, 0x34, 0x56, 0x78];
+    let mut out = header(fin, opcode, body.len(), Some(key))
+        .as_slice()
+        .to_vec();
+    let at = out.len();
+    out.extend_from_slice(body);
+    apply_mask(&mut out[at..], key, 0);
+    out
+}
+
+async fn server_reads(bytes: Vec<u8>, limit: usize) -> Vec<Result<Option<Message>, String>> {
+    let (a, mut b) = tokio::io::duplex(1 << 20);
+    let (r, _w) = tokio::io::split(a);
+    let mut reader = Reader::new(r, Role::Server, limit);
+    b.write_all(&bytes).await.unwrap();
+    drop(b);
+    let mut out = Vec::new();
+    for _ in 0..8 {
+        let m = reader.next().await.map_err(|e| e.to_string());
+        let end = !matches!(m, Ok(Some(_)));
+        out.push(m);
+        if end {
+            break;
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn fragments_are_reassembled_around_a_ping() {
+    let mut wire = masked_frame(false, OpCode::Binary, b"abc");
+    wire.extend(masked_frame(true, OpCode::Ping, b"x"));
+    wire.extend(masked_frame(false, OpCode::Continue, b"def"));
+    wire.extend(masked_frame(true, OpCode::Continue, b"g"));
+    let got = server_reads(wire, 1 << 10).await;
+    assert_eq!(
+        got,
+        vec![
+            Ok(Some(Message::Ping(Bytes::from_static(b"x")))),
+            Ok(Some(Message::Binary(Bytes::from_static(b"abcdefg")))),
+            Ok(None),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn protocol_violations_are_refused() {
+    let unmasked = header(true, OpCode::Binary, 0, None);
+    let mut reserved = masked_frame(true, OpCode::Binary, b"a");
+    reserved[0] |= 0x40;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("unmasked", unmasked.as_slice().to_vec()),
+        ("reserved", reserved),
+        ("opcode", {
+            let mut w = masked_frame(true, OpCode::Binary, b"");
+            w[0] = 0x83;
+            w
+        }),
+        ("long ping", masked_frame(true, OpCode::Ping, &[0u8; 126])),
+        ("fragmented ping", masked_frame(false, OpCode::Ping, b"")),
+        (
+            "stray continuation",
+            masked_frame(true, OpCode::Continue, b"a"),
+        ),
+        ("nested message", {
+            let mut w = masked_frame(false, OpCode::Binary, b"a");
+            w.extend(masked_frame(true, OpCode::Binary, b"b"));
+            w
+        }),
+    ];
+    for (name, wire) in cases {
+        let got = server_reads(wire, 1 << 10).await;
+        let last = got.last().unwrap();
+        assert!(
+            matches!(last, Err(e) if e.contains("protocol error")),
+            "{name}: {got:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_message_is_refused_before_its_payload_arrives() {
+    // Only the header of a 1 MiB frame is sent: the reader must not wait
+    // for (or allocate) the payload.
+    let h = header(true, OpCode::Binary, 1 << 20, Some([1, 2, 3, 4]));
+    let (a, mut b) = tokio::io::duplex(1 << 10);
+    let (r, _w) = tokio::io::split(a);
+    let mut reader = Reader::new(r, Role::Server, 1 << 16);
+    b.write_all(h.as_slice()).await.unwrap();
+    let err = tokio::time::timeout(std::time::Duration::from_secs(5), reader.next())
+        .await
+        .expect("refused at once")
+        .unwrap_err();
+    assert!(matches!(err, WsError::TooLong { len, limit } if len == 1 << 20 && limit == 1 << 16));
+    // Fragments count together.
+    let mut wire = masked_frame(false, OpCode::Binary, &[0u8; 600]);
+    wire.extend(masked_frame(true, OpCode::Continue, &[0u8; 600]));
+    let got = server_reads(wire, 1000).await;
+    assert!(
+        matches!(got.last(), Some(Err(e)) if e.contains("exceeds")),
+        "{got:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_cut_inside_a_frame_is_an_error_and_between_frames_an_end() {
+    let whole = masked_frame(true, OpCode::Binary, &[7u8; 20_000]);
+    let got = server_reads(whole[..10_000].to_vec(), 1 << 20).await;
+    assert!(
+        matches!(got.last(), Some(Err(e)) if e.contains("read failed")),
+        "{got:?}"
+    );
+    let got = server_reads(whole, 1 << 20).await;
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1], Ok(None));
+}
+
+#[tokio::test]
+async fn a_read_cancelled_mid_frame_loses_nothing() {
+    // A 200 KB frame arrives in 1 KB pieces, and after each piece a tick
+    // wins the (biased) select: every dropped `next()` must leave its bytes
+    // for the next one.
+    let body = payload(200_000, 3);
+    let wire = masked_frame(true, OpCode::Binary, &body);
+    let pieces = wire.len().div_ceil(1024) as u32;
+    let (a, mut b) = tokio::io::duplex(1 << 10);
+    let (r, _w) = tokio::io::split(a);
+    let mut reader = Reader::new(r, Role::Server, 1 << 20);
+    let (tick_tx, mut tick_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let feeding = tokio::spawn(async move {
+        for piece in wire.chunks(1024) {
+            b.write_all(piece).await.unwrap();
+            tick_tx.send(()).await.unwrap();
+        }
+        b
+    });
+    let mut cancelled = 0u32;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            tokio::select! {
+                biased;
+                Some(()) = tick_rx.recv() => cancelled += 1,
+                m = reader.next() => break m.unwrap().unwrap(),
+            }
+        }
+    })
+    .await
+    .expect("the frame within 20 s");
+    assert_eq!(got, Message::Binary(body.into()));
+    assert!(
+        cancelled >= pieces / 2,
+        "interrupted only {cancelled} times of {pieces}"
+    );
+    drop(feeding.await.unwrap());
+}
+
+#[tokio::test]
+async fn a_client_never_masks_a_payload_someone_else_holds() {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let (_r, w) = tokio::io::split(a);
+    let mut writer = Writer::new(w, Role::Client);
+    let kept = Bytes::from(payload(70_000, 5));
+    let alone = Bytes::from(payload(70_000, 6));
+    writer
+        .send(&mut vec![
+            Outgoing::Binary(kept.clone()),
+            Outgoing::Binary(alone),
+        ])
+        .await
+        .unwrap();
+    // The shared buffer is as it was; the peer unmasks both correctly.
+    assert_eq!(kept, Bytes::from(payload(70_000, 5)));
+    let mut ws = tungstenite_peer(b, TRole::Server).await;
+    for seed in [5u8, 6] {
+        let m = ws.next().await.unwrap().unwrap();
+        assert_eq!(m, TMessage::Binary(payload(70_000, seed).into()));
+    }
+}

@@ -1,0 +1,148 @@
+//! The write side: a batch of frames in one vectored write, each payload
+//! sent from where it lies. A server's frames are not masked; a client masks
+//! a payload it holds alone in place (a sealed relay frame), and copies only
+//! a shared one.
+
+use super::Role;
+use bytes::{Bytes, BytesMut};
+use exec_server_wsframe::frame::{header, HeaderBytes, OpCode};
+use exec_server_wsframe::mask::{append_masked, apply_mask, MaskKeys};
+use std::io::{self, IoSlice};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+/// A frame to write. Each is sent as one final (unfragmented) frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outgoing {
+    /// A binary message.
+    Binary(Bytes),
+    /// A ping; its payload must be at most 125 bytes.
+    Ping(Bytes),
+    /// A pong answering a ping, with the ping's payload.
+    Pong(Bytes),
+    /// A close frame with no status (the connection ends after it).
+    Close,
+}
+
+impl Outgoing {
+    fn into_parts(self) -> (OpCode, Bytes) {
+        match self {
+            Outgoing::Binary(b) => (OpCode::Binary, b),
+            Outgoing::Ping(b) => (OpCode::Ping, b),
+            Outgoing::Pong(b) => (OpCode::Pong, b),
+            Outgoing::Close => (OpCode::Close, Bytes::new()),
+        }
+    }
+}
+
+/// Writes WebSocket frames to the write half of an upgraded connection.
+pub struct Writer<W> {
+    io: W,
+    role: Role,
+    keys: MaskKeys,
+    /// The batch being written, headers and payloads (kept to reuse the
+    /// allocation).
+    parts: Vec<(HeaderBytes, Bytes)>,
+}
+
+impl<W: AsyncWrite + Unpin> Writer<W> {
+    /// Writes frames for `role` to `io`.
+    pub fn new(io: W, role: Role) -> Writer<W> {
+        Writer {
+            io,
+            role,
+            keys: MaskKeys::default(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// Writes the frames `batch` holds, in order (leaving it empty), and
+    /// flushes. Errors: the socket's; after one, the connection is unusable
+    /// (a frame may have been cut short).
+    pub async fn send(&mut self, batch: &mut Vec<Outgoing>) -> io::Result<()> {
+        self.parts.clear();
+        for f in batch.drain(..) {
+            let (opcode, payload) = f.into_parts();
+            let (mask, payload) = match self.role {
+                Role::Server => (None, payload),
+                Role::Client => {
+                    let key = self.keys.next_key();
+                    (Some(key), masked(payload, key))
+                }
+            };
+            self.parts
+                .push((header(true, opcode, payload.len(), mask), payload));
+        }
+        let result = if self.io.is_write_vectored() {
+            self.write_vectored().await
+        } else {
+            let mut joined = Vec::new();
+            for (h, p) in &self.parts {
+                joined.extend_from_slice(h.as_slice());
+                joined.extend_from_slice(p);
+            }
+            self.io.write_all(&joined).await
+        };
+        self.parts.clear();
+        result?;
+        self.io.flush().await
+    }
+
+    /// Sends a close frame and shuts the write direction down.
+    pub async fn close(&mut self) -> io::Result<()> {
+        self.send(&mut vec![Outgoing::Close]).await?;
+        self.io.shutdown().await
+    }
+
+    async fn write_vectored(&mut self) -> io::Result<()> {
+        let mut slices = Vec::with_capacity(2 * self.parts.len());
+        for (h, p) in &self.parts {
+            slices.push(IoSlice::new(h.as_slice()));
+            if !p.is_empty() {
+                slices.push(IoSlice::new(p));
+            }
+        }
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let n = self.io.write_vectored(rest).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut rest, n);
+        }
+        Ok(())
+    }
+}
+
+/// `payload` masked with `key`: in place when this is its buffer's only
+/// handle, else a masked copy.
+fn masked(payload: Bytes, key: [u8; 4]) -> Bytes {
+    match payload.try_into_mut() {
+        Ok(mut owned) => {
+            apply_mask(&mut owned, key, 0);
+            owned.freeze()
+        }
+        Err(shared) => {
+            let mut copy = BytesMut::with_capacity(shared.len());
+            append_masked(&mut copy, &shared, key, 0);
+            copy.freeze()
+        }
+    }
+}
+
+/// Fills `batch` (emptied first) with `first` and then what `more` yields
+/// at once, up to [`crate::MAX_FRAMES_PER_FLUSH`] frames: a writer sends
+/// what is already queued behind the frame it waited for in one write.
+pub fn gather(
+    batch: &mut Vec<Outgoing>,
+    first: Outgoing,
+    mut more: impl FnMut() -> Option<Outgoing>,
+) {
+    batch.clear();
+    batch.push(first);
+    while batch.len() < crate::MAX_FRAMES_PER_FLUSH {
+        match more() {
+            Some(f) => batch.push(f),
+            None => break,
+        }
+    }
+}
