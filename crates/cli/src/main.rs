@@ -222,7 +222,12 @@ fn main() {
             Some(Command::Info(args)) => commands::info::info(args).await,
             Some(Command::Ps(args)) => commands::ps::ps(args).await,
             Some(Command::Kill(args)) => commands::kill::kill(args).await,
-            Some(Command::Registry(args)) => registry::run(args).await,
+            Some(Command::Registry(args)) => {
+                // A node forwards bursts of frames for many sockets; what
+                // they freed goes back to the kernel, as for `serve`.
+                alloc::spawn_trimmer();
+                registry::run(args).await
+            }
             Some(Command::Forward(args)) => forward::run(args).await,
             Some(Command::Upgrade(args)) => upgrade::run(args).await,
             Some(Command::Completions(args)) => generate::completions(args),

@@ -70,10 +70,20 @@ struct HarnessQueue {
     stop: CancellationToken,
 }
 
+/// What a queued frame costs beyond its bytes (its allocation's header, its
+/// handle, its slot in the queue), charged to the stream's budget so that a
+/// flood of tiny frames is bounded by memory, not by payload: 128 bytes.
+const QUEUED_FRAME_OVERHEAD: usize = 128;
+
+/// What `frame` costs a harness's budget while it is queued.
+fn charge(frame: &Bytes) -> usize {
+    frame.len() + QUEUED_FRAME_OVERHEAD
+}
+
 impl HarnessQueue {
     /// Queues `frame`; false when the harness is gone or over its budget.
     fn push(&self, frame: Bytes) -> bool {
-        let n = frame.len();
+        let n = charge(&frame);
         if self.queued.fetch_add(n, Ordering::SeqCst) + n > STREAM_BUFFER_BYTES {
             self.queued.fetch_sub(n, Ordering::SeqCst);
             return false;
@@ -96,7 +106,7 @@ impl Inbox {
             Inbox::Bounded(rx) => rx.recv().await,
             Inbox::Counted(rx, queued) => {
                 let frame = rx.recv().await?;
-                queued.fetch_sub(frame.len(), Ordering::SeqCst);
+                queued.fetch_sub(charge(&frame), Ordering::SeqCst);
                 Some(frame)
             }
         }
@@ -108,7 +118,7 @@ impl Inbox {
             Inbox::Bounded(rx) => rx.try_recv().ok(),
             Inbox::Counted(rx, queued) => {
                 let frame = rx.try_recv().ok()?;
-                queued.fetch_sub(frame.len(), Ordering::SeqCst);
+                queued.fetch_sub(charge(&frame), Ordering::SeqCst);
                 Some(frame)
             }
         }
@@ -243,6 +253,9 @@ where
                 break;
             }
         }
+        // A socket that cannot be written to is dead, whatever it sends: its
+        // reader stops too, and an executor's environment is free again.
+        stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), writer.close()).await;
     })
 }

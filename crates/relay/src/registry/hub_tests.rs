@@ -162,3 +162,30 @@ async fn a_stalled_harness_does_not_hold_the_executors_other_streams() {
     reading.abort();
     exec.abort();
 }
+
+/// A harness that does not read, sent a flood of tiny frames: its budget
+/// runs out by what the frames hold in memory, not by their payload alone
+/// (15-byte frames counted by payload would let 2.2 million of them queue).
+#[test]
+fn tiny_frames_use_up_a_stream_budget_by_what_they_hold() {
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let queue = super::HarnessQueue {
+        tx,
+        queued: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        stop: tokio_util::sync::CancellationToken::new(),
+    };
+    let frame = bytes::Bytes::from_static(&[7u8; 15]);
+    let mut accepted = 0usize;
+    while queue.push(frame.clone()) {
+        accepted += 1;
+        assert!(accepted <= super::STREAM_BUFFER_BYTES / 15, "never refused");
+    }
+    // Each queued frame really holds at least 100 bytes (its allocation,
+    // its handle, its queue slot): the budget must not let more queue than
+    // that many bytes' worth.
+    assert!(
+        accepted <= super::STREAM_BUFFER_BYTES / 100,
+        "{accepted} tiny frames queued"
+    );
+    assert!(accepted > 0);
+}

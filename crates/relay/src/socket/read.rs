@@ -111,7 +111,11 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                     return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
                 }
             };
-            let so_far = self.partial.as_ref().map_or(0, |(_, b)| b.len());
+            // A control frame between fragments is not part of the message.
+            let so_far = match &self.partial {
+                Some((_, b)) if !header.opcode.is_control() => b.len(),
+                _ => 0,
+            };
             let total = header.len.saturating_add(so_far as u64);
             if total > self.limit as u64 {
                 return Err(WsError::TooLong {
@@ -123,7 +127,13 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             let len = header.len as usize;
             self.ahead.advance(header.header_len);
             let payload = if self.ahead.len() >= len {
-                self.ahead.split_to(len)
+                // Copied out, not split off: a slice would keep the whole
+                // read-ahead allocation alive for as long as the frame is
+                // queued somewhere (a stream of tiny frames to a harness
+                // that does not read would pin kilobytes per frame).
+                let p = BytesMut::from(&self.ahead[..len]);
+                self.ahead.advance(len);
+                p
             } else {
                 let mut p = BytesMut::with_capacity(len);
                 p.extend_from_slice(&self.ahead);

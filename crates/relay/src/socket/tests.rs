@@ -330,3 +330,51 @@ async fn a_client_never_masks_a_payload_someone_else_holds() {
         assert_eq!(m, TMessage::Binary(payload(70_000, seed).into()));
     }
 }
+
+#[tokio::test]
+async fn a_ping_between_fragments_does_not_count_against_the_message() {
+    // 1000 bytes in two fragments, the limit exactly, with a 100-byte ping
+    // between them: a control frame is not part of the message.
+    let mut wire = masked_frame(false, OpCode::Binary, &[1u8; 999]);
+    wire.extend(masked_frame(true, OpCode::Ping, &[2u8; 100]));
+    wire.extend(masked_frame(true, OpCode::Continue, &[1u8; 1]));
+    let got = server_reads(wire, 1000).await;
+    assert_eq!(
+        got,
+        vec![
+            Ok(Some(Message::Ping(Bytes::from(vec![2u8; 100])))),
+            Ok(Some(Message::Binary(Bytes::from(vec![1u8; 1000])))),
+            Ok(None),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_small_frame_holds_only_its_own_bytes() {
+    // Many tiny frames read in one go: each payload must be a buffer of its
+    // own, not a slice pinning the reader's read-ahead (a queued flood of
+    // them would otherwise hold kilobytes each).
+    let mut wire = Vec::new();
+    for i in 0..200u8 {
+        wire.extend(masked_frame(true, OpCode::Binary, &[i; 15]));
+    }
+    let (a, mut b) = tokio::io::duplex(1 << 16);
+    let (r, _w) = tokio::io::split(a);
+    let mut reader = Reader::new(r, Role::Server, 1 << 10);
+    b.write_all(&wire).await.unwrap();
+    for i in 0..200 {
+        let m = reader.next().await;
+        let Ok(Some(Message::Binary(b))) = m else {
+            panic!("frame {i}: {m:?}");
+        };
+        let own = b
+            .try_into_mut()
+            .unwrap_or_else(|_| panic!("frame {i} shares its buffer"));
+        assert_eq!(&own[..], &[i as u8; 15][..]);
+        assert!(
+            own.capacity() < 64,
+            "frame {i} holds {} bytes",
+            own.capacity()
+        );
+    }
+}
