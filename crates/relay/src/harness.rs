@@ -8,7 +8,7 @@ use crate::keys::{prologue, Identity, PublicKey};
 use crate::noise::Initiator;
 use crate::random::OsRandom;
 use crate::registry_client::{RegistryClient, RegistryError};
-use crate::socket::{Message, Outgoing};
+use crate::socket::{ClientReader as Source, ClientWriter as Sink, Message, Outgoing};
 use crate::stream::{halves, Channel};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -88,10 +88,6 @@ pub async fn connect(
         .map_err(|_| HarnessError::Authentication)?;
     Ok(run_stream(sink, source, stream_id, transport))
 }
-
-/// The relay socket's (plain or TLS) two halves.
-type Sink = crate::socket::Writer<tokio::io::WriteHalf<crate::socket::Upgraded>>;
-type Source = crate::socket::Reader<tokio::io::ReadHalf<crate::socket::Upgraded>>;
 
 /// The executor's handshake answer (msg2) on `stream_id`; frames of other
 /// streams and undecodable ones are skipped. Errors: a reset (refused),

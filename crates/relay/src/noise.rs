@@ -330,11 +330,6 @@ impl Sealer {
 }
 
 impl Opener {
-    /// As [`Transport::decrypt`], decrypting `record` where it lies.
-    pub fn decrypt_owned(&mut self, record: Vec<u8>) -> Result<Vec<u8>, NoiseError> {
-        self.0.open_owned(record)
-    }
-
     /// As [`Transport::decrypt`], decrypting `record` where it lies and
     /// leaving the plaintext in it.
     pub fn decrypt_in_place(&mut self, record: &mut bytes::BytesMut) -> Result<(), NoiseError> {

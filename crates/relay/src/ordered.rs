@@ -16,7 +16,7 @@ pub const MAX_PENDING_BYTES: usize = 1024 * 1024;
 pub struct OutOfWindow;
 
 /// Orders one direction of one stream's payloads (`T`: any byte buffer).
-pub struct Ordered<T = Vec<u8>> {
+pub struct Ordered<T> {
     expected: u32,
     pending: BTreeMap<u32, T>,
     pending_bytes: usize,

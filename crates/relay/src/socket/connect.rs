@@ -19,8 +19,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 /// An upgraded client connection.
 pub type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
 
+/// A client's relay socket's read half.
+pub type ClientReader = Reader<ReadHalf<Upgraded>>;
+/// A client's relay socket's write half.
+pub type ClientWriter = Writer<WriteHalf<Upgraded>>;
 /// The two halves of a client's relay socket.
-pub type ClientSocket = (Reader<ReadHalf<Upgraded>>, Writer<WriteHalf<Upgraded>>);
+pub type ClientSocket = (ClientReader, ClientWriter);
 
 /// Why a relay socket could not be opened.
 #[derive(Debug, thiserror::Error)]

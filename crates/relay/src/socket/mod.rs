@@ -26,7 +26,7 @@ mod connect;
 mod read;
 mod write;
 
-pub use connect::{connect, ClientSocket, ConnectError, Upgraded};
+pub use connect::{connect, ClientReader, ClientSocket, ClientWriter, ConnectError, Upgraded};
 pub use read::Reader;
 pub use write::{gather, Outgoing, Writer};
 

@@ -16,6 +16,15 @@ fn payload(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// One binary message of each of [`SIZES`], message `i` seeded with `i`.
+fn sized_batch() -> Vec<Outgoing> {
+    SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Outgoing::Binary(payload(*n, i as u8).into()))
+        .collect()
+}
+
 async fn tungstenite_peer(
     io: tokio::io::DuplexStream,
     role: TRole,
@@ -79,11 +88,7 @@ async fn a_tungstenite_client_reads_what_a_server_writes() {
         }
         got
     });
-    let mut batch: Vec<Outgoing> = SIZES
-        .iter()
-        .enumerate()
-        .map(|(i, n)| Outgoing::Binary(payload(*n, i as u8).into()))
-        .collect();
+    let mut batch = sized_batch();
     writer.send(&mut batch).await.unwrap();
     writer
         .send(&mut vec![Outgoing::Ping(Bytes::from_static(b"p"))])
@@ -121,11 +126,7 @@ async fn a_client_round_trips_with_a_tungstenite_server() {
             }
         }
     });
-    let mut batch: Vec<Outgoing> = SIZES
-        .iter()
-        .enumerate()
-        .map(|(i, n)| Outgoing::Binary(payload(*n, i as u8).into()))
-        .collect();
+    let mut batch = sized_batch();
     // Written while the echoes are read: neither side can fill the pipe
     // and wait for the other.
     let sending = tokio::spawn(async move {
