@@ -40,8 +40,8 @@ async fn bridge(mut ch: Channel, url: String) {
         tokio::select! {
             m = ch.inbound.recv() => {
                 let Some(m) = m else { break };
-                let Ok(text) = String::from_utf8(m) else { break };
-                if sink.send(Message::text(text)).await.is_err() {
+                let Ok(text) = tokio_tungstenite::tungstenite::Utf8Bytes::try_from(m) else { break };
+                if sink.send(Message::Text(text)).await.is_err() {
                     break;
                 }
             }

@@ -7,8 +7,11 @@
 //!
 //! Prints spawn latency p50/p99 (`process/start` of `true` until its exit event,
 //! on an established connection), stream throughput (`head -c 256 MiB
-//! /dev/zero`, bytes delivered to the caller per second, best of three), and the
-//! executor's RSS growth per idle relay stream (IDLE connected clients). See
+//! /dev/zero`, bytes delivered to the caller per second: best of three per
+//! path, then five rounds alternating direct and relay, each round's ratio and
+//! their median, so that a machine that slows down for a while slows both
+//! paths alike), and the executor's RSS growth per idle relay stream (IDLE
+//! connected clients). See
 //! BENCHMARKS.md for the command that starts the three processes.
 
 use exec_server_client::relay::RelaySource;
@@ -64,21 +67,46 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
-/// `head -c 256 MiB /dev/zero` three times: the best MiB/s delivered.
+/// `head -c 256 MiB /dev/zero` once: the MiB/s delivered.
+async fn stream(c: &ExecServerClient, tag: &str) -> f64 {
+    let t = Instant::now();
+    let n = run(
+        c,
+        tag,
+        &["head", "-c", &STREAM_BYTES.to_string(), "/dev/zero"],
+    )
+    .await;
+    assert_eq!(n, STREAM_BYTES);
+    n as f64 / t.elapsed().as_secs_f64() / (1024.0 * 1024.0)
+}
+
+/// [`stream`] three times: the best MiB/s.
 async fn best_stream(c: &ExecServerClient, tag: &str) -> f64 {
     let mut best = 0f64;
     for i in 0..3 {
-        let t = Instant::now();
-        let n = run(
-            c,
-            &format!("{tag}-{i}"),
-            &["head", "-c", &STREAM_BYTES.to_string(), "/dev/zero"],
-        )
-        .await;
-        assert_eq!(n, STREAM_BYTES);
-        best = best.max(n as f64 / t.elapsed().as_secs_f64() / (1024.0 * 1024.0));
+        best = best.max(stream(c, &format!("{tag}-{i}")).await);
     }
     best
+}
+
+/// Rounds of one direct stream then one relay stream: each round's
+/// relay/direct ratio, and their median.
+async fn interleaved(direct: &ExecServerClient, relay: &ExecServerClient) {
+    let mut ratios = Vec::new();
+    let mut line = String::new();
+    for i in 0..5 {
+        let d = stream(direct, &format!("id-{i}")).await;
+        let r = stream(relay, &format!("ir-{i}")).await;
+        ratios.push(r / d);
+        line.push_str(&format!(" {r:.0}/{d:.0}"));
+    }
+    let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+    let median = pct(&mut ratios, 0.5);
+    println!("interleaved relay/direct MiB/s:{line}");
+    println!(
+        "relay/direct stream ratio: median {median:.2} of rounds {}",
+        shown.join(" ")
+    );
 }
 
 async fn measure(name: &str, c: &ExecServerClient, spawns: usize) -> f64 {
@@ -153,6 +181,7 @@ async fn main() {
     let d = measure("direct", &direct, spawns).await;
     let r = measure("relay", &through, spawns).await;
     println!("relay adds {:.3} ms to the spawn p50", r - d);
+    interleaved(&direct, &through).await;
     // One stream beside a stalled one on the same executor.
     let stalled = stalled_neighbour(&a[2], &a[3]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;

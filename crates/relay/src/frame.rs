@@ -6,6 +6,8 @@
 //! The codec is written by hand (seven tiny messages) because `prost` cannot be
 //! fetched on this build machine; field numbers are those of `relay.proto`.
 
+use std::ops::Range;
+
 /// Only protocol version: 1.
 pub const VERSION: u32 = 1;
 /// Largest stream id accepted: 128 bytes.
@@ -152,6 +154,14 @@ impl Frame {
     /// Checks the rules of `RelayMessageFrame::validate` (and the older,
     /// stricter stream id rule, which is cheap).
     pub fn validate(&self) -> Result<(), FrameError> {
+        match &self.body {
+            Some(Body::Data { payload, .. }) => self.check(payload.len()),
+            _ => self.check(0),
+        }
+    }
+
+    /// The rules, a data body's payload taking `data_len` bytes.
+    fn check(&self, data_len: usize) -> Result<(), FrameError> {
         if self.version != VERSION {
             return Err(FrameError::Version);
         }
@@ -164,10 +174,9 @@ impl Frame {
             Some(Body::Data {
                 segment_index,
                 segment_count,
-                payload,
                 ..
             }) => {
-                if *segment_index != 0 || *segment_count != 1 || payload.is_empty() {
+                if *segment_index != 0 || *segment_count != 1 || data_len == 0 {
                     Err(FrameError::Data)
                 } else {
                     Ok(())
@@ -264,16 +273,32 @@ impl Frame {
     /// Parses one frame (no rule checks: see [`Frame::validate`]). Errors:
     /// [`FrameError::TooLarge`], [`FrameError::Malformed`].
     pub fn decode(bytes: &[u8]) -> Result<Frame, FrameError> {
-        Frame::decode_with(bytes, None)
+        Frame::decode_with(bytes, Payload::Copied)
     }
 
     /// [`Frame::decode`] of a shared message: a data payload is a slice of
     /// `bytes`, not a copy (a receiver then opens the record where it lies).
     pub fn decode_shared(bytes: &bytes::Bytes) -> Result<Frame, FrameError> {
-        Frame::decode_with(bytes, Some(bytes))
+        Frame::decode_with(bytes, Payload::Shared(bytes))
     }
 
-    fn decode_with(bytes: &[u8], shared: Option<&bytes::Bytes>) -> Result<Frame, FrameError> {
+    /// [`Frame::decode`] without taking a data payload out: the frame's
+    /// payload is left empty and its place in `bytes` returned (an empty
+    /// range for any other body), so a receiver can open the record where
+    /// it lies. Check the frame with [`Frame::validate_located`].
+    pub fn decode_located(bytes: &[u8]) -> Result<(Frame, Range<usize>), FrameError> {
+        let mut at = 0..0;
+        let f = Frame::decode_with(bytes, Payload::Located(&mut at))?;
+        Ok((f, at))
+    }
+
+    /// [`Frame::validate`] of a frame from [`Frame::decode_located`] whose
+    /// payload takes `payload_len` bytes.
+    pub fn validate_located(&self, payload_len: usize) -> Result<(), FrameError> {
+        self.check(payload_len)
+    }
+
+    fn decode_with(bytes: &[u8], mut payload: Payload<'_>) -> Result<Frame, FrameError> {
         if bytes.len() > MAX_FRAME_BYTES {
             return Err(FrameError::TooLarge);
         }
@@ -293,7 +318,7 @@ impl Frame {
                 (2, Value::Bytes(b)) => f.stream_id = utf8(b)?,
                 (3, Value::Varint(v)) => f.ack = v as u32,
                 (4, Value::Varint(v)) => f.ack_bits = v as u32,
-                (5, Value::Bytes(b)) => f.body = Some(decode_data(b, shared)?),
+                (5, Value::Bytes(b)) => f.body = Some(decode_data(bytes, b, &mut payload)?),
                 (6, Value::Bytes(_)) => f.body = Some(Body::Ack),
                 (7, Value::Bytes(b)) => {
                     let mut next_seq = 0;
@@ -350,8 +375,18 @@ pub fn peek_stream_id(bytes: &[u8]) -> Result<String, FrameError> {
     id.ok_or(FrameError::StreamId)
 }
 
-/// Field 5; `shared`, if given, is the whole message `b` lies in.
-fn decode_data(b: &[u8], shared: Option<&bytes::Bytes>) -> Result<Body, FrameError> {
+/// What decoding does with a data frame's payload.
+enum Payload<'a> {
+    /// Copies it into the frame.
+    Copied,
+    /// Slices it from this message, the one being decoded.
+    Shared(&'a bytes::Bytes),
+    /// Leaves it out and writes here where it lies in the message.
+    Located(&'a mut Range<usize>),
+}
+
+/// Field 5, `b`, of the message `whole`.
+fn decode_data(whole: &[u8], b: &[u8], mode: &mut Payload<'_>) -> Result<Body, FrameError> {
     let (mut seq, mut segment_index, mut segment_count) = (0, 0, 0);
     let mut payload = bytes::Bytes::new();
     let mut r = Reader(b);
@@ -360,12 +395,15 @@ fn decode_data(b: &[u8], shared: Option<&bytes::Bytes>) -> Result<Body, FrameErr
             (1, Value::Varint(v)) => seq = v as u32,
             (2, Value::Varint(v)) => segment_index = v as u32,
             (3, Value::Varint(v)) => segment_count = v as u32,
-            (4, Value::Bytes(b)) => {
-                payload = match shared {
-                    Some(whole) => whole.slice_ref(b),
-                    None => bytes::Bytes::copy_from_slice(b),
+            (4, Value::Bytes(b)) => match mode {
+                Payload::Copied => payload = bytes::Bytes::copy_from_slice(b),
+                Payload::Shared(message) => payload = message.slice_ref(b),
+                Payload::Located(at) => {
+                    // `b` is a subslice of `whole`, so this cannot underflow.
+                    let start = b.as_ptr() as usize - whole.as_ptr() as usize;
+                    **at = start..start + b.len();
                 }
-            }
+            },
             (1..=4, _) => return Err(FrameError::Malformed),
             _ => {}
         }

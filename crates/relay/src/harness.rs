@@ -8,8 +8,8 @@ use crate::keys::{prologue, Identity, PublicKey};
 use crate::noise::Initiator;
 use crate::random::OsRandom;
 use crate::registry_client::{RegistryClient, RegistryError};
-use crate::socket::{ClientReader as Source, ClientWriter as Sink, Message, Outgoing};
-use crate::stream::{halves, Channel};
+use crate::socket::{ClientReader as Source, ClientWriter as Sink, Message, Next, Outgoing};
+use crate::stream::{halves, Arrived, Channel, RecvHalf, StreamError};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -134,7 +134,7 @@ fn run_stream(
     transport: crate::noise::Transport,
 ) -> Channel {
     let (mut send, mut recv) = halves(&stream_id, transport);
-    let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(QUEUE);
+    let (in_tx, in_rx) = mpsc::channel::<bytes::Bytes>(QUEUE);
     let (out_tx, mut out_rx) = mpsc::channel::<bytes::Bytes>(QUEUE);
     let (frame_tx, mut frame_rx) = mpsc::channel::<Outgoing>(QUEUE);
     // Writer: frames from the sealer, pongs and pings onto the socket.
@@ -177,12 +177,16 @@ fn run_stream(
             // the reader is not needed after that, so a frame half read then
             // is not lost to anyone.
             let m = tokio::select! {
-                m = source.next() => m,
+                m = source.next_appending(recv.tail()) => m,
                 _ = in_tx.closed() => Ok(None),
             };
-            let bytes = match m {
-                Ok(Some(Message::Binary(b))) => b,
-                Ok(Some(Message::Ping(p))) => {
+            let arrived = match m {
+                // A record read to where its message is being assembled.
+                Ok(Some(Next::Appended(start))) => recv.open_appended(start, &sid),
+                Ok(Some(Next::Message(Message::Binary(bytes)))) => {
+                    open_message(&mut recv, bytes, &sid)
+                }
+                Ok(Some(Next::Message(Message::Ping(p)))) => {
                     // Behind the frames already queued; the writer never
                     // waits for this reader, so this cannot deadlock.
                     if pongs.send(Outgoing::Pong(p)).await.is_err() {
@@ -190,33 +194,23 @@ fn run_stream(
                     }
                     continue;
                 }
-                Ok(Some(Message::Close)) | Ok(None) | Err(_) => break,
-                Ok(Some(_)) => continue,
+                Ok(Some(Next::Message(Message::Close))) | Ok(None) | Err(_) => break,
+                Ok(Some(Next::Message(_))) => continue,
             };
-            let Ok(f) = Frame::decode_shared(&bytes) else {
-                continue;
-            };
-            // The payload is then the buffer's only handle: opened in place.
-            drop(bytes);
-            if f.validate().is_err() || f.stream_id != sid {
-                continue;
-            }
-            match f.body {
-                Some(Body::Data { seq, payload, .. }) => match recv.open(seq, payload) {
-                    Ok(msgs) => {
-                        for m in msgs {
-                            if in_tx.send(m).await.is_err() {
-                                break;
-                            }
+            match arrived {
+                Ok(Arrived::Messages(msgs)) => {
+                    for m in msgs {
+                        if in_tx.send(m).await.is_err() {
+                            break;
                         }
                     }
-                    Err(e) => {
-                        tracing::debug!("relay stream failed: {e}");
-                        break;
-                    }
-                },
-                Some(Body::Reset { .. }) => break,
-                _ => {}
+                }
+                Ok(Arrived::Other(Body::Reset { .. })) => break,
+                Ok(Arrived::Other(_)) | Ok(Arrived::Skipped) => {}
+                Err(e) => {
+                    tracing::debug!("relay stream failed: {e}");
+                    break;
+                }
             }
         }
         // The stream is over: stop writing too, so the socket closes.
@@ -227,5 +221,26 @@ fn run_stream(
         inbound: in_rx,
         outbound: out_tx,
         peer: format!("relay stream {stream_id}"),
+    }
+}
+
+/// A frame that came as a message of its own (fragmented on the wire).
+fn open_message(
+    recv: &mut RecvHalf,
+    bytes: bytes::Bytes,
+    stream_id: &str,
+) -> Result<Arrived, StreamError> {
+    let Ok(f) = Frame::decode_shared(&bytes) else {
+        return Ok(Arrived::Skipped);
+    };
+    // The payload is then the buffer's only handle: opened in place.
+    drop(bytes);
+    if f.validate().is_err() || f.stream_id != stream_id {
+        return Ok(Arrived::Skipped);
+    }
+    match f.body {
+        Some(Body::Data { seq, payload, .. }) => Ok(Arrived::Messages(recv.open(seq, payload)?)),
+        Some(other) => Ok(Arrived::Other(other)),
+        None => Ok(Arrived::Skipped),
     }
 }

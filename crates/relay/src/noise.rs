@@ -281,21 +281,22 @@ impl CipherState {
     }
 
     fn open_owned(&mut self, mut buf: Vec<u8>) -> Result<Vec<u8>, NoiseError> {
-        let n = self.open_in_place(&mut buf)?;
+        let n = self.open_within(&mut buf, 0)?;
         buf.truncate(n);
         Ok(buf)
     }
 
-    /// Decrypts `buf` where it lies; returns the plaintext's length (the
-    /// tag's bytes after it are left as they were).
-    fn open_in_place(&mut self, buf: &mut [u8]) -> Result<usize, NoiseError> {
-        if buf.len() < TAG_LEN || buf.len() > MAX_MESSAGE_LEN {
+    /// Decrypts `buf[src..]` into `buf[..]`, in one pass; returns the
+    /// plaintext's length (the bytes after it are left as they were).
+    fn open_within(&mut self, buf: &mut [u8], src: usize) -> Result<usize, NoiseError> {
+        let len = buf.len().saturating_sub(src);
+        if !(TAG_LEN..=MAX_MESSAGE_LEN).contains(&len) {
             return Err(NoiseError::Length);
         }
         let nonce = self.next_nonce()?;
         let n = self
             .key
-            .open_in_place(nonce, ring::aead::Aad::empty(), buf)
+            .open_within(nonce, ring::aead::Aad::empty(), buf, src..)
             .map_err(|_| NoiseError::Decrypt)?
             .len();
         self.nonce += 1;
@@ -333,9 +334,16 @@ impl Opener {
     /// As [`Transport::decrypt`], decrypting `record` where it lies and
     /// leaving the plaintext in it.
     pub fn decrypt_in_place(&mut self, record: &mut bytes::BytesMut) -> Result<(), NoiseError> {
-        let n = self.0.open_in_place(record)?;
+        let n = self.0.open_within(record, 0)?;
         record.truncate(n);
         Ok(())
+    }
+
+    /// Decrypts the record at `buf[src..]` and leaves its plaintext at
+    /// `buf[..]`, moved while decrypted (no separate copy); returns the
+    /// plaintext's length. Errors as [`Transport::decrypt`].
+    pub fn decrypt_within(&mut self, buf: &mut [u8], src: usize) -> Result<usize, NoiseError> {
+        self.0.open_within(buf, src)
     }
 }
 

@@ -32,6 +32,22 @@ impl<T> Default for Ordered<T> {
     }
 }
 
+impl<T> Ordered<T> {
+    /// Whether `seq` is the frame expected next with none buffered behind
+    /// it: the caller may then open it at once and call [`Ordered::advance`]
+    /// instead of [`Ordered::push`].
+    pub fn is_next(&self, seq: u32) -> bool {
+        seq == self.expected && self.pending.is_empty()
+    }
+
+    /// Counts the frame [`Ordered::is_next`] allowed as delivered. Errors:
+    /// [`OutOfWindow`] once the seq space is exhausted.
+    pub fn advance(&mut self) -> Result<(), OutOfWindow> {
+        self.expected = self.expected.checked_add(1).ok_or(OutOfWindow)?;
+        Ok(())
+    }
+}
+
 impl<T: AsRef<[u8]>> Ordered<T> {
     /// Accepts the frame at `seq` and returns the payloads now in order (empty
     /// for a duplicate or a buffered frame). Errors: [`OutOfWindow`].
@@ -94,5 +110,17 @@ mod tests {
             .unwrap()
             .is_empty());
         assert_eq!(o.push(3, vec![0; MAX_PENDING_BYTES]), Err(OutOfWindow));
+    }
+
+    #[test]
+    fn only_the_expected_frame_with_none_behind_it_is_next() {
+        let mut o = Ordered::<Vec<u8>>::default();
+        assert!(o.is_next(0) && !o.is_next(1));
+        o.advance().unwrap();
+        assert!(o.is_next(1) && !o.is_next(0));
+        assert!(o.push(2, vec![2]).unwrap().is_empty());
+        assert!(!o.is_next(1), "a frame waits behind 1");
+        assert_eq!(o.push(1, vec![1]).unwrap(), vec![vec![1], vec![2]]);
+        assert!(o.is_next(3));
     }
 }

@@ -3,6 +3,8 @@
 //! of at most [`RECORD_PLAINTEXT_LEN`]; a message always starts a new record.
 //! The receiver appends decrypted records and takes out every whole message.
 
+use bytes::{Buf, Bytes, BytesMut};
+
 /// Largest plaintext per record: 61 440 bytes (`NOISE_RECORD_PLAINTEXT_LEN`).
 pub const RECORD_PLAINTEXT_LEN: usize = 60 * 1024;
 /// Largest message: 64 MiB (`MAX_NOISE_JSONRPC_MESSAGE_LEN`).
@@ -36,48 +38,83 @@ pub(crate) fn split(message: &[u8]) -> Result<Vec<Vec<u8>>, BadLength> {
 /// make the receiver reserve 64 MiB).
 const RESERVE_BYTES: usize = 4 << 20;
 
+/// Room reserved past a message's last byte: a data frame's head and tag
+/// (1 KiB covers a 128-byte stream id and a trace context), so the frame
+/// carrying the last record can be read where the record belongs.
+pub const FRAME_SLACK: usize = 1024;
+
 /// Reassembles messages from decrypted records, wherever the records cut
-/// them. Holds at most one partial message (≤ 64 MiB), each byte copied once
-/// into the message it belongs to.
+/// them. Holds at most one partial message (≤ 64 MiB, its length prefix
+/// first). A message in one record is that record's buffer; the records of
+/// a longer one are either copied to their place ([`Reassembler::push`]) or
+/// decrypted there by the caller ([`Reassembler::tail`], then
+/// [`Reassembler::appended`]).
 #[derive(Default)]
 pub struct Reassembler {
-    prefix: [u8; 4],
-    prefix_len: usize,
-    body: Vec<u8>,
-    /// Bytes of `body` still missing, once the prefix is whole.
-    need: usize,
+    /// Plaintext of the message in progress, from its length prefix on.
+    body: BytesMut,
+    /// Bytes the message takes with its prefix, once the prefix is whole.
+    want: Option<usize>,
 }
 
 impl Reassembler {
     /// Appends one record and returns every message now complete. Errors:
     /// [`BadLength`]; the stream must then be torn down.
-    pub fn push(&mut self, mut record: &[u8]) -> Result<Vec<Vec<u8>>, BadLength> {
+    pub fn push(&mut self, record: BytesMut) -> Result<Vec<Bytes>, BadLength> {
+        if self.body.is_empty() {
+            self.body = record;
+        } else {
+            self.body.extend_from_slice(&record);
+        }
+        self.complete()
+    }
+
+    /// The buffer the next record may be decrypted at the end of (with
+    /// room reserved for the rest of the message once its length is known).
+    pub fn tail(&mut self) -> &mut BytesMut {
+        &mut self.body
+    }
+
+    /// Takes the record the caller left at the end of [`Reassembler::tail`]
+    /// (plaintext only) and returns every message now complete. Errors as
+    /// [`Reassembler::push`].
+    pub fn appended(&mut self) -> Result<Vec<Bytes>, BadLength> {
+        self.complete()
+    }
+
+    fn complete(&mut self) -> Result<Vec<Bytes>, BadLength> {
         let mut out = Vec::new();
-        while !record.is_empty() {
-            if self.prefix_len < 4 {
-                let k = (4 - self.prefix_len).min(record.len());
-                self.prefix[self.prefix_len..self.prefix_len + k].copy_from_slice(&record[..k]);
-                self.prefix_len += k;
-                record = &record[k..];
-                if self.prefix_len < 4 {
-                    break;
+        loop {
+            let want = match self.want {
+                Some(w) => w,
+                None => {
+                    let Some(prefix) = self.body.first_chunk::<4>() else {
+                        break;
+                    };
+                    let len = u32::from_be_bytes(*prefix) as usize;
+                    if len == 0 || len > MAX_MESSAGE_LEN {
+                        return Err(BadLength);
+                    }
+                    let want = 4 + len;
+                    let room = want.min(RESERVE_BYTES) + FRAME_SLACK;
+                    if self.body.len() < want && self.body.capacity() < room {
+                        self.body.reserve(room - self.body.len());
+                    }
+                    self.want = Some(want);
+                    want
                 }
-                let len = u32::from_be_bytes(self.prefix) as usize;
-                if len == 0 || len > MAX_MESSAGE_LEN {
-                    return Err(BadLength);
-                }
-                self.body = Vec::with_capacity(len.min(RESERVE_BYTES));
-                self.need = len;
-                continue;
+            };
+            if self.body.len() < want {
+                break;
             }
-            let k = self.need.min(record.len());
-            self.body.extend_from_slice(&record[..k]);
-            record = &record[k..];
-            self.need -= k;
-            if self.need == 0 {
-                out.push(std::mem::take(&mut self.body));
-                self.prefix_len = 0;
-            }
+            let mut message = if self.body.len() == want {
+                std::mem::take(&mut self.body)
+            } else {
+                self.body.split_to(want)
+            };
+            message.advance(4);
+            out.push(message.freeze());
+            self.want = None;
         }
         Ok(out)
     }
@@ -95,8 +132,8 @@ mod tests {
         assert_eq!(records[0].len(), RECORD_PLAINTEXT_LEN);
         assert_eq!(records[1].len(), 100_004 - RECORD_PLAINTEXT_LEN);
         let mut r = Reassembler::default();
-        assert!(r.push(&records[0]).unwrap().is_empty());
-        assert_eq!(r.push(&records[1]).unwrap(), vec![msg]);
+        assert!(r.push(records[0][..].into()).unwrap().is_empty());
+        assert_eq!(r.push(records[1][..].into()).unwrap(), vec![msg]);
     }
 
     #[test]
@@ -106,14 +143,17 @@ mod tests {
         rec.extend_from_slice(&[0, 0]);
         let mut r = Reassembler::default();
         assert_eq!(
-            r.push(&rec).unwrap(),
-            vec![b"one".to_vec(), b"two".to_vec()]
+            r.push(rec[..].into()).unwrap(),
+            vec![&b"one"[..], &b"two"[..]]
         );
-        assert_eq!(r.push(&[0, 3, b'a', b'b']).unwrap(), Vec::<Vec<u8>>::new());
-        assert_eq!(r.push(b"c").unwrap(), vec![b"abc".to_vec()]);
-        assert_eq!(Reassembler::default().push(&[0, 0, 0, 0]), Err(BadLength));
+        assert_eq!(r.push(b"\0\x03ab"[..].into()).unwrap(), Vec::<Bytes>::new());
+        assert_eq!(r.push(b"c"[..].into()).unwrap(), vec![&b"abc"[..]]);
         assert_eq!(
-            Reassembler::default().push(&[0xff, 0, 0, 0]),
+            Reassembler::default().push(b"\0\0\0\0"[..].into()),
+            Err(BadLength)
+        );
+        assert_eq!(
+            Reassembler::default().push(b"\xff\0\0\0"[..].into()),
             Err(BadLength)
         );
         assert_eq!(split(b""), Err(BadLength));

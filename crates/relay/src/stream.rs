@@ -2,7 +2,7 @@
 //! data frames ([`SendHalf`]), and numbered frames become messages again
 //! ([`RecvHalf`]), whatever order the relay delivers them in (within the window).
 
-use crate::frame::Frame;
+use crate::frame::{Body, Frame};
 use crate::noise::{NoiseError, Opener, Sealer, Transport, TAG_LEN};
 use crate::ordered::{Ordered, OutOfWindow, SendSeq};
 use crate::records::{self, BadLength, Reassembler};
@@ -94,18 +94,101 @@ impl SendHalf {
     }
 }
 
+/// What a frame appended to [`RecvHalf::tail`] turned out to be.
+#[derive(Debug)]
+pub enum Arrived {
+    /// A data frame of this stream: the messages it completed (often none).
+    Messages(Vec<bytes::Bytes>),
+    /// Another valid frame of this stream: its body (a reset, say).
+    Other(Body),
+    /// Undecodable, invalid or another stream's: dropped.
+    Skipped,
+}
+
 impl RecvHalf {
     /// Accepts the data frame at `seq`; returns the messages now complete.
     /// The record is opened where it lies when `payload` is its buffer's
     /// only handle (a frame decoded by [`Frame::decode_shared`] and dropped).
-    pub fn open(&mut self, seq: u32, payload: bytes::Bytes) -> Result<Vec<Vec<u8>>, StreamError> {
+    pub fn open(
+        &mut self,
+        seq: u32,
+        payload: bytes::Bytes,
+    ) -> Result<Vec<bytes::Bytes>, StreamError> {
         let payload = payload
             .try_into_mut()
             .unwrap_or_else(|shared| bytes::BytesMut::from(&shared[..]));
+        self.open_owned(seq, payload)
+    }
+
+    /// Where the socket may append the next frame (see
+    /// `socket::Reader::next_appending`): the end of the message being
+    /// assembled, so that its record is decrypted where it belongs.
+    pub fn tail(&mut self) -> &mut bytes::BytesMut {
+        self.reassembler.tail()
+    }
+
+    /// Takes the frame appended to [`RecvHalf::tail`] from `start`, for the
+    /// stream `stream_id`. A data frame in order is opened where it lies: its
+    /// plaintext moves down over the frame's head while it is decrypted, so
+    /// each byte of a long message is copied once, by the kernel. Errors:
+    /// [`StreamError`]; the stream must then be torn down.
+    pub fn open_appended(&mut self, start: usize, stream_id: &str) -> Result<Arrived, StreamError> {
+        let tail = self.reassembler.tail();
+        let Some(frame) = tail.get(start..) else {
+            return Ok(Arrived::Skipped);
+        };
+        let (f, at) = match Frame::decode_located(frame) {
+            Ok(located) => located,
+            Err(_) => {
+                tail.truncate(start);
+                return Ok(Arrived::Skipped);
+            }
+        };
+        if f.validate_located(at.len()).is_err() || f.stream_id != stream_id {
+            tail.truncate(start);
+            return Ok(Arrived::Skipped);
+        }
+        let seq = match f.body {
+            Some(Body::Data { seq, .. }) => seq,
+            Some(other) => {
+                tail.truncate(start);
+                return Ok(Arrived::Other(other));
+            }
+            None => {
+                tail.truncate(start);
+                return Ok(Arrived::Skipped);
+            }
+        };
+        if !self.ordered.is_next(seq) {
+            // Early, late or a duplicate: the ordinary path keeps it.
+            let payload = bytes::BytesMut::from(&tail[start + at.start..start + at.end]);
+            tail.truncate(start);
+            return Ok(Arrived::Messages(self.open_owned(seq, payload)?));
+        }
+        let opened = self
+            .opener
+            .decrypt_within(&mut tail[start..start + at.end], at.start);
+        let n = match opened {
+            Ok(n) => n,
+            Err(e) => {
+                tail.truncate(start);
+                return Err(e.into());
+            }
+        };
+        tail.truncate(start + n);
+        self.ordered.advance()?;
+        Ok(Arrived::Messages(self.reassembler.appended()?))
+    }
+
+    fn open_owned(
+        &mut self,
+        seq: u32,
+        payload: bytes::BytesMut,
+    ) -> Result<Vec<bytes::Bytes>, StreamError> {
         let mut out = Vec::new();
         for mut record in self.ordered.push(seq, payload)? {
             self.opener.decrypt_in_place(&mut record)?;
-            out.extend(self.reassembler.push(&record)?);
+            out.extend(self.reassembler.push(record)?);
         }
         Ok(out)
     }
@@ -115,8 +198,9 @@ impl RecvHalf {
 /// `inbound` until `None` (the stream ended), send on `outbound` (fails once
 /// the stream is gone). Dropping both ends the stream.
 pub struct Channel {
-    /// Messages from the peer.
-    pub inbound: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    /// Messages from the peer (a long one's buffer is the one its records
+    /// were read into).
+    pub inbound: tokio::sync::mpsc::Receiver<bytes::Bytes>,
     /// Messages to the peer: shared bytes, so a frame the program also
     /// keeps (an output log's chunk) is sealed from where it lies.
     pub outbound: tokio::sync::mpsc::Sender<bytes::Bytes>,
@@ -167,5 +251,83 @@ mod tests {
             }
         }
         assert!(fast.seal_parts(&[&[], &[]]).is_err(), "an empty message");
+    }
+
+    /// Feeds `frame` as the harness's socket does: appended to the tail.
+    fn arrive(rx: &mut RecvHalf, frame: &[u8]) -> Result<Arrived, StreamError> {
+        let start = rx.tail().len();
+        rx.tail().extend_from_slice(frame);
+        rx.open_appended(start, "s1")
+    }
+
+    fn messages(a: Result<Arrived, StreamError>) -> Vec<bytes::Bytes> {
+        match a {
+            Ok(Arrived::Messages(m)) => m,
+            other => panic!("not messages: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn records_read_where_their_message_is_assembled_open_to_it() {
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let (mut tx, _) = halves("s1", Transport::from_keys(&a, &b));
+        let (_, mut rx) = halves("s1", Transport::from_keys(&b, &a));
+        let (mut other, _) = halves("s2", Transport::from_keys(&a, &b));
+        let r = records::RECORD_PLAINTEXT_LEN;
+        for len in [1usize, r - 4, r - 3, 100_000, 3 * r + 17] {
+            let msg: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+            let frames = tx.seal(&msg).unwrap();
+            let mut got = Vec::new();
+            let mut first_place = None;
+            for (i, f) in frames.iter().enumerate() {
+                // Another stream's frame between records is dropped.
+                let stray = &other.seal(b"not yours").unwrap()[0];
+                assert!(matches!(arrive(&mut rx, stray), Ok(Arrived::Skipped)));
+                got.extend(messages(arrive(&mut rx, f)));
+                if i == 0 {
+                    first_place = Some(rx.tail().as_ptr() as usize);
+                }
+            }
+            assert_eq!(got, vec![msg.clone()], "{len} bytes");
+            if frames.len() > 1 {
+                // Every record was decrypted into the buffer reserved when
+                // the first one told the length: nothing was moved after.
+                assert_eq!(
+                    Some(got[0].as_ptr() as usize - 4),
+                    first_place,
+                    "{len} bytes assembled where they were read"
+                );
+            }
+            assert!(rx.tail().is_empty(), "nothing left behind");
+        }
+        let reset = Frame::reset("s1", "bye").encode();
+        assert!(matches!(
+            arrive(&mut rx, &reset),
+            Ok(Arrived::Other(Body::Reset { .. }))
+        ));
+    }
+
+    #[test]
+    fn appended_records_out_of_order_or_forged_take_the_ordinary_path_or_fail() {
+        let (a, b) = ([3u8; 32], [4u8; 32]);
+        let (mut tx, _) = halves("s1", Transport::from_keys(&a, &b));
+        let (_, mut rx) = halves("s1", Transport::from_keys(&b, &a));
+        let msg: Vec<u8> = (0..200_000).map(|i| (i % 241) as u8).collect();
+        let mut frames = tx.seal(&msg).unwrap();
+        frames.swap(1, 2);
+        let mut got = Vec::new();
+        for f in &frames {
+            got.extend(messages(arrive(&mut rx, f)));
+        }
+        assert_eq!(got, vec![msg.clone()], "reordered records");
+        // A duplicate is dropped; a forged record tears the stream down.
+        assert!(messages(arrive(&mut rx, &frames[0])).is_empty());
+        let mut forged = tx.seal(b"hello").unwrap().remove(0);
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        assert!(matches!(
+            arrive(&mut rx, &forged),
+            Err(StreamError::Noise(_))
+        ));
     }
 }

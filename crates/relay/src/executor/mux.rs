@@ -42,7 +42,7 @@ pub const MAX_HELD_BYTES: usize = 256 * 1024;
 struct Active {
     id: u64,
     recv: RecvHalf,
-    inbound: mpsc::Sender<Vec<u8>>,
+    inbound: mpsc::Sender<bytes::Bytes>,
     /// Tells the observer the stream closed when the entry goes, whichever
     /// of the several removal paths takes it.
     _counted: OpenStream,

@@ -30,7 +30,7 @@ fn flood_handler() -> StreamHandler {
             let Some(mode) = ch.inbound.recv().await else {
                 return;
             };
-            let windowed = mode == b"go";
+            let windowed = mode[..] == b"go"[..];
             let chunk = vec![7u8; CHUNK];
             let mut credit = WINDOW;
             loop {

@@ -57,6 +57,16 @@ pub enum Message {
     Close,
 }
 
+/// What [`Reader::next_appending`] read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// A message, as [`Reader::next`] gives it.
+    Message(Message),
+    /// A binary message, appended to the caller's buffer from this offset
+    /// to its end.
+    Appended(usize),
+}
+
 /// Why a socket cannot be read any more.
 #[derive(Debug, thiserror::Error)]
 pub enum WsError {

@@ -1,7 +1,7 @@
 //! The read side: frames parsed from a small read-ahead buffer, large
 //! payloads read straight into their own buffer.
 
-use super::{Message, Role, WsError};
+use super::{Message, Next, Role, WsError};
 use bytes::{Buf, BufMut, BytesMut};
 use exec_server_wsframe::frame::{parse_header, Header, OpCode};
 use exec_server_wsframe::mask::apply_mask;
@@ -35,8 +35,16 @@ pub struct Reader<R> {
     ahead: BytesMut,
     /// A fragmented message being reassembled: its opcode, bytes so far.
     partial: Option<(OpCode, BytesMut)>,
-    /// A frame whose payload is still arriving: its header, bytes so far.
-    pending: Option<(Header, BytesMut)>,
+    /// A frame whose payload is still arriving: its header, and where.
+    pending: Option<(Header, Dest)>,
+}
+
+/// Where a frame's payload is being read to.
+enum Dest {
+    /// A buffer of its own: the bytes so far.
+    Own(BytesMut),
+    /// The caller's buffer of [`Reader::next_appending`], from `start`.
+    Appended { start: usize },
 }
 
 impl<R: AsyncRead + Unpin> Reader<R> {
@@ -58,12 +66,37 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     /// Cancel-safe: a call dropped in the middle of a frame loses nothing;
     /// the next call goes on where it stopped.
     pub async fn next(&mut self) -> Result<Option<Message>, WsError> {
+        match self.read(None).await? {
+            Some(Next::Message(m)) => Ok(Some(m)),
+            // `read` appends only to a buffer it is given.
+            Some(Next::Appended(_)) => Err(WsError::Protocol("a frame appended to no buffer")),
+            None => Ok(None),
+        }
+    }
+
+    /// As [`Reader::next`], except that the payload of a binary message
+    /// that comes in one frame is appended to `target` rather than given a
+    /// buffer of its own: [`Next::Appended`] then says where it starts
+    /// (it runs to `target`'s end). A receiver that assembles records into
+    /// a message can so have the kernel copy each record straight to its
+    /// place. Cancel-safe as `next`, provided the call after a dropped one
+    /// is given the same `target`, unchanged: the bytes read so far are
+    /// already in it.
+    pub async fn next_appending(&mut self, target: &mut BytesMut) -> Result<Option<Next>, WsError> {
+        self.read(Some(target)).await
+    }
+
+    async fn read(&mut self, mut target: Option<&mut BytesMut>) -> Result<Option<Next>, WsError> {
         loop {
-            let Some((header, payload)) = self.frame().await? else {
+            let Some((header, payload)) = self.frame(target.as_deref_mut()).await? else {
                 return match self.partial {
                     None => Ok(None),
                     Some(_) => Err(WsError::Protocol("connection closed inside a message")),
                 };
+            };
+            let payload = match payload {
+                Dest::Own(p) => p,
+                Dest::Appended { start } => return Ok(Some(Next::Appended(start))),
             };
             let message = match header.opcode {
                 OpCode::Ping => Message::Ping(payload.freeze()),
@@ -91,13 +124,18 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                     data(opcode, payload)
                 }
             };
-            return Ok(Some(message));
+            return Ok(Some(Next::Message(message)));
         }
     }
 
-    /// One frame's header and unmasked payload; `None` at a clean end.
-    /// Cancel-safe: what a dropped call read stays in `ahead` or `pending`.
-    async fn frame(&mut self) -> Result<Option<(Header, BytesMut)>, WsError> {
+    /// One frame's header and unmasked payload; `None` at a clean end. An
+    /// unfragmented binary frame's payload goes to the end of `target` when
+    /// one is given. Cancel-safe: what a dropped call read stays in `ahead`,
+    /// `pending` or `target`.
+    async fn frame(
+        &mut self,
+        mut target: Option<&mut BytesMut>,
+    ) -> Result<Option<(Header, Dest)>, WsError> {
         if self.pending.is_none() {
             let header = loop {
                 if let Some(h) = parse(&self.ahead, self.role)? {
@@ -126,32 +164,48 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             // Within the limit, so it fits in usize.
             let len = header.len as usize;
             self.ahead.advance(header.header_len);
-            let payload = if self.ahead.len() >= len {
-                // Copied out, not split off: a slice would keep the whole
-                // read-ahead allocation alive for as long as the frame is
-                // queued somewhere (a stream of tiny frames to a harness
-                // that does not read would pin kilobytes per frame).
-                let p = BytesMut::from(&self.ahead[..len]);
-                self.ahead.advance(len);
-                p
-            } else {
-                let mut p = BytesMut::with_capacity(len);
-                p.extend_from_slice(&self.ahead);
-                self.ahead.clear();
-                p
+            let whole_binary =
+                header.opcode == OpCode::Binary && header.fin && self.partial.is_none();
+            let dest = match target.as_deref_mut() {
+                Some(t) if whole_binary => {
+                    let start = t.len();
+                    t.reserve(len);
+                    let now = len.min(self.ahead.len());
+                    t.extend_from_slice(&self.ahead[..now]);
+                    self.ahead.advance(now);
+                    Dest::Appended { start }
+                }
+                _ => Dest::Own(self.own_payload(len)),
             };
-            self.pending = Some((header, payload));
+            self.pending = Some((header, dest));
         }
-        while let Some((header, p)) = &mut self.pending {
-            let want = header.len as usize - p.len();
-            if want == 0 {
-                break;
-            }
-            if self.io.read_buf(&mut (&mut *p).limit(want)).await? == 0 {
+        while let Some((header, dest)) = &mut self.pending {
+            let n = match dest {
+                Dest::Own(p) => {
+                    let want = header.len as usize - p.len();
+                    if want == 0 {
+                        break;
+                    }
+                    self.io.read_buf(&mut (&mut *p).limit(want)).await?
+                }
+                Dest::Appended { start } => {
+                    // Not given the buffer this frame is going to: nothing
+                    // else can hold its bytes, so the socket is unusable.
+                    let Some(t) = target.as_deref_mut() else {
+                        return Err(WsError::Protocol("a frame being appended lost its buffer"));
+                    };
+                    let want = (*start + header.len as usize).saturating_sub(t.len());
+                    if want == 0 {
+                        break;
+                    }
+                    self.io.read_buf(&mut (&mut *t).limit(want)).await?
+                }
+            };
+            if n == 0 {
                 return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
             }
         }
-        let Some((header, mut payload)) = self.pending.take() else {
+        let Some((header, mut dest)) = self.pending.take() else {
             return Ok(None);
         };
         if self.ahead.is_empty() && self.ahead.capacity() > READ_AHEAD {
@@ -159,9 +213,34 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             self.ahead = BytesMut::new();
         }
         if let Some(key) = header.mask {
-            apply_mask(&mut payload, key, 0);
+            match &mut dest {
+                Dest::Own(p) => apply_mask(p, key, 0),
+                Dest::Appended { start } => {
+                    if let Some(t) = target {
+                        apply_mask(&mut t[*start..], key, 0);
+                    }
+                }
+            }
         }
-        Ok(Some((header, payload)))
+        Ok(Some((header, dest)))
+    }
+
+    /// A buffer for a `len`-byte payload, with what is already read ahead.
+    fn own_payload(&mut self, len: usize) -> BytesMut {
+        if self.ahead.len() >= len {
+            // Copied out, not split off: a slice would keep the whole
+            // read-ahead allocation alive for as long as the frame is
+            // queued somewhere (a stream of tiny frames to a harness that
+            // does not read would pin kilobytes per frame).
+            let p = BytesMut::from(&self.ahead[..len]);
+            self.ahead.advance(len);
+            p
+        } else {
+            let mut p = BytesMut::with_capacity(len);
+            p.extend_from_slice(&self.ahead);
+            self.ahead.clear();
+            p
+        }
     }
 }
 

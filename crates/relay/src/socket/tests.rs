@@ -1,5 +1,5 @@
 use super::*;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use exec_server_wsframe::frame::{header, OpCode};
 use exec_server_wsframe::mask::apply_mask;
 use futures_util::{SinkExt, StreamExt};
@@ -270,6 +270,29 @@ async fn a_connection_cut_inside_a_frame_is_an_error_and_between_frames_an_end()
     assert_eq!(got[1], Ok(None));
 }
 
+/// A server reader fed `wire` in 1 KB pieces, a tick after each piece.
+#[allow(clippy::type_complexity)]
+fn fed_in_pieces(
+    wire: Vec<u8>,
+) -> (
+    Reader<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+    tokio::sync::mpsc::Receiver<()>,
+    tokio::task::JoinHandle<tokio::io::DuplexStream>,
+) {
+    let (a, mut b) = tokio::io::duplex(1 << 10);
+    let (r, _w) = tokio::io::split(a);
+    let reader = Reader::new(r, Role::Server, 1 << 20);
+    let (tick_tx, tick_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let feeding = tokio::spawn(async move {
+        for piece in wire.chunks(1024) {
+            b.write_all(piece).await.unwrap();
+            tick_tx.send(()).await.unwrap();
+        }
+        b
+    });
+    (reader, tick_rx, feeding)
+}
+
 #[tokio::test]
 async fn a_read_cancelled_mid_frame_loses_nothing() {
     // A 200 KB frame arrives in 1 KB pieces, and after each piece a tick
@@ -278,17 +301,7 @@ async fn a_read_cancelled_mid_frame_loses_nothing() {
     let body = payload(200_000, 3);
     let wire = masked_frame(true, OpCode::Binary, &body);
     let pieces = wire.len().div_ceil(1024) as u32;
-    let (a, mut b) = tokio::io::duplex(1 << 10);
-    let (r, _w) = tokio::io::split(a);
-    let mut reader = Reader::new(r, Role::Server, 1 << 20);
-    let (tick_tx, mut tick_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let feeding = tokio::spawn(async move {
-        for piece in wire.chunks(1024) {
-            b.write_all(piece).await.unwrap();
-            tick_tx.send(()).await.unwrap();
-        }
-        b
-    });
+    let (mut reader, mut tick_rx, feeding) = fed_in_pieces(wire);
     let mut cancelled = 0u32;
     let got = tokio::time::timeout(std::time::Duration::from_secs(20), async {
         loop {
@@ -378,4 +391,73 @@ async fn a_small_frame_holds_only_its_own_bytes() {
             own.capacity()
         );
     }
+}
+
+#[tokio::test]
+async fn appending_puts_whole_binary_frames_at_the_end_of_the_target() {
+    // Large and small binary frames go to the target's end; a ping, a text
+    // message and a fragmented binary message come as messages of their own
+    // and leave the target as it was.
+    let big = payload(300_000, 1);
+    let mut wire = masked_frame(true, OpCode::Binary, &big);
+    wire.extend(masked_frame(true, OpCode::Ping, b"p"));
+    wire.extend(masked_frame(false, OpCode::Binary, b"frag"));
+    wire.extend(masked_frame(true, OpCode::Continue, b"ment"));
+    wire.extend(masked_frame(true, OpCode::Text, b"words"));
+    wire.extend(masked_frame(true, OpCode::Binary, b"tiny"));
+    let (a, mut b) = tokio::io::duplex(1 << 20);
+    let (r, _w) = tokio::io::split(a);
+    let mut reader = Reader::new(r, Role::Server, 1 << 20);
+    let feeding = tokio::spawn(async move {
+        b.write_all(&wire).await.unwrap();
+        b
+    });
+    let mut target = BytesMut::from(&b"kept"[..]);
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(reader.next_appending(&mut target).await.unwrap().unwrap());
+    }
+    assert_eq!(
+        got,
+        vec![
+            Next::Appended(4),
+            Next::Message(Message::Ping(Bytes::from_static(b"p"))),
+            Next::Message(Message::Binary(Bytes::from_static(b"fragment"))),
+            Next::Message(Message::Text(Bytes::from_static(b"words"))),
+            Next::Appended(4 + big.len()),
+        ]
+    );
+    let mut want = b"kept".to_vec();
+    want.extend(&big);
+    want.extend(b"tiny");
+    assert!(
+        target[..] == want[..],
+        "the target holds both payloads, unmasked"
+    );
+    drop(feeding.await.unwrap());
+}
+
+#[tokio::test]
+async fn an_appending_read_cancelled_mid_frame_loses_nothing() {
+    // As `a_read_cancelled_mid_frame_loses_nothing`, reading into a target.
+    let body = payload(200_000, 4);
+    let wire = masked_frame(true, OpCode::Binary, &body);
+    let (mut reader, mut tick_rx, feeding) = fed_in_pieces(wire);
+    let mut target = BytesMut::from(&b"head"[..]);
+    let mut cancelled = 0u32;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            tokio::select! {
+                biased;
+                Some(()) = tick_rx.recv() => cancelled += 1,
+                m = reader.next_appending(&mut target) => break m.unwrap().unwrap(),
+            }
+        }
+    })
+    .await
+    .expect("the frame within 20 s");
+    assert_eq!(got, Next::Appended(4));
+    assert!(target[4..] == body[..] && &target[..4] == b"head");
+    assert!(cancelled >= 50, "interrupted only {cancelled} times");
+    drop(feeding.await.unwrap());
 }
