@@ -37,6 +37,11 @@ pub const QUEUE_FRAMES: usize = 64;
 pub const STREAM_BUFFER_BYTES: usize = 32 << 20;
 /// Time a harness has to claim its stream with `Resume` after the upgrade.
 pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a relay socket's peer has, once it starts a message, to finish it:
+/// 60 s (a frame is at most 256 KiB, 32 s at 8 KB/s). A peer that stalls
+/// mid-message (holding the node's buffer for it) is dropped then; a socket
+/// quiet between messages is left to the silence and ping policy.
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Idle sockets are pinged this often (executor sockets at least twice per
 /// silence timeout).
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);

@@ -76,6 +76,10 @@ pub enum WsError {
     /// The peer broke RFC 6455; the text says how.
     #[error("WebSocket protocol error from the peer: {0}")]
     Protocol(&'static str),
+    /// The peer started a message and did not finish it within the
+    /// reader's message timeout ([`Reader::with_message_timeout`]).
+    #[error("the peer stalled in the middle of a WebSocket message")]
+    Stalled,
     /// A message longer than the reader's limit (bytes).
     #[error("WebSocket message of {len} bytes exceeds the limit of {limit}")]
     TooLong {

@@ -5,7 +5,9 @@ use super::{Message, Next, Role, WsError};
 use bytes::{Buf, BufMut, BytesMut};
 use exec_server_wsframe::frame::{parse_header, Header, OpCode};
 use exec_server_wsframe::mask::apply_mask;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::time::Instant;
 
 /// Bytes read ahead per read while looking for a frame: 8 KiB, what an
 /// idle socket holds. A payload longer than what is already read ahead is
@@ -37,6 +39,10 @@ pub struct Reader<R> {
     partial: Option<(OpCode, BytesMut)>,
     /// A frame whose payload is still arriving: its header, and where.
     pending: Option<(Header, Dest)>,
+    /// Time a message may take from its first byte to its last, if bounded.
+    message_timeout: Option<Duration>,
+    /// When the first byte of the message now arriving came.
+    message_started: Option<Instant>,
 }
 
 /// Where a frame's payload is being read to.
@@ -58,7 +64,28 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             ahead: BytesMut::new(),
             partial: None,
             pending: None,
+            message_timeout: None,
+            message_started: None,
         }
+    }
+
+    /// Bounds the time from a message's first byte to its last: a peer that
+    /// starts a message and then stalls (holding the reader's buffer for
+    /// it) gets [`WsError::Stalled`] after `limit`. Waiting between
+    /// messages stays unbounded (the caller's silence policy covers it).
+    pub fn with_message_timeout(mut self, limit: Duration) -> Reader<R> {
+        self.message_timeout = Some(limit);
+        self
+    }
+
+    /// The deadline of the message now arriving, if any is bounded and one
+    /// has started; `started` says whether bytes of it were read already.
+    fn deadline(&mut self, started: bool) -> Option<Instant> {
+        let limit = self.message_timeout?;
+        if !started {
+            return None;
+        }
+        Some(*self.message_started.get_or_insert_with(Instant::now) + limit)
     }
 
     /// The next message; `Ok(None)` when the peer closed the connection
@@ -96,7 +123,10 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             };
             let payload = match payload {
                 Dest::Own(p) => p,
-                Dest::Appended { start } => return Ok(Some(Next::Appended(start))),
+                Dest::Appended { start } => {
+                    self.message_done();
+                    return Ok(Some(Next::Appended(start)));
+                }
             };
             let message = match header.opcode {
                 OpCode::Ping => Message::Ping(payload.freeze()),
@@ -124,7 +154,17 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                     data(opcode, payload)
                 }
             };
+            self.message_done();
             return Ok(Some(Next::Message(message)));
+        }
+    }
+
+    /// A message (or a control frame) was handed over: the next message's
+    /// clock starts with its first byte, which may be read ahead already.
+    /// A control frame between fragments leaves the message's clock running.
+    fn message_done(&mut self) {
+        if self.partial.is_none() {
+            self.message_started = (!self.ahead.is_empty()).then(Instant::now);
         }
     }
 
@@ -142,7 +182,9 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                     break h;
                 }
                 self.ahead.reserve(READ_AHEAD);
-                if self.io.read_buf(&mut self.ahead).await? == 0 {
+                let started = !self.ahead.is_empty() || self.partial.is_some();
+                let deadline = self.deadline(started);
+                if read_by(&mut self.io, &mut self.ahead, deadline).await? == 0 {
                     if self.ahead.is_empty() {
                         return Ok(None);
                     }
@@ -179,6 +221,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             };
             self.pending = Some((header, dest));
         }
+        let deadline = self.deadline(true);
         while let Some((header, dest)) = &mut self.pending {
             let n = match dest {
                 Dest::Own(p) => {
@@ -186,7 +229,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                     if want == 0 {
                         break;
                     }
-                    self.io.read_buf(&mut (&mut *p).limit(want)).await?
+                    read_by(&mut self.io, &mut (&mut *p).limit(want), deadline).await?
                 }
                 Dest::Appended { start } => {
                     // Not given the buffer this frame is going to: nothing
@@ -198,7 +241,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                     if want == 0 {
                         break;
                     }
-                    self.io.read_buf(&mut (&mut *t).limit(want)).await?
+                    read_by(&mut self.io, &mut (&mut *t).limit(want), deadline).await?
                 }
             };
             if n == 0 {
@@ -249,5 +292,21 @@ fn data(opcode: OpCode, payload: BytesMut) -> Message {
         Message::Text(payload.freeze())
     } else {
         Message::Binary(payload.freeze())
+    }
+}
+
+/// One read from `io` into `buf`, failing with [`WsError::Stalled`] at
+/// `deadline`. Cancel-safe: a read that is dropped read nothing.
+async fn read_by<R: AsyncRead + Unpin, B: BufMut>(
+    io: &mut R,
+    buf: &mut B,
+    deadline: Option<Instant>,
+) -> Result<usize, WsError> {
+    match deadline {
+        None => Ok(io.read_buf(buf).await?),
+        Some(at) => match tokio::time::timeout_at(at, io.read_buf(buf)).await {
+            Ok(n) => Ok(n?),
+            Err(_) => Err(WsError::Stalled),
+        },
     }
 }

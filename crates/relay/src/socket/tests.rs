@@ -461,3 +461,75 @@ async fn an_appending_read_cancelled_mid_frame_loses_nothing() {
     assert!(cancelled >= 50, "interrupted only {cancelled} times");
     drop(feeding.await.unwrap());
 }
+
+/// What a server reader with a 60 s message timeout makes of `wire`,
+/// written at once and then left open, on a paused clock (the runtime
+/// skips ahead whenever everything waits).
+async fn read_with_timeout(wire: Vec<u8>) -> Result<Option<Message>, WsError> {
+    let (a, mut b) = tokio::io::duplex(1 << 20);
+    let (r, _w) = tokio::io::split(a);
+    let mut reader = Reader::new(r, Role::Server, 1 << 20)
+        .with_message_timeout(std::time::Duration::from_secs(60));
+    b.write_all(&wire).await.unwrap();
+    let outer = std::time::Duration::from_secs(3600);
+    let got = tokio::time::timeout(outer, reader.next()).await;
+    drop(b);
+    got.unwrap_or(Ok(None))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_that_stalls_inside_a_message_is_dropped_and_a_quiet_one_is_not() {
+    let whole = masked_frame(true, OpCode::Binary, &payload(100_000, 1));
+    // Half a frame, then nothing: stalled.
+    let t = tokio::time::Instant::now();
+    let got = read_with_timeout(whole[..50_000].to_vec()).await;
+    assert!(matches!(got, Err(WsError::Stalled)), "{got:?}");
+    assert_eq!(t.elapsed().as_secs(), 60);
+    // One byte of a header: stalled too.
+    let got = read_with_timeout(whole[..1].to_vec()).await;
+    assert!(matches!(got, Err(WsError::Stalled)), "{got:?}");
+    // The first fragment of a message, then nothing: stalled.
+    let got = read_with_timeout(masked_frame(false, OpCode::Binary, b"frag")).await;
+    assert!(matches!(got, Err(WsError::Stalled)), "{got:?}");
+    // A whole message, then silence for an hour: the message, no error.
+    let t = tokio::time::Instant::now();
+    let got = read_with_timeout(whole.clone()).await;
+    assert_eq!(
+        got.unwrap(),
+        Some(Message::Binary(payload(100_000, 1).into()))
+    );
+    assert_eq!(t.elapsed().as_secs(), 0);
+    // Nothing at all for an hour: no error (the outer bound ends the wait).
+    let got = read_with_timeout(Vec::new()).await;
+    assert!(matches!(got, Ok(None)), "{got:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_trickling_past_the_timeout_is_dropped_and_the_clock_restarts_per_message() {
+    let (a, mut b) = tokio::io::duplex(1 << 20);
+    let (r, _w) = tokio::io::split(a);
+    let mut reader = Reader::new(r, Role::Server, 1 << 20)
+        .with_message_timeout(std::time::Duration::from_secs(60));
+    let first = masked_frame(true, OpCode::Binary, b"one");
+    let slow = masked_frame(true, OpCode::Binary, &payload(1000, 2));
+    let feeding = tokio::spawn(async move {
+        // The first message whole; 50 s later the second, a piece every 10 s.
+        b.write_all(&first).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_secs(50)).await;
+        for piece in slow.chunks(100) {
+            b.write_all(piece).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        }
+        b
+    });
+    assert_eq!(
+        reader.next().await.unwrap(),
+        Some(Message::Binary(Bytes::from_static(b"one")))
+    );
+    let t = tokio::time::Instant::now();
+    let got = reader.next().await;
+    assert!(matches!(got, Err(WsError::Stalled)), "{got:?}");
+    // 50 s of quiet between messages did not count; 60 s inside one did.
+    assert_eq!(t.elapsed().as_secs(), 110);
+    feeding.abort();
+}
