@@ -46,6 +46,51 @@ pub struct RegistryArgs {
     /// Harnesses' (clients') bearer tokens, same format.
     #[arg(long, value_name = "FILE")]
     pub harness_tokens: Option<PathBuf>,
+    /// Most connections served at once: HTTP requests and relay sockets
+    /// (one per attached executor and one per harness stream). Past it a
+    /// new connection gets `503 node_at_connection_limit` and is closed, so
+    /// the node keeps file descriptors for its database and its listener.
+    /// Default: the open-file limit (raised at start to its hard limit)
+    /// less 256, at least 64.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+}
+
+/// File descriptors kept back from connections: the store's pool, the
+/// listener, logs.
+const FD_RESERVE: u64 = 256;
+
+/// Raises the soft open-file limit to the hard one (a node holding
+/// thousands of executor sockets needs more than the usual 1024) and
+/// returns the soft limit now in force.
+fn raise_open_file_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return hard;
+    }
+    soft
+}
+
+/// `--max-connections`, or what the open-file limit allows.
+fn connection_limit(asked: Option<usize>) -> usize {
+    let files = raise_open_file_limit();
+    let fits = usize::try_from(files.saturating_sub(FD_RESERVE))
+        .unwrap_or(usize::MAX)
+        .max(64);
+    match asked {
+        Some(n) => {
+            if n > fits {
+                tracing::warn!(
+                    "--max-connections {n} is more than the open-file limit ({files}) leaves room for; connections past about {fits} will fail to be accepted"
+                );
+            }
+            n
+        }
+        None => fits,
+    }
 }
 
 fn tokens(path: &Option<PathBuf>) -> Result<Option<Tokens>, String> {
@@ -125,6 +170,7 @@ pub async fn run(args: RegistryArgs) -> i32 {
         executor_tokens,
         harness_tokens,
         tls,
+        max_connections: connection_limit(args.max_connections),
         ..Config::default()
     };
     let registry = match Registry::new(config, store, ws_base).await {

@@ -15,10 +15,14 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 async fn start_registry() -> String {
+    start_registry_with(Config::default()).await
+}
+
+async fn start_registry_with(config: Config) -> String {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let reg = Registry::new(
-        Config::default(),
+        config,
         Arc::new(MemoryStore::default()),
         format!("ws://{addr}"),
     )
@@ -139,6 +143,57 @@ async fn slow_and_idle_clients_are_cut_off() {
         start.elapsed() >= Duration::from_secs(9),
         "{:?}",
         start.elapsed()
+    );
+}
+
+/// Sends `GET path` on `conn` and reads the answer.
+async fn get(conn: &mut BufReader<TcpStream>, addr: &str, path: &str) -> (u16, String) {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    conn.get_mut().write_all(req.as_bytes()).await.unwrap();
+    read_response(conn).await
+}
+
+/// A node at its connection limit answers a new connection 503 (the code
+/// and the limit in the body) and closes it; the connections it serves go
+/// on, and a place freed is taken by the next connection.
+#[tokio::test]
+async fn a_node_at_its_connection_limit_refuses_more_and_recovers() {
+    let addr = start_registry_with(Config {
+        max_connections: 2,
+        ..Config::default()
+    })
+    .await;
+    let connect = || async { BufReader::new(TcpStream::connect(&addr).await.unwrap()) };
+    let (mut a, mut b) = (connect().await, connect().await);
+    assert_eq!(get(&mut a, &addr, "/livez").await.0, 200);
+    assert_eq!(get(&mut b, &addr, "/livez").await.0, 200);
+    let mut c = connect().await;
+    let (status, body) = get(&mut c, &addr, "/livez").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("node_at_connection_limit") && body.contains("limit of 2"),
+        "{body}"
+    );
+    assert_eq!(read_to_close(&mut c).await, "", "closed after the answer");
+    // Those already served are served still.
+    assert_eq!(get(&mut a, &addr, "/livez").await.0, 200);
+    drop(b);
+    // The freed place goes to a new connection once the node sees the close.
+    let mut served = None;
+    for _ in 0..100 {
+        let mut d = connect().await;
+        let (status, _) = get(&mut d, &addr, "/metrics").await;
+        if status == 200 {
+            served = Some(d);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut d = served.expect("a place freed within 2 s");
+    let (_, text) = get(&mut d, &addr, "/metrics").await;
+    assert!(
+        metric(&text, "exec_server_registry_connections_refused_total") >= 1.0,
+        "{text}"
     );
 }
 

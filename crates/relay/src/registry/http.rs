@@ -31,7 +31,12 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Body = Full<Bytes>;
 
+/// A connection's place under the node's connection limit, held by the
+/// connection's task and, once it is upgraded, by its relay socket's.
+type Slot = Arc<tokio::sync::OwnedSemaphorePermit>;
+
 pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(registry.config.max_connections));
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(x) => x,
@@ -43,15 +48,20 @@ pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
         };
         let _ = stream.set_nodelay(true);
         let registry = registry.clone();
+        // None past the limit: the connection is told so and closed.
+        let slot = slots.clone().try_acquire_owned().ok().map(Arc::new);
+        if slot.is_none() {
+            registry.hub.counters.connections_refused.inc();
+        }
         match registry.config.tls.clone() {
             None => {
-                tokio::spawn(serve_connection(registry, stream));
+                tokio::spawn(serve_connection(registry, stream, slot));
             }
             Some(tls) => {
                 tokio::spawn(async move {
                     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
                     match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => serve_connection(registry, stream).await,
+                        Ok(Ok(stream)) => serve_connection(registry, stream, slot).await,
                         Ok(Err(e)) => tracing::debug!("tls handshake failed: {e}"),
                         Err(_) => tracing::debug!("tls handshake timed out"),
                     }
@@ -62,16 +72,26 @@ pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
 }
 
 /// Serves one connection's requests until it closes, idles past
-/// [`HEAD_TIMEOUT`], or is upgraded to a relay socket.
-async fn serve_connection<S>(registry: Arc<Registry>, io: S)
+/// [`HEAD_TIMEOUT`], or is upgraded to a relay socket. Without a `slot`
+/// (the node is at its connection limit) every request is answered 503 and
+/// the connection closed.
+async fn serve_connection<S>(registry: Arc<Registry>, io: S, slot: Option<Slot>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let full = slot.is_none();
     let service = hyper::service::service_fn(move |req| {
         let registry = registry.clone();
-        async move { Ok::<_, Infallible>(route(registry, req).await) }
+        let slot = slot.clone();
+        async move {
+            Ok::<_, Infallible>(match slot {
+                Some(slot) => route(registry, req, slot).await,
+                None => at_limit(&registry),
+            })
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(!full)
         .timer(TokioTimer::new())
         .header_read_timeout(HEAD_TIMEOUT)
         .max_buf_size(MAX_HEAD)
@@ -103,11 +123,22 @@ fn bearer(req: &Request<Incoming>) -> Option<String> {
         .then(|| token.trim().to_string())
 }
 
-async fn route(registry: Arc<Registry>, req: Request<Incoming>) -> Response<Body> {
+/// The answer of a node at its connection limit.
+fn at_limit(registry: &Registry) -> Response<Body> {
+    let message = format!(
+        "registry node {} is serving its limit of {} connections; try another node or later",
+        registry.node_id, registry.config.max_connections
+    );
+    let mut reply = Reply::error(503, "node_at_connection_limit", &message);
+    reply.headers.push(("retry-after", "1".into()));
+    respond(reply)
+}
+
+async fn route(registry: Arc<Registry>, req: Request<Incoming>, slot: Slot) -> Response<Body> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     if method == Method::GET && path == "/relay" {
-        return upgrade(registry, req).await;
+        return upgrade(registry, req, slot).await;
     }
     if method == Method::GET && (path == "/livez" || path == "/readyz") {
         return respond(match (path.as_str(), registry.ready()) {
@@ -169,7 +200,11 @@ fn too_large() -> Reply {
 
 /// Answers a `/relay` upgrade once its signed URL is admitted, and serves the
 /// socket after the 101 is sent.
-async fn upgrade(registry: Arc<Registry>, mut req: Request<Incoming>) -> Response<Body> {
+async fn upgrade(
+    registry: Arc<Registry>,
+    mut req: Request<Incoming>,
+    slot: Slot,
+) -> Response<Body> {
     let headers = req.headers();
     let is_websocket = headers
         .get(hyper::header::UPGRADE)
@@ -211,6 +246,7 @@ async fn upgrade(registry: Arc<Registry>, mut req: Request<Incoming>) -> Respons
         registry
             .serve_socket((reader, Writer::new(w, Role::Server)), admitted)
             .await;
+        drop(slot);
     });
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(&key);
     let mut r = Response::new(Full::new(Bytes::new()));

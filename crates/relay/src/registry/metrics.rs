@@ -32,6 +32,8 @@ pub(crate) struct Counters {
     pub stalled_resets: Counter,
     /// `/connect` answers naming another node's relay.
     pub cross_node: Counter,
+    /// Connections answered 503 at the node's connection limit.
+    pub connections_refused: Counter,
 }
 
 /// The node's metric registry.
@@ -76,6 +78,11 @@ impl NodeMetrics {
             "cross_node_connects",
             "Connect answers naming another node's relay",
             counters.cross_node.clone(),
+        );
+        prom.register(
+            "connections_refused",
+            "Connections answered 503 at the node's connection limit",
+            counters.connections_refused.clone(),
         );
         prom.register(
             "store_seconds",

@@ -59,7 +59,14 @@ pub struct Config {
     /// Serve HTTPS/WSS with this configuration; `None` is plain HTTP (the
     /// caller allows that on loopback only).
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Most connections served at once (HTTP and relay sockets alike); a
+    /// connection past it is answered `503 node_at_connection_limit` and
+    /// closed. Default [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: usize,
 }
+
+/// Connections a node serves at once unless configured: 16 384.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16 * 1024;
 
 impl Default for Config {
     fn default() -> Self {
@@ -69,6 +76,7 @@ impl Default for Config {
             executor_url_ttl: EXECUTOR_URL_TTL,
             executor_silence_timeout: hub::EXECUTOR_SILENCE_TIMEOUT,
             tls: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
