@@ -2,7 +2,7 @@
 """Issue 34's one table, in one run: ours, the reference and the local floor
 side by side for every row the issue names.
 
-    cargo build --release -p exec-server-cli --bin exec-server -p exec-server-bench
+    cargo build --release -p exec-server-cli -p exec-server-bench
     python3 scripts/floor.py [OUR_BINARY] [REFERENCE_COMMAND]
     python3 scripts/floor.py target/release/exec-server codex-ref
 

@@ -325,3 +325,77 @@ async fn a_burst_in_many_directories_keeps_the_pool_within_its_bound() {
     );
     assert!(most > 0, "none were made");
 }
+
+/// The program each warm sandbox of `server` runs as its inner stage: the
+/// argument before `--sandbox-inner-exec` in its bubblewrap command line.
+fn inner_programs(server: u32) -> Vec<String> {
+    wait_for_warm(server)
+        .into_iter()
+        .map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<String> = cmd
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let at = args
+                .iter()
+                .position(|a| a == "--sandbox-inner-exec")
+                .unwrap_or_else(|| panic!("no inner stage in {args:?}"));
+            args[at - 1].clone()
+        })
+        .collect()
+}
+
+/// Runs `echo ran` and a write outside the workspace under workspace-write
+/// on the server at `url`; returns the output.
+async fn confined_run(url: &str, ws: &Path) -> String {
+    let mut c = Conn::open(url, None).await;
+    let script = "echo ran; (echo x > ../out/escape) 2>/dev/null || echo ro-out";
+    let env = json!({"PATH": "/usr/bin:/bin"});
+    c.ok("process/start", sh("a", ws, script, env, ww(ws)))
+        .await;
+    output_until(&mut c, "a", "ro-out").await
+}
+
+#[tokio::test]
+async fn sandboxes_run_the_small_inner_program_beside_the_server_or_else_the_server() {
+    // The test's server has the inner program of its build beside it.
+    let s = Server::start(&[]);
+    let f = fixture("inner-beside");
+    let out = confined_run(&s.url, &f.ws).await;
+    assert!(out.contains("ran\n") && out.contains("ro-out"), "{out}");
+    let beside = Path::new(BIN).with_file_name("exec-server-inner");
+    let programs = inner_programs(s.pid());
+    assert!(
+        programs.iter().all(|p| Path::new(p) == beside),
+        "{programs:?}, want {}",
+        beside.display()
+    );
+    assert!(!f.out.join("escape").exists());
+
+    // The same server alone in a directory runs itself, as confined.
+    let alone = tmpdir("inner-alone").join("exec-server");
+    if std::fs::hard_link(BIN, &alone).is_err() {
+        std::fs::copy(BIN, &alone).expect("copy the server");
+    }
+    let mut child = std::process::Command::new(&alone)
+        .args(["--listen", "ws://127.0.0.1:0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the lone server");
+    let url = first_stdout_line(&mut child);
+    let f = fixture("inner-alone-ws");
+    let out = confined_run(&url, &f.ws).await;
+    let programs = inner_programs(child.id());
+    // Stopped by its pid before the assertions can fail.
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(out.contains("ran\n") && out.contains("ro-out"), "{out}");
+    assert!(
+        programs.iter().all(|p| Path::new(p) == alone),
+        "{programs:?}, want {}",
+        alone.display()
+    );
+    assert!(!f.out.join("escape").exists());
+}

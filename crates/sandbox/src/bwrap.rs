@@ -16,9 +16,13 @@ pub struct Runtime {
     /// bubblewrap, when found; `None` makes every plan that needs namespaces
     /// fail with [`Error::BwrapMissing`] (never a silent downgrade).
     pub bwrap: Option<PathBuf>,
-    /// This server's executable, re-executed as the inner stage
-    /// ([`crate::inner`]); it must handle [`INNER_FLAG`] first thing in `main`.
+    /// This server's executable; it must handle [`INNER_FLAG`] first thing
+    /// in `main`.
     pub helper: PathBuf,
+    /// The inner stage's executable ([`crate::inner`]): `helper`, or the
+    /// smaller program of the same build that starts faster
+    /// ([`crate::inner_program::beside`]).
+    pub inner: PathBuf,
     /// The server's own files, hidden in every confined view whatever the
     /// policy grants: its Unix listen sockets, spool and runtime directories
     /// (absolute; canonical where they exist). A directory becomes an empty
@@ -27,7 +31,8 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Finds `bwrap` on `PATH` (then `/usr/bin`), with `helper` as the inner stage.
+    /// Finds `bwrap` on `PATH` (then `/usr/bin`), with `helper` as the inner
+    /// stage (see [`Runtime::inner`] for a faster one).
     pub fn locate(helper: PathBuf) -> Runtime {
         let path = std::env::var_os("PATH").unwrap_or_default();
         let bwrap = std::env::split_paths(&path)
@@ -36,6 +41,7 @@ impl Runtime {
             .find(|p| is_executable(p));
         Runtime {
             bwrap,
+            inner: helper.clone(),
             helper,
             hidden: Vec::new(),
         }
@@ -155,7 +161,7 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
             Vec::new(),
         ),
         Err(Plan::Seccomp(mode)) => {
-            let mut command = Command::new(&runtime.helper);
+            let mut command = Command::new(&runtime.inner);
             command
                 .args(inner_stage(target, mode.as_str(), "keep".into()))
                 .current_dir(target.cwd);
@@ -327,7 +333,7 @@ fn confined(
         "--chdir".as_ref(),
         cwd.as_ref(),
         "--".as_ref(),
-        runtime.helper.as_ref(),
+        runtime.inner.as_ref(),
     ]);
     let mode = match &proxy {
         Some(route) => crate::bridge::inner_mode(route),

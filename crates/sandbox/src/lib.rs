@@ -98,6 +98,7 @@ pub mod denied;
 pub mod domain;
 pub mod glob;
 pub mod inner;
+pub mod inner_program;
 pub mod pinned;
 pub mod plan;
 pub mod policy;

@@ -53,7 +53,7 @@ pub enum Route {
     /// or the operator's opt-out where enforcement is impossible).
     InProcess,
     /// In the confined helper.
-    Helper(Helper),
+    Helper(Box<Helper>),
 }
 
 /// A confined helper run for one request.
@@ -87,7 +87,7 @@ pub fn route(
         return Ok(Route::InProcess);
     }
     Ok(match support.confine(policy)? {
-        Some(confine) => Route::Helper(Helper { confine }),
+        Some(confine) => Route::Helper(Box::new(Helper { confine })),
         None => Route::InProcess,
     })
 }
@@ -149,7 +149,8 @@ impl Helper {
     }
 
     fn run(&self, request: String) -> ExecResult<(Value, Vec<OwnedFd>)> {
-        let mut extra: Vec<PathBuf> = vec![self.confine.runtime.helper.clone()];
+        let runtime = &self.confine.runtime;
+        let mut extra: Vec<PathBuf> = vec![runtime.helper.clone(), runtime.inner.clone()];
         extra.extend(exec_server_sandbox::MINIMAL_ROOTS.iter().map(PathBuf::from));
         let plan = exec_server_sandbox::resolve(&self.confine.policy, &extra)
             .map_err(|e| ExecError::permission_denied(e.to_string()).with_source(e))?;

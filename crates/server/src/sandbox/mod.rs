@@ -45,6 +45,24 @@ pub struct Support {
     pids: Arc<peers::SandboxPids>,
 }
 
+/// The inner stage's executable for a server whose own is `server`: the
+/// faster program beside it when it is of the same build, else `server`.
+fn inner_stage(server: &Path) -> PathBuf {
+    use exec_server_sandbox::inner_program::{beside, Beside};
+    match beside(server) {
+        Beside::Usable(program) => program,
+        Beside::Foreign { program, id } => {
+            tracing::warn!(
+                "{} was built from other sandbox sources (id {id}, this server's {}): not used; sandboxed starts re-execute this server instead, about 1.5 ms slower",
+                program.display(),
+                exec_server_sandbox::inner_program::SOURCE_ID
+            );
+            server.to_path_buf()
+        }
+        Beside::Absent => server.to_path_buf(),
+    }
+}
+
 impl Support {
     /// `helper` is this server's executable (it must handle [`INNER_FLAG`] and
     /// [`fs_helper::FLAG`] first thing in `main`); `hidden` are this server's
@@ -60,6 +78,7 @@ impl Support {
         }
         Support {
             runtime: helper.map(|h| Runtime {
+                inner: inner_stage(&h),
                 hidden: hidden.clone(),
                 ..Runtime::locate(h)
             }),
@@ -295,7 +314,7 @@ impl StartSandbox {
         let runtime = &self.confine.runtime;
         let mut policy = self.confine.policy.clone();
         policy.tmpdir = env.get("TMPDIR").map(PathBuf::from);
-        let plan = exec_server_sandbox::resolve(&policy, std::slice::from_ref(&runtime.helper))
+        let plan = exec_server_sandbox::resolve(&policy, std::slice::from_ref(&runtime.inner))
             .map_err(std::io::Error::other)?;
         if !self.routed {
             return Ok(plan);
@@ -440,6 +459,7 @@ mod tests {
             runtime: Some(Runtime {
                 bwrap: None,
                 helper: PathBuf::from("/x"),
+                inner: PathBuf::from("/x"),
                 hidden: Vec::new(),
             }),
             allow_unsandboxed: allow,
