@@ -180,6 +180,15 @@ impl RegistryClient {
                 req = req.header("chatgpt-account-id", a);
             }
             match req.send().await {
+                // A node at its connection limit (or not ready) answers
+                // 503: the next node may serve.
+                Ok(r)
+                    if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE
+                        && i + 1 < self.bases.len() =>
+                {
+                    tracing::warn!(registry = %self.bases[at], "registry node busy (503); trying the next");
+                    failures.push(format!("{}: 503", self.bases[at]));
+                }
                 Ok(r) => {
                     self.current.store(at, Ordering::Relaxed);
                     answered = Some(r);

@@ -18,6 +18,15 @@ async fn start_registry() -> String {
     start_registry_with(Config::default()).await
 }
 
+/// A node serving at most `n` connections at once.
+async fn start_limited(n: usize) -> String {
+    start_registry_with(Config {
+        max_connections: n,
+        ..Config::default()
+    })
+    .await
+}
+
 async fn start_registry_with(config: Config) -> String {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -158,23 +167,27 @@ async fn get(conn: &mut BufReader<TcpStream>, addr: &str, path: &str) -> (u16, S
 /// on, and a place freed is taken by the next connection.
 #[tokio::test]
 async fn a_node_at_its_connection_limit_refuses_more_and_recovers() {
-    let addr = start_registry_with(Config {
-        max_connections: 2,
-        ..Config::default()
-    })
-    .await;
+    let addr = start_limited(2).await;
     let connect = || async { BufReader::new(TcpStream::connect(&addr).await.unwrap()) };
     let (mut a, mut b) = (connect().await, connect().await);
     assert_eq!(get(&mut a, &addr, "/livez").await.0, 200);
     assert_eq!(get(&mut b, &addr, "/livez").await.0, 200);
     let mut c = connect().await;
-    let (status, body) = get(&mut c, &addr, "/livez").await;
+    let (status, body) = get(&mut c, &addr, "/metrics").await;
     assert_eq!(status, 503, "{body}");
     assert!(
         body.contains("node_at_connection_limit") && body.contains("limit of 2"),
         "{body}"
     );
     assert_eq!(read_to_close(&mut c).await, "", "closed after the answer");
+    // A health probe is answered all the same: a busy node is alive.
+    let mut probe = connect().await;
+    assert_eq!(get(&mut probe, &addr, "/livez").await.0, 200);
+    // One that sends nothing is closed within a second, not ten.
+    let mut silent = connect().await;
+    let t = Instant::now();
+    read_to_close(&mut silent).await;
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     // Those already served are served still.
     assert_eq!(get(&mut a, &addr, "/livez").await.0, 200);
     drop(b);
@@ -195,6 +208,24 @@ async fn a_node_at_its_connection_limit_refuses_more_and_recovers() {
         metric(&text, "exec_server_registry_connections_refused_total") >= 1.0,
         "{text}"
     );
+}
+
+/// A client given two nodes registers through the second while the first
+/// is at its connection limit.
+#[tokio::test]
+async fn a_client_moves_on_from_a_node_at_its_limit() {
+    let full = start_limited(1).await;
+    let other = start_registry().await;
+    let mut held = BufReader::new(TcpStream::connect(&full).await.unwrap());
+    assert_eq!(get(&mut held, &full, "/metrics").await.0, 200);
+    let client =
+        RegistryClient::new(&format!("http://{full},http://{other}"), "exec", None, true).unwrap();
+    let key = Identity::generate(&mut OsRandom).public_key();
+    let r = client
+        .register("two-nodes", &key)
+        .await
+        .expect("registered");
+    assert!(r.url.contains(&other), "{} names the second node", r.url);
 }
 
 /// The value of the metric line that starts with `name ` (0 when absent).

@@ -5,6 +5,7 @@
 //! WebSocket upgrade for `/relay`. With TLS configured every connection is a
 //! TLS connection first (the handshake has [`HEAD_TIMEOUT`] too).
 
+use super::write_deadline::WriteDeadline;
 use super::{Registry, Reply};
 use crate::api::REJECTION_HEADER;
 use crate::socket::{Reader, Role, Writer};
@@ -28,6 +29,13 @@ const MAX_BODY: usize = 64 * 1024;
 /// Time a client has to send a request head (or to start its next one on a
 /// kept-alive connection), its body, or its TLS handshake: 10 s.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a connection past the node's limit has for its TLS handshake and
+/// request head (it is answered at once and closed): 1 s, so a flood of
+/// them cannot hold the descriptors kept for the database.
+const REFUSED_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest a write to a peer may stay blocked (a client that stopped
+/// reading): 30 s, as the relay sockets' writers.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 type Body = Full<Bytes>;
 
@@ -47,6 +55,7 @@ pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
             }
         };
         let _ = stream.set_nodelay(true);
+        let stream = WriteDeadline::new(stream, WRITE_TIMEOUT);
         let registry = registry.clone();
         // None past the limit: the connection is told so and closed.
         let slot = slots.clone().try_acquire_owned().ok().map(Arc::new);
@@ -60,7 +69,12 @@ pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
             Some(tls) => {
                 tokio::spawn(async move {
                     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-                    match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream)).await {
+                    let limit = if slot.is_some() {
+                        HEAD_TIMEOUT
+                    } else {
+                        REFUSED_TIMEOUT
+                    };
+                    match tokio::time::timeout(limit, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => serve_connection(registry, stream, slot).await,
                         Ok(Err(e)) => tracing::debug!("tls handshake failed: {e}"),
                         Err(_) => tracing::debug!("tls handshake timed out"),
@@ -73,8 +87,8 @@ pub(super) async fn serve(registry: Arc<Registry>, listener: TcpListener) {
 
 /// Serves one connection's requests until it closes, idles past
 /// [`HEAD_TIMEOUT`], or is upgraded to a relay socket. Without a `slot`
-/// (the node is at its connection limit) every request is answered 503 and
-/// the connection closed.
+/// (the node is at its connection limit) it serves one request within
+/// [`REFUSED_TIMEOUT`]: a health probe as usual, anything else 503.
 async fn serve_connection<S>(registry: Arc<Registry>, io: S, slot: Option<Slot>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -83,17 +97,12 @@ where
     let service = hyper::service::service_fn(move |req| {
         let registry = registry.clone();
         let slot = slot.clone();
-        async move {
-            Ok::<_, Infallible>(match slot {
-                Some(slot) => route(registry, req, slot).await,
-                None => at_limit(&registry),
-            })
-        }
+        async move { Ok::<_, Infallible>(route(registry, req, slot).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(!full)
         .timer(TokioTimer::new())
-        .header_read_timeout(HEAD_TIMEOUT)
+        .header_read_timeout(if full { REFUSED_TIMEOUT } else { HEAD_TIMEOUT })
         .max_buf_size(MAX_HEAD)
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
@@ -134,12 +143,16 @@ fn at_limit(registry: &Registry) -> Response<Body> {
     respond(reply)
 }
 
-async fn route(registry: Arc<Registry>, req: Request<Incoming>, slot: Slot) -> Response<Body> {
+/// Answers one request; `slot` is the connection's place under the limit,
+/// `None` past it (only health probes are then served).
+async fn route(
+    registry: Arc<Registry>,
+    req: Request<Incoming>,
+    slot: Option<Slot>,
+) -> Response<Body> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
-    if method == Method::GET && path == "/relay" {
-        return upgrade(registry, req, slot).await;
-    }
+    // Probes are answered even past the limit: a busy node is alive.
     if method == Method::GET && (path == "/livez" || path == "/readyz") {
         return respond(match (path.as_str(), registry.ready()) {
             ("/livez", _) | (_, Ok(())) => Reply::json(&serde_json::json!({
@@ -147,6 +160,12 @@ async fn route(registry: Arc<Registry>, req: Request<Incoming>, slot: Slot) -> R
             })),
             (_, Err(why)) => Reply::error(503, "not_ready", &why),
         });
+    }
+    let Some(slot) = slot else {
+        return at_limit(&registry);
+    };
+    if method == Method::GET && path == "/relay" {
+        return upgrade(registry, req, slot).await;
     }
     if method == Method::GET && path == "/metrics" {
         let mut r = Response::new(Full::new(Bytes::from(registry.render_metrics())));

@@ -24,6 +24,7 @@ pub mod signing;
 pub mod sqlite;
 pub mod store;
 pub mod tokens;
+mod write_deadline;
 
 mod http;
 
