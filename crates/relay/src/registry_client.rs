@@ -162,6 +162,7 @@ impl RegistryClient {
         let first = self.current.load(Ordering::Relaxed);
         let mut failures = Vec::new();
         let mut answered = None;
+        let mut busy = None;
         for i in 0..self.bases.len() {
             let at = (first + i) % self.bases.len();
             let mut req = self
@@ -186,8 +187,11 @@ impl RegistryClient {
                     if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE
                         && i + 1 < self.bases.len() =>
                 {
-                    tracing::warn!(registry = %self.bases[at], "registry node busy (503); trying the next");
+                    tracing::warn!(registry = %self.bases[at], "registry node answered 503; trying the next");
                     failures.push(format!("{}: 503", self.bases[at]));
+                    // Kept: if no node serves, this answer (its code, e.g.
+                    // `registration_conflict`) is the one to report.
+                    busy = Some(r);
                 }
                 Ok(r) => {
                     self.current.store(at, Ordering::Relaxed);
@@ -203,7 +207,7 @@ impl RegistryClient {
                 }
             }
         }
-        let Some(resp) = answered else {
+        let Some(resp) = answered.or(busy) else {
             return Err(RegistryError::Transport(failures.join("; ")));
         };
         let status = resp.status().as_u16();

@@ -226,6 +226,20 @@ async fn a_client_moves_on_from_a_node_at_its_limit() {
         .await
         .expect("registered");
     assert!(r.url.contains(&other), "{} names the second node", r.url);
+    // With the other node gone too, the busy node's answer is what is
+    // reported (its code), not a bare transport failure.
+    let gone = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let client =
+        RegistryClient::new(&format!("http://{full},http://{gone}"), "exec", None, true).unwrap();
+    match client.register("two-nodes", &key).await {
+        Err(exec_server_relay::registry_client::RegistryError::Http { status, code, .. }) => {
+            assert_eq!((status, code.as_str()), (503, "node_at_connection_limit"));
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// The value of the metric line that starts with `name ` (0 when absent).
