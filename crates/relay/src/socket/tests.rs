@@ -270,19 +270,15 @@ async fn a_connection_cut_inside_a_frame_is_an_error_and_between_frames_an_end()
     assert_eq!(got[1], Ok(None));
 }
 
-/// A server reader fed `wire` in 1 KB pieces, a tick after each piece.
-#[allow(clippy::type_complexity)]
-fn fed_in_pieces(
-    wire: Vec<u8>,
-) -> (
-    Reader<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
-    tokio::sync::mpsc::Receiver<()>,
-    tokio::task::JoinHandle<tokio::io::DuplexStream>,
-) {
+/// Reads the one frame `wire` holds, fed in 1 KB pieces, with a tick after
+/// each piece winning a (biased) select, so that most reads are dropped
+/// mid-frame: with `target`, by `next_appending` into it, else by `next`.
+/// Returns what was read and how many reads were dropped.
+async fn read_interrupted(wire: Vec<u8>, mut target: Option<&mut BytesMut>) -> (Next, u32) {
     let (a, mut b) = tokio::io::duplex(1 << 10);
     let (r, _w) = tokio::io::split(a);
-    let reader = Reader::new(r, Role::Server, 1 << 20);
-    let (tick_tx, tick_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let mut reader = Reader::new(r, Role::Server, 1 << 20);
+    let (tick_tx, mut tick_rx) = tokio::sync::mpsc::channel::<()>(1);
     let feeding = tokio::spawn(async move {
         for piece in wire.chunks(1024) {
             b.write_all(piece).await.unwrap();
@@ -290,7 +286,26 @@ fn fed_in_pieces(
         }
         b
     });
-    (reader, tick_rx, feeding)
+    let mut cancelled = 0u32;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            let read = async {
+                match target.as_deref_mut() {
+                    Some(t) => reader.next_appending(t).await,
+                    None => reader.next().await.map(|m| m.map(Next::Message)),
+                }
+            };
+            tokio::select! {
+                biased;
+                Some(()) = tick_rx.recv() => cancelled += 1,
+                m = read => break m.unwrap().unwrap(),
+            }
+        }
+    })
+    .await
+    .expect("the frame within 20 s");
+    drop(feeding.await.unwrap());
+    (got, cancelled)
 }
 
 #[tokio::test]
@@ -301,25 +316,12 @@ async fn a_read_cancelled_mid_frame_loses_nothing() {
     let body = payload(200_000, 3);
     let wire = masked_frame(true, OpCode::Binary, &body);
     let pieces = wire.len().div_ceil(1024) as u32;
-    let (mut reader, mut tick_rx, feeding) = fed_in_pieces(wire);
-    let mut cancelled = 0u32;
-    let got = tokio::time::timeout(std::time::Duration::from_secs(20), async {
-        loop {
-            tokio::select! {
-                biased;
-                Some(()) = tick_rx.recv() => cancelled += 1,
-                m = reader.next() => break m.unwrap().unwrap(),
-            }
-        }
-    })
-    .await
-    .expect("the frame within 20 s");
-    assert_eq!(got, Message::Binary(body.into()));
+    let (got, cancelled) = read_interrupted(wire, None).await;
+    assert_eq!(got, Next::Message(Message::Binary(body.into())));
     assert!(
         cancelled >= pieces / 2,
         "interrupted only {cancelled} times of {pieces}"
     );
-    drop(feeding.await.unwrap());
 }
 
 #[tokio::test]
@@ -442,24 +444,11 @@ async fn an_appending_read_cancelled_mid_frame_loses_nothing() {
     // As `a_read_cancelled_mid_frame_loses_nothing`, reading into a target.
     let body = payload(200_000, 4);
     let wire = masked_frame(true, OpCode::Binary, &body);
-    let (mut reader, mut tick_rx, feeding) = fed_in_pieces(wire);
     let mut target = BytesMut::from(&b"head"[..]);
-    let mut cancelled = 0u32;
-    let got = tokio::time::timeout(std::time::Duration::from_secs(20), async {
-        loop {
-            tokio::select! {
-                biased;
-                Some(()) = tick_rx.recv() => cancelled += 1,
-                m = reader.next_appending(&mut target) => break m.unwrap().unwrap(),
-            }
-        }
-    })
-    .await
-    .expect("the frame within 20 s");
+    let (got, cancelled) = read_interrupted(wire, Some(&mut target)).await;
     assert_eq!(got, Next::Appended(4));
     assert!(target[4..] == body[..] && &target[..4] == b"head");
     assert!(cancelled >= 50, "interrupted only {cancelled} times");
-    drop(feeding.await.unwrap());
 }
 
 /// What a server reader with a 60 s message timeout makes of `wire`,
