@@ -160,3 +160,46 @@ async fn a_command_that_kills_its_own_cgroup_does_not_kill_the_next_ones() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[tokio::test]
+async fn an_emptied_cgroup_serves_later_starts_and_one_a_daemon_holds_never_does() {
+    if !cgroups_writable() {
+        eprintln!("no writable cgroup2 here: no per-process cgroups");
+        return;
+    }
+    let s = Server::start(&[]);
+    let d = tmpdir("cgroup-reuse");
+    let mut c = Conn::open(&s.url, None).await;
+    let own_cgroup = "sed -n 's/^0:://p' /proc/self/cgroup";
+    let m = marker(3);
+    let daemon = format!("{own_cgroup}; (setsid sleep {m} >/dev/null 2>&1 &)");
+    let held = cgroup_of_run(&mut c, &d, "daemon", &daemon).await;
+    assert!(eventually(WAIT, || pids_matching(&format!("sleep {m}")).len() == 1).await);
+    let emptied = cgroup_of_run(&mut c, &d, "plain", own_cgroup).await;
+    assert!(!held.is_empty() && !emptied.is_empty() && held != emptied);
+    let mut later = Vec::new();
+    for i in 0..6 {
+        later.push(cgroup_of_run(&mut c, &d, &format!("later{i}"), own_cgroup).await);
+    }
+    assert!(
+        later.iter().all(|cg| *cg != held),
+        "the cgroup a daemon lives in served another start: {later:?}"
+    );
+    assert!(
+        later.contains(&emptied),
+        "the emptied cgroup {emptied} was not reused: {later:?}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Runs `script` (which prints its cgroup) as `id` until closed; its output.
+async fn cgroup_of_run(c: &mut Conn, d: &std::path::Path, id: &str, script: &str) -> String {
+    c.ok(
+        "process/start",
+        start_params(id, &["sh", "-c", script], d, false, false),
+    )
+    .await;
+    let done = c.collect(id, WAIT).await;
+    assert_eq!(done.exit, Some(0), "{id}");
+    String::from_utf8_lossy(&done.bytes).trim().to_string()
+}

@@ -200,7 +200,7 @@ pub fn adopt(pid: u32) -> std::io::Result<oneshot::Receiver<Exit>> {
         let _guard = lock(&r.spawn_lock);
         lock(&r.waiters).insert(pid as i32, tx);
     }
-    watch(r, pid as i32);
+    watch(r, pid as i32, None);
     Ok(rx)
 }
 
@@ -214,10 +214,11 @@ fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Waits for `pid` on the waits' thread: its pidfd, or (kernels before 5.3)
-/// a blocking `waitpid` on a thread of its own.
-fn watch(r: &'static Reaper, pid: i32) {
-    match pidfd_open(pid) {
+/// Waits for `pid` on the waits' thread: its pidfd (`pidfd` when the spawn
+/// made one, else opened here), or (kernels before 5.3) a blocking `waitpid`
+/// on a thread of its own.
+fn watch(r: &'static Reaper, pid: i32, pidfd: Option<OwnedFd>) {
+    match pidfd.map_or_else(|| pidfd_open(pid), Ok) {
         Ok(fd) => {
             r.runtime.spawn(async move {
                 // SAFETY: the AsyncFd owns the pidfd and deregisters it before it
@@ -290,14 +291,22 @@ pub fn spawn_command(
 pub fn spawn_and_watch<T, E: From<std::io::Error>>(
     spawn: impl FnOnce() -> Result<(T, u32), E>,
 ) -> Result<(T, oneshot::Receiver<Exit>), E> {
+    spawn_with_pidfd_and_watch(|| spawn().map(|(value, pid)| (value, pid, None)))
+}
+
+/// [`spawn_and_watch`] for a spawn that also returns the child's pidfd
+/// (`clone3` with `CLONE_PIDFD`): the wait uses it, and opens none.
+pub fn spawn_with_pidfd_and_watch<T, E: From<std::io::Error>>(
+    spawn: impl FnOnce() -> Result<(T, u32, Option<OwnedFd>), E>,
+) -> Result<(T, oneshot::Receiver<Exit>), E> {
     let r = reaper()?;
-    let (value, pid) = {
+    let (value, pid, pidfd) = {
         let _guard = lock(&r.spawn_lock);
-        let (value, pid) = spawn()?;
+        let (value, pid, pidfd) = spawn()?;
         let (tx, rx) = oneshot::channel();
         lock(&r.waiters).insert(pid as i32, tx);
-        ((value, rx), pid)
+        ((value, rx), pid, pidfd)
     };
-    watch(r, pid as i32);
+    watch(r, pid as i32, pidfd);
     Ok(value)
 }

@@ -148,12 +148,22 @@ impl std::fmt::Display for LaunchError {
 
 impl std::error::Error for LaunchError {}
 
-/// Starts `program` as set up by `setup`; returns its pid once it has
-/// called `execve`. Errors: see [`LaunchError`].
+/// A child [`launch`] started.
+#[derive(Debug)]
+pub struct Launched {
+    /// Its process id.
+    pub pid: u32,
+    /// A pidfd for it (`CLONE_PIDFD`, close-on-exec), readable once it has
+    /// exited: the caller waits on it without a `pidfd_open` of its own.
+    pub pidfd: std::os::fd::OwnedFd,
+}
+
+/// Starts `program` as set up by `setup`; returns it once it has called
+/// `execve`. Errors: see [`LaunchError`].
 ///
 /// The caller must make sure nothing else reaps the child before this
 /// returns (a failed child is waited for here).
-pub fn launch(program: &Program, setup: &Setup) -> Result<u32, LaunchError> {
+pub fn launch(program: &Program, setup: &Setup) -> Result<Launched, LaunchError> {
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     {
         imp::launch(program, setup)
@@ -169,8 +179,10 @@ pub fn launch(program: &Program, setup: &Setup) -> Result<u32, LaunchError> {
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod imp {
-    use super::{LaunchError, Program, Setup, Shared, CHILD_STACK_BYTES};
+    use super::{LaunchError, Launched, Program, Setup, Shared, CHILD_STACK_BYTES};
+    use std::cell::RefCell;
     use std::io;
+    use std::os::fd::{FromRawFd, OwnedFd};
 
     /// The kernel's `struct clone_args` up to `cgroup` (version 2, 88 bytes).
     #[repr(C)]
@@ -195,21 +207,48 @@ mod imp {
     /// `sigaction`, which in newer C libraries takes a lock for SIGABRT.
     const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 
-    pub(super) fn launch(program: &Program, setup: &Setup) -> Result<u32, LaunchError> {
+    thread_local! {
+        /// Each thread's child stack, made once: a child runs on it only
+        /// while this thread sleeps in `clone3`, so one per thread serves
+        /// every launch (a fresh 64 KiB each time was zeroed and faulted in).
+        /// u128 keeps the top of the stack 16-byte aligned, as the ABI wants
+        /// at a call.
+        static STACK: RefCell<Vec<u128>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(super) fn launch(program: &Program, setup: &Setup) -> Result<Launched, LaunchError> {
+        STACK.with(|stack| match stack.try_borrow_mut() {
+            Ok(mut stack) => {
+                if stack.is_empty() {
+                    stack.resize(CHILD_STACK_BYTES / 16, 0);
+                }
+                launch_on(program, setup, &mut stack)
+            }
+            // Not reached (a launch never runs inside another on one
+            // thread); a stack of its own keeps it correct regardless.
+            Err(_) => launch_on(program, setup, &mut vec![0u128; CHILD_STACK_BYTES / 16]),
+        })
+    }
+
+    fn launch_on(
+        program: &Program,
+        setup: &Setup,
+        stack: &mut [u128],
+    ) -> Result<Launched, LaunchError> {
         let mut shared = Shared {
             program,
             setup,
             started: 0,
             errno: 0,
         };
-        // u128 keeps the top of the stack 16-byte aligned, as the ABI wants
-        // at a call.
-        let mut stack = vec![0u128; CHILD_STACK_BYTES / 16];
+        let mut pidfd: libc::c_int = -1;
         let mut args = CloneArgs {
-            flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | CLONE_CLEAR_SIGHAND,
+            flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64
+                | CLONE_CLEAR_SIGHAND,
+            pidfd: &mut pidfd as *mut libc::c_int as u64,
             exit_signal: libc::SIGCHLD as u64,
             stack: stack.as_mut_ptr() as u64,
-            stack_size: (stack.len() * 16) as u64,
+            stack_size: std::mem::size_of_val(stack) as u64,
             ..CloneArgs::default()
         };
         if let Some(fd) = setup.cgroup {
@@ -256,13 +295,15 @@ mod imp {
             );
             libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         }
-        drop(stack);
         if ret < 0 {
             return Err(LaunchError::Clone(io::Error::from_raw_os_error(
                 -ret as i32,
             )));
         }
         let pid = ret as i32;
+        // SAFETY: with CLONE_PIDFD a successful clone3 stored a fresh
+        // descriptor that nothing else owns.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
         // The child has exec'd or exited: its report is final.
         // SAFETY: plain reads of our own locals, which the child wrote.
         let (started, errno) = unsafe {
@@ -272,8 +313,12 @@ mod imp {
             )
         };
         if started != 0 && errno == 0 {
-            return Ok(pid as u32);
+            return Ok(Launched {
+                pid: pid as u32,
+                pidfd,
+            });
         }
+        drop(pidfd);
         reap(pid);
         if started == 0 {
             return Err(LaunchError::BornKilled);
@@ -448,13 +493,22 @@ mod tests {
             cgroup: None,
             ..Setup::default()
         };
-        let pid = launch(&program, &setup).map_err(|e| match e {
+        let launched = launch(&program, &setup).map_err(|e| match e {
             LaunchError::Child(e) | LaunchError::Clone(e) => e,
             LaunchError::BornKilled => io::Error::other("born killed"),
         })?;
+        let pid = launched.pid;
         drop(out_w);
         let mut out = String::new();
         std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
+        // The pidfd the launch returned turns readable when the child exits.
+        let mut poll = libc::pollfd {
+            fd: launched.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd that outlives the call.
+        assert_eq!(unsafe { libc::poll(&mut poll, 1, 10_000) }, 1);
         let mut status = 0;
         // SAFETY: our own child.
         assert_eq!(
@@ -520,7 +574,7 @@ mod tests {
             ignored_signals: vec![libc::SIGHUP],
             ..Setup::default()
         };
-        let pid = launch(&program, &setup).unwrap();
+        let pid = launch(&program, &setup).unwrap().pid;
         drop(out_w);
         let mut out = String::new();
         std::fs::File::from(out_r).read_to_string(&mut out).unwrap();

@@ -143,9 +143,9 @@ fn watched_launch(
     prog: &exec_server_sysio::launch::Program,
     setup: &exec_server_sysio::launch::Setup,
 ) -> Result<(u32, tokio::sync::oneshot::Receiver<reaper::Exit>), Launch> {
-    reaper::spawn_and_watch(|| {
+    reaper::spawn_with_pidfd_and_watch(|| {
         exec_server_sysio::launch::launch(prog, setup)
-            .map(|pid| (pid, pid))
+            .map(|l| (l.pid, l.pid, Some(l.pidfd)))
             .map_err(Launch::Child)
     })
 }

@@ -118,6 +118,7 @@ impl Cgroups {
             caps: parts.caps.map(super::resources::Caps::from_parts),
             owner: self.inner.clone(),
             killed: Arc::new(std::sync::atomic::AtomicBool::new(parts.killed)),
+            seen_empty: Default::default(),
         }
     }
 
@@ -151,6 +152,7 @@ impl Cgroups {
             caps: None,
             owner: self.inner.clone(),
             killed: Default::default(),
+            seen_empty: Default::default(),
         })
     }
 
@@ -320,6 +322,20 @@ pub struct ProcessCgroup {
     /// (`clone3(CLONE_INTO_CGROUP)` compares the cgroup's kill count with
     /// the parent's), so a reused one would kill the next command at once.
     killed: Arc<std::sync::atomic::AtomicBool>,
+    /// Set once a read after its process ended showed it empty (see
+    /// [`ProcessCgroup::seen_empty_after_exit`]).
+    seen_empty: std::sync::atomic::AtomicBool,
+}
+
+/// What a cgroup's `cgroup.events` says about its members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Occupancy {
+    /// Some process is still in it.
+    Populated,
+    /// Nothing is in it, and it is not frozen.
+    Empty,
+    /// It could not be read (gone, broken), or it is frozen: not reused.
+    Unreadable,
 }
 
 /// A server's [`Cgroups`] written down for an upgrade.
@@ -399,23 +415,41 @@ impl ProcessCgroup {
         })
     }
 
-    /// True when the cgroup can serve another process: read back empty and
-    /// not frozen (a cgroup that cannot be read, gone or broken, cannot).
+    /// True when the cgroup can serve another process: seen empty and not
+    /// frozen (a cgroup that cannot be read, gone or broken, cannot).
     fn reusable(&self) -> bool {
         if self.caps.is_some() || self.killed.load(Ordering::Relaxed) {
             return false;
         }
-        std::fs::read_to_string(self.dir.join("cgroup.events")).is_ok_and(|events| {
-            let has = |line: &str| events.lines().any(|l| l.trim() == line);
-            has("populated 0") && !has("frozen 1")
-        })
+        self.seen_empty.load(Ordering::Relaxed) || self.occupancy() == Occupancy::Empty
+    }
+
+    /// Records that its process has ended and a read found the cgroup
+    /// [`Occupancy::Empty`]: nothing joins a cgroup after its process started
+    /// (children are born in it or join before their exec), so it stays
+    /// empty, and giving it back needs no second read.
+    pub fn seen_empty_after_exit(&self) {
+        self.seen_empty.store(true, Ordering::Relaxed);
+    }
+
+    /// What one read of its `cgroup.events` says.
+    pub fn occupancy(&self) -> Occupancy {
+        let Ok(events) = std::fs::read_to_string(self.dir.join("cgroup.events")) else {
+            return Occupancy::Unreadable;
+        };
+        let has = |line: &str| events.lines().any(|l| l.trim() == line);
+        if has("populated 1") {
+            Occupancy::Populated
+        } else if has("populated 0") && !has("frozen 1") {
+            Occupancy::Empty
+        } else {
+            Occupancy::Unreadable
+        }
     }
 
     /// True while some process is still in the cgroup.
     pub fn is_populated(&self) -> bool {
-        std::fs::read_to_string(self.dir.join("cgroup.events"))
-            .map(|events| events.lines().any(|l| l.trim() == "populated 1"))
-            .unwrap_or(false)
+        self.occupancy() == Occupancy::Populated
     }
 
     /// SIGKILLs every process in the cgroup, daemons included.

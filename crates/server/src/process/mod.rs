@@ -494,23 +494,22 @@ impl Process {
         running
     }
 
-    /// Its cgroup while something lives in it (a daemon the process left
-    /// behind), shared: a deadline that outlives the process still ends it.
-    fn populated_cgroup(&self) -> Option<Arc<cgroup::ProcessCgroup>> {
-        let slot = self.cgroup.lock().unwrap_or_else(|p| p.into_inner());
-        slot.as_ref().filter(|g| g.is_populated()).cloned()
-    }
-
-    /// Gives its cgroup back once the process has closed with nothing left
-    /// in it, so the next start reuses it rather than making one; a daemon
-    /// left behind keeps it.
-    fn release_empty_cgroup(&self) {
+    /// Settles its cgroup once the process has closed, with one read of
+    /// its members: while something lives in it (a daemon the process left
+    /// behind), it is kept and returned shared, so a deadline that outlives
+    /// the process still ends it; else it is given back, so the next start
+    /// reuses it rather than making one.
+    fn settle_cgroup(&self) -> Option<Arc<cgroup::ProcessCgroup>> {
         let mut slot = self.cgroup.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.as_ref().is_some_and(|g| !g.is_populated()) {
-            let group = slot.take();
-            drop(slot);
-            drop(group);
+        match slot.as_ref()?.occupancy() {
+            cgroup::Occupancy::Populated => return slot.clone(),
+            cgroup::Occupancy::Empty => slot.as_ref()?.seen_empty_after_exit(),
+            cgroup::Occupancy::Unreadable => {}
         }
+        let group = slot.take();
+        drop(slot);
+        drop(group);
+        None
     }
 
     /// The memory or task cap that fired, read from its cgroup's counters.

@@ -107,13 +107,17 @@ pub(super) async fn pump(
             let seq = lock(&proc.state).log.push_closed();
             proc.bump();
             send_event(&proc, &link, seq, closed_json(&proc.id, seq)).await;
+            // The connection's writer puts `exited` and `closed` on the wire
+            // before the bookkeeping below (a cgroup read), not after it.
+            tokio::task::yield_now().await;
             // The network proxy stops with the process.
             let kept = proc.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
             drop(kept);
             drop(span);
             // A daemon the process left behind (detached from its output)
             // still dies at the process's deadline.
-            if let (Some(deadline), Some(group)) = (watch.deadline(), proc.populated_cgroup()) {
+            let left_behind = proc.settle_cgroup();
+            if let (Some(deadline), Some(group)) = (watch.deadline(), left_behind) {
                 tokio::spawn(async move {
                     tokio::time::sleep_until(deadline).await;
                     if group.is_populated() {
@@ -122,7 +126,6 @@ pub(super) async fn pump(
                     }
                 });
             }
-            proc.release_empty_cgroup();
             break;
         }
         let paused = lock(&proc.state).log.window_full();
@@ -222,7 +225,9 @@ pub(super) async fn pump(
             _ = handover::asked(&mut parking) => park = true,
         }
     }
-    drop(sources);
+    // Not held through the retention: each buffer reserved 64 KiB or more,
+    // and a heap that grew by them at every start faulted in fresh pages.
+    drop((sources, buf_a, buf_b));
     retain(proc, on_retire, EXITED_PROCESS_RETENTION).await;
 }
 
