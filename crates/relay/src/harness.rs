@@ -98,7 +98,10 @@ async fn await_msg2(source: &mut Source, stream_id: &str) -> Result<Vec<u8>, Har
     while let Ok(Some(m)) = source.next().await {
         let bytes = match m {
             Message::Binary(b) => b,
-            Message::Close => break,
+            Message::Close(code) => {
+                log_close(code);
+                break;
+            }
             _ => continue,
         };
         let Ok(f) = Frame::decode(&bytes) else {
@@ -152,7 +155,7 @@ fn run_stream(
                 break;
             }
         }
-        let _ = sink.close().await;
+        let _ = sink.close(None).await;
     });
     let sid = stream_id.clone();
     let sealer_frames = frame_tx.clone();
@@ -194,7 +197,11 @@ fn run_stream(
                     }
                     continue;
                 }
-                Ok(Some(Next::Message(Message::Close))) | Ok(None) | Err(_) => break,
+                Ok(Some(Next::Message(Message::Close(code)))) => {
+                    log_close(code);
+                    break;
+                }
+                Ok(None) | Err(_) => break,
                 Ok(Some(Next::Message(_))) => continue,
             };
             match arrived {
@@ -242,5 +249,14 @@ fn open_message(
         Some(Body::Data { seq, payload, .. }) => Ok(Arrived::Messages(recv.open(seq, payload)?)),
         Some(other) => Ok(Arrived::Other(other)),
         None => Ok(Arrived::Skipped),
+    }
+}
+
+/// Says why the node closed a harness socket, when its close frame gave a
+/// status (1002: we broke the protocol; 1008: a relay rule, such as a stream
+/// reset for not reading; 1009: a message too long).
+fn log_close(code: Option<u16>) {
+    if let Some(code) = code {
+        tracing::info!(status = code, "the relay node closed the stream's socket");
     }
 }

@@ -380,7 +380,13 @@ pub(super) async fn serve((mut source, mut sink): ClientSocket, ctx: &Arc<Ctx>) 
                 last_seen = Instant::now();
                 let bytes = match m {
                     Ok(Some(Message::Binary(b))) => b,
-                    Ok(Some(Message::Close)) | Ok(None) => break Disconnect::PeerClose,
+                    Ok(Some(Message::Close(code))) => {
+                        if let Some(code) = code {
+                            tracing::info!(status = code, "the relay node closed the executor socket");
+                        }
+                        break Disconnect::PeerClose;
+                    }
+                    Ok(None) => break Disconnect::PeerClose,
                     Err(_) => break Disconnect::ReadError,
                     Ok(Some(Message::Ping(p))) => {
                         // A full queue means frames are flowing, which tells

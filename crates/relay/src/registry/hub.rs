@@ -18,8 +18,9 @@
 //! the silence timeout) for the hub's silence timeout: so a dead socket looks
 //! live for at most that long after its last frame.
 
+use super::close::{refuse, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE};
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
-use crate::socket::{gather, Message, Outgoing, Reader, Writer, WsError};
+use crate::socket::{gather, CloseStatus, Message, Outgoing, Reader, Writer, WsError};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -73,6 +74,7 @@ struct HarnessQueue {
     tx: mpsc::UnboundedSender<Bytes>,
     queued: Arc<AtomicUsize>,
     stop: CancellationToken,
+    close: CloseWith,
 }
 
 /// What a queued frame costs beyond its bytes (its allocation's header, its
@@ -207,8 +209,9 @@ enum Read {
     Frame(Bytes),
     /// Nothing to route (a ping, now owed a pong; a pong; a text message).
     Skip,
-    /// The socket closed, failed or broke the protocol.
-    End,
+    /// The socket closed, failed or broke the protocol; the status of the
+    /// close frame to answer with.
+    End(Option<CloseStatus>),
 }
 
 fn classify(read: Result<Option<Message>, WsError>, pongs: &mpsc::Sender<Bytes>) -> Read {
@@ -219,18 +222,20 @@ fn classify(read: Result<Option<Message>, WsError>, pongs: &mpsc::Sender<Bytes>)
             let _ = pongs.try_send(p);
             Read::Skip
         }
-        Ok(Some(Message::Close)) | Ok(None) | Err(_) => Read::End,
+        Ok(Some(Message::Close(_))) | Ok(None) => Read::End(None),
+        Err(e) => Read::End(CloseStatus::for_error(&e)),
         Ok(Some(_)) => Read::Skip,
     }
 }
 
 /// A relay socket's writer: writes queued frames, pongs its reader owes and
-/// pings; ends when the queue closes or `stop` fires, with a close frame.
+/// pings; ends when the queue closes or `stop` fires, with a close frame
+/// (with the status `close` holds by then).
 fn spawn_writer<W>(
     mut writer: Writer<W>,
     mut rx: Inbox,
     mut pongs: mpsc::Receiver<Bytes>,
-    stop: CancellationToken,
+    (stop, close): (CancellationToken, CloseWith),
     ping_every: Duration,
 ) -> tokio::task::JoinHandle<()>
 where
@@ -261,7 +266,8 @@ where
         // A socket that cannot be written to is dead, whatever it sends: its
         // reader stops too, and an executor's environment is free again.
         stop.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(5), writer.close()).await;
+        let status = close.get();
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer.close(status)).await;
     })
 }
 
@@ -370,11 +376,12 @@ impl Hub {
         let stop = link.stop.clone();
         let ping_every = PING_INTERVAL.min(self.executor_silence / 2);
         let (pong_tx, pong_rx) = mpsc::channel(PONG_QUEUE);
-        let writer = spawn_writer(
+        let close = CloseWith::default();
+        let mut writer = spawn_writer(
             writer,
             Inbox::Bounded(rx),
             pong_rx,
-            stop.clone(),
+            (stop.clone(), close.clone()),
             ping_every,
         );
         loop {
@@ -385,6 +392,7 @@ impl Hub {
                     Ok(m) => m,
                     Err(_) => {
                         tracing::info!(environment = %link.env, "executor socket silent too long; dropping it");
+                        close.set(Some(CloseStatus::policy("silent too long")));
                         Ok(None)
                     }
                 },
@@ -393,7 +401,10 @@ impl Hub {
             let bytes = match classify(msg, &pong_tx) {
                 Read::Frame(b) => b,
                 Read::Skip => continue,
-                Read::End => break,
+                Read::End(status) => {
+                    close.set(status);
+                    break;
+                }
             };
             let Ok(stream_id) = frame::peek_stream_id(&bytes) else {
                 continue;
@@ -411,10 +422,17 @@ impl Hub {
                 }
             }
         }
-        writer.abort();
         // Not live any more before the socket closes: whoever sees it close
         // may register at once.
         drop(link);
+        stop.cancel();
+        // Its close frame, unless a write is stuck: bounded as any write.
+        if tokio::time::timeout(Duration::from_secs(5), &mut writer)
+            .await
+            .is_err()
+        {
+            writer.abort();
+        }
         drop(reader);
     }
 
@@ -432,6 +450,9 @@ impl Hub {
         };
         tracing::info!(environment = %env, "a harness stopped reading: its stream is reset");
         self.counters.stalled_resets.inc();
+        queue.close.set(Some(CloseStatus::policy(
+            "stream reset: the harness stopped reading",
+        )));
         queue.stop.cancel();
         if let Some(executor) = executor {
             let _ = executor.try_send(
@@ -455,55 +476,74 @@ impl Hub {
     {
         let first = match tokio::time::timeout(CLAIM_TIMEOUT, reader.next()).await {
             Ok(Ok(Some(Message::Binary(b)))) => b,
-            _ => return,
+            Ok(Err(e)) => return refuse(writer, CloseStatus::for_error(&e)).await,
+            _ => return refuse(writer, Some(CLAIM_REFUSED)).await,
         };
         let stream_id = match Frame::decode(&first) {
             Ok(f) if f.validate().is_ok() && matches!(f.body, Some(Body::Resume { .. })) => {
                 f.stream_id
             }
-            _ => return,
+            _ => return refuse(writer, Some(CLAIM_REFUSED)).await,
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
+        let close = CloseWith::default();
         let queue = HarnessQueue {
             tx,
             queued: Arc::new(AtomicUsize::new(0)),
             stop: stop.clone(),
+            close: close.clone(),
         };
         let executor = {
             let mut routes = self.lock();
             let route = routes.entry(env.clone()).or_default();
-            let exec = match &route.executor {
-                Some(e) if e.registration_id == registration_id => e.tx.clone(),
-                _ => return,
-            };
-            if route.streams.contains_key(&stream_id) {
-                return; // someone else holds this stream id
+            let exec = route
+                .executor
+                .as_ref()
+                .filter(|e| e.registration_id == registration_id)
+                .map(|e| e.tx.clone());
+            match exec {
+                // Unless someone else holds this stream id.
+                Some(exec) if !route.streams.contains_key(&stream_id) => {
+                    route.streams.insert(stream_id.clone(), queue.clone());
+                    Some(exec)
+                }
+                _ => None,
             }
-            route.streams.insert(stream_id.clone(), queue.clone());
-            exec
+        };
+        let Some(executor) = executor else {
+            return refuse(writer, Some(CLAIM_REFUSED)).await;
         };
         let (pong_tx, pong_rx) = mpsc::channel(PONG_QUEUE);
         let writer = spawn_writer(
             writer,
             Inbox::Counted(rx, queue.queued.clone()),
             pong_rx,
-            stop.clone(),
+            (stop.clone(), close.clone()),
             PING_INTERVAL,
         );
         drop(queue);
         let mut ok = executor.send(first).await.is_ok();
+        if !ok {
+            close.set(Some(EXECUTOR_GONE));
+        }
         while ok {
             // Every other branch ends the loop (see serve_executor).
             let msg = tokio::select! {
                 m = reader.next() => m,
-                _ = executor.closed() => Ok(None),
+                _ = executor.closed() => {
+                    close.set(Some(EXECUTOR_GONE));
+                    Ok(None)
+                }
                 _ = stop.cancelled() => Ok(None),
             };
             let bytes = match classify(msg, &pong_tx) {
                 Read::Frame(b) => b,
                 Read::Skip => continue,
-                Read::End => break,
+                Read::End(status) => {
+                    close.set(status);
+                    break;
+                }
             };
             // A harness speaks for its own stream only.
             if frame::peek_stream_id(&bytes).ok().as_deref() != Some(stream_id.as_str()) {
@@ -513,6 +553,8 @@ impl Hub {
             ok = executor.send(bytes).await.is_ok();
             if ok {
                 self.counters.to_executor.inc_by(n);
+            } else {
+                close.set(Some(EXECUTOR_GONE));
             }
         }
         let still_ours = {

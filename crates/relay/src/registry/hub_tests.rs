@@ -173,6 +173,7 @@ fn tiny_frames_use_up_a_stream_budget_by_what_they_hold() {
         tx,
         queued: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         stop: tokio_util::sync::CancellationToken::new(),
+        close: Default::default(),
     };
     let frame = bytes::Bytes::from_static(&[7u8; 15]);
     let mut accepted = 0usize;
@@ -188,4 +189,80 @@ fn tiny_frames_use_up_a_stream_budget_by_what_they_hold() {
         "{accepted} tiny frames queued"
     );
     assert!(accepted > 0);
+}
+
+/// A harness socket served by `hub` for `env`/`registration` over an
+/// in-memory connection: the node's task, and the harness's reader and raw
+/// write half.
+fn harness_socket<'a>(
+    hub: &'a super::Hub,
+    registration: &str,
+) -> (
+    impl std::future::Future<Output = ()> + 'a,
+    crate::socket::Reader<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+    tokio::io::WriteHalf<tokio::io::DuplexStream>,
+) {
+    use crate::socket::{Reader, Role, Writer};
+    let (node, harness) = tokio::io::duplex(1 << 16);
+    let (r, w) = tokio::io::split(node);
+    let serving = hub.serve_harness(
+        (
+            Reader::new(r, Role::Server, 1 << 20),
+            Writer::new(w, Role::Server),
+        ),
+        "env".into(),
+        registration.into(),
+    );
+    let (hr, hw) = tokio::io::split(harness);
+    (serving, Reader::new(hr, Role::Client, 1 << 20), hw)
+}
+
+/// `payload` as one masked binary frame (a zero mask), RSV1 set when `rsv1`.
+fn client_frame(payload: &[u8], rsv1: bool) -> Vec<u8> {
+    assert!(payload.len() < 126);
+    let first = if rsv1 { 0xC2 } else { 0x82 };
+    let mut f = vec![first, 0x80 | payload.len() as u8, 0, 0, 0, 0];
+    f.extend_from_slice(payload);
+    f
+}
+
+#[tokio::test]
+async fn a_harness_the_node_drops_is_told_why_in_the_close_frame() {
+    use crate::frame::Frame;
+    use crate::socket::Message;
+    use tokio::io::AsyncWriteExt;
+    let hub = super::Hub::new(super::EXECUTOR_SILENCE_TIMEOUT);
+    // A first message that claims no stream: 1008.
+    let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
+    let harness = async {
+        w.write_all(&client_frame(b"not a relay frame", false))
+            .await
+            .unwrap();
+        reader.next().await.unwrap()
+    };
+    let ((), got) = tokio::join!(serving, harness);
+    assert_eq!(got, Some(Message::Close(Some(1008))));
+    // A claim for a registration that is not attached: 1008.
+    let resume = Frame::resume("s1").encode();
+    let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
+    let harness = async {
+        w.write_all(&client_frame(&resume, false)).await.unwrap();
+        reader.next().await.unwrap()
+    };
+    let ((), got) = tokio::join!(serving, harness);
+    assert_eq!(got, Some(Message::Close(Some(1008))));
+    // Claimed, then a frame with a reserved bit set: 1002.
+    let attached = hub
+        .attach_executor::<(), _>("env", "reg", || async { Ok(()) })
+        .await
+        .unwrap();
+    let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
+    let harness = async {
+        w.write_all(&client_frame(&resume, false)).await.unwrap();
+        w.write_all(&client_frame(b"x", true)).await.unwrap();
+        reader.next().await.unwrap()
+    };
+    let ((), got) = tokio::join!(serving, harness);
+    assert_eq!(got, Some(Message::Close(Some(1002))));
+    drop(attached);
 }

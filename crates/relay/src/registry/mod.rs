@@ -16,6 +16,7 @@
 //! executors retry with a growing jittered delay), and a socket stops counting
 //! once closed or silent for [`Config::executor_silence_timeout`].
 
+mod close;
 pub mod fleet;
 pub mod hub;
 pub mod metrics;

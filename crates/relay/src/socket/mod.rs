@@ -53,8 +53,61 @@ pub enum Message {
     Ping(bytes::Bytes),
     /// A pong (opcode 10).
     Pong,
-    /// A close frame (opcode 8): the peer is done.
-    Close,
+    /// A close frame (opcode 8): the peer is done. With the status code it
+    /// gave, if any (RFC 6455 §7.4; see [`CloseStatus`]).
+    Close(Option<u16>),
+}
+
+/// The status and reason a node puts in the close frame of a relay socket
+/// it ends (RFC 6455 §7.4), so the peer can say why it was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CloseStatus {
+    /// The status code: 1002, 1008 or 1009 here.
+    pub code: u16,
+    /// A short reason (at most 123 bytes, UTF-8).
+    pub reason: &'static str,
+}
+
+impl CloseStatus {
+    /// 1002: the peer broke the WebSocket protocol; `reason` says how.
+    pub const fn protocol_error(reason: &'static str) -> CloseStatus {
+        CloseStatus { code: 1002, reason }
+    }
+
+    /// 1008: the peer broke a rule of the relay; `reason` says which.
+    pub const fn policy(reason: &'static str) -> CloseStatus {
+        CloseStatus { code: 1008, reason }
+    }
+
+    /// 1009: a message longer than the node accepts.
+    pub const TOO_BIG: CloseStatus = CloseStatus {
+        code: 1009,
+        reason: "message too long",
+    };
+
+    /// The close frame's payload: the code (big-endian), then the reason,
+    /// cut to 123 bytes at a character boundary.
+    pub fn payload(&self) -> bytes::Bytes {
+        let mut end = self.reason.len().min(123);
+        while !self.reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut p = Vec::with_capacity(2 + end);
+        p.extend_from_slice(&self.code.to_be_bytes());
+        p.extend_from_slice(&self.reason.as_bytes()[..end]);
+        p.into()
+    }
+
+    /// The status for a read that failed with `e`; `None` for a broken
+    /// connection, where no close frame can help.
+    pub fn for_error(e: &WsError) -> Option<CloseStatus> {
+        match e {
+            WsError::Io(_) => None,
+            WsError::Protocol(how) => Some(CloseStatus::protocol_error(how)),
+            WsError::Stalled => Some(CloseStatus::policy("message not finished in time")),
+            WsError::TooLong { .. } => Some(CloseStatus::TOO_BIG),
+        }
+    }
 }
 
 /// What [`Reader::next_appending`] read.

@@ -131,7 +131,9 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             let message = match header.opcode {
                 OpCode::Ping => Message::Ping(payload.freeze()),
                 OpCode::Pong => Message::Pong,
-                OpCode::Close => Message::Close,
+                OpCode::Close => {
+                    Message::Close(payload.get(..2).map(|c| u16::from_be_bytes([c[0], c[1]])))
+                }
                 OpCode::Continue => {
                     let Some((opcode, mut whole)) = self.partial.take() else {
                         return Err(WsError::Protocol("continuation frame outside a message"));

@@ -67,7 +67,7 @@ async fn a_server_reads_what_a_tungstenite_client_sends() {
         reader.next().await.unwrap(),
         Some(Message::Text(Bytes::from_static(b"words")))
     );
-    assert_eq!(reader.next().await.unwrap(), Some(Message::Close));
+    assert_eq!(reader.next().await.unwrap(), Some(Message::Close(None)));
     drop(sender.await.unwrap());
 }
 
@@ -94,7 +94,7 @@ async fn a_tungstenite_client_reads_what_a_server_writes() {
         .send(&mut vec![Outgoing::Ping(Bytes::from_static(b"p"))])
         .await
         .unwrap();
-    writer.close().await.unwrap();
+    writer.close(None).await.unwrap();
     let got = reading.await.unwrap();
     assert_eq!(got.len(), SIZES.len() + 2);
     for (i, n) in SIZES.iter().enumerate() {
@@ -147,7 +147,7 @@ async fn a_client_round_trips_with_a_tungstenite_server() {
         .await
         .expect("every echo within 20 s");
     let mut writer = sending.await.unwrap();
-    writer.close().await.unwrap();
+    writer.close(None).await.unwrap();
     echo.await.unwrap();
 }
 
@@ -521,4 +521,45 @@ async fn a_message_trickling_past_the_timeout_is_dropped_and_the_clock_restarts_
     // 50 s of quiet between messages did not count; 60 s inside one did.
     assert_eq!(t.elapsed().as_secs(), 110);
     feeding.abort();
+}
+
+#[tokio::test]
+async fn a_close_status_reaches_a_tungstenite_client_and_our_reader() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    let status = CloseStatus::protocol_error("reserved bits set");
+    // A tungstenite client sees the code and the reason.
+    let (a, b) = tokio::io::duplex(1 << 12);
+    let (_r, w) = tokio::io::split(a);
+    let mut writer = Writer::new(w, Role::Server);
+    let reading = tokio::spawn(async move {
+        let mut ws = tungstenite_peer(b, TRole::Client).await;
+        ws.next().await
+    });
+    writer.close(Some(status)).await.unwrap();
+    match reading.await.unwrap() {
+        Some(Ok(TMessage::Close(Some(frame)))) => {
+            assert_eq!(frame.code, CloseCode::Protocol);
+            assert_eq!(frame.reason.as_str(), "reserved bits set");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Our own client reads the code.
+    let (a, b) = tokio::io::duplex(1 << 12);
+    let (_r, w) = tokio::io::split(a);
+    let mut writer = Writer::new(w, Role::Server);
+    writer.close(Some(CloseStatus::TOO_BIG)).await.unwrap();
+    let mut reader = Reader::new(b, Role::Client, 1 << 10);
+    assert_eq!(
+        reader.next().await.unwrap(),
+        Some(Message::Close(Some(1009)))
+    );
+}
+
+#[test]
+fn a_close_reason_is_cut_to_fit_the_frame_at_a_character_boundary() {
+    let long: &'static str = Box::leak("é".repeat(100).into_boxed_str());
+    let p = CloseStatus::policy(long).payload();
+    assert_eq!(&p[..2], &1008u16.to_be_bytes());
+    assert_eq!(p.len(), 2 + 122);
+    assert!(std::str::from_utf8(&p[2..]).is_ok());
 }

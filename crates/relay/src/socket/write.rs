@@ -3,7 +3,7 @@
 //! a payload it holds alone in place (a sealed relay frame), and copies only
 //! a shared one.
 
-use super::Role;
+use super::{CloseStatus, Role};
 use bytes::{Bytes, BytesMut};
 use exec_server_wsframe::frame::{header, HeaderBytes, OpCode};
 use exec_server_wsframe::mask::{append_masked, apply_mask, MaskKeys};
@@ -19,8 +19,8 @@ pub enum Outgoing {
     Ping(Bytes),
     /// A pong answering a ping, with the ping's payload.
     Pong(Bytes),
-    /// A close frame with no status (the connection ends after it).
-    Close,
+    /// A close frame, with a status or none (the connection ends after it).
+    Close(Option<CloseStatus>),
 }
 
 impl Outgoing {
@@ -29,7 +29,10 @@ impl Outgoing {
             Outgoing::Binary(b) => (OpCode::Binary, b),
             Outgoing::Ping(b) => (OpCode::Ping, b),
             Outgoing::Pong(b) => (OpCode::Pong, b),
-            Outgoing::Close => (OpCode::Close, Bytes::new()),
+            Outgoing::Close(status) => (
+                OpCode::Close,
+                status.map_or_else(Bytes::new, |s| s.payload()),
+            ),
         }
     }
 }
@@ -87,9 +90,10 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         self.io.flush().await
     }
 
-    /// Sends a close frame and shuts the write direction down.
-    pub async fn close(&mut self) -> io::Result<()> {
-        self.send(&mut vec![Outgoing::Close]).await?;
+    /// Sends a close frame (with `status`, if any) and shuts the write
+    /// direction down.
+    pub async fn close(&mut self, status: Option<CloseStatus>) -> io::Result<()> {
+        self.send(&mut vec![Outgoing::Close(status)]).await?;
         self.io.shutdown().await
     }
 

@@ -1,0 +1,45 @@
+//! Why a node ends a relay socket: the status of the close frame its writer
+//! sends (RFC 6455 §7.4), so the peer can say why it was dropped. The table
+//! of statuses is in `docs/remote-registration.md`.
+
+use crate::socket::{CloseStatus, Writer};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncWrite;
+
+/// The status of the close frame a socket's writer sends when the socket
+/// ends, set by whoever ends it (its reader, a stream reset): the peer then
+/// learns why. The first status set is kept; none by default.
+#[derive(Clone, Default)]
+pub(super) struct CloseWith(Arc<Mutex<Option<CloseStatus>>>);
+
+impl CloseWith {
+    pub(super) fn set(&self, status: Option<CloseStatus>) {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = status;
+        }
+    }
+
+    pub(super) fn get(&self) -> Option<CloseStatus> {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Why the node ends a harness socket whose claim it refuses.
+pub(super) const CLAIM_REFUSED: CloseStatus =
+    CloseStatus::policy("the first message must claim a free stream (Resume) within 10 s");
+/// Why the node ends a harness socket whose executor has gone.
+pub(super) const EXECUTOR_GONE: CloseStatus = CloseStatus {
+    code: 1001,
+    reason: "the executor is gone",
+};
+
+/// Ends a harness socket the node will not serve, with a close frame of
+/// `status` (bounded as any write).
+pub(super) async fn refuse<W: AsyncWrite + Unpin>(
+    mut writer: Writer<W>,
+    status: Option<CloseStatus>,
+) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), writer.close(status)).await;
+}
