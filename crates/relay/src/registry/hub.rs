@@ -16,7 +16,8 @@
 //! cannot displace the executor. A socket stops counting when it closes, fails,
 //! or sends nothing at all (not even a Pong to our Pings, sent every half of
 //! the silence timeout) for the hub's silence timeout: so a dead socket looks
-//! live for at most that long after its last frame.
+//! live for at most that long after its last frame. A harness socket silent
+//! for [`HARNESS_SILENCE_TIMEOUT`] is dropped too, and its stream reset.
 
 use super::close::{refuse, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE};
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
@@ -50,6 +51,12 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// the environment stops being live: 60 s (executors ping every 30 s and
 /// answer the relay's pings, so a working one is never this quiet).
 pub const EXECUTOR_SILENCE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a harness socket may send nothing before the relay drops it and
+/// resets its stream: 120 s, four of the relay's Pings left unanswered (a
+/// harness that reads its socket answers each at once). A harness that is
+/// gone without a close (its host asleep, its link cut) then stops holding
+/// its connection slot and its stream.
+pub const HARNESS_SILENCE_TIMEOUT: Duration = Duration::from_secs(120);
 
 struct ExecutorLink {
     id: u64,
@@ -199,6 +206,9 @@ impl Drop for AttachedLink {
         }
     }
 }
+
+/// Why the node drops a socket that sent nothing for its silence timeout.
+const SILENT: CloseStatus = CloseStatus::policy("silent too long");
 
 /// Pongs owed to a socket's peer, queued by its reader for its writer.
 const PONG_QUEUE: usize = 4;
@@ -392,7 +402,7 @@ impl Hub {
                     Ok(m) => m,
                     Err(_) => {
                         tracing::info!(environment = %link.env, "executor socket silent too long; dropping it");
-                        close.set(Some(CloseStatus::policy("silent too long")));
+                        close.set(Some(SILENT));
                         Ok(None)
                     }
                 },
@@ -530,7 +540,14 @@ impl Hub {
         while ok {
             // Every other branch ends the loop (see serve_executor).
             let msg = tokio::select! {
-                m = reader.next() => m,
+                m = tokio::time::timeout(HARNESS_SILENCE_TIMEOUT, reader.next()) => match m {
+                    Ok(m) => m,
+                    Err(_) => {
+                        tracing::info!(environment = %env, "harness socket silent too long; dropping it");
+                        close.set(Some(SILENT));
+                        Ok(None)
+                    }
+                },
                 _ = executor.closed() => {
                     close.set(Some(EXECUTOR_GONE));
                     Ok(None)

@@ -266,3 +266,68 @@ async fn a_harness_the_node_drops_is_told_why_in_the_close_frame() {
     assert_eq!(got, Some(Message::Close(Some(1002))));
     drop(attached);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_harness_that_answers_no_pings_is_dropped_and_one_that_does_is_not() {
+    use crate::frame::{Body, Frame};
+    use crate::socket::{Message, Outgoing, Role, Writer};
+    use tokio::io::AsyncWriteExt;
+    use tokio::time::Instant;
+    let hub = super::Hub::new(super::EXECUTOR_SILENCE_TIMEOUT);
+    let mut attached = hub
+        .attach_executor::<(), _>("env", "reg", || async { Ok(()) })
+        .await
+        .unwrap();
+    // Answers every Ping for ten minutes: still connected.
+    let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
+    w.write_all(&client_frame(&Frame::resume("s1").encode(), false))
+        .await
+        .unwrap();
+    let mut writer = Writer::new(w, Role::Client);
+    let answering = async {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(600) {
+            match reader.next().await.unwrap() {
+                Some(Message::Ping(p)) => writer.send(&mut vec![Outgoing::Pong(p)]).await.unwrap(),
+                other => return Some(other),
+            }
+        }
+        None
+    };
+    tokio::select! {
+        () = serving => panic!("the node ended the socket of a harness that answers"),
+        got = answering => assert_eq!(got, None, "an answering harness was dropped"),
+    }
+    // Answers nothing: dropped after the silence timeout, told why, and its
+    // stream reset towards the executor.
+    let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
+    w.write_all(&client_frame(&Frame::resume("s2").encode(), false))
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let silent = async {
+        loop {
+            match reader.next().await.unwrap() {
+                Some(Message::Ping(_)) => continue,
+                other => return other,
+            }
+        }
+    };
+    let bound = 3 * super::HARNESS_SILENCE_TIMEOUT;
+    let (_, got) = tokio::time::timeout(bound, async { tokio::join!(serving, silent) })
+        .await
+        .expect("a silent harness was never dropped");
+    assert_eq!(got, Some(Message::Close(Some(1008))));
+    let waited = t0.elapsed();
+    assert!(
+        waited >= super::HARNESS_SILENCE_TIMEOUT
+            && waited < super::HARNESS_SILENCE_TIMEOUT + Duration::from_secs(5),
+        "dropped after {waited:?}"
+    );
+    let mut reset = false;
+    while let Ok(frame) = attached.rx.try_recv() {
+        let f = Frame::decode(&frame).unwrap();
+        reset |= f.stream_id == "s2" && matches!(f.body, Some(Body::Reset { .. }));
+    }
+    assert!(reset, "the executor was not told the stream ended");
+}
