@@ -217,16 +217,13 @@ mod imp {
     }
 
     pub(super) fn launch(program: &Program, setup: &Setup) -> Result<Launched, LaunchError> {
-        STACK.with(|stack| match stack.try_borrow_mut() {
-            Ok(mut stack) => {
-                if stack.is_empty() {
-                    stack.resize(CHILD_STACK_BYTES / 16, 0);
-                }
-                launch_on(program, setup, &mut stack)
+        // A launch never runs inside another on one thread (it calls out to
+        // nothing), so the borrow is always free.
+        STACK.with_borrow_mut(|stack| {
+            if stack.is_empty() {
+                stack.resize(CHILD_STACK_BYTES / 16, 0);
             }
-            // Not reached (a launch never runs inside another on one
-            // thread); a stack of its own keeps it correct regardless.
-            Err(_) => launch_on(program, setup, &mut vec![0u128; CHILD_STACK_BYTES / 16]),
+            launch_on(program, setup, stack)
         })
     }
 

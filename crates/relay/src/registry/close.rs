@@ -29,6 +29,11 @@ impl CloseWith {
 /// Why the node ends a harness socket whose claim it refuses.
 pub(super) const CLAIM_REFUSED: CloseStatus =
     CloseStatus::policy("the first message must claim a free stream (Resume) within 10 s");
+/// Why the node drops a socket that sent nothing for its silence timeout.
+pub(super) const SILENT: CloseStatus = CloseStatus::policy("silent too long");
+/// Why the node ends a harness socket whose stream it reset.
+pub(super) const STREAM_RESET: CloseStatus =
+    CloseStatus::policy("stream reset: the harness stopped reading");
 /// Why the node ends a harness socket whose executor has gone.
 pub(super) const EXECUTOR_GONE: CloseStatus = CloseStatus {
     code: 1001,

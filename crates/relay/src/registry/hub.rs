@@ -19,7 +19,7 @@
 //! live for at most that long after its last frame. A harness socket silent
 //! for [`HARNESS_SILENCE_TIMEOUT`] is dropped too, and its stream reset.
 
-use super::close::{refuse, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE};
+use super::close::{refuse, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE, SILENT, STREAM_RESET};
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
 use crate::socket::{gather, CloseStatus, Message, Outgoing, Reader, Writer, WsError};
 use bytes::Bytes;
@@ -206,9 +206,6 @@ impl Drop for AttachedLink {
         }
     }
 }
-
-/// Why the node drops a socket that sent nothing for its silence timeout.
-const SILENT: CloseStatus = CloseStatus::policy("silent too long");
 
 /// Pongs owed to a socket's peer, queued by its reader for its writer.
 const PONG_QUEUE: usize = 4;
@@ -460,9 +457,7 @@ impl Hub {
         };
         tracing::info!(environment = %env, "a harness stopped reading: its stream is reset");
         self.counters.stalled_resets.inc();
-        queue.close.set(Some(CloseStatus::policy(
-            "stream reset: the harness stopped reading",
-        )));
+        queue.close.set(Some(STREAM_RESET));
         queue.stop.cancel();
         if let Some(executor) = executor {
             let _ = executor.try_send(
@@ -534,9 +529,6 @@ impl Hub {
         );
         drop(queue);
         let mut ok = executor.send(first).await.is_ok();
-        if !ok {
-            close.set(Some(EXECUTOR_GONE));
-        }
         while ok {
             // Every other branch ends the loop (see serve_executor).
             let msg = tokio::select! {
@@ -570,9 +562,11 @@ impl Hub {
             ok = executor.send(bytes).await.is_ok();
             if ok {
                 self.counters.to_executor.inc_by(n);
-            } else {
-                close.set(Some(EXECUTOR_GONE));
             }
+        }
+        if !ok {
+            // A send failed: the executor's queue is gone.
+            close.set(Some(EXECUTOR_GONE));
         }
         let still_ours = {
             let mut routes = self.lock();

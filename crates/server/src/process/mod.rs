@@ -501,9 +501,10 @@ impl Process {
     /// reuses it rather than making one.
     fn settle_cgroup(&self) -> Option<Arc<cgroup::ProcessCgroup>> {
         let mut slot = self.cgroup.lock().unwrap_or_else(|p| p.into_inner());
-        match slot.as_ref()?.occupancy() {
+        let group = slot.as_ref()?;
+        match group.occupancy() {
             cgroup::Occupancy::Populated => return slot.clone(),
-            cgroup::Occupancy::Empty => slot.as_ref()?.seen_empty_after_exit(),
+            cgroup::Occupancy::Empty => group.seen_empty_after_exit(),
             cgroup::Occupancy::Unreadable => {}
         }
         let group = slot.take();
