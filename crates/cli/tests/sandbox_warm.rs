@@ -326,6 +326,43 @@ async fn a_burst_in_many_directories_keeps_the_pool_within_its_bound() {
     assert!(most > 0, "none were made");
 }
 
+#[tokio::test]
+async fn starts_back_to_back_deepen_the_pool_up_to_its_bound() {
+    let s = Server::start(&[]);
+    let f = fixture("warm7");
+    let mut c = Conn::open(&s.url, None).await;
+    // Each start right after the previous one closed: faster than two
+    // sandboxes at a time can be made, so some starts find theirs still
+    // setting up.
+    for i in 0..20 {
+        let id = format!("r{i}");
+        c.send(
+            "process/start",
+            sh(&id, &f.ws, "true", json!({}), ww(&f.ws)),
+        )
+        .await;
+        let done = c.collect(&id, Duration::from_secs(20)).await;
+        assert_eq!(done.exit, Some(0), "{id}");
+    }
+    // The pool for this key is now deeper than the two an agent's paced
+    // starts keep, and never over its bound of four (bounded wait: 10 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut most = 0;
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        let warm = warm_children(s.pid()).len();
+        most = most.max(warm);
+        seen.push(warm);
+        if most > 2 && seen.len() > 50 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    seen.dedup();
+    assert!(most > 2, "the pool stayed at {most}: {seen:?}");
+    assert!(most <= 4, "{most} warm sandboxes for one key: {seen:?}");
+}
+
 /// The program each warm sandbox of `server` runs as its inner stage: the
 /// argument before `--sandbox-inner-exec` in its bubblewrap command line.
 fn inner_programs(server: u32) -> Vec<String> {

@@ -1,7 +1,7 @@
 //! Sandboxes prepared ahead ("warm", [`exec_server_sandbox::warm`]): after a
-//! sandboxed start, the next bubblewrap sandbox with the same plan, working
-//! directory and stdin mode is started at once, its inner stage waiting on a
-//! pipe; the next start that matches takes it and only sends its command.
+//! sandboxed start, the next bubblewrap sandboxes with the same plan, working
+//! directory and stdin mode are started at once (two, or up to four while
+//! starts come back to back), their inner stage waiting on a pipe; the next start that matches takes it and only sends its command.
 //! bubblewrap's set-up, the network namespace, the inner stage's exec and the
 //! seccomp filter are then off the start's path.
 //!
@@ -50,15 +50,83 @@ pub struct Pool {
     closed: std::sync::atomic::AtomicBool,
 }
 
-/// Most warm sandboxes kept for one key: 2, so back-to-back starts find
-/// one ready while the next is being made.
+/// Warm sandboxes kept for one key to begin with: 2, so starts an agent
+/// makes between its turns find one ready while the next is being made.
 const PER_KEY: usize = 2;
 
-/// The pool's entries, and the keys of those being made.
+/// Most kept for one key: 4. A sandbox takes several milliseconds to make
+/// and most of that is waiting in the kernel, not computing, so starts
+/// that come back to back outrun two being made at a time; four being made
+/// at once keep up on two cores (BENCHMARKS.md "Sandboxed spawn, a deeper
+/// pool for a burst").
+const MAX_PER_KEY: usize = 4;
+
+/// Two takes of one key this close together, the second finding its
+/// sandbox still setting up, are a burst: the key's depth grows by one.
+const BURST_GAP: Duration = Duration::from_secs(1);
+
+/// Most keys whose demand is remembered: 64.
+const MAX_DEMAND_RECORDS: usize = 64;
+
+/// The pool's entries, the keys of those being made, and how deep each
+/// key's supply is kept.
 #[derive(Default)]
 struct State {
     entries: Vec<Entry>,
     making: Vec<Key>,
+    demand: Vec<Demand>,
+}
+
+/// How many warm sandboxes one key keeps, grown by bursts of starts and
+/// reset to [`PER_KEY`] when one of its sandboxes waits [`MAX_AGE`] unused.
+struct Demand {
+    key: Key,
+    depth: usize,
+    last_take: std::time::Instant,
+}
+
+impl State {
+    /// Warm sandboxes kept for `key`: [`PER_KEY`] unless a burst deepened it.
+    fn depth(&self, key: &Key) -> usize {
+        self.demand
+            .iter()
+            .find(|d| d.key == *key)
+            .map_or(PER_KEY, |d| d.depth)
+    }
+
+    /// Notes a take of `key`; `waited` when the sandbox taken was still
+    /// setting up. Two takes within [`BURST_GAP`], the second waiting,
+    /// deepen the key's supply by one, up to [`MAX_PER_KEY`].
+    fn took(&mut self, key: &Key, waited: bool) {
+        let now = std::time::Instant::now();
+        match self.demand.iter_mut().find(|d| d.key == *key) {
+            Some(d) => {
+                if waited && now.duration_since(d.last_take) < BURST_GAP {
+                    d.depth = (d.depth + 1).min(MAX_PER_KEY);
+                }
+                d.last_take = now;
+            }
+            None => {
+                // Keys whose sandboxes were displaced never expire: the
+                // least recently taken record goes first.
+                if self.demand.len() >= MAX_DEMAND_RECORDS {
+                    let oldest = (0..self.demand.len()).min_by_key(|&i| self.demand[i].last_take);
+                    oldest.map(|i| self.demand.swap_remove(i));
+                }
+                self.demand.push(Demand {
+                    key: key.clone(),
+                    depth: PER_KEY,
+                    last_take: now,
+                });
+            }
+        }
+    }
+
+    /// A sandbox of `key` waited unused until it expired: the burst is
+    /// over, and the key's record goes.
+    fn idle(&mut self, key: &Key) {
+        self.demand.retain(|d| d.key != *key);
+    }
 }
 
 /// What a warm sandbox was made for.
@@ -155,7 +223,9 @@ impl Pool {
                     break;
                 }
             }
-            state.entries.remove(ready.or(first)?)
+            let at = ready.or(first)?;
+            state.took(&key, ready.is_none());
+            state.entries.remove(at)
         };
         // Ended while it waited (its set-up failed, or it was killed): the
         // cold way says why, if anything is wrong.
@@ -198,8 +268,9 @@ impl Pool {
     }
 
     /// Starts, in the background, warm sandboxes for the next starts like
-    /// `exec` under `sandbox`, up to [`PER_KEY`] waiting or being made,
-    /// unless warm sandboxes are off. Best effort: a failure only means the
+    /// `exec` under `sandbox`, up to the key's depth ([`PER_KEY`], more in
+    /// a burst: [`MAX_PER_KEY`]) waiting or being made, unless warm
+    /// sandboxes are off. Best effort: a failure only means the
     /// next start takes the cold way.
     pub fn prepare_next(self: &Arc<Self>, exec: &Exec, sandbox: &StartSandbox, cgroups: &Cgroups) {
         let Io::Pipes { stdin } = exec.io else {
@@ -215,7 +286,7 @@ impl Pool {
         let (env, cwd) = (exec.env.clone(), exec.cwd.clone());
         let expiry = runtime.clone();
         runtime.spawn_blocking(move || {
-            for _ in 0..PER_KEY {
+            for _ in 0..MAX_PER_KEY {
                 let id = pool.next_id.fetch_add(1, Ordering::Relaxed);
                 match pool.make(id, &sandbox, &env, cwd.clone(), stdin, &cgroups) {
                     Ok(true) => {
@@ -223,7 +294,7 @@ impl Pool {
                         expiry.spawn(async move {
                             tokio::time::sleep(MAX_AGE).await;
                             if let Some(pool) = pool.upgrade() {
-                                pool.remove(|e| e.id == id);
+                                pool.expire(id);
                             }
                         });
                     }
@@ -239,7 +310,7 @@ impl Pool {
 
     /// Makes one warm sandbox and keeps it, ending the oldest ready one
     /// when those waiting and being made would exceed the capacity;
-    /// `Ok(false)` when [`PER_KEY`] for the same key wait or are being made
+    /// `Ok(false)` when the key's depth for the same key wait or are being made
     /// already, when the capacity's worth are still setting up, or the plan
     /// has no namespaces. Errors: the sandbox's preparation or spawn.
     fn make(
@@ -261,7 +332,7 @@ impl Pool {
             let mut state = self.state();
             let waiting = state.entries.iter().filter(|e| e.key == key).count();
             let making = state.making.iter().filter(|k| **k == key).count();
-            if waiting + making >= PER_KEY {
+            if waiting + making >= state.depth(&key) {
                 return Ok(false);
             }
             // Sandboxes still setting up count against the bound, and only
@@ -367,15 +438,17 @@ impl Pool {
         }))
     }
 
-    /// Ends the warm sandboxes `which` selects.
-    fn remove(&self, which: impl Fn(&Entry) -> bool) {
-        let gone: Vec<Entry> = {
+    /// Ends warm sandbox `id` if it still waits, unused for [`MAX_AGE`]:
+    /// its key's burst, if any, is over.
+    fn expire(&self, id: u64) {
+        let gone = {
             let mut state = self.state();
-            let (gone, kept) = std::mem::take(&mut state.entries)
-                .into_iter()
-                .partition(|e| which(e));
-            state.entries = kept;
-            gone
+            let at = state.entries.iter().position(|e| e.id == id);
+            at.map(|at| {
+                let gone = state.entries.remove(at);
+                state.idle(&gone.key);
+                gone
+            })
         };
         drop(gone);
     }
