@@ -242,6 +242,7 @@ async fn expired_or_forged_relay_urls_are_refused_with_a_reason() {
         role: Role::Harness,
         environment_id: "e4".into(),
         registration_id: reg.registration_id.clone(),
+        nonce: None,
     };
     let ws_base = s.base.replace("http://", "ws://");
     for (query, reason) in [
@@ -266,6 +267,65 @@ async fn expired_or_forged_relay_urls_are_refused_with_a_reason() {
             other => panic!("expected an HTTP refusal, got {other}"),
         }
     }
+}
+
+/// The HTTP refusal of a relay upgrade: status and rejection reason.
+async fn refusal(url: &str) -> (u16, String) {
+    match tokio_tungstenite::connect_async(url).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            let reason = resp.headers()["x-codex-rendezvous-rejection-reason"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            (resp.status().as_u16(), reason)
+        }
+        Err(other) => panic!("expected an HTTP refusal, got {other}"),
+        Ok(_) => panic!("{url} was accepted"),
+    }
+}
+
+/// A harness's relay URL opens one socket: a second upgrade with it (a
+/// leaked URL) is refused, and the URL's nonce is no authorization for
+/// `/validate`, nor used up by one.
+#[tokio::test]
+async fn a_harness_url_opens_one_socket_only() {
+    let s = setup("e10").await;
+    let me = Identity::generate(&mut OsRandom);
+    let bundle = s.client.connect("e10", &me.public_key()).await.unwrap();
+    let url = url::Url::parse(&bundle.url).unwrap();
+    let nonce = url
+        .query_pairs()
+        .find(|(k, _)| k == "n")
+        .map(|(_, v)| v.into_owned())
+        .expect("a harness URL has a nonce");
+    let body = serde_json::json!({
+        "executor_registration_id": bundle.executor_registration_id,
+        "harness_public_key": me.public_key().to_wire(),
+        "harness_key_authorization": format!("url_{nonce}"),
+    });
+    let (status, answer) = raw_post(
+        &s.base,
+        "/cloud/environment/e10/validate",
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&answer).unwrap()["valid"],
+        false
+    );
+    let (first, _) = tokio_tungstenite::connect_async(bundle.url.as_str())
+        .await
+        .expect("the first upgrade with the URL");
+    assert_eq!(refusal(&bundle.url).await, (403, "expired".to_string()));
+    drop(first);
+    // A new /connect gives a new URL that works.
+    let again = s.client.connect("e10", &me.public_key()).await.unwrap();
+    assert_ne!(again.url, bundle.url);
+    let (ws, _) = tokio_tungstenite::connect_async(again.url.as_str())
+        .await
+        .unwrap();
+    drop(ws);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,9 @@
 //! `GET /metrics` (the node's Prometheus metrics, see [`metrics`]) on one
 //! port, HTTP/1.1 with keep-alive (over TLS when configured), served by hyper.
 //!
-//! What it guarantees: relay URLs are signed and expire; an authorization names
+//! What it guarantees: relay URLs are signed and expire, and a harness's
+//! opens one socket only (its nonce is taken from the store at the upgrade,
+//! on whichever node; a second upgrade with it is refused as `expired`); an authorization names
 //! one harness key, one registration and one environment, is single use and
 //! lives [`AUTHORIZATION_TTL`]; `/validate` says yes only for that exact key;
 //! frames are routed by stream id and never opened (it has no key to open them);
@@ -45,6 +47,11 @@ pub const EXECUTOR_URL_TTL: Duration = Duration::from_secs(600);
 pub const HARNESS_URL_TTL: Duration = Duration::from_secs(60);
 /// How long a `harness_key_authorization` stays valid: 60 s.
 pub const AUTHORIZATION_TTL: Duration = Duration::from_secs(60);
+
+/// Prefix of the store token under which a harness URL's nonce is kept
+/// until its upgrade takes it. `/connect`'s authorizations start `hka_`,
+/// and `/validate` refuses a token with this prefix.
+const URL_NONCE_PREFIX: &str = "url_";
 
 /// Registry settings.
 pub struct Config {
@@ -285,6 +292,7 @@ impl Registry {
             role: Role::Executor,
             environment_id: env.into(),
             registration_id: registration_id.clone(),
+            nonce: None,
         };
         Ok(Reply::json(&RegisterResponse {
             environment_id: env.into(),
@@ -323,8 +331,22 @@ impl Registry {
                 Authorization {
                     environment_id: env.into(),
                     registration_id: reg.registration_id.clone(),
-                    harness_key: req.harness_public_key,
+                    harness_key: req.harness_public_key.clone(),
                     expires_unix: now_unix() + AUTHORIZATION_TTL.as_secs(),
+                },
+            )
+            .await?;
+        // The URL's nonce, kept as an authorization of its own for as long
+        // as the URL is valid: the first upgrade with the URL takes it.
+        let nonce = uuid::Uuid::new_v4().simple().to_string();
+        self.store
+            .put_authorization(
+                &format!("{URL_NONCE_PREFIX}{nonce}"),
+                Authorization {
+                    environment_id: env.into(),
+                    registration_id: reg.registration_id.clone(),
+                    harness_key: req.harness_public_key,
+                    expires_unix: now_unix() + HARNESS_URL_TTL.as_secs(),
                 },
             )
             .await?;
@@ -332,6 +354,7 @@ impl Registry {
             role: Role::Harness,
             environment_id: env.into(),
             registration_id: reg.registration_id.clone(),
+            nonce: Some(nonce),
         };
         let base = self.relay_base_for(env).await?;
         Ok(Reply::json(&ConnectResponse {
@@ -356,11 +379,14 @@ impl Registry {
         let Ok(req) = serde_json::from_slice::<ValidateRequest>(body) else {
             return Ok(Reply::error(400, "bad_request", "invalid validate request"));
         };
-        let valid = match self
-            .store
-            .take_authorization(&req.harness_key_authorization, now_unix())
-            .await?
-        {
+        // A URL's nonce is no authorization, and stays for its upgrade.
+        let token = &req.harness_key_authorization;
+        let taken = if token.starts_with(URL_NONCE_PREFIX) {
+            None
+        } else {
+            self.store.take_authorization(token, now_unix()).await?
+        };
+        let valid = match taken {
             Some(a) => {
                 let current = self.store.registration(env).await?;
                 a.environment_id == env
@@ -388,6 +414,32 @@ impl Registry {
         }
     }
 
+    /// Takes a harness URL's nonce from the store: only the first upgrade
+    /// with the URL gets it. A used (or expired) nonce is refused as
+    /// `expired`: the URL is no longer valid, and the harness asks
+    /// `/connect` for a new one, as it does for every attempt. A harness URL
+    /// without a nonce (signed by a node from before nonces) is let through.
+    async fn take_url_nonce(&self, grant: &Grant) -> Result<(), &'static str> {
+        let Some(nonce) = &grant.nonce else {
+            return Ok(());
+        };
+        let token = format!("{URL_NONCE_PREFIX}{nonce}");
+        let taken = self.store.take_authorization(&token, now_unix()).await;
+        match taken {
+            Ok(Some(a))
+                if a.environment_id == grant.environment_id
+                    && a.registration_id == grant.registration_id =>
+            {
+                Ok(())
+            }
+            Ok(_) => Err("expired"),
+            Err(e) => {
+                tracing::warn!(node = %self.node_id, "cannot take a relay URL's nonce: {e}");
+                Err("route_unavailable")
+            }
+        }
+    }
+
     /// Checks a relay upgrade's query and, for an executor, attaches its
     /// socket before the upgrade is answered (so it is live from then on);
     /// the error is the rejection reason.
@@ -396,6 +448,7 @@ impl Registry {
         match grant.role {
             Role::Harness => {
                 self.current(&grant).await?;
+                self.take_url_nonce(&grant).await?;
                 Ok(Admitted::Harness(grant))
             }
             Role::Executor => {

@@ -1,5 +1,8 @@
-//! Signed, expiring relay URLs: `{base}/relay?role=R&env=E&reg=G&exp=T&v=1&sig=HEX`,
+//! Signed, expiring relay URLs: `{base}/relay?role=R&env=E&reg=G&exp=T&v=1[&n=NONCE]&sig=HEX`,
 //! `sig` = HMAC-SHA256 over the other parameters with the store's signing key.
+//! A harness URL carries a nonce `n` that makes it single use (the registry
+//! keeps it in its store until the first upgrade takes it); an executor URL
+//! has none, since the executor reconnects with the same URL.
 //! A refusal names one of the reference's rejection reasons.
 
 use ring::hmac;
@@ -34,11 +37,16 @@ pub struct Grant {
     pub environment_id: String,
     /// Registration id the URL was issued for.
     pub registration_id: String,
+    /// The single-use nonce (`n`, 32 hex digits) of a harness URL; `None`
+    /// for an executor URL, and for a harness URL signed without one.
+    pub nonce: Option<String>,
 }
 
-fn mac_input(role: &str, env: &str, reg: &str, exp: &str) -> Vec<u8> {
+/// The signed bytes: each part length-prefixed; the nonce, when there is
+/// one, last (a URL without one signs exactly what it always did).
+fn mac_input(role: &str, env: &str, reg: &str, exp: &str, nonce: Option<&str>) -> Vec<u8> {
     let mut m = Vec::new();
-    for part in [URL_VERSION, role, env, reg, exp] {
+    for part in [URL_VERSION, role, env, reg, exp].into_iter().chain(nonce) {
         m.extend_from_slice(&(part.len() as u64).to_be_bytes());
         m.extend_from_slice(part.as_bytes());
     }
@@ -56,24 +64,28 @@ pub fn sign(key: &[u8; 32], grant: &Grant, expires_unix: u64) -> String {
             &grant.environment_id,
             &grant.registration_id,
             &exp,
+            grant.nonce.as_deref(),
         ),
     );
     let sig: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    url::form_urlencoded::Serializer::new(String::new())
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    query
         .append_pair("role", grant.role.as_str())
         .append_pair("env", &grant.environment_id)
         .append_pair("reg", &grant.registration_id)
         .append_pair("exp", &exp)
-        .append_pair("v", URL_VERSION)
-        .append_pair("sig", &sig)
-        .finish()
+        .append_pair("v", URL_VERSION);
+    if let Some(n) = &grant.nonce {
+        query.append_pair("n", n);
+    }
+    query.append_pair("sig", &sig).finish()
 }
 
 /// Checks a query string; the error is the rejection reason (wire value of
 /// `x-codex-rendezvous-rejection-reason`).
 pub fn verify(key: &[u8; 32], query: &str, now_unix: u64) -> Result<Grant, &'static str> {
-    let (mut role, mut env, mut reg, mut exp, mut v, mut sig) =
-        (None, None, None, None, None, None);
+    let (mut role, mut env, mut reg, mut exp, mut v, mut sig, mut nonce) =
+        (None, None, None, None, None, None, None);
     for (k, val) in url::form_urlencoded::parse(query.as_bytes()) {
         let slot = match k.as_ref() {
             "role" => &mut role,
@@ -82,6 +94,7 @@ pub fn verify(key: &[u8; 32], query: &str, now_unix: u64) -> Result<Grant, &'sta
             "exp" => &mut exp,
             "v" => &mut v,
             "sig" => &mut sig,
+            "n" => &mut nonce,
             _ => return Err("extra_query_param"),
         };
         if slot.replace(val.into_owned()).is_some() {
@@ -107,8 +120,8 @@ pub fn verify(key: &[u8; 32], query: &str, now_unix: u64) -> Result<Grant, &'sta
         .filter_map(|i| u8::from_str_radix(sig.get(2 * i..2 * i + 2)?, 16).ok())
         .collect();
     let k = hmac::Key::new(hmac::HMAC_SHA256, key);
-    hmac::verify(&k, &mac_input(&role_s, &env, &reg, &exp_s), &sig_bytes)
-        .map_err(|_| "invalid_signature")?;
+    let signed = mac_input(&role_s, &env, &reg, &exp_s, nonce.as_deref());
+    hmac::verify(&k, &signed, &sig_bytes).map_err(|_| "invalid_signature")?;
     if expires < now_unix {
         return Err("expired");
     }
@@ -116,6 +129,7 @@ pub fn verify(key: &[u8; 32], query: &str, now_unix: u64) -> Result<Grant, &'sta
         role,
         environment_id: env,
         registration_id: reg,
+        nonce,
     })
 }
 
@@ -130,6 +144,7 @@ mod tests {
             role: Role::Harness,
             environment_id: "dev box/1".into(),
             registration_id: "reg_1".into(),
+            nonce: None,
         };
         let q = sign(&key, &g, 1000);
         assert_eq!(verify(&key, &q, 999), Ok(g.clone()));
@@ -142,5 +157,34 @@ mod tests {
             Err("extra_query_param")
         );
         assert_eq!(verify(&key, "", 10), Err("missing_role"));
+    }
+
+    #[test]
+    fn a_nonce_is_signed_and_cannot_be_added_removed_or_changed() {
+        let key = [3u8; 32];
+        let g = Grant {
+            role: Role::Harness,
+            environment_id: "env".into(),
+            registration_id: "reg_1".into(),
+            nonce: Some("0123456789abcdef0123456789abcdef".into()),
+        };
+        let q = sign(&key, &g, 1000);
+        assert!(q.contains("&n=0123456789abcdef0123456789abcdef&"), "{q}");
+        assert_eq!(verify(&key, &q, 999), Ok(g.clone()));
+        let changed = q.replace("&n=0123", "&n=f123");
+        assert_eq!(verify(&key, &changed, 10), Err("invalid_signature"));
+        let removed = q.replace("&n=0123456789abcdef0123456789abcdef", "");
+        assert_eq!(verify(&key, &removed, 10), Err("invalid_signature"));
+        let plain = sign(
+            &key,
+            &Grant {
+                nonce: None,
+                ..g.clone()
+            },
+            1000,
+        );
+        let (head, sig) = plain.rsplit_once("&sig=").unwrap();
+        let added = format!("{head}&n=0123456789abcdef0123456789abcdef&sig={sig}");
+        assert_eq!(verify(&key, &added, 10), Err("invalid_signature"));
     }
 }
