@@ -98,10 +98,11 @@ pub struct ServeArgs {
     pub process_cgroups: ProcessCgroups,
 
     /// Most sandboxes kept prepared ahead: after a sandboxed start, the next
-    /// one with the same policy, cwd and stdin mode is made at once and waits
-    /// (at most 30 s) for its command, so that start skips bubblewrap's
-    /// set-up. Each serves one command: no two commands share namespaces.
-    /// 0 turns this off.
+    /// ones with the same policy, cwd and stdin mode (two, up to four while
+    /// starts come back to back) are made at once and wait (at most 30 s)
+    /// for their command, so that start skips bubblewrap's set-up. Each
+    /// serves one command: no two commands share namespaces. 0 turns this
+    /// off.
     #[arg(long, default_value_t = exec_server::DEFAULT_WARM_SANDBOXES, value_name = "N")]
     pub warm_sandboxes: usize,
 
