@@ -171,7 +171,7 @@ async fn an_emptied_cgroup_serves_later_starts_and_one_a_daemon_holds_never_does
     let d = tmpdir("cgroup-reuse");
     let mut c = Conn::open(&s.url, None).await;
     let own_cgroup = "sed -n 's/^0:://p' /proc/self/cgroup";
-    let m = marker(3);
+    let m = marker(4);
     let daemon = format!("{own_cgroup}; (setsid sleep {m} >/dev/null 2>&1 &)");
     let held = cgroup_of_run(&mut c, &d, "daemon", &daemon).await;
     assert!(eventually(WAIT, || pids_matching(&format!("sleep {m}")).len() == 1).await);
