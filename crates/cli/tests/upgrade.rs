@@ -248,7 +248,7 @@ async fn a_refused_binary_leaves_the_server_serving() {
     std::fs::write(
         &hang,
         "#!/bin/sh\ncase \"$1\" in --handover-version) echo 'exec-server 9 handover-state 1';; \
-         *) sleep 1000 & wait;; esac\n",
+         *) sleep 1000.41 & wait;; esac\n",
     )
     .unwrap();
     for (binary, why) in [
@@ -266,9 +266,9 @@ async fn a_refused_binary_leaves_the_server_serving() {
         c = again;
     }
     assert!(
-        eventually(WAIT, || pids_matching("sleep 1000").is_empty()).await,
+        eventually(WAIT, || pids_matching("sleep 1000.41").is_empty()).await,
         "the hung check's child was killed: {:?}",
-        pids_matching("sleep 1000")
+        pids_matching("sleep 1000.41")
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
