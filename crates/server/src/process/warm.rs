@@ -1,7 +1,8 @@
 //! Sandboxes prepared ahead ("warm", [`exec_server_sandbox::warm`]): after a
 //! sandboxed start, the next bubblewrap sandboxes with the same plan, working
 //! directory and stdin mode are started at once (two, or up to four while
-//! starts come back to back), their inner stage waiting on a pipe; the next start that matches takes it and only sends its command.
+//! starts come back to back), their inner stage waiting on a pipe; the next
+//! start that matches takes one and only sends its command.
 //! bubblewrap's set-up, the network namespace, the inner stage's exec and the
 //! seccomp filter are then off the start's path.
 //!
@@ -310,7 +311,7 @@ impl Pool {
 
     /// Makes one warm sandbox and keeps it, ending the oldest ready one
     /// when those waiting and being made would exceed the capacity;
-    /// `Ok(false)` when the key's depth for the same key wait or are being made
+    /// `Ok(false)` when as many as the key's depth wait or are being made
     /// already, when the capacity's worth are still setting up, or the plan
     /// has no namespaces. Errors: the sandbox's preparation or spawn.
     fn make(
