@@ -363,6 +363,47 @@ async fn starts_back_to_back_deepen_the_pool_up_to_its_bound() {
     assert!(most <= 4, "{most} warm sandboxes for one key: {seen:?}");
 }
 
+/// A start routed through a network proxy of its own (a new proxy, route
+/// and variables each time) leaves no warm sandboxes behind: none could
+/// ever be taken, and they would crowd out those that can.
+#[tokio::test]
+async fn a_start_with_its_own_network_proxy_prepares_nothing() {
+    let s = Server::start(&[]);
+    let f = fixture("warm8");
+    let mut c = Conn::open(&s.url, None).await;
+    for i in 0..3 {
+        let id = format!("np{i}");
+        let mut p = sh(&id, &f.ws, "true", json!({}), ww(&f.ws));
+        p["networkProxy"] = json!({"proxy": crate::managed_network::proxy(json!({}))});
+        p["enforceManagedNetwork"] = json!(true);
+        c.send("process/start", p).await;
+        let done = c.collect(&id, Duration::from_secs(20)).await;
+        assert_eq!(done.exit, Some(0), "{id}");
+    }
+    // A plain start in another directory afterwards: its two are all the
+    // pool holds once they are there.
+    let other = f.ws.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    c.send(
+        "process/start",
+        sh("plain", &other, "true", json!({}), ww(&f.ws)),
+    )
+    .await;
+    assert_eq!(
+        c.collect("plain", Duration::from_secs(20)).await.exit,
+        Some(0)
+    );
+    // Those of the proxied starts would have been made before these two
+    // (with them, the count passes two and this wait fails).
+    let warm = wait_for_warm(s.pid());
+    let now = warm_children(s.pid());
+    assert_eq!(
+        now.len(),
+        2,
+        "warm sandboxes besides the plain start's: {now:?} ({warm:?})"
+    );
+}
+
 /// The program each warm sandbox of `server` runs as its inner stage: the
 /// argument before `--sandbox-inner-exec` in its bubblewrap command line.
 fn inner_programs(server: u32) -> Vec<String> {

@@ -242,7 +242,10 @@ impl Process {
             host,
         } = settings;
         let caps = plan.limits.as_ref().filter(|l| resources::any(Some(l)));
-        let warmable = plan.confinement.as_ref().filter(|_| caps.is_none());
+        // A start routed through its own network proxy has a route (and
+        // proxy variables) no later start shares: a sandbox made for its
+        // key could never be taken, only crowd out those that can.
+        let warmable = (plan.confinement.as_ref()).filter(|sb| caps.is_none() && !sb.routed());
         let served = warmable.and_then(|sb| host.warm.take(&plan.exec, sb));
         let (started, cgroup) = match served {
             Some(served) => (served.started, served.cgroup),

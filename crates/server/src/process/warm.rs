@@ -16,8 +16,10 @@
 //! whole in the message and nothing of them is in the sandbox before.
 //! What differs is the time its view was made: at most [`MAX_AGE`] earlier.
 //!
-//! Only pipe-mode starts without caps take a warm sandbox (a PTY is made per
-//! start; caps are written into the cgroup before the child joins it).
+//! Only pipe-mode starts without caps and without a network proxy of their
+//! own take a warm sandbox (a PTY is made per start; caps are written into
+//! the cgroup before the child joins it; each proxied start has its own
+//! proxy and route, so no later start could take one made for it).
 
 use super::cgroup::{Cgroups, ProcessCgroup};
 use super::plan::{Exec, Io};
