@@ -269,6 +269,23 @@ async fn expired_or_forged_relay_urls_are_refused_with_a_reason() {
     }
 }
 
+/// The status of a raw `GET target` carrying a WebSocket key and `headers`.
+async fn raw_upgrade(base: &str, target: &str, headers: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "GET {target} HTTP/1.1\r\nHost: {addr}\r\n{headers}Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut head))
+        .await
+        .unwrap()
+        .unwrap();
+    std::str::from_utf8(&head[9..12]).unwrap().parse().unwrap()
+}
+
 /// The HTTP refusal of a relay upgrade: status and rejection reason.
 async fn refusal(url: &str) -> (u16, String) {
     match tokio_tungstenite::connect_async(url).await {
@@ -314,6 +331,20 @@ async fn a_harness_url_opens_one_socket_only() {
         serde_json::from_str::<serde_json::Value>(&answer).unwrap()["valid"],
         false
     );
+    // Malformed upgrades are refused before the URL is admitted, so they
+    // do not use it up.
+    let target = format!("/relay?{}", url.query().unwrap());
+    for headers in [
+        "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n",
+        "Upgrade: websocket\r\nConnection: keep-alive\r\nSec-WebSocket-Version: 13\r\n",
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 8\r\n",
+    ] {
+        assert_eq!(
+            raw_upgrade(&s.base, &target, headers).await,
+            400,
+            "{headers}"
+        );
+    }
     let (first, _) = tokio_tungstenite::connect_async(bundle.url.as_str())
         .await
         .expect("the first upgrade with the URL");

@@ -229,10 +229,22 @@ async fn upgrade(
         .get(hyper::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|u| u.trim().eq_ignore_ascii_case("websocket"));
+    // RFC 6455 §4.2.1: `Connection` lists `Upgrade`, and the version is 13.
+    // Checked before the URL is admitted: a malformed request (or one a
+    // proxy mangled) must not use up a client URL's single use.
+    let connection_upgrade = headers
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    let version_13 = headers
+        .get(hyper::header::SEC_WEBSOCKET_VERSION)
+        .is_some_and(|v| v.as_bytes() == b"13");
     let key = headers
         .get(hyper::header::SEC_WEBSOCKET_KEY)
         .map(|k| k.as_bytes().to_vec());
-    let (true, Some(key)) = (is_websocket, key) else {
+    let (true, Some(key)) = (is_websocket && connection_upgrade && version_13, key) else {
         return respond(Reply::error(
             400,
             "bad_request",
