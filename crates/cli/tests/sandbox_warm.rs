@@ -326,6 +326,13 @@ async fn a_burst_in_many_directories_keeps_the_pool_within_its_bound() {
     assert!(most > 0, "none were made");
 }
 
+/// Starts `p` as `id` and waits for it to close with exit 0 (bounded: 20 s).
+async fn run_to_exit_0(c: &mut Conn, id: &str, p: Value) {
+    c.send("process/start", p).await;
+    let done = c.collect(id, Duration::from_secs(20)).await;
+    assert_eq!(done.exit, Some(0), "{id}");
+}
+
 #[tokio::test]
 async fn starts_back_to_back_deepen_the_pool_up_to_its_bound() {
     let s = Server::start(&[]);
@@ -336,13 +343,7 @@ async fn starts_back_to_back_deepen_the_pool_up_to_its_bound() {
     // setting up.
     for i in 0..20 {
         let id = format!("r{i}");
-        c.send(
-            "process/start",
-            sh(&id, &f.ws, "true", json!({}), ww(&f.ws)),
-        )
-        .await;
-        let done = c.collect(&id, Duration::from_secs(20)).await;
-        assert_eq!(done.exit, Some(0), "{id}");
+        run_to_exit_0(&mut c, &id, sh(&id, &f.ws, "true", json!({}), ww(&f.ws))).await;
     }
     // The pool for this key is now deeper than the two an agent's paced
     // starts keep, and never over its bound of four (bounded wait: 10 s).
@@ -376,23 +377,14 @@ async fn a_start_with_its_own_network_proxy_prepares_nothing() {
         let mut p = sh(&id, &f.ws, "true", json!({}), ww(&f.ws));
         p["networkProxy"] = json!({"proxy": crate::managed_network::proxy(json!({}))});
         p["enforceManagedNetwork"] = json!(true);
-        c.send("process/start", p).await;
-        let done = c.collect(&id, Duration::from_secs(20)).await;
-        assert_eq!(done.exit, Some(0), "{id}");
+        run_to_exit_0(&mut c, &id, p).await;
     }
     // A plain start in another directory afterwards: its two are all the
     // pool holds once they are there.
     let other = f.ws.join("other");
     std::fs::create_dir_all(&other).unwrap();
-    c.send(
-        "process/start",
-        sh("plain", &other, "true", json!({}), ww(&f.ws)),
-    )
-    .await;
-    assert_eq!(
-        c.collect("plain", Duration::from_secs(20)).await.exit,
-        Some(0)
-    );
+    let plain = sh("plain", &other, "true", json!({}), ww(&f.ws));
+    run_to_exit_0(&mut c, "plain", plain).await;
     // Those of the proxied starts would have been made before these two
     // (with them, the count passes two and this wait fails).
     let warm = wait_for_warm(s.pid());

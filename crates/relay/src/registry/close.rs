@@ -40,9 +40,9 @@ pub(super) const EXECUTOR_GONE: CloseStatus = CloseStatus {
     reason: "the executor is gone",
 };
 
-/// Ends a harness socket the node will not serve, with a close frame of
-/// `status` (bounded as any write).
-pub(super) async fn refuse<W: AsyncWrite + Unpin>(
+/// Ends a socket with a close frame of `status` (bounded: 5 s), whether the
+/// node refuses it at its claim or its writer stops.
+pub(super) async fn send_close<W: AsyncWrite + Unpin>(
     mut writer: Writer<W>,
     status: Option<CloseStatus>,
 ) {

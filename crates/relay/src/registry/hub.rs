@@ -19,7 +19,7 @@
 //! live for at most that long after its last frame. A harness socket silent
 //! for [`HARNESS_SILENCE_TIMEOUT`] is dropped too, and its stream reset.
 
-use super::close::{refuse, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE, SILENT, STREAM_RESET};
+use super::close::{send_close, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE, SILENT, STREAM_RESET};
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
 use crate::socket::{gather, CloseStatus, Message, Outgoing, Reader, Writer, WsError};
 use bytes::Bytes;
@@ -273,8 +273,7 @@ where
         // A socket that cannot be written to is dead, whatever it sends: its
         // reader stops too, and an executor's environment is free again.
         stop.cancel();
-        let status = close.get();
-        let _ = tokio::time::timeout(Duration::from_secs(5), writer.close(status)).await;
+        send_close(writer, close.get()).await;
     })
 }
 
@@ -481,14 +480,14 @@ impl Hub {
     {
         let first = match tokio::time::timeout(CLAIM_TIMEOUT, reader.next()).await {
             Ok(Ok(Some(Message::Binary(b)))) => b,
-            Ok(Err(e)) => return refuse(writer, CloseStatus::for_error(&e)).await,
-            _ => return refuse(writer, Some(CLAIM_REFUSED)).await,
+            Ok(Err(e)) => return send_close(writer, CloseStatus::for_error(&e)).await,
+            _ => return send_close(writer, Some(CLAIM_REFUSED)).await,
         };
         let stream_id = match Frame::decode(&first) {
             Ok(f) if f.validate().is_ok() && matches!(f.body, Some(Body::Resume { .. })) => {
                 f.stream_id
             }
-            _ => return refuse(writer, Some(CLAIM_REFUSED)).await,
+            _ => return send_close(writer, Some(CLAIM_REFUSED)).await,
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
@@ -517,7 +516,7 @@ impl Hub {
             }
         };
         let Some(executor) = executor else {
-            return refuse(writer, Some(CLAIM_REFUSED)).await;
+            return send_close(writer, Some(CLAIM_REFUSED)).await;
         };
         let (pong_tx, pong_rx) = mpsc::channel(PONG_QUEUE);
         let writer = spawn_writer(

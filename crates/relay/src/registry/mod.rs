@@ -8,7 +8,8 @@
 //!
 //! What it guarantees: relay URLs are signed and expire, and a harness's
 //! opens one socket only (its nonce is taken from the store at the upgrade,
-//! on whichever node; a second upgrade with it is refused as `expired`); an authorization names
+//! on whichever node; a second upgrade with it is refused as `expired`); an
+//! authorization names
 //! one harness key, one registration and one environment, is single use and
 //! lives [`AUTHORIZATION_TTL`]; `/validate` says yes only for that exact key;
 //! frames are routed by stream id and never opened (it has no key to open them);

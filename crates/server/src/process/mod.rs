@@ -245,7 +245,10 @@ impl Process {
         // A start routed through its own network proxy has a route (and
         // proxy variables) no later start shares: a sandbox made for its
         // key could never be taken, only crowd out those that can.
-        let warmable = (plan.confinement.as_ref()).filter(|sb| caps.is_none() && !sb.routed());
+        let warmable = plan
+            .confinement
+            .as_ref()
+            .filter(|sb| caps.is_none() && !sb.routed());
         let served = warmable.and_then(|sb| host.warm.take(&plan.exec, sb));
         let (started, cgroup) = match served {
             Some(served) => (served.started, served.cgroup),
