@@ -1,5 +1,6 @@
 //! The harness side: one attempt = a fresh `/connect`, a fresh WebSocket to the
-//! returned URL, a fresh UUID v4 stream, `Resume` then `Handshake{msg1}`; once
+//! returned URL, a fresh UUID v4 stream, `Resume` then `Handshake{msg1}`
+//! (written right behind the upgrade request); once
 //! msg2 arrives the stream is a [`Channel`] of messages. Reconnecting means
 //! calling [`connect`] again (the session layer above resumes its session).
 
@@ -60,9 +61,6 @@ pub async fn connect(
         .await?;
     let executor_key = PublicKey::from_wire(&bundle.executor_public_key)
         .map_err(|e| HarnessError::Protocol(format!("executor key: {e}")))?;
-    let (mut source, mut sink) = crate::socket::connect(bundle.url.as_str(), &[], MAX_FRAME_BYTES)
-        .await
-        .map_err(|e| HarnessError::Relay(e.to_string()))?;
     let stream_id = uuid::Uuid::new_v4().to_string();
     let p = prologue(environment_id, &bundle.executor_registration_id, &stream_id);
     let (init, msg1) = Initiator::start(
@@ -73,13 +71,17 @@ pub async fn connect(
         &mut OsRandom,
     )
     .map_err(|e| HarnessError::Protocol(e.to_string()))?;
+    // Written behind the upgrade request, not after its answer: one round
+    // trip fewer. A refused upgrade loses them with the socket, and the
+    // next attempt makes a fresh stream and handshake anyway.
     let mut opening = vec![
         Outgoing::Binary(Frame::resume(&stream_id).encode().into()),
         Outgoing::Binary(Frame::handshake(&stream_id, msg1).encode().into()),
     ];
-    sink.send(&mut opening)
-        .await
-        .map_err(|e| HarnessError::Relay(e.to_string()))?;
+    let (mut source, sink) =
+        crate::socket::connect_sending(bundle.url.as_str(), &[], MAX_FRAME_BYTES, &mut opening)
+            .await
+            .map_err(|e| HarnessError::Relay(e.to_string()))?;
     let msg2 = tokio::time::timeout(HANDSHAKE_TIMEOUT, await_msg2(&mut source, &stream_id))
         .await
         .map_err(|_| HarnessError::Protocol("handshake timed out".into()))??;

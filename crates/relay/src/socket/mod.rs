@@ -26,7 +26,10 @@ mod connect;
 mod read;
 mod write;
 
-pub use connect::{connect, ClientReader, ClientSocket, ClientWriter, ConnectError, Upgraded};
+pub use connect::{
+    connect, connect_sending, ClientReader, ClientSocket, ClientWriter, ConnectError, Io,
+    UpgradedRead,
+};
 pub use read::Reader;
 pub use write::{gather, Outgoing, Writer};
 
