@@ -15,6 +15,7 @@ use super::{Outgoing, Reader, Role, Writer};
 use crate::api::REJECTION_HEADER;
 use std::io::Cursor;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Chain, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
@@ -37,6 +38,12 @@ pub type ClientSocket = (ClientReader, ClientWriter);
 const MAX_ANSWER_HEAD_BYTES: usize = 16 * 1024;
 /// Most header lines the upgrade's answer may have.
 const MAX_ANSWER_HEADERS: usize = 32;
+/// Time to connect, finish TLS and read the upgrade's answer: 10 s. A node
+/// that accepts and then says nothing (overloaded, or cut off by a network
+/// partition) fails the attempt, so an executor registers again (with every
+/// registry URL it was given) and a harness retries, instead of waiting on
+/// it for ever.
+pub const UPGRADE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a relay socket could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +71,8 @@ fn failed(e: impl std::fmt::Display) -> ConnectError {
 
 /// Opens a relay socket to `url` (`ws://` or `wss://`, TLS with
 /// [`crate::tls::client_config`]'s roots) with `headers` added to the
-/// upgrade request, reading messages of up to `limit` bytes.
+/// upgrade request, reading messages of up to `limit` bytes, within
+/// [`UPGRADE_TIMEOUT`].
 pub async fn connect(
     url: &str,
     headers: &[(&str, String)],
@@ -76,8 +84,36 @@ pub async fn connect(
 /// [`connect`], writing the frames of `early` (emptied) right behind the
 /// upgrade request, before its answer is read: they reach the node in the
 /// upgrade's round trip instead of after it. Only for frames that may be
-/// lost with a refused upgrade: then the node never reads them.
+/// lost with a refused upgrade: then the node never reads them. Bounded by
+/// [`UPGRADE_TIMEOUT`] (then [`ConnectError::Failed`]).
 pub async fn connect_sending(
+    url: &str,
+    headers: &[(&str, String)],
+    limit: usize,
+    early: &mut Vec<Outgoing>,
+) -> Result<ClientSocket, ConnectError> {
+    connect_within(url, headers, limit, early, UPGRADE_TIMEOUT).await
+}
+
+/// [`connect_sending`] bounded by `bound` instead of [`UPGRADE_TIMEOUT`].
+async fn connect_within(
+    url: &str,
+    headers: &[(&str, String)],
+    limit: usize,
+    early: &mut Vec<Outgoing>,
+    bound: Duration,
+) -> Result<ClientSocket, ConnectError> {
+    tokio::time::timeout(bound, open(url, headers, limit, early))
+        .await
+        .unwrap_or_else(|_| {
+            Err(failed(format!(
+                "no answer to the upgrade within {} s",
+                bound.as_secs_f64()
+            )))
+        })
+}
+
+async fn open(
     url: &str,
     headers: &[(&str, String)],
     limit: usize,

@@ -162,3 +162,29 @@ fn a_header_that_would_break_the_request_is_refused() {
         .unwrap()
         .ends_with("\r\nx-a: b c\r\n\r\n"));
 }
+
+#[tokio::test]
+async fn a_node_that_never_answers_fails_the_upgrade_within_its_bound() {
+    let (l, url) = listener().await;
+    // Accepts and reads the request, then says nothing.
+    let node = tokio::spawn(async move {
+        let (mut tcp, _) = l.accept().await.unwrap();
+        let _ = read_request_head(&mut tcp).await;
+        tcp
+    });
+    let started = std::time::Instant::now();
+    let bound = Duration::from_millis(300);
+    let got = tokio::time::timeout(
+        WAIT,
+        connect_within(&url, &[], LIMIT, &mut Vec::new(), bound),
+    )
+    .await
+    .expect("the bound ends the attempt");
+    assert!(
+        matches!(&got, Err(ConnectError::Failed(why)) if why.contains("no answer")),
+        "{:?}",
+        got.err()
+    );
+    assert!(started.elapsed() >= bound);
+    drop(node.await.unwrap());
+}
