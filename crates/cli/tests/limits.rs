@@ -109,6 +109,40 @@ async fn yes_under_an_output_cap_delivers_exactly_the_cap() {
 
 /// A command that ignores SIGTERM is killed after the grace (2 s), and a
 /// daemon it double-forked dies with the deadline too.
+/// A client that stops reading holds the output back, not the limits: the
+/// server waits to hand it a chunk, and the deadline still ends the command
+/// (and the output cap's and the grace's follow-ups with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_fires_while_the_client_reads_nothing() {
+    let s = Server::start(&[]);
+    let d = tmpdir("limits-stalled");
+    let marker = "sleep 1000.93";
+    let script = format!("{marker} & head -c 64M /dev/zero; wait");
+    let mut c = Conn::open(&s.url, None).await;
+    let params = with_limits(
+        start_params("p", &["sh", "-c", &script], &d, false, false),
+        json!({"timeoutMs": 1000}),
+    );
+    c.ok("process/start", params).await;
+    assert!(
+        eventually(Duration::from_secs(10), || !pids_matching(marker)
+            .is_empty())
+        .await,
+        "the command started"
+    );
+    // Nothing is read meanwhile: the output fills the socket and the
+    // server's queue, and the server waits to hand over the next chunk.
+    assert!(
+        eventually(Duration::from_secs(6), || pids_matching(marker).is_empty()).await,
+        "the command outlived its 1 s deadline while its client read nothing"
+    );
+    let got = c.collect("p", Duration::from_secs(60)).await;
+    assert_eq!(got.limit.as_deref(), Some("wallTimeout"));
+    assert_eq!(got.exit, Some(128 + 15), "ended by SIGTERM");
+    c.close().await;
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_kills_what_ignores_sigterm_and_the_daemons_it_left() {
     let s = Server::start(&[]);

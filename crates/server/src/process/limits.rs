@@ -230,6 +230,13 @@ impl Watch {
         allowed
     }
 
+    /// The client holds output back (the server waits to hand it over or
+    /// has paused reading for it) at `now`: the command is not silent, so
+    /// the idle clock restarts.
+    pub fn output_held(&mut self, now: Instant) {
+        self.last_output = now;
+    }
+
     fn fire(&mut self, reason: LimitReason, now: Instant) {
         if self.fired.is_none() {
             self.fired = Some((reason, now));
@@ -314,6 +321,31 @@ mod tests {
         assert_eq!(w.tick(t1), Action::Terminate(LimitReason::OutputLimit));
         assert_eq!(w.output(5, t1), 0, "nothing past the cap");
         assert_eq!(w.fired(), Some(LimitReason::OutputLimit));
+    }
+
+    #[test]
+    fn output_held_back_by_the_client_is_not_silence_but_the_deadline_still_fires() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut w = Watch::new(
+            Some(&limits(Some(1000), Some(300), None)),
+            t0,
+            DEFAULT_KILL_GRACE,
+        );
+        w.output_held(t0 + ms(250));
+        assert_eq!(
+            w.tick(t0 + ms(400)),
+            Action::Wait,
+            "idle restarted at 250 ms"
+        );
+        w.output_held(t0 + ms(500));
+        assert_eq!(w.next_due(), Some(t0 + ms(800)));
+        w.output_held(t0 + ms(800));
+        assert_eq!(
+            w.tick(t0 + ms(1000)),
+            Action::Terminate(LimitReason::WallTimeout),
+            "held output does not move the deadline"
+        );
     }
 
     #[test]

@@ -140,7 +140,7 @@ pub(super) async fn pump(
                             n
                         };
                         widen_if_full(a, &mut buf_a, n, &link);
-                        emit_within(&proc, &link, stream_a, buf_a.take(n), &mut watch).await;
+                        emit_within(&proc, &link, stream_a, buf_a.take(n), &mut watch, exit_code.is_some()).await;
                     }
                     _ => a = None,
                 }
@@ -149,7 +149,7 @@ pub(super) async fn pump(
                 match r {
                     Ok(n) if n > 0 => {
                         widen_if_full(b, &mut buf_b, n, &link);
-                        emit_within(&proc, &link, stream_b, buf_b.take(n), &mut watch).await;
+                        emit_within(&proc, &link, stream_b, buf_b.take(n), &mut watch, exit_code.is_some()).await;
                     }
                     _ => b = None,
                 }
@@ -161,7 +161,7 @@ pub(super) async fn pump(
                     while let Some(f) = *fd {
                         match raw_read(f.get_ref(), &mut buf_a, 0) {
                             Ok(0) => { *fd = None; }
-                            Ok(n) => emit_within(&proc, &link, stream, buf_a.take(n), &mut watch).await,
+                            Ok(n) => emit_within(&proc, &link, stream, buf_a.take(n), &mut watch, true).await,
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                             Err(_) => { *fd = None; }
                         }
@@ -202,24 +202,11 @@ pub(super) async fn pump(
                 send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied, limit, signal)).await;
             }
             _ = tokio::time::sleep_until(due.unwrap_or_else(far_future)), if due.is_some() => {
-                match watch.tick(tokio::time::Instant::now()) {
-                    super::limits::Action::Terminate(reason) => {
-                        lock(&proc.state).limit = Some(reason);
-                        crate::metrics::limit_fired(reason);
-                        tracing::info!(process_id = %proc.id, limit = reason.as_str(), "a limit ended the process");
-                        if exit_code.is_none() {
-                            kill::signal_group(proc.pid, nix::sys::signal::Signal::SIGTERM);
-                        } else {
-                            // Exited, yet its output is held open (a
-                            // daemon): nothing to ask, end what is left.
-                            proc.terminate();
-                        }
-                    }
-                    super::limits::Action::Kill => {
-                        proc.terminate();
-                    }
-                    super::limits::Action::Wait => {}
+                if paused {
+                    // Output held back by the client is not silence.
+                    watch.output_held(tokio::time::Instant::now());
                 }
+                act_on_limits(&proc, &mut watch, exit_code.is_some());
             }
             _ = proc.resume.notified(), if paused => {}
             _ = handover::asked(&mut parking) => park = true,
@@ -302,36 +289,78 @@ async fn emit_within(
     stream: OutputStream,
     data: Filled,
     watch: &mut super::limits::Watch,
+    exited: bool,
 ) {
     let n = data.payload().len();
     let allowed = watch.output(n, tokio::time::Instant::now());
+    let mut to = Sink {
+        proc,
+        link,
+        watch,
+        exited,
+    };
     if allowed == n {
-        emit(proc, link, stream, data).await;
+        emit(&mut to, stream, data).await;
     } else if allowed > 0 {
         let kept = Filled::copy_of(&data.payload()[..allowed], 0);
-        emit(proc, link, stream, kept).await;
+        emit(&mut to, stream, kept).await;
     }
 }
 
-async fn emit(proc: &Process, link: &Link, stream: OutputStream, data: Filled) {
+/// Where [`emit`] puts a chunk, and the limits it keeps enforcing while the
+/// client holds the chunk up.
+struct Sink<'a> {
+    proc: &'a Process,
+    link: &'a Link,
+    watch: &'a mut super::limits::Watch,
+    /// Whether the process has exited (its output is held open).
+    exited: bool,
+}
+
+/// The limits' step now due: a fired limit SIGTERMs the process group (or,
+/// once the process exited with its output held open by a daemon, ends
+/// what is left), then SIGKILLs it when the grace has run out.
+fn act_on_limits(proc: &Process, watch: &mut super::limits::Watch, exited: bool) {
+    match watch.tick(tokio::time::Instant::now()) {
+        super::limits::Action::Terminate(reason) => {
+            lock(&proc.state).limit = Some(reason);
+            crate::metrics::limit_fired(reason);
+            tracing::info!(process_id = %proc.id, limit = reason.as_str(), "a limit ended the process");
+            if exited {
+                // Exited, yet its output is held open (a daemon): nothing
+                // to ask, end what is left.
+                proc.terminate();
+            } else {
+                kill::signal_group(proc.pid, nix::sys::signal::Signal::SIGTERM);
+            }
+        }
+        super::limits::Action::Kill => {
+            proc.terminate();
+        }
+        super::limits::Action::Wait => {}
+    }
+}
+
+async fn emit(to: &mut Sink<'_>, stream: OutputStream, data: Filled) {
     if stream == OutputStream::Pty && data.payload().len() <= PTY_LINE_SPLIT_MAX_BYTES {
         let mut rest = data.payload();
         while let Some(i) = rest.iter().position(|b| *b == b'\n') {
             if i + 1 == rest.len() {
                 break;
             }
-            emit_one(proc, link, stream, Filled::copy_of(&rest[..=i], 0)).await;
+            emit_one(to, stream, Filled::copy_of(&rest[..=i], 0)).await;
             rest = &rest[i + 1..];
         }
         if rest.len() < data.payload().len() {
-            emit_one(proc, link, stream, Filled::copy_of(rest, 0)).await;
+            emit_one(to, stream, Filled::copy_of(rest, 0)).await;
             return;
         }
     }
-    emit_one(proc, link, stream, data).await;
+    emit_one(to, stream, data).await;
 }
 
-async fn emit_one(proc: &Process, link: &Link, stream: OutputStream, data: Filled) {
+async fn emit_one(to: &mut Sink<'_>, stream: OutputStream, data: Filled) {
+    let (proc, link) = (to.proc, to.link);
     crate::metrics::output_bytes(data.payload().len());
     proc.output_bytes.fetch_add(
         data.payload().len() as u64,
@@ -368,11 +397,21 @@ async fn emit_one(proc: &Process, link: &Link, stream: OutputStream, data: Fille
         }
     };
     // A client that does not read must not hold an upgrade up: the chunk
-    // is in the log, and a resume replays it.
+    // is in the log, and a resume replays it. Nor the limits: the deadline,
+    // the grace's SIGKILL and the output cap still end the command while
+    // the client holds this chunk up (its output held back is not silence).
     let mut parking = proc.park.signal();
-    let sent = tokio::select! {
-        sent = send => sent.is_ok(),
-        _ = handover::asked(&mut parking) => false,
+    tokio::pin!(send);
+    let sent = loop {
+        let due = to.watch.next_due();
+        tokio::select! {
+            sent = &mut send => break sent.is_ok(),
+            _ = handover::asked(&mut parking) => break false,
+            _ = tokio::time::sleep_until(due.unwrap_or_else(far_future)), if due.is_some() => {
+                to.watch.output_held(tokio::time::Instant::now());
+                act_on_limits(proc, to.watch, to.exited);
+            }
+        }
     };
     if sent {
         lock(&proc.state).log.delivered_by_push(seq);
