@@ -5,6 +5,7 @@ pub mod fs;
 pub mod info;
 pub mod kill;
 mod limits;
+mod local_out;
 pub use limits::{parse_duration, parse_limit_list};
 mod network;
 pub mod ps;

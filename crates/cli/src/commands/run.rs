@@ -1,6 +1,7 @@
 //! `run`: a command on the server with its output streamed, stdin forwarded,
 //! Ctrl-C turned into an interrupt, and the command's exit code as ours.
 
+use super::local_out::LocalOut;
 use super::terminal::{terminal_size, RawMode};
 use super::{explain, fail, remote_path, server_cwd, ConnectArgs};
 use clap::Args;
@@ -275,40 +276,40 @@ async fn forward_signals(client: ExecServerClient, id: String, tty: bool) {
 async fn relay_output(
     proc: &mut ProcessHandle,
 ) -> Result<(Option<i32>, Option<LimitReason>), String> {
+    use std::os::fd::AsFd;
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
-    // Chunks go to descriptor 1 as they are: the standard handle is line
-    // buffered, and scanning every chunk for a line end cost more than the
-    // copy (each chunk is flushed at once anyway).
-    let mut raw_stdout = {
-        use std::os::fd::AsFd;
-        stdout
-            .as_fd()
-            .try_clone_to_owned()
-            .ok()
-            .map(std::fs::File::from)
-    };
-    if let Some(f) = &raw_stdout {
+    // Chunks go to descriptors 1 and 2 as they are, never blocking this
+    // runtime's thread on a stalled reader (`LocalOut`): the standard
+    // handle is line buffered, and scanning every chunk for a line end cost
+    // more than the copy (each chunk is flushed at once anyway).
+    let mut out = LocalOut::new(stdout.as_fd()).ok();
+    let mut err = LocalOut::new(stderr.as_fd()).ok();
+    if let Some(o) = &out {
         // A pipe as large as an output chunk (up to 1 MiB with binary
         // frames) takes each chunk in one write instead of several with a
         // wake-up of the reader between them. Refused for anything but a
         // pipe, or past the system's pipe-max-size; harmless then.
-        let _ = nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1024 * 1024));
+        let _ = nix::fcntl::fcntl(o.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(1024 * 1024));
     }
     let mut code = None;
     let mut limit = None;
     while let Some(ev) = proc.next_event().await {
         match ev {
             ProcessEvent::Output { stream, data, .. } => {
-                let r = match stream {
-                    OutputStream::Stderr => stderr.lock().write_all(&data),
-                    _ => match raw_stdout.as_mut() {
-                        Some(f) => f.write_all(&data),
-                        None => {
-                            let mut out = stdout.lock();
-                            out.write_all(&data).and_then(|_| out.flush())
-                        }
-                    },
+                let dest = match stream {
+                    OutputStream::Stderr => &mut err,
+                    _ => &mut out,
+                };
+                let r = match dest {
+                    Some(d) => d.write_all(&data).await,
+                    // No duplicate of the descriptor (out of descriptors):
+                    // the standard handle, blocking.
+                    None if stream == OutputStream::Stderr => stderr.lock().write_all(&data),
+                    None => {
+                        let mut o = stdout.lock();
+                        o.write_all(&data).and_then(|_| o.flush())
+                    }
                 };
                 if r.is_err() {
                     // Local stdout closed (e.g. `| head`): stop the remote command.
