@@ -188,9 +188,9 @@ fn main() {
     let otlp = init_logging(cli.log_format, cli.otlp_endpoint.as_deref());
     // `run` and `shell` relay one command's output: on one thread, its
     // chunks pass from the (embedded) server to stdout without a wake-up
-    // of another thread each (1 GiB into a pipe took 0.79-1.00 s against
-    // 1.08-1.33 s on the default runtime); their writes never block that
-    // thread (`commands::local_out`). Servers and the rest keep a worker
+    // of another thread each (1 GiB into `wc -c` took 0.89-1.09 s against
+    // 1.09-1.26 s on the default runtime, BENCHMARKS.md); their writes
+    // never block that thread (`commands::local_out`). Servers and the rest keep a worker
     // per core.
     let mut builder = match cli.command {
         Some(Command::Run(_) | Command::Shell(_)) => tokio::runtime::Builder::new_current_thread(),

@@ -405,6 +405,9 @@ async fn emit_one(to: &mut Sink<'_>, stream: OutputStream, data: Filled) {
     let sent = loop {
         let due = to.watch.next_due();
         tokio::select! {
+            // The send first: a chunk the client's queue takes at once (the
+            // common case) never arms the timer.
+            biased;
             sent = &mut send => break sent.is_ok(),
             _ = handover::asked(&mut parking) => break false,
             _ = tokio::time::sleep_until(due.unwrap_or_else(far_future)), if due.is_some() => {
