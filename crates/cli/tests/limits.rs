@@ -107,8 +107,6 @@ async fn yes_under_an_output_cap_delivers_exactly_the_cap() {
     }
 }
 
-/// A command that ignores SIGTERM is killed after the grace (2 s), and a
-/// daemon it double-forked dies with the deadline too.
 /// A client that stops reading holds the output back, not the limits: the
 /// server waits to hand it a chunk, and the deadline still ends the command
 /// (and the output cap's and the grace's follow-ups with it).
@@ -143,6 +141,29 @@ async fn a_deadline_fires_while_the_client_reads_nothing() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Output a stalled client holds back is not silence: `yes`, blocked on
+/// its full pipe behind a client that reads nothing, outlives a 300 ms idle
+/// timeout and is ended by its deadline instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_held_back_by_a_stalled_client_is_not_idleness() {
+    let s = Server::start(&[]);
+    let d = tmpdir("limits-held");
+    let mut c = Conn::open(&s.url, None).await;
+    let params = with_limits(
+        start_params("p", &["yes"], &d, false, false),
+        json!({"idleTimeoutMs": 300, "timeoutMs": 2500}),
+    );
+    c.ok("process/start", params).await;
+    // Nothing is read for the first 3 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got = c.collect("p", Duration::from_secs(60)).await;
+    assert_eq!(got.limit.as_deref(), Some("wallTimeout"));
+    c.close().await;
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A command that ignores SIGTERM is killed after the grace (2 s), and a
+/// daemon it double-forked dies with the deadline too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_kills_what_ignores_sigterm_and_the_daemons_it_left() {
     let s = Server::start(&[]);

@@ -106,7 +106,12 @@ pub(super) async fn pump(
         if a.is_none() && b.is_none() && exit_code.is_some() {
             let seq = lock(&proc.state).log.push_closed();
             proc.bump();
-            send_event(&proc, &link, seq, closed_json(&proc.id, seq)).await;
+            let mut limits = Limits {
+                watch: &mut watch,
+                exited: true,
+                output: [None, None],
+            };
+            send_event(&proc, &link, seq, closed_json(&proc.id, seq), &mut limits).await;
             // The connection's writer puts `exited` and `closed` on the wire
             // before the bookkeeping below (a cgroup read), not after it.
             tokio::task::yield_now().await;
@@ -140,7 +145,8 @@ pub(super) async fn pump(
                             n
                         };
                         widen_if_full(a, &mut buf_a, n, &link);
-                        emit_within(&proc, &link, stream_a, buf_a.take(n), &mut watch, exit_code.is_some()).await;
+                        let mut limits = Limits { watch: &mut watch, exited: exit_code.is_some(), output: raw_fds(a, b) };
+                        emit_within(&proc, &link, stream_a, buf_a.take(n), &mut limits).await;
                     }
                     _ => a = None,
                 }
@@ -149,7 +155,8 @@ pub(super) async fn pump(
                 match r {
                     Ok(n) if n > 0 => {
                         widen_if_full(b, &mut buf_b, n, &link);
-                        emit_within(&proc, &link, stream_b, buf_b.take(n), &mut watch, exit_code.is_some()).await;
+                        let mut limits = Limits { watch: &mut watch, exited: exit_code.is_some(), output: raw_fds(a, b) };
+                        emit_within(&proc, &link, stream_b, buf_b.take(n), &mut limits).await;
                     }
                     _ => b = None,
                 }
@@ -161,7 +168,10 @@ pub(super) async fn pump(
                     while let Some(f) = *fd {
                         match raw_read(f.get_ref(), &mut buf_a, 0) {
                             Ok(0) => { *fd = None; }
-                            Ok(n) => emit_within(&proc, &link, stream, buf_a.take(n), &mut watch, true).await,
+                            Ok(n) => {
+                                let mut limits = Limits { watch: &mut watch, exited: true, output: raw_fds(Some(f), None) };
+                                emit_within(&proc, &link, stream, buf_a.take(n), &mut limits).await;
+                            }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                             Err(_) => { *fd = None; }
                         }
@@ -199,14 +209,12 @@ pub(super) async fn pump(
                     // behind (a daemon in its cgroup) goes with it now.
                     proc.terminate();
                 }
-                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied, limit, signal)).await;
+                let mut limits = Limits { watch: &mut watch, exited: true, output: raw_fds(a, b) };
+                send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied, limit, signal), &mut limits).await;
             }
             _ = tokio::time::sleep_until(due.unwrap_or_else(far_future)), if due.is_some() => {
-                if paused {
-                    // Output held back by the client is not silence.
-                    watch.output_held(tokio::time::Instant::now());
-                }
-                act_on_limits(&proc, &mut watch, exit_code.is_some());
+                let mut limits = Limits { watch: &mut watch, exited: exit_code.is_some(), output: raw_fds(a, b) };
+                limits.due(&proc, paused);
             }
             _ = proc.resume.notified(), if paused => {}
             _ = handover::asked(&mut parking) => park = true,
@@ -288,17 +296,11 @@ async fn emit_within(
     link: &Link,
     stream: OutputStream,
     data: Filled,
-    watch: &mut super::limits::Watch,
-    exited: bool,
+    limits: &mut Limits<'_>,
 ) {
     let n = data.payload().len();
-    let allowed = watch.output(n, tokio::time::Instant::now());
-    let mut to = Sink {
-        proc,
-        link,
-        watch,
-        exited,
-    };
+    let allowed = limits.watch.output(n, tokio::time::Instant::now());
+    let mut to = Sink { proc, link, limits };
     if allowed == n {
         emit(&mut to, stream, data).await;
     } else if allowed > 0 {
@@ -309,39 +311,107 @@ async fn emit_within(
 
 /// Where [`emit`] puts a chunk, and the limits it keeps enforcing while the
 /// client holds the chunk up.
-struct Sink<'a> {
+struct Sink<'a, 'w> {
     proc: &'a Process,
     link: &'a Link,
-    watch: &'a mut super::limits::Watch,
-    /// Whether the process has exited (its output is held open).
-    exited: bool,
+    limits: &'a mut Limits<'w>,
 }
 
-/// The limits' step now due: a fired limit SIGTERMs the process group (or,
-/// once the process exited with its output held open by a daemon, ends
-/// what is left), then SIGKILLs it when the grace has run out.
-fn act_on_limits(proc: &Process, watch: &mut super::limits::Watch, exited: bool) {
-    match watch.tick(tokio::time::Instant::now()) {
-        super::limits::Action::Terminate(reason) => {
-            lock(&proc.state).limit = Some(reason);
-            crate::metrics::limit_fired(reason);
-            tracing::info!(process_id = %proc.id, limit = reason.as_str(), "a limit ended the process");
-            if exited {
-                // Exited, yet its output is held open (a daemon): nothing
-                // to ask, end what is left.
-                proc.terminate();
-            } else {
-                kill::signal_group(proc.pid, nix::sys::signal::Signal::SIGTERM);
+/// A process's limits as the pump enforces them at one step.
+pub(super) struct Limits<'w> {
+    watch: &'w mut super::limits::Watch,
+    /// Whether the process has exited (its output is held open).
+    exited: bool,
+    /// Its output descriptors still open: unread output in them means the
+    /// command is not silent, only held back.
+    output: [Option<std::os::fd::RawFd>; 2],
+}
+
+impl Limits<'_> {
+    /// The limits' step now due. While the client holds output back
+    /// (`held`: reading paused at the window, or a chunk waiting for the
+    /// client), output already waiting in the pipe or terminal is not
+    /// silence and restarts the idle clock; a command that went silent
+    /// meanwhile still idles out. Then a fired limit SIGTERMs the process
+    /// group (or, once the process exited with its output held open by a
+    /// daemon, ends what is left), and SIGKILLs it when the grace has run
+    /// out.
+    fn due(&mut self, proc: &Process, held: bool) {
+        let now = tokio::time::Instant::now();
+        if held && self.output.iter().flatten().any(|fd| unread_bytes(*fd) > 0) {
+            self.watch.output_held(now);
+        }
+        match self.watch.tick(now) {
+            super::limits::Action::Terminate(reason) => {
+                lock(&proc.state).limit = Some(reason);
+                crate::metrics::limit_fired(reason);
+                tracing::info!(process_id = %proc.id, limit = reason.as_str(), "a limit ended the process");
+                if self.exited {
+                    // Exited, yet its output is held open (a daemon):
+                    // nothing to ask, end what is left.
+                    proc.terminate();
+                } else {
+                    kill::signal_group(proc.pid, nix::sys::signal::Signal::SIGTERM);
+                }
             }
+            super::limits::Action::Kill => {
+                proc.terminate();
+            }
+            super::limits::Action::Wait => {}
         }
-        super::limits::Action::Kill => {
-            proc.terminate();
-        }
-        super::limits::Action::Wait => {}
     }
 }
 
-async fn emit(to: &mut Sink<'_>, stream: OutputStream, data: Filled) {
+/// The raw descriptors of the output sources still open.
+fn raw_fds(
+    a: Option<&AsyncFd<OwnedFd>>,
+    b: Option<&AsyncFd<OwnedFd>>,
+) -> [Option<std::os::fd::RawFd>; 2] {
+    use std::os::fd::AsRawFd;
+    [a.map(|f| f.as_raw_fd()), b.map(|f| f.as_raw_fd())]
+}
+
+/// Bytes waiting to be read in a pipe or terminal (`FIONREAD`); 0 when
+/// it cannot say.
+fn unread_bytes(fd: std::os::fd::RawFd) -> libc::c_int {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int to `n`, which outlives the call.
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    if r < 0 {
+        0
+    } else {
+        n
+    }
+}
+
+/// Awaits `send` (true when the client's queue took the message) while the
+/// limits go on: a client that does not read holds the message up, not the
+/// deadline, the output cap or the grace's SIGKILL. An upgrade asking the
+/// pump to park ends the wait too (false): the message is in the log, and a
+/// resume replays it.
+async fn send_enforcing(
+    proc: &Process,
+    limits: &mut Limits<'_>,
+    send: impl std::future::Future<Output = bool>,
+) -> bool {
+    let mut parking = proc.park.signal();
+    tokio::pin!(send);
+    loop {
+        let due = limits.watch.next_due();
+        tokio::select! {
+            // The send first: a message the client's queue takes at once
+            // (the common case) never arms the timer.
+            biased;
+            sent = &mut send => return sent,
+            _ = handover::asked(&mut parking) => return false,
+            _ = tokio::time::sleep_until(due.unwrap_or_else(far_future)), if due.is_some() => {
+                limits.due(proc, true);
+            }
+        }
+    }
+}
+
+async fn emit(to: &mut Sink<'_, '_>, stream: OutputStream, data: Filled) {
     if stream == OutputStream::Pty && data.payload().len() <= PTY_LINE_SPLIT_MAX_BYTES {
         let mut rest = data.payload();
         while let Some(i) = rest.iter().position(|b| *b == b'\n') {
@@ -359,7 +429,7 @@ async fn emit(to: &mut Sink<'_>, stream: OutputStream, data: Filled) {
     emit_one(to, stream, data).await;
 }
 
-async fn emit_one(to: &mut Sink<'_>, stream: OutputStream, data: Filled) {
+async fn emit_one(to: &mut Sink<'_, '_>, stream: OutputStream, data: Filled) {
     let (proc, link) = (to.proc, to.link);
     crate::metrics::output_bytes(data.payload().len());
     proc.output_bytes.fetch_add(
@@ -396,26 +466,8 @@ async fn emit_one(to: &mut Sink<'_>, stream: OutputStream, data: Filled) {
             }
         }
     };
-    // A client that does not read must not hold an upgrade up: the chunk
-    // is in the log, and a resume replays it. Nor the limits: the deadline,
-    // the grace's SIGKILL and the output cap still end the command while
-    // the client holds this chunk up (its output held back is not silence).
-    let mut parking = proc.park.signal();
-    tokio::pin!(send);
-    let sent = loop {
-        let due = to.watch.next_due();
-        tokio::select! {
-            // The send first: a chunk the client's queue takes at once (the
-            // common case) never arms the timer.
-            biased;
-            sent = &mut send => break sent.is_ok(),
-            _ = handover::asked(&mut parking) => break false,
-            _ = tokio::time::sleep_until(due.unwrap_or_else(far_future)), if due.is_some() => {
-                to.watch.output_held(tokio::time::Instant::now());
-                act_on_limits(proc, to.watch, to.exited);
-            }
-        }
-    };
+    let send = async { send.await.is_ok() };
+    let sent = send_enforcing(proc, to.limits, send).await;
     if sent {
         lock(&proc.state).log.delivered_by_push(seq);
     }
@@ -427,13 +479,9 @@ enum Push {
     Json(bytes::Bytes),
 }
 
-async fn send_event(proc: &Process, link: &Link, seq: u64, msg: String) {
+async fn send_event(proc: &Process, link: &Link, seq: u64, msg: String, limits: &mut Limits<'_>) {
     if let Some(out) = link.outbound() {
-        let mut parking = proc.park.signal();
-        let sent = tokio::select! {
-            sent = out.send(msg) => sent.is_ok(),
-            _ = handover::asked(&mut parking) => false,
-        };
+        let sent = send_enforcing(proc, limits, async { out.send(msg).await.is_ok() }).await;
         if sent {
             lock(&proc.state).log.delivered_by_push(seq);
         }
