@@ -37,7 +37,7 @@ pub type ClientSocket = (ClientReader, ClientWriter);
 /// Most bytes the upgrade's answer head may take: 16 KiB.
 const MAX_ANSWER_HEAD_BYTES: usize = 16 * 1024;
 /// Most header lines the upgrade's answer may have.
-const MAX_ANSWER_HEADERS: usize = 32;
+const MAX_ANSWER_HEADERS: usize = 100;
 /// Time to connect, finish TLS and read the upgrade's answer: 10 s. A node
 /// that accepts and then says nothing (overloaded, or cut off by a network
 /// partition) fails the attempt, so an executor registers again (with every
@@ -60,6 +60,10 @@ pub enum ConnectError {
     /// The URL is not `ws://` or `wss://` with a host.
     #[error("invalid relay URL: {0}")]
     Url(String),
+    /// A header given for the upgrade request would break its framing (a
+    /// line break in a value, a colon or space in a name).
+    #[error("invalid header for the relay upgrade: {0}")]
+    Header(String),
     /// Connecting, TLS or the HTTP exchange failed.
     #[error("cannot open the relay socket: {0}")]
     Failed(String),
@@ -154,14 +158,18 @@ async fn open(
         Box::new(tcp)
     };
     let (mut r, mut w) = tokio::io::split(io);
-    w.write_all(&head).await.map_err(failed)?;
-    if early.is_empty() {
-        w.flush().await.map_err(failed)?;
-    }
-    let mut writer = Writer::new(w, Role::Client);
+    // The request and the early frames in one write: one segment (one TLS
+    // record) rather than two, so a node that refuses and closes at once
+    // has read everything we sent and its answer is not lost to a reset.
+    let mut first = head;
     if !early.is_empty() {
-        writer.send(early).await.map_err(failed)?;
+        let mut staged = Writer::new(Vec::new(), Role::Client);
+        staged.send(early).await.map_err(failed)?;
+        first.extend_from_slice(&staged.into_inner());
     }
+    w.write_all(&first).await.map_err(failed)?;
+    w.flush().await.map_err(failed)?;
+    let writer = Writer::new(w, Role::Client);
     let rest = read_answer(&mut r, &key).await?;
     Ok((
         Reader::new(Cursor::new(rest).chain(r), Role::Client, limit),
@@ -186,7 +194,7 @@ fn request_head(
             .bytes()
             .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f));
         if !name_ok || !value_ok {
-            return Err(ConnectError::Url(format!("invalid header {name:?}")));
+            return Err(ConnectError::Header(format!("{name:?}")));
         }
         head.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -230,6 +238,19 @@ async fn read_answer(r: &mut ReadHalf<Box<dyn Io>>, key: &str) -> Result<Vec<u8>
                 .and_then(|v| std::str::from_utf8(v).ok())
                 .map(str::to_string);
             return Err(ConnectError::Refused { status, reason });
+        }
+        // RFC 6455 §4.1: a 101 that does not name the WebSocket upgrade is
+        // not one.
+        let names = |name: &str, token: &str| {
+            header(name).is_some_and(|v| {
+                v.split(|b| *b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+            })
+        };
+        if !names("upgrade", "websocket") || !names("connection", "upgrade") {
+            return Err(failed(
+                "the server's 101 answer does not upgrade the connection to WebSocket",
+            ));
         }
         let expected = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
         if header("sec-websocket-accept") != Some(expected.as_bytes()) {

@@ -129,12 +129,18 @@ async fn a_refused_upgrade_reports_its_status_and_reason() {
 
 #[tokio::test]
 async fn a_wrong_accept_key_or_a_closed_connection_fails_the_upgrade() {
-    let wrong = "HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: AAAA\r\n\r\n";
+    let wrong = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: AAAA\r\n\r\n";
     assert!(matches!(
         connect_answered(wrong).await,
         Err(ConnectError::Failed(_))
     ));
-    let good = "HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: {accept}\r\n\r\n";
+    let good = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n";
+    // Without naming the upgrade, a 101 is not one (RFC 6455 §4.1).
+    let unnamed = "HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: {accept}\r\n\r\n";
+    assert!(matches!(
+        connect_answered(unnamed).await,
+        Err(ConnectError::Failed(_))
+    ));
     assert!(connect_answered(good).await.is_ok());
     let cut = "HTTP/1.1 101 Switching";
     assert!(matches!(
@@ -153,7 +159,7 @@ fn a_header_that_would_break_the_request_is_refused() {
     ] {
         let got = request_head("/", "h", "k", &[(name, value.to_string())]);
         assert!(
-            matches!(got, Err(ConnectError::Url(_))),
+            matches!(got, Err(ConnectError::Header(_))),
             "{name:?}: {value:?}"
         );
     }

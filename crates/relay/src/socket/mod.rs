@@ -9,8 +9,9 @@
 //! payload out of that buffer, and copies it again into its write buffer.
 //! [`Reader`] reads a large payload straight into the buffer that is handed
 //! on (one copy, the kernel's), and [`Writer`] sends a frame's header and
-//! its shared payload with one vectored write (no copy). Everything else
-//! (the upgrade handshake, every socket that is not a relay socket) stays on
+//! its shared payload with one vectored write (no copy). The upgrade
+//! handshake is hyper's on a node and one hand-written request on a client
+//! ([`connect`]); every socket that is not a relay socket stays on
 //! tungstenite.
 //!
 //! What is supported: binary, text, ping, pong and close frames; messages

@@ -90,6 +90,11 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         self.io.flush().await
     }
 
+    /// The stream written to.
+    pub fn into_inner(self) -> W {
+        self.io
+    }
+
     /// Sends a close frame (with `status`, if any) and shuts the write
     /// direction down.
     pub async fn close(&mut self, status: Option<CloseStatus>) -> io::Result<()> {
