@@ -107,21 +107,26 @@ async fn yes_under_an_output_cap_delivers_exactly_the_cap() {
     }
 }
 
+/// Starts `argv` as `p` with `limits` on a connection of its own, in a new
+/// working directory, and reads nothing of it: the connection and the
+/// directory.
+async fn start_unread(s: &Server, argv: &[&str], limits: Value) -> (Conn, std::path::PathBuf) {
+    let d = tmpdir("limits-unread");
+    let mut c = Conn::open(&s.url, None).await;
+    let params = with_limits(start_params("p", argv, &d, false, false), limits);
+    c.ok("process/start", params).await;
+    (c, d)
+}
+
 /// A client that stops reading holds the output back, not the limits: the
 /// server waits to hand it a chunk, and the deadline still ends the command
 /// (and the output cap's and the grace's follow-ups with it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_fires_while_the_client_reads_nothing() {
     let s = Server::start(&[]);
-    let d = tmpdir("limits-stalled");
     let marker = "sleep 1000.93";
     let script = format!("{marker} & head -c 64M /dev/zero; wait");
-    let mut c = Conn::open(&s.url, None).await;
-    let params = with_limits(
-        start_params("p", &["sh", "-c", &script], &d, false, false),
-        json!({"timeoutMs": 1000}),
-    );
-    c.ok("process/start", params).await;
+    let (mut c, d) = start_unread(&s, &["sh", "-c", &script], json!({"timeoutMs": 1000})).await;
     assert!(
         eventually(Duration::from_secs(10), || !pids_matching(marker)
             .is_empty())
@@ -147,13 +152,8 @@ async fn a_deadline_fires_while_the_client_reads_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_held_back_by_a_stalled_client_is_not_idleness() {
     let s = Server::start(&[]);
-    let d = tmpdir("limits-held");
-    let mut c = Conn::open(&s.url, None).await;
-    let params = with_limits(
-        start_params("p", &["yes"], &d, false, false),
-        json!({"idleTimeoutMs": 300, "timeoutMs": 2500}),
-    );
-    c.ok("process/start", params).await;
+    let limits = json!({"idleTimeoutMs": 300, "timeoutMs": 2500});
+    let (mut c, d) = start_unread(&s, &["yes"], limits).await;
     // Nothing is read for the first 3 s.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let got = c.collect("p", Duration::from_secs(60)).await;

@@ -232,12 +232,13 @@ async fn upgrade(
     // RFC 6455 §4.2.1: `Connection` lists `Upgrade`, and the version is 13.
     // Checked before the URL is admitted: a malformed request (or one a
     // proxy mangled) must not use up a client URL's single use.
-    let connection_upgrade = headers
-        .get_all(hyper::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    let connection_upgrade = crate::socket::lists_token(
+        headers
+            .get_all(hyper::header::CONNECTION)
+            .iter()
+            .map(|v| v.as_bytes()),
+        "upgrade",
+    );
     let version_13 = headers
         .get(hyper::header::SEC_WEBSOCKET_VERSION)
         .is_some_and(|v| v.as_bytes() == b"13");

@@ -242,10 +242,11 @@ async fn read_answer(r: &mut ReadHalf<Box<dyn Io>>, key: &str) -> Result<Vec<u8>
         // RFC 6455 §4.1: a 101 that does not name the WebSocket upgrade is
         // not one.
         let names = |name: &str, token: &str| {
-            header(name).is_some_and(|v| {
-                v.split(|b| *b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-            })
+            let lines = answer
+                .headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case(name));
+            super::lists_token(lines.map(|h| h.value), token)
         };
         if !names("upgrade", "websocket") || !names("connection", "upgrade") {
             return Err(failed(

@@ -34,6 +34,16 @@ pub use connect::{
 pub use read::Reader;
 pub use write::{gather, Outgoing, Writer};
 
+/// Whether header values `values` (every line of one header) list `token`
+/// as one of their comma-separated elements, ignoring case and spaces
+/// (`Connection: keep-alive, Upgrade` lists `upgrade`).
+pub(crate) fn lists_token<'a>(values: impl IntoIterator<Item = &'a [u8]>, token: &str) -> bool {
+    values.into_iter().any(|v| {
+        v.split(|b| *b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+    })
+}
+
 /// Which end of the connection this is: a server reads masked frames and
 /// writes unmasked ones; a client the other way round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

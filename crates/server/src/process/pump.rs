@@ -106,11 +106,7 @@ pub(super) async fn pump(
         if a.is_none() && b.is_none() && exit_code.is_some() {
             let seq = lock(&proc.state).log.push_closed();
             proc.bump();
-            let mut limits = Limits {
-                watch: &mut watch,
-                exited: true,
-                output: [None, None],
-            };
+            let mut limits = Limits::new(&mut watch, true, None, None);
             send_event(&proc, &link, seq, closed_json(&proc.id, seq), &mut limits).await;
             // The connection's writer puts `exited` and `closed` on the wire
             // before the bookkeeping below (a cgroup read), not after it.
@@ -145,7 +141,7 @@ pub(super) async fn pump(
                             n
                         };
                         widen_if_full(a, &mut buf_a, n, &link);
-                        let mut limits = Limits { watch: &mut watch, exited: exit_code.is_some(), output: raw_fds(a, b) };
+                        let mut limits = Limits::new(&mut watch, exit_code.is_some(), a, b);
                         emit_within(&proc, &link, stream_a, buf_a.take(n), &mut limits).await;
                     }
                     _ => a = None,
@@ -155,7 +151,7 @@ pub(super) async fn pump(
                 match r {
                     Ok(n) if n > 0 => {
                         widen_if_full(b, &mut buf_b, n, &link);
-                        let mut limits = Limits { watch: &mut watch, exited: exit_code.is_some(), output: raw_fds(a, b) };
+                        let mut limits = Limits::new(&mut watch, exit_code.is_some(), a, b);
                         emit_within(&proc, &link, stream_b, buf_b.take(n), &mut limits).await;
                     }
                     _ => b = None,
@@ -169,7 +165,7 @@ pub(super) async fn pump(
                         match raw_read(f.get_ref(), &mut buf_a, 0) {
                             Ok(0) => { *fd = None; }
                             Ok(n) => {
-                                let mut limits = Limits { watch: &mut watch, exited: true, output: raw_fds(Some(f), None) };
+                                let mut limits = Limits::new(&mut watch, true, Some(f), None);
                                 emit_within(&proc, &link, stream, buf_a.take(n), &mut limits).await;
                             }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -209,11 +205,11 @@ pub(super) async fn pump(
                     // behind (a daemon in its cgroup) goes with it now.
                     proc.terminate();
                 }
-                let mut limits = Limits { watch: &mut watch, exited: true, output: raw_fds(a, b) };
+                let mut limits = Limits::new(&mut watch, true, a, b);
                 send_event(&proc, &link, seq, exited_json(&proc.id, seq, code, denied, limit, signal), &mut limits).await;
             }
             _ = tokio::time::sleep_until(due.unwrap_or_else(far_future)), if due.is_some() => {
-                let mut limits = Limits { watch: &mut watch, exited: exit_code.is_some(), output: raw_fds(a, b) };
+                let mut limits = Limits::new(&mut watch, exit_code.is_some(), a, b);
                 limits.due(&proc, paused);
             }
             _ = proc.resume.notified(), if paused => {}
@@ -300,21 +296,12 @@ async fn emit_within(
 ) {
     let n = data.payload().len();
     let allowed = limits.watch.output(n, tokio::time::Instant::now());
-    let mut to = Sink { proc, link, limits };
     if allowed == n {
-        emit(&mut to, stream, data).await;
+        emit(proc, link, limits, stream, data).await;
     } else if allowed > 0 {
         let kept = Filled::copy_of(&data.payload()[..allowed], 0);
-        emit(&mut to, stream, kept).await;
+        emit(proc, link, limits, stream, kept).await;
     }
-}
-
-/// Where [`emit`] puts a chunk, and the limits it keeps enforcing while the
-/// client holds the chunk up.
-struct Sink<'a, 'w> {
-    proc: &'a Process,
-    link: &'a Link,
-    limits: &'a mut Limits<'w>,
 }
 
 /// A process's limits as the pump enforces them at one step.
@@ -327,7 +314,24 @@ pub(super) struct Limits<'w> {
     output: [Option<std::os::fd::RawFd>; 2],
 }
 
-impl Limits<'_> {
+impl<'w> Limits<'w> {
+    /// The limits of `watch`, for a process that has `exited` or not, whose
+    /// output sources `a` and `b` are still open.
+    fn new(
+        watch: &'w mut super::limits::Watch,
+        exited: bool,
+        a: Option<&AsyncFd<OwnedFd>>,
+        b: Option<&AsyncFd<OwnedFd>>,
+    ) -> Limits<'w> {
+        use std::os::fd::AsRawFd;
+        let output = [a.map(|f| f.as_raw_fd()), b.map(|f| f.as_raw_fd())];
+        Limits {
+            watch,
+            exited,
+            output,
+        }
+    }
+
     /// The limits' step now due. While the client holds output back
     /// (`held`: reading paused at the window, or a chunk waiting for the
     /// client), output already waiting in the pipe or terminal is not
@@ -360,15 +364,6 @@ impl Limits<'_> {
             super::limits::Action::Wait => {}
         }
     }
-}
-
-/// The raw descriptors of the output sources still open.
-fn raw_fds(
-    a: Option<&AsyncFd<OwnedFd>>,
-    b: Option<&AsyncFd<OwnedFd>>,
-) -> [Option<std::os::fd::RawFd>; 2] {
-    use std::os::fd::AsRawFd;
-    [a.map(|f| f.as_raw_fd()), b.map(|f| f.as_raw_fd())]
 }
 
 /// Bytes waiting to be read in a pipe or terminal (`FIONREAD`); 0 when
@@ -411,26 +406,39 @@ async fn send_enforcing(
     }
 }
 
-async fn emit(to: &mut Sink<'_, '_>, stream: OutputStream, data: Filled) {
+/// Sends a chunk, a PTY's short read line by line, enforcing `limits`
+/// while the client holds it up.
+async fn emit(
+    proc: &Process,
+    link: &Link,
+    limits: &mut Limits<'_>,
+    stream: OutputStream,
+    data: Filled,
+) {
     if stream == OutputStream::Pty && data.payload().len() <= PTY_LINE_SPLIT_MAX_BYTES {
         let mut rest = data.payload();
         while let Some(i) = rest.iter().position(|b| *b == b'\n') {
             if i + 1 == rest.len() {
                 break;
             }
-            emit_one(to, stream, Filled::copy_of(&rest[..=i], 0)).await;
+            emit_one(proc, link, limits, stream, Filled::copy_of(&rest[..=i], 0)).await;
             rest = &rest[i + 1..];
         }
         if rest.len() < data.payload().len() {
-            emit_one(to, stream, Filled::copy_of(rest, 0)).await;
+            emit_one(proc, link, limits, stream, Filled::copy_of(rest, 0)).await;
             return;
         }
     }
-    emit_one(to, stream, data).await;
+    emit_one(proc, link, limits, stream, data).await;
 }
 
-async fn emit_one(to: &mut Sink<'_, '_>, stream: OutputStream, data: Filled) {
-    let (proc, link) = (to.proc, to.link);
+async fn emit_one(
+    proc: &Process,
+    link: &Link,
+    limits: &mut Limits<'_>,
+    stream: OutputStream,
+    data: Filled,
+) {
     crate::metrics::output_bytes(data.payload().len());
     proc.output_bytes.fetch_add(
         data.payload().len() as u64,
@@ -467,7 +475,7 @@ async fn emit_one(to: &mut Sink<'_, '_>, stream: OutputStream, data: Filled) {
         }
     };
     let send = async { send.await.is_ok() };
-    let sent = send_enforcing(proc, to.limits, send).await;
+    let sent = send_enforcing(proc, limits, send).await;
     if sent {
         lock(&proc.state).log.delivered_by_push(seq);
     }
