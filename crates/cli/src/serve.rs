@@ -414,6 +414,7 @@ pub async fn run(args: ServeArgs) -> i32 {
             per_session_bytes: args.output_spool_session_bytes,
         }),
         reap_orphans: true,
+        output_sinks: None,
         reserved_ports,
         hidden_paths: match &addr {
             ListenAddr::Unix(p) => vec![p.clone()],

@@ -388,3 +388,80 @@ async fn run_ends_when_its_stdout_reader_goes_away_even_with_stdin_open() {
         "the command was left running"
     );
 }
+
+/// Embedded `run` with its stdout and stderr on pipes has the server splice
+/// the command's output straight into them (`exec_server::OutputSinks`):
+/// every byte arrives, each stream on its own descriptor, and the exit code
+/// after.
+#[test]
+fn run_output_spliced_into_pipes_arrives_whole_on_each_stream() {
+    let (code, out, err) = run(
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "seq 1 400000; seq 400001 500000 >&2; seq 500001 500010; exit 5",
+        ],
+        b"",
+    );
+    let lines = |r: std::ops::RangeInclusive<u32>| r.map(|i| format!("{i}\n")).collect::<String>();
+    let want_out = lines(1..=400_000) + &lines(500_001..=500_010);
+    assert_eq!(code, 5);
+    assert!(
+        out == want_out.as_bytes(),
+        "stdout differs ({} bytes)",
+        out.len()
+    );
+    assert!(
+        err == lines(400_001..=500_000).as_bytes(),
+        "stderr differs ({} bytes)",
+        err.len()
+    );
+}
+
+/// Nobody reads `run`'s stdout: the pipe fills, and the command's deadline
+/// still ends it (the server waits for room in the pipe with its limits
+/// going on). `run` itself stays until its output is read, as before.
+#[test]
+fn run_deadline_fires_while_nobody_reads_its_stdout() {
+    let d = tmpdir("unread");
+    let pid_file = d.join("pid");
+    let mut child = Command::new(BIN)
+        .args(["run", "--timeout", "1s", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec yes", pid_file.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let unread = child.stdout.take().unwrap();
+    let started = Instant::now();
+    let mut pid = None;
+    let mut ended = false;
+    while started.elapsed() < Duration::from_secs(10) {
+        if pid.is_none() {
+            pid = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok());
+        }
+        if let Some(p) = pid {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // Gone, or a zombie about to be collected.
+            if stat.is_empty() || stat.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')) {
+                ended = true;
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(unread);
+    assert!(pid.is_some(), "the command never started");
+    assert!(ended, "`yes` still ran 10 s after its 1 s deadline");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "ended before its deadline"
+    );
+}

@@ -51,6 +51,7 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default for `--warm-sandboxes`: 8 sandboxes prepared ahead (2 for each of 4 policies).
 pub const DEFAULT_WARM_SANDBOXES: usize = 8;
 pub use exec_server_protocol::MAX_MESSAGE_BYTES;
+pub use process::sink::OutputSinks;
 
 /// Server settings.
 #[derive(Clone)]
@@ -136,6 +137,10 @@ pub struct ServerConfig {
     /// that gives none runs with the ceiling, one above it is refused.
     /// Default: none.
     pub max_limits: exec_server_protocol::types::ProcessLimits,
+    /// Output sinks an embedder in this process offers for its own starts
+    /// ([`process::sink`]): their pipe output is spliced into its pipes
+    /// instead of sent. Default: none.
+    pub output_sinks: Option<Arc<process::sink::OutputSinks>>,
 }
 
 /// Settings of the output spool (see [`process::spool`]).
@@ -217,6 +222,7 @@ impl Default for ServerConfig {
             process_cgroups: true,
             warm_sandboxes: DEFAULT_WARM_SANDBOXES,
             max_limits: Default::default(),
+            output_sinks: None,
         }
     }
 }
@@ -300,6 +306,7 @@ impl ServerState {
             cgroups,
             handover: Default::default(),
             warm: process::warm::Pool::new(config.warm_sandboxes),
+            output_sinks: config.output_sinks.clone(),
         };
         let fs_mode = if config.concurrent_requests > 1 {
             Mode::Detached

@@ -89,6 +89,38 @@ impl LocalOut {
     }
 }
 
+/// Sinks for a start with id `process_id` ([`exec_server::OutputSinks`]):
+/// our stdout and stderr where each is a pipe, opened again (our own file
+/// description, so the server may make it non-blocking). `None` when neither
+/// is a pipe.
+pub fn pipe_sinks(process_id: &str) -> Option<std::sync::Arc<exec_server::OutputSinks>> {
+    let pipe = |fd: BorrowedFd<'_>| -> Option<OwnedFd> {
+        let t = std::fs::File::from(fd.try_clone_to_owned().ok()?)
+            .metadata()
+            .ok()?
+            .file_type();
+        if !t.is_fifo() {
+            return None;
+        }
+        // Non-blocking, so a pipe without a reader fails (`ENXIO`) instead
+        // of waiting for one.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .ok()
+            .map(OwnedFd::from)
+    };
+    let out = pipe(io::stdout().as_fd());
+    let err = pipe(io::stderr().as_fd());
+    if out.is_none() && err.is_none() {
+        return None;
+    }
+    let sinks = exec_server::OutputSinks::new();
+    sinks.offer(process_id, out, err).ok()?;
+    Some(std::sync::Arc::new(sinks))
+}
+
 /// `fd` (a pipe or terminal) opened again for writing with `O_NONBLOCK`, and
 /// polled; `None` when it cannot be (a terminal of another user, a pipe
 /// without a reader, a device epoll does not take such as `/dev/null`).

@@ -55,14 +55,22 @@ pub struct ConnectArgs {
 impl ConnectArgs {
     /// A client for these arguments, named `name` to the server.
     fn client(&self, name: &str) -> Result<ExecServerClient, String> {
-        self.client_with(name, None)
+        self.client_with(name, None, None)
     }
 
-    /// As [`ConnectArgs::client`], answering `network/policyRequest`s with `policy`.
+    /// Whether these arguments name no server: the client's server is
+    /// embedded in this process.
+    fn is_embedded(&self) -> bool {
+        self.connect.is_none() && self.registry.is_none()
+    }
+
+    /// As [`ConnectArgs::client`], answering `network/policyRequest`s with
+    /// `policy`; an embedded server takes `sinks` for its starts.
     fn client_with(
         &self,
         name: &str,
         policy: Option<exec_server_client::network::SharedNetworkPolicy>,
+        sinks: Option<std::sync::Arc<exec_server::OutputSinks>>,
     ) -> Result<ExecServerClient, String> {
         let token = match &self.token_file {
             Some(p) => Some(
@@ -81,7 +89,12 @@ impl ConnectArgs {
             )?,
             (None, Some(url)) => Source::from_url(url, token).map_err(|e| e.to_string())?,
             (None, None) => {
-                Source::embedded().map_err(|e| format!("cannot start the embedded server: {e}"))?
+                let config = exec_server::ServerConfig {
+                    output_sinks: sinks,
+                    ..Default::default()
+                };
+                Source::embedded_with(config)
+                    .map_err(|e| format!("cannot start the embedded server: {e}"))?
             }
         };
         let mut opts = ClientOptions::new(source);

@@ -51,6 +51,8 @@ pub struct RunArgs {
 
 /// What to run, shared by `run` and `shell`.
 pub struct Spec {
+    /// Its `processId` ([`process_id`]).
+    pub process_id: String,
     pub argv: Vec<String>,
     pub cwd: Option<String>,
     pub env: Vec<String>,
@@ -73,11 +75,19 @@ pub async fn run(args: RunArgs) -> i32 {
         .then(|| super::network::CliPolicy::new(&args.allow_host));
     let network = policy.as_ref().map(|p| p.launch());
     let shared = policy.map(|p| std::sync::Arc::new(p) as _);
-    let client = match args.conn.client_with("exec-server run", shared) {
+    let process_id = process_id();
+    // Embedded, output bound for a pipe is spliced there by the server
+    // instead of sent to us and written again (on a terminal, raw mode and
+    // window size come first; elsewhere, writes as before).
+    let sinks = (args.conn.is_embedded() && !args.tty)
+        .then(|| super::local_out::pipe_sinks(&process_id))
+        .flatten();
+    let client = match args.conn.client_with("exec-server run", shared, sinks) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
     let spec = Spec {
+        process_id,
         argv: args.command,
         cwd: args.cwd,
         env: args.env,
@@ -156,7 +166,7 @@ async fn exec_params(client: &ExecServerClient, spec: &Spec) -> Result<ExecParam
             std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into()),
         );
     }
-    let mut params = ExecParams::new(process_id(), spec.argv.clone(), cwd, set);
+    let mut params = ExecParams::new(spec.process_id.clone(), spec.argv.clone(), cwd, set);
     params.tty = spec.tty;
     params.pipe_stdin = true;
     params.env_policy = (!spec.clean_env).then(|| EnvPolicy {
@@ -179,7 +189,7 @@ async fn exec_params(client: &ExecServerClient, spec: &Spec) -> Result<ExecParam
 }
 
 /// A process id unique to this invocation.
-fn process_id() -> String {
+pub fn process_id() -> String {
     format!(
         "run-{}-{}",
         std::process::id(),

@@ -26,6 +26,7 @@ pub async fn shell(args: ShellArgs) -> i32 {
         Err(e) => return fail(explain(&e)),
     };
     let spec = Spec {
+        process_id: super::run::process_id(),
         argv: vec![shell, "-l".into()],
         cwd: args.cwd,
         env: vec![],

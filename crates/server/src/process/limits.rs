@@ -230,6 +230,11 @@ impl Watch {
         allowed
     }
 
+    /// Output bytes the cap still allows: `None` without a cap.
+    pub fn output_room(&self) -> Option<u64> {
+        self.max_output.map(|max| max.saturating_sub(self.output))
+    }
+
     /// The client holds output back (the server waits to hand it over or
     /// has paused reading for it) at `now`: the command is not silent, so
     /// the idle clock restarts.

@@ -18,6 +18,7 @@ mod pty_line;
 mod pump;
 mod read_buf;
 pub mod resources;
+pub mod sink;
 pub mod snapshot;
 pub mod spawn;
 pub mod spawn_error;
@@ -169,6 +170,8 @@ pub struct Host {
     pub handover: handover::Signal,
     /// Sandboxes prepared ahead for the next sandboxed starts ([`warm`]).
     pub warm: Arc<warm::Pool>,
+    /// Sinks an embedder in this process offered for its starts ([`sink`]).
+    pub output_sinks: Option<Arc<sink::OutputSinks>>,
 }
 
 /// Something kept alive until the process closes.
@@ -270,16 +273,22 @@ impl Process {
             sandboxed = confinement.is_some(),
             exit_code = tracing::field::Empty,
         );
+        let mut sinks = [None, None];
         let (sources, stdin_fd, tty) = match started.io {
             spawn::ChildIo::Pipes {
                 stdin,
                 stdout,
                 stderr,
-            } => (
-                Sources::Pipes(Some(nonblocking(stdout)?), Some(nonblocking(stderr)?)),
-                stdin.map(nonblocking).transpose()?.map(Arc::new),
-                None,
-            ),
+            } => {
+                if let Some(offered) = &host.output_sinks {
+                    sinks = offered.take(&plan.process_id);
+                }
+                (
+                    Sources::Pipes(Some(nonblocking(stdout)?), Some(nonblocking(stderr)?)),
+                    stdin.map(nonblocking).transpose()?.map(Arc::new),
+                    None,
+                )
+            }
             spawn::ChildIo::Pty { master } => {
                 let m = Arc::new(nonblocking(master)?);
                 (Sources::Pty(m.clone()), Some(m.clone()), Some(m))
@@ -342,6 +351,7 @@ impl Process {
                     limit_grace,
                 ),
                 live,
+                sinks,
             },
         ));
         Ok(proc)

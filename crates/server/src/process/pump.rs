@@ -18,6 +18,8 @@ pub(super) struct Held {
     pub(super) limits: super::limits::Watch,
     /// Its place in the running counts, given back at exit.
     pub(super) live: Option<super::live::LiveSlot>,
+    /// Where stdout and stderr are spliced instead of sent ([`super::sink`]).
+    pub(super) sinks: [Option<AsyncFd<OwnedFd>>; 2],
 }
 
 /// Where a pump starts: at the spawn, or where the previous image of the
@@ -46,6 +48,7 @@ pub(super) async fn pump(
         span,
         limits: mut watch,
         mut live,
+        sinks,
     } = held;
     let mut parking = proc.park.signal();
     tokio::select! {
@@ -54,7 +57,7 @@ pub(super) async fn pump(
             let parked = handover::PumpParked {
                 exit_code: None,
                 exit: Some(exit),
-                held: Some(Held { confinement, span, limits: watch, live }),
+                held: Some(Held { confinement, span, limits: watch, live, sinks }),
             };
             proc.park.pump_parked(parked, Some(sources));
             return;
@@ -79,6 +82,14 @@ pub(super) async fn pump(
         ),
         Sources::Pty(m) => (Some(&**m), None, OutputStream::Pty, OutputStream::Pty),
     };
+    let [mut sink_a, mut sink_b] = sinks;
+    for (src, sink) in [(a, &sink_a), (b, &sink_b)] {
+        if let (Some(f), Some(_)) = (src, sink) {
+            // A source as large as a move: fewer, larger moves.
+            let pipe = sink::SINK_MOVE_BYTES as i32;
+            let _ = nix::fcntl::fcntl(f.get_ref(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(pipe));
+        }
+    }
     let mut exit_code: Option<i32> = match from {
         From::Start => None,
         From::Resume { exit_code } => exit_code,
@@ -91,11 +102,14 @@ pub(super) async fn pump(
             let parked = handover::PumpParked {
                 exit_code,
                 exit: exit_code.is_none().then_some(exit),
+                // Sinks belong to this process's embedder: not carried
+                // into another image.
                 held: Some(Held {
                     confinement,
                     span,
                     limits: watch,
                     live,
+                    sinks: [None, None],
                 }),
             };
             let (a_open, b_open) = (a.is_some(), b.is_some());
@@ -129,10 +143,27 @@ pub(super) async fn pump(
             }
             break;
         }
+        if watch.output_room() == Some(0) {
+            // Past the output cap the pump reads and drops (both streams:
+            // a sink would wait for room that never comes).
+            (sink_a, sink_b) = (None, None);
+        }
         let paused = lock(&proc.state).log.window_full();
         let due = watch.next_due();
         tokio::select! {
-            r = read_opt(a, &mut buf_a, 0), if a.is_some() && !paused => {
+            m = move_opt(a, sink_a.as_ref(), watch.output_room()), if a.is_some() && sink_a.is_some() => {
+                let mut limits = Limits::new(&mut watch, exit_code.is_some(), a, b);
+                if !moved(&proc, m, &mut a, &mut sink_a, &mut limits).await {
+                    sink_a = None;
+                }
+            }
+            m = move_opt(b, sink_b.as_ref(), watch.output_room()), if b.is_some() && sink_b.is_some() => {
+                let mut limits = Limits::new(&mut watch, exit_code.is_some(), a, b);
+                if !moved(&proc, m, &mut b, &mut sink_b, &mut limits).await {
+                    sink_b = None;
+                }
+            }
+            r = read_opt(a, &mut buf_a, 0), if a.is_some() && sink_a.is_none() && !paused => {
                 match r {
                     Ok(n) if n > 0 => {
                         let n = if stream_a == OutputStream::Pty {
@@ -147,7 +178,7 @@ pub(super) async fn pump(
                     _ => a = None,
                 }
             }
-            r = read_opt(b, &mut buf_b, 0), if b.is_some() && !paused => {
+            r = read_opt(b, &mut buf_b, 0), if b.is_some() && sink_b.is_none() && !paused => {
                 match r {
                     Ok(n) if n > 0 => {
                         widen_if_full(b, &mut buf_b, n, &link);
@@ -160,8 +191,9 @@ pub(super) async fn pump(
             code = &mut exit, if exit_code.is_none() => {
                 // The child is gone: what it wrote is already in the pipe or PTY
                 // buffer. Take it now so `exited` follows the child's last output.
-                for (fd, stream) in [(&mut a, stream_a), (&mut b, stream_b)] {
-                    while let Some(f) = *fd {
+                // (A stream with a sink has no notification to order.)
+                for (fd, stream, sink) in [(&mut a, stream_a, &sink_a), (&mut b, stream_b, &sink_b)] {
+                    while let (Some(f), None) = (*fd, sink) {
                         match raw_read(f.get_ref(), &mut buf_a, 0) {
                             Ok(0) => { *fd = None; }
                             Ok(n) => {
@@ -218,7 +250,7 @@ pub(super) async fn pump(
     }
     // Not held through the retention: each buffer reserved 64 KiB or more,
     // and a heap that grew by them at every start faulted in fresh pages.
-    drop((sources, buf_a, buf_b));
+    drop((sources, buf_a, buf_b, sink_a, sink_b));
     retain(proc, on_retire, EXITED_PROCESS_RETENTION).await;
 }
 
@@ -267,6 +299,72 @@ pub(super) async fn read_opt(
     match fd {
         Some(f) => read_some(f, buf, at).await,
         None => std::future::pending().await,
+    }
+}
+
+/// [`sink::move_some`] from `fd` into `sink`, at most `room` bytes (the
+/// output cap's; `None`: no cap); never ready without both.
+async fn move_opt(
+    fd: Option<&AsyncFd<OwnedFd>>,
+    sink: Option<&AsyncFd<OwnedFd>>,
+    room: Option<u64>,
+) -> sink::Moved {
+    let max = room.map_or(sink::SINK_MOVE_BYTES, |r| {
+        r.min(sink::SINK_MOVE_BYTES as u64) as usize
+    });
+    match (fd, sink) {
+        (Some(f), Some(s)) if max > 0 => sink::move_some(f, s, max).await,
+        _ => std::future::pending().await,
+    }
+}
+
+/// Accounts for what a move did to the source `fd`, and waits (the limits
+/// going on) while its `sink` is full. False: the sink refused, and the
+/// stream is read and sent as usual from here.
+async fn moved(
+    proc: &Process,
+    m: sink::Moved,
+    fd: &mut Option<&AsyncFd<OwnedFd>>,
+    sink: &mut Option<AsyncFd<OwnedFd>>,
+    limits: &mut Limits<'_>,
+) -> bool {
+    match m {
+        sink::Moved::Bytes(n) => {
+            limits.watch.output(n, tokio::time::Instant::now());
+            crate::metrics::output_bytes(n);
+            proc.output_bytes
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            if n < sink::SINK_MOVE_BYTES / 4 {
+                // A writer that outpaces its reader makes small moves only
+                // because the reader keeps coming back too soon: giving
+                // the CPU up once lets the writer fill its pipe, so the
+                // next move takes more (a third of the wake-ups in a 1 GiB
+                // stream). A writer that is idle anyway loses nothing.
+                std::thread::yield_now();
+            }
+            true
+        }
+        sink::Moved::End => {
+            *fd = None;
+            true
+        }
+        sink::Moved::SinkFull => match sink {
+            Some(s) => {
+                // An upgrade asking the pump to park ends the wait too; the
+                // loop parks next.
+                let writable = async {
+                    sink::writable(s).await;
+                    true
+                };
+                send_enforcing(proc, limits, writable).await;
+                true
+            }
+            None => false,
+        },
+        sink::Moved::Refused(e) => {
+            tracing::debug!(process_id = %proc.id, error = %e, "an output sink refused: output is sent instead");
+            false
+        }
     }
 }
 
@@ -368,7 +466,7 @@ impl<'w> Limits<'w> {
 
 /// Bytes waiting to be read in a pipe or terminal (`FIONREAD`); 0 when
 /// it cannot say.
-fn unread_bytes(fd: std::os::fd::RawFd) -> libc::c_int {
+pub(super) fn unread_bytes(fd: std::os::fd::RawFd) -> libc::c_int {
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int to `n`, which outlives the call.
     let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };

@@ -234,6 +234,7 @@ pub fn adopt(
             span,
             limits,
             live,
+            sinks: [None, None],
         },
     ));
     Ok(proc)

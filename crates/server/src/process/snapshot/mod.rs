@@ -396,6 +396,7 @@ mod tests {
             cgroups: crate::process::cgroup::Cgroups::new(false),
             handover: Default::default(),
             warm: crate::process::warm::Pool::new(0),
+            output_sinks: None,
         };
         let p = params(&["/bin/bash", "-c", "echo"]);
         assert_eq!(apply(&cache, &p, &host).await, Ok(Outcome::NotApplicable));
