@@ -465,3 +465,42 @@ fn run_deadline_fires_while_nobody_reads_its_stdout() {
         "ended before its deadline"
     );
 }
+
+/// A command printing a line at a time, with `run`'s stdout read only after
+/// its stderr says `done`: the lines wait in the stdout pipe as they would
+/// if the command wrote there itself (spliced one by one, each would take
+/// one of the pipe's 256 buffer slots, and the 257th would hold `done` up).
+#[test]
+fn lines_wait_in_runs_stdout_pipe_while_its_stderr_is_read() {
+    let mut child = Command::new(BIN)
+        .args(["run", "--", "sh", "-c"])
+        .arg("i=0; while [ $i -lt 400 ]; do echo $i; i=$((i+1)); sleep 0.002; done; echo done >&2")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut err = String::new();
+        let _ = stderr.read_to_string(&mut err);
+        let _ = tx.send(err);
+    });
+    let err = rx.recv_timeout(Duration::from_secs(20));
+    if err.is_err() {
+        let _ = child.kill();
+    }
+    let mut out = String::new();
+    stdout.read_to_string(&mut out).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        err.as_deref().map(str::trim),
+        Ok("done"),
+        "stderr held up behind unread stdout"
+    );
+    assert_eq!(status.code(), Some(0));
+    let want: String = (0..400).map(|i| format!("{i}\n")).collect();
+    assert!(out == want, "stdout differs: {} bytes", out.len());
+}

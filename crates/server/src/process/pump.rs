@@ -19,7 +19,7 @@ pub(super) struct Held {
     /// Its place in the running counts, given back at exit.
     pub(super) live: Option<super::live::LiveSlot>,
     /// Where stdout and stderr are spliced instead of sent ([`super::sink`]).
-    pub(super) sinks: [Option<AsyncFd<OwnedFd>>; 2],
+    pub(super) sinks: [Option<sink::Sink>; 2],
 }
 
 /// Where a pump starts: at the spawn, or where the previous image of the
@@ -83,13 +83,6 @@ pub(super) async fn pump(
         Sources::Pty(m) => (Some(&**m), None, OutputStream::Pty, OutputStream::Pty),
     };
     let [mut sink_a, mut sink_b] = sinks;
-    for (src, sink) in [(a, &sink_a), (b, &sink_b)] {
-        if let (Some(f), Some(_)) = (src, sink) {
-            // A source as large as a move: fewer, larger moves.
-            let pipe = sink::SINK_MOVE_BYTES as i32;
-            let _ = nix::fcntl::fcntl(f.get_ref(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(pipe));
-        }
-    }
     let mut exit_code: Option<i32> = match from {
         From::Start => None,
         From::Resume { exit_code } => exit_code,
@@ -150,20 +143,25 @@ pub(super) async fn pump(
         }
         let paused = lock(&proc.state).log.window_full();
         let due = watch.next_due();
+        let room = watch.output_room();
+        let (move_a, move_b) = (
+            a.is_some() && sink_a.is_some(),
+            b.is_some() && sink_b.is_some(),
+        );
         tokio::select! {
-            m = move_opt(a, sink_a.as_ref(), watch.output_room()), if a.is_some() && sink_a.is_some() => {
+            m = move_opt(a, sink_a.as_mut(), room), if move_a => {
                 let mut limits = Limits::new(&mut watch, exit_code.is_some(), a, b);
                 if !moved(&proc, m, &mut a, &mut sink_a, &mut limits).await {
                     sink_a = None;
                 }
             }
-            m = move_opt(b, sink_b.as_ref(), watch.output_room()), if b.is_some() && sink_b.is_some() => {
+            m = move_opt(b, sink_b.as_mut(), room), if move_b => {
                 let mut limits = Limits::new(&mut watch, exit_code.is_some(), a, b);
                 if !moved(&proc, m, &mut b, &mut sink_b, &mut limits).await {
                     sink_b = None;
                 }
             }
-            r = read_opt(a, &mut buf_a, 0), if a.is_some() && sink_a.is_none() && !paused => {
+            r = read_opt(a, &mut buf_a, 0), if a.is_some() && !move_a && !paused => {
                 match r {
                     Ok(n) if n > 0 => {
                         let n = if stream_a == OutputStream::Pty {
@@ -178,7 +176,7 @@ pub(super) async fn pump(
                     _ => a = None,
                 }
             }
-            r = read_opt(b, &mut buf_b, 0), if b.is_some() && sink_b.is_none() && !paused => {
+            r = read_opt(b, &mut buf_b, 0), if b.is_some() && !move_b && !paused => {
                 match r {
                     Ok(n) if n > 0 => {
                         widen_if_full(b, &mut buf_b, n, &link);
@@ -192,8 +190,8 @@ pub(super) async fn pump(
                 // The child is gone: what it wrote is already in the pipe or PTY
                 // buffer. Take it now so `exited` follows the child's last output.
                 // (A stream with a sink has no notification to order.)
-                for (fd, stream, sink) in [(&mut a, stream_a, &sink_a), (&mut b, stream_b, &sink_b)] {
-                    while let (Some(f), None) = (*fd, sink) {
+                for (fd, stream, sinked) in [(&mut a, stream_a, move_a), (&mut b, stream_b, move_b)] {
+                    while let (Some(f), false) = (*fd, sinked) {
                         match raw_read(f.get_ref(), &mut buf_a, 0) {
                             Ok(0) => { *fd = None; }
                             Ok(n) => {
@@ -306,7 +304,7 @@ pub(super) async fn read_opt(
 /// output cap's; `None`: no cap); never ready without both.
 async fn move_opt(
     fd: Option<&AsyncFd<OwnedFd>>,
-    sink: Option<&AsyncFd<OwnedFd>>,
+    sink: Option<&mut sink::Sink>,
     room: Option<u64>,
 ) -> sink::Moved {
     let max = room.map_or(sink::SINK_MOVE_BYTES, |r| {
@@ -325,11 +323,23 @@ async fn moved(
     proc: &Process,
     m: sink::Moved,
     fd: &mut Option<&AsyncFd<OwnedFd>>,
-    sink: &mut Option<AsyncFd<OwnedFd>>,
+    sink: &mut Option<sink::Sink>,
     limits: &mut Limits<'_>,
 ) -> bool {
     match m {
         sink::Moved::Bytes(n) => {
+            if let (Some(f), Some(s)) = (*fd, sink.as_mut()) {
+                if n >= READ_CHUNK_BYTES && !s.widened {
+                    // The source filled (a pipe holds 64 KiB at first): as
+                    // large as a move from here, for fewer, larger moves
+                    // (only then, as a pipe's size counts against its
+                    // user's allowance).
+                    s.widened = true;
+                    let pipe = sink::SINK_MOVE_BYTES as i32;
+                    let _ =
+                        nix::fcntl::fcntl(f.get_ref(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(pipe));
+                }
+            }
             limits.watch.output(n, tokio::time::Instant::now());
             crate::metrics::output_bytes(n);
             proc.output_bytes

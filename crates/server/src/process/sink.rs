@@ -7,6 +7,14 @@
 //! keeps nothing for `process/read`; its process's seqs, `exited`, `closed`
 //! and limits are as without one (the output cap and the idle timeout count
 //! the bytes moved).
+//!
+//! Small output is copied instead ([`COPY_BELOW`]): each splice takes a
+//! buffer slot of the sink of its own, where a write joins the last one, so
+//! a command printing a line at a time would fill the sink's 256 slots with
+//! a few KiB and stop its reader's other stream long before a pipe written
+//! directly would. Spliced pages are shared, as between two programs on one
+//! pipe: a command that splices a file into its output and then changes the
+//! file may show the change to a reader that comes late.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -14,8 +22,24 @@ use std::sync::Mutex;
 use tokio::io::unix::AsyncFd;
 
 /// Bytes moved by one `splice(2)` at most: 1 MiB, a full pipe of the size
-/// the pump gives a source with a sink.
+/// the pump grows a source with a sink to once it fills.
 pub const SINK_MOVE_BYTES: usize = 1024 * 1024;
+/// Output waiting in the source below this (16 KiB) is copied with `read`
+/// and `write`, so that it joins the sink's last page. At or above it, the
+/// source's buffers average at least 1 KiB each in a pipe of the default
+/// 16 slots, and a stream in bulk (moves of 50 KiB on average for `head -c`)
+/// is spliced.
+pub const COPY_BELOW: usize = 16 * 1024;
+
+/// A sink a stream took: the embedder's pipe, and output read from the
+/// source that the pipe has not taken yet.
+pub(super) struct Sink {
+    fd: AsyncFd<OwnedFd>,
+    /// Copied output waiting for room (less than [`COPY_BELOW`] bytes).
+    held: Vec<u8>,
+    /// Whether the source was grown to [`SINK_MOVE_BYTES`].
+    pub(super) widened: bool,
+}
 
 /// Sinks offered for processes not started yet, by process id (the
 /// `processId` of their `process/start`). Shared between an embedder and its
@@ -65,17 +89,21 @@ impl OutputSinks {
     /// Takes what was offered for `process_id`, made non-blocking and
     /// registered with this runtime's reactor. A sink that cannot be is
     /// dropped.
-    pub(crate) fn take(&self, process_id: &str) -> [Option<AsyncFd<OwnedFd>>; 2] {
+    pub(super) fn take(&self, process_id: &str) -> [Option<Sink>; 2] {
         let pair = self
             .offered
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(process_id);
         let [a, b] = pair.unwrap_or_default();
-        [
-            a.and_then(|f| super::nonblocking(f).ok()),
-            b.and_then(|f| super::nonblocking(f).ok()),
-        ]
+        let sink = |f: OwnedFd| {
+            super::nonblocking(f).ok().map(|fd| Sink {
+                fd,
+                held: Vec::new(),
+                widened: false,
+            })
+        };
+        [a.and_then(sink), b.and_then(sink)]
     }
 }
 
@@ -101,24 +129,61 @@ pub(super) enum Moved {
     End,
     /// The source has output, and the sink is full.
     SinkFull,
-    /// The sink failed or cannot be spliced into (its reader left, say).
-    /// Nothing was taken from the source: it is read as usual from here.
+    /// The sink failed (a pipe fails only when its reader left). Nothing
+    /// more was taken from the source, which is read as usual from here;
+    /// copied output the sink had not taken is dropped with it, as no one
+    /// can read it any more.
     Refused(std::io::Error),
 }
 
 /// Moves up to `max` bytes from `src` into `sink` once `src` has something
-/// (its end included).
-pub(super) async fn move_some(
-    src: &AsyncFd<OwnedFd>,
-    sink: &AsyncFd<OwnedFd>,
-    max: usize,
-) -> Moved {
+/// (its end included), after what `sink` holds. The end is told only once
+/// everything held went out.
+pub(super) async fn move_some(src: &AsyncFd<OwnedFd>, sink: &mut Sink, max: usize) -> Moved {
+    let fd = sink.fd.get_ref();
     loop {
+        if !sink.held.is_empty() {
+            match nix::unistd::write(fd, &sink.held) {
+                Ok(n) => {
+                    sink.held.drain(..n);
+                    continue;
+                }
+                Err(nix::errno::Errno::EAGAIN) => return Moved::SinkFull,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Moved::Refused(e.into()),
+            }
+        }
         let mut guard = match src.readable().await {
             Ok(g) => g,
             Err(e) => return Moved::Refused(e),
         };
-        match splice(src.get_ref(), sink.get_ref(), max) {
+        let unread = super::pump::unread_bytes(src.as_raw_fd()) as usize;
+        if unread > 0 && unread < COPY_BELOW {
+            match exec_server_sysio::read_at::append_once(
+                src.get_ref(),
+                &mut sink.held,
+                unread.min(max),
+            ) {
+                // Written out at the loop's top next time: a move that
+                // found the sink full says so then, with these counted.
+                Ok(n) if n > 0 => {
+                    match nix::unistd::write(fd, &sink.held) {
+                        Ok(w) => drop(sink.held.drain(..w)),
+                        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+                        Err(e) => return Moved::Refused(e.into()),
+                    }
+                    return Moved::Bytes(n);
+                }
+                Ok(_) => return Moved::End,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    guard.clear_ready();
+                    continue;
+                }
+                // As the read path: a source that fails has ended.
+                Err(_) => return Moved::End,
+            }
+        }
+        match splice(src.get_ref(), fd, max) {
             Ok(0) => return Moved::End,
             Ok(n) => return Moved::Bytes(n),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -127,7 +192,7 @@ pub(super) async fn move_some(
                 // source's unread bytes instead took output that arrived
                 // after the splice for a full sink, and waited on a sink
                 // with room for ever.)
-                let (input, room) = poll_now(src.get_ref(), sink.get_ref());
+                let (input, room) = poll_now(src.get_ref(), fd);
                 if !room {
                     return Moved::SinkFull;
                 }
@@ -143,13 +208,13 @@ pub(super) async fn move_some(
 }
 
 /// Resolves once `sink` can take more (at once if it has room now).
-pub(super) async fn writable(sink: &AsyncFd<OwnedFd>) {
+pub(super) async fn writable(sink: &Sink) {
     loop {
-        let Ok(mut guard) = sink.writable().await else {
+        let Ok(mut guard) = sink.fd.writable().await else {
             // The reactor is gone: the next splice says what is wrong.
             return;
         };
-        if poll_now(sink.get_ref(), sink.get_ref()).1 {
+        if poll_now(sink.fd.get_ref(), sink.fd.get_ref()).1 {
             return;
         }
         // A stale readiness: cleared only if no new one arrived since.
@@ -215,45 +280,88 @@ mod tests {
         (std::fs::File::from(r), std::fs::File::from(w))
     }
 
-    #[tokio::test]
-    async fn bytes_move_from_pipe_to_pipe_then_the_end_is_seen() {
-        let (src_r, mut src_w) = pipe();
-        let (mut sink_r, sink_w) = pipe();
+    /// A source pipe (read end registered) and a sink offered and taken,
+    /// with the sink's read end.
+    fn source_and_sink() -> (AsyncFd<OwnedFd>, std::fs::File, Sink, std::fs::File) {
+        let (src_r, src_w) = pipe();
+        let (sink_r, sink_w) = pipe();
         let sinks = OutputSinks::new();
         sinks.offer("p", Some(sink_w.into()), None).expect("a pipe");
         let [sink, none] = sinks.take("p");
         assert!(none.is_none());
-        let sink = sink.expect("offered");
+        assert!(sinks.take("p").iter().all(Option::is_none), "taken once");
         let src = super::super::nonblocking(src_r.into()).expect("register");
+        (src, src_w, sink.expect("offered"), sink_r)
+    }
+
+    #[tokio::test]
+    async fn bytes_move_from_pipe_to_pipe_then_the_end_is_seen() {
+        let (src, mut src_w, mut sink, mut sink_r) = source_and_sink();
         src_w.write_all(b"hello").expect("write");
         drop(src_w);
         assert!(matches!(
-            move_some(&src, &sink, 1024).await,
+            move_some(&src, &mut sink, 1024).await,
             Moved::Bytes(5)
         ));
-        assert!(matches!(move_some(&src, &sink, 1024).await, Moved::End));
+        assert!(matches!(move_some(&src, &mut sink, 1024).await, Moved::End));
         drop(sink);
         let mut got = Vec::new();
         sink_r.read_to_end(&mut got).expect("read");
         assert_eq!(got, b"hello");
-        assert!(sinks.take("p").iter().all(Option::is_none), "taken once");
+    }
+
+    #[tokio::test]
+    async fn a_full_source_is_spliced_whole() {
+        let (src, mut src_w, mut sink, mut sink_r) = source_and_sink();
+        let block: Vec<u8> = (0..COPY_BELOW).map(|i| (i % 251) as u8).collect();
+        src_w.write_all(&block).expect("write");
+        drop(src_w);
+        let m = move_some(&src, &mut sink, SINK_MOVE_BYTES).await;
+        assert!(matches!(m, Moved::Bytes(n) if n == COPY_BELOW), "{m:?}");
+        assert!(sink.held.is_empty(), "spliced, not copied");
+        let mut got = vec![0u8; COPY_BELOW];
+        sink_r.read_exact(&mut got).expect("read");
+        assert!(got == block);
+        // (With the sink full, the end waits for room: SinkFull first.)
+        assert!(matches!(
+            move_some(&src, &mut sink, SINK_MOVE_BYTES).await,
+            Moved::End
+        ));
+    }
+
+    /// A line at a time, each moved as it comes: spliced, each would take
+    /// a slot of the sink's 16 and fill it after 16 lines; copied, they
+    /// share its pages.
+    #[tokio::test]
+    async fn lines_moved_one_at_a_time_share_the_sinks_pages() {
+        let (src, mut src_w, mut sink, mut sink_r) = source_and_sink();
+        let mut want = Vec::new();
+        for i in 0..1000 {
+            let line = format!("{i}\n");
+            src_w.write_all(line.as_bytes()).expect("write");
+            want.extend_from_slice(line.as_bytes());
+            let m = move_some(&src, &mut sink, SINK_MOVE_BYTES).await;
+            assert!(
+                matches!(m, Moved::Bytes(n) if n == line.len()),
+                "line {i}: {m:?}"
+            );
+        }
+        drop((src_w, sink));
+        let mut got = Vec::new();
+        sink_r.read_to_end(&mut got).expect("read");
+        assert!(got == want);
     }
 
     #[tokio::test]
     async fn an_empty_source_waits_for_output_and_never_reads_as_a_full_sink() {
-        let (src_r, mut src_w) = pipe();
-        let (mut sink_r, sink_w) = pipe();
-        let sinks = OutputSinks::new();
-        sinks.offer("p", Some(sink_w.into()), None).expect("a pipe");
-        let sink = sinks.take("p")[0].take().expect("offered");
-        let src = super::super::nonblocking(src_r.into()).expect("register");
+        let (src, mut src_w, mut sink, mut sink_r) = source_and_sink();
         let quiet = std::time::Duration::from_millis(50);
-        let early = tokio::time::timeout(quiet, move_some(&src, &sink, 1024)).await;
+        let early = tokio::time::timeout(quiet, move_some(&src, &mut sink, 1024)).await;
         assert!(early.is_err(), "moved {early:?} from an empty source");
         src_w.write_all(b"x").expect("write");
         let later = tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            move_some(&src, &sink, 1024),
+            move_some(&src, &mut sink, 1024),
         )
         .await;
         assert!(matches!(later, Ok(Moved::Bytes(1))), "{later:?}");
@@ -264,18 +372,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_sink_is_told_apart_from_an_empty_source() {
-        let (src_r, mut src_w) = pipe();
-        let (_sink_r, sink_w) = pipe();
-        let sinks = OutputSinks::new();
-        sinks.offer("p", Some(sink_w.into()), None).expect("a pipe");
-        let sink = sinks.take("p")[0].take().expect("offered");
-        let src = super::super::nonblocking(src_r.into()).expect("register");
+        let (src, mut src_w, mut sink, _sink_r) = source_and_sink();
         // Fill the sink (64 KiB by default) through the source.
         let block = vec![7u8; 16 * 1024];
         let mut moved = 0;
         loop {
             src_w.write_all(&block).expect("write");
-            match move_some(&src, &sink, SINK_MOVE_BYTES).await {
+            match move_some(&src, &mut sink, SINK_MOVE_BYTES).await {
                 Moved::Bytes(n) => moved += n,
                 Moved::SinkFull => break,
                 other => panic!("unexpected {other:?}"),
@@ -283,6 +386,9 @@ mod tests {
             assert!(moved < 64 << 20, "the sink never filled");
         }
         assert!(moved >= 4096);
+        let quiet = std::time::Duration::from_millis(50);
+        let wait = tokio::time::timeout(quiet, writable(&sink)).await;
+        assert!(wait.is_err(), "a full sink said it had room");
     }
 
     #[test]
@@ -296,20 +402,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_sink_whose_reader_left_is_refused_and_the_output_stays() {
-        let (src_r, mut src_w) = pipe();
-        let (sink_r, sink_w) = pipe();
+    async fn a_sink_whose_reader_left_is_refused_and_spliced_output_stays() {
+        let (src, mut src_w, mut sink, sink_r) = source_and_sink();
         drop(sink_r);
-        let sinks = OutputSinks::new();
-        sinks.offer("p", Some(sink_w.into()), None).expect("a pipe");
-        let sink = sinks.take("p")[0].take().expect("offered");
-        let src_fd: OwnedFd = src_r.into();
-        let src = super::super::nonblocking(src_fd).expect("register");
-        src_w.write_all(b"kept").expect("write");
-        assert!(matches!(
-            move_some(&src, &sink, 1024).await,
-            Moved::Refused(_)
-        ));
-        assert_eq!(super::super::pump::unread_bytes(src.as_raw_fd()), 4);
+        src_w.write_all(&vec![1u8; COPY_BELOW]).expect("write");
+        let m = move_some(&src, &mut sink, SINK_MOVE_BYTES).await;
+        assert!(matches!(m, Moved::Refused(_)), "{m:?}");
+        let unread = super::super::pump::unread_bytes(src.as_raw_fd());
+        assert_eq!(unread as usize, COPY_BELOW);
+        // A copied line is refused the same way.
+        let (src, mut src_w, mut sink, sink_r) = source_and_sink();
+        drop(sink_r);
+        src_w.write_all(b"line\n").expect("write");
+        let m = move_some(&src, &mut sink, SINK_MOVE_BYTES).await;
+        assert!(matches!(m, Moved::Refused(_)), "{m:?}");
     }
 }
