@@ -504,3 +504,53 @@ fn lines_wait_in_runs_stdout_pipe_while_its_stderr_is_read() {
     let want: String = (0..400).map(|i| format!("{i}\n")).collect();
     assert!(out == want, "stdout differs: {} bytes", out.len());
 }
+
+/// `run --max-output` into a pipe that is full when the command writes:
+/// the bytes within the cap, read while the pipe had no room, still reach
+/// the reader once it reads; nothing past the cap does. (The pipe is read
+/// once the command is gone; the server reads its output as it comes.)
+#[test]
+fn output_within_the_cap_reaches_a_pipe_that_was_full() {
+    const FILL: usize = 1024 * 1024;
+    let d = tmpdir("capfull");
+    let pid_file = d.join("pid");
+    let (r, w) = nix::unistd::pipe().unwrap();
+    // As large as `run` asks for, and full before it starts.
+    nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(FILL as i32)).unwrap();
+    let mut writer = std::fs::File::from(w.try_clone().unwrap());
+    writer.write_all(&vec![b'f'; FILL]).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["run", "--max-output", "5000", "--", "sh", "-c"])
+        .arg(format!(
+            "echo $$ > {}; exec head -c 8000 /dev/zero",
+            pid_file.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(w))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(writer);
+    let started = Instant::now();
+    let gone = loop {
+        let pid = std::fs::read_to_string(&pid_file).unwrap_or_default();
+        let pid = pid.trim();
+        if !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            break true;
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut reader = std::fs::File::from(r);
+    let mut filler = vec![0u8; FILL];
+    reader.read_exact(&mut filler).unwrap();
+    let mut rest = Vec::new();
+    reader.read_to_end(&mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert!(gone, "the command never ended");
+    assert_eq!(status.code(), Some(124), "ended by the cap");
+    assert_eq!(rest.len(), 5000, "bytes within the cap after the filler");
+    assert!(rest.iter().all(|b| *b == 0));
+}

@@ -104,12 +104,16 @@ pub fn pipe_sinks(process_id: &str) -> Option<std::sync::Arc<exec_server::Output
         }
         // Non-blocking, so a pipe without a reader fails (`ENXIO`) instead
         // of waiting for one.
-        std::fs::OpenOptions::new()
+        let sink = std::fs::OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_NONBLOCK)
             .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
             .ok()
-            .map(OwnedFd::from)
+            .map(OwnedFd::from)?;
+        // As large before the start as `run` makes it after: the command's
+        // first output may be moved there before `run` gets to it.
+        let _ = nix::fcntl::fcntl(&sink, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1024 * 1024));
+        Some(sink)
     };
     let out = pipe(io::stdout().as_fd());
     let err = pipe(io::stderr().as_fd());

@@ -39,6 +39,9 @@ pub(super) struct Sink {
     held: Vec<u8>,
     /// Whether the source was grown to [`SINK_MOVE_BYTES`].
     pub(super) widened: bool,
+    /// Whether a move is waiting for room in it ([`move_or_wait`]): the
+    /// reader holds output back, which is not the command's silence.
+    pub(super) waiting: bool,
 }
 
 /// Sinks offered for processes not started yet, by process id (the
@@ -101,6 +104,7 @@ impl OutputSinks {
                 fd,
                 held: Vec::new(),
                 widened: false,
+                waiting: false,
             })
         };
         [a.and_then(sink), b.and_then(sink)]
@@ -136,9 +140,17 @@ pub(super) enum Moved {
     Refused(std::io::Error),
 }
 
+impl Sink {
+    /// Whether copied output waits for room in it.
+    pub(super) fn holds(&self) -> bool {
+        !self.held.is_empty()
+    }
+}
+
 /// Moves up to `max` bytes from `src` into `sink` once `src` has something
 /// (its end included), after what `sink` holds. The end is told only once
-/// everything held went out.
+/// everything held went out. With `max` 0 (the output cap reached), only
+/// writes out what it holds: `Bytes(0)` once that is done.
 pub(super) async fn move_some(src: &AsyncFd<OwnedFd>, sink: &mut Sink, max: usize) -> Moved {
     let fd = sink.fd.get_ref();
     loop {
@@ -153,12 +165,31 @@ pub(super) async fn move_some(src: &AsyncFd<OwnedFd>, sink: &mut Sink, max: usiz
                 Err(e) => return Moved::Refused(e.into()),
             }
         }
+        if max == 0 {
+            return Moved::Bytes(0);
+        }
         let mut guard = match src.readable().await {
             Ok(g) => g,
             Err(e) => return Moved::Refused(e),
         };
         let unread = super::pump::unread_bytes(src.as_raw_fd()) as usize;
-        if unread > 0 && unread < COPY_BELOW {
+        if unread == 0 {
+            // Nothing to move yet. Splicing now would move whatever the
+            // command writes next on its own, a buffer slot of the sink for
+            // each small write: wait for it instead, and look again.
+            let (input, hung_up) = source_state(src.get_ref());
+            if input {
+                continue;
+            }
+            if hung_up {
+                return Moved::End;
+            }
+            // Cleared only if no new output was seen since the guard was
+            // taken.
+            guard.clear_ready();
+            continue;
+        }
+        if unread < COPY_BELOW {
             match exec_server_sysio::read_at::append_once(
                 src.get_ref(),
                 &mut sink.held,
@@ -192,17 +223,36 @@ pub(super) async fn move_some(src: &AsyncFd<OwnedFd>, sink: &mut Sink, max: usiz
                 // source's unread bytes instead took output that arrived
                 // after the splice for a full sink, and waited on a sink
                 // with room for ever.)
+                // The source first: an empty one is waited on whatever
+                // the sink's state (a full sink with nothing to give it
+                // is no reason to hold the other stream and the exit up).
                 let (input, room) = poll_now(src.get_ref(), fd);
-                if !room {
-                    return Moved::SinkFull;
-                }
                 if !input {
                     // Cleared only if no new output was seen since the
                     // guard was taken.
                     guard.clear_ready();
+                } else if !room {
+                    return Moved::SinkFull;
                 }
             }
             Err(e) => return Moved::Refused(e),
+        }
+    }
+}
+
+/// [`move_some`], waiting for room when the sink is full, so that a caller
+/// that selects over this and other work (the other stream, the exit, the
+/// limits) goes on meanwhile; never `SinkFull`. Dropping it loses nothing:
+/// what was read out of the source is in the sink's `held`.
+pub(super) async fn move_or_wait(src: &AsyncFd<OwnedFd>, sink: &mut Sink, max: usize) -> Moved {
+    loop {
+        sink.waiting = false;
+        match move_some(src, sink, max).await {
+            Moved::SinkFull => {
+                sink.waiting = true;
+                writable(sink).await;
+            }
+            m => return m,
         }
     }
 }
@@ -220,6 +270,27 @@ pub(super) async fn writable(sink: &Sink) {
         // A stale readiness: cleared only if no new one arrived since.
         guard.clear_ready();
     }
+}
+
+/// Whether `src` (a pipe) has something to read, and whether its writers
+/// are all gone, now.
+fn source_state(src: &OwnedFd) -> (bool, bool) {
+    let mut fds = [libc::pollfd {
+        fd: src.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: `fds` is a valid array of one pollfd for the call.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
+    if r < 0 {
+        // Cannot tell: say "something to read", and the caller looks again
+        // through a read or a splice, which tell.
+        return (true, false);
+    }
+    (
+        fds[0].revents & libc::POLLIN != 0,
+        fds[0].revents & (libc::POLLHUP | libc::POLLERR) != 0,
+    )
 }
 
 /// Whether `src` has something to read (or its end) and `sink` has room,
@@ -322,7 +393,6 @@ mod tests {
         let mut got = vec![0u8; COPY_BELOW];
         sink_r.read_exact(&mut got).expect("read");
         assert!(got == block);
-        // (With the sink full, the end waits for room: SinkFull first.)
         assert!(matches!(
             move_some(&src, &mut sink, SINK_MOVE_BYTES).await,
             Moved::End
@@ -368,6 +438,50 @@ mod tests {
         let mut got = [0u8; 1];
         sink_r.read_exact(&mut got).expect("read");
         assert_eq!(&got, b"x");
+    }
+
+    /// The sink filled by moves that emptied the source: the next move
+    /// waits for output, never "sink full".
+    #[tokio::test]
+    async fn a_full_sink_with_nothing_to_give_it_waits_for_output() {
+        let (src, mut src_w, mut sink, _sink_r) = source_and_sink();
+        let block = vec![3u8; COPY_BELOW];
+        // A default pipe is 16 slots, 4 per spliced block of 16 KiB.
+        for _ in 0..4 {
+            src_w.write_all(&block).expect("write");
+            let m = move_some(&src, &mut sink, SINK_MOVE_BYTES).await;
+            assert!(matches!(m, Moved::Bytes(n) if n == COPY_BELOW), "{m:?}");
+        }
+        let quiet = std::time::Duration::from_millis(50);
+        let next = tokio::time::timeout(quiet, move_some(&src, &mut sink, SINK_MOVE_BYTES)).await;
+        assert!(next.is_err(), "{next:?} from an empty source");
+    }
+
+    /// Copied output the sink could not take yet goes out once the cap is
+    /// reached too (`max` 0), and nothing more is read.
+    #[tokio::test]
+    async fn held_output_is_written_out_with_no_room_left_under_the_cap() {
+        let (src, mut src_w, mut sink, mut sink_r) = source_and_sink();
+        let block = vec![5u8; COPY_BELOW];
+        for _ in 0..4 {
+            src_w.write_all(&block).expect("write");
+            move_some(&src, &mut sink, SINK_MOVE_BYTES).await;
+        }
+        src_w.write_all(b"last").expect("write");
+        let m = move_some(&src, &mut sink, 4).await;
+        assert!(matches!(m, Moved::Bytes(4)), "{m:?}");
+        assert!(sink.holds(), "the full sink took the copy");
+        src_w.write_all(b"past the cap").expect("write");
+        let mut drained = vec![0u8; 4 * COPY_BELOW];
+        sink_r.read_exact(&mut drained).expect("read");
+        let m = move_some(&src, &mut sink, 0).await;
+        assert!(matches!(m, Moved::Bytes(0)), "{m:?}");
+        assert!(!sink.holds());
+        let mut last = [0u8; 4];
+        sink_r.read_exact(&mut last).expect("read");
+        assert_eq!(&last, b"last");
+        let left = super::super::pump::unread_bytes(src.as_raw_fd());
+        assert_eq!(left as usize, b"past the cap".len(), "read past the cap");
     }
 
     #[tokio::test]
