@@ -102,14 +102,7 @@ pub fn pipe_sinks(process_id: &str) -> Option<std::sync::Arc<exec_server::Output
         if !t.is_fifo() {
             return None;
         }
-        // Non-blocking, so a pipe without a reader fails (`ENXIO`) instead
-        // of waiting for one.
-        let sink = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-            .ok()
-            .map(OwnedFd::from)?;
+        let sink = OwnedFd::from(reopen(fd).ok()?);
         // As large before the start as `run` makes it after: the command's
         // first output may be moved there before `run` gets to it.
         let _ = nix::fcntl::fcntl(&sink, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1024 * 1024));
@@ -129,16 +122,22 @@ pub fn pipe_sinks(process_id: &str) -> Option<std::sync::Arc<exec_server::Output
 /// polled; `None` when it cannot be (a terminal of another user, a pipe
 /// without a reader, a device epoll does not take such as `/dev/null`).
 fn reopened(fd: BorrowedFd<'_>) -> Option<Mode> {
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .ok()?;
+    let f = reopen(fd).ok()?;
     // SAFETY: the AsyncFd owns this file and deregisters it before closing
     // it; nothing else holds the descriptor.
     unsafe { AsyncFd::register_with_interest(f, Interest::WRITABLE) }
         .ok()
         .map(Mode::Reopened)
+}
+
+/// `fd` (a pipe or terminal) opened again for writing through
+/// `/proc/self/fd`: a file description of our own, non-blocking (so a pipe
+/// without a reader fails with `ENXIO` instead of waiting for one).
+fn reopen(fd: BorrowedFd<'_>) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 /// One `send(fd, data, MSG_DONTWAIT | MSG_NOSIGNAL)`: what fits now, or

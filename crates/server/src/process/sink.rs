@@ -177,11 +177,11 @@ pub(super) async fn move_some(src: &AsyncFd<OwnedFd>, sink: &mut Sink, max: usiz
             // Nothing to move yet. Splicing now would move whatever the
             // command writes next on its own, a buffer slot of the sink for
             // each small write: wait for it instead, and look again.
-            let (input, hung_up) = source_state(src.get_ref());
-            if input {
+            let state = poll_now(src.get_ref(), libc::POLLIN);
+            if state & libc::POLLIN != 0 {
                 continue;
             }
-            if hung_up {
+            if state & (libc::POLLHUP | libc::POLLERR) != 0 {
                 return Moved::End;
             }
             // Cleared only if no new output was seen since the guard was
@@ -226,12 +226,12 @@ pub(super) async fn move_some(src: &AsyncFd<OwnedFd>, sink: &mut Sink, max: usiz
                 // The source first: an empty one is waited on whatever
                 // the sink's state (a full sink with nothing to give it
                 // is no reason to hold the other stream and the exit up).
-                let (input, room) = poll_now(src.get_ref(), fd);
+                let input = poll_now(src.get_ref(), libc::POLLIN) != 0;
                 if !input {
                     // Cleared only if no new output was seen since the
                     // guard was taken.
                     guard.clear_ready();
-                } else if !room {
+                } else if !has_room(fd) {
                     return Moved::SinkFull;
                 }
             }
@@ -264,7 +264,7 @@ pub(super) async fn writable(sink: &Sink) {
             // The reactor is gone: the next splice says what is wrong.
             return;
         };
-        if poll_now(sink.fd.get_ref(), sink.fd.get_ref()).1 {
+        if has_room(sink.fd.get_ref()) {
             return;
         }
         // A stale readiness: cleared only if no new one arrived since.
@@ -272,52 +272,27 @@ pub(super) async fn writable(sink: &Sink) {
     }
 }
 
-/// Whether `src` (a pipe) has something to read, and whether its writers
-/// are all gone, now.
-fn source_state(src: &OwnedFd) -> (bool, bool) {
-    let mut fds = [libc::pollfd {
-        fd: src.as_raw_fd(),
-        events: libc::POLLIN,
+/// `revents` of one `poll(2)` of `fd` for `events`, without waiting. When
+/// the poll itself fails, every bit asked for: the caller then tries the
+/// read, write or splice, which tells.
+fn poll_now(fd: &OwnedFd, events: libc::c_short) -> libc::c_short {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
         revents: 0,
-    }];
-    // SAFETY: `fds` is a valid array of one pollfd for the call.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
-    if r < 0 {
-        // Cannot tell: say "something to read", and the caller looks again
-        // through a read or a splice, which tell.
-        return (true, false);
+    };
+    // SAFETY: `pfd` is one valid pollfd for the call.
+    if unsafe { libc::poll(&mut pfd, 1, 0) } < 0 {
+        return events;
     }
-    (
-        fds[0].revents & libc::POLLIN != 0,
-        fds[0].revents & (libc::POLLHUP | libc::POLLERR) != 0,
-    )
+    pfd.revents
 }
 
-/// Whether `src` has something to read (or its end) and `sink` has room,
-/// now (`poll(2)` without waiting). A pipe has room exactly when a splice
-/// into it would not say `EAGAIN`: both test for a free buffer slot.
-fn poll_now(src: &OwnedFd, sink: &OwnedFd) -> (bool, bool) {
-    let mut fds = [
-        libc::pollfd {
-            fd: src.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: sink.as_raw_fd(),
-            events: libc::POLLOUT,
-            revents: 0,
-        },
-    ];
-    // SAFETY: `fds` is a valid array of two pollfds for the call.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, 0) };
-    if r < 0 {
-        // Cannot tell: say "both", and the caller tries again.
-        return (true, true);
-    }
-    let input = fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
-    let room = fds[1].revents & (libc::POLLOUT | libc::POLLERR) != 0;
-    (input, room)
+/// Whether a pipe has room now: exactly when a splice into it would not
+/// say `EAGAIN` (both test for a free buffer slot). A pipe without a reader
+/// counts as room, so that the next write says `EPIPE`.
+fn has_room(sink: &OwnedFd) -> bool {
+    poll_now(sink, libc::POLLOUT) & (libc::POLLOUT | libc::POLLERR) != 0
 }
 
 /// One non-blocking `splice(2)` of up to `max` bytes between two pipes.
