@@ -7,9 +7,11 @@ side by side for every row the issue names.
     python3 scripts/floor.py target/release/exec-server codex-ref
 
 Steps (each prints its own output first):
-1. exec-server-bench, both servers and ours with `--output-spool-bytes 0`,
-   scenarios spawn, spawn-sandboxed, spawn-sandboxed-paced, stream, fsread
-   (3 runs each, medians);
+1. exec-server-bench, interleaved, 3 runs each, medians: `spawn` with ours,
+   the reference, the local fork+exec+wait and `floor-server` (the least a
+   server can do to answer `process/start`: the protocol's floor for this
+   client on this machine); then spawn-sandboxed, spawn-sandboxed-paced,
+   stream and fsread with both servers and ours with `--output-spool-bytes 0`;
 2. scripts/tree-memory.py: 500 `sleep`s alive, Pss of the server's tree;
 3. our CLI (`exec-server run`, embedded server) streaming 1 GiB into `wc -c`
    against `head -c 1G /dev/zero | wc -c` (5 runs each, medians).
@@ -34,14 +36,9 @@ def run(cmd):
     return out
 
 
-def bench():
-    # `nospool`: ours with the output spool off, to show what the spool
-    # (retention past the reference's 1 MiB, issue 12) costs a stream.
-    out = run(
-        f'{BENCH} --server "ours={OURS} {LISTEN}" --server "ref={REF} exec-server {LISTEN}" '
-        f'--server "nospool={OURS} {LISTEN} --output-spool-bytes 0" '
-        "--scenarios spawn,spawn-sandboxed,spawn-sandboxed-paced,stream,fsread --runs 3"
-    )
+def bench(scenarios, servers):
+    names = " ".join(f'--server "{name}={cmd}"' for name, cmd in servers)
+    out = run(f"{BENCH} {names} --scenarios {scenarios} --runs 3")
     rows = {}
     columns = None
     for line in out.splitlines():
@@ -49,9 +46,7 @@ def bench():
         if cells[:2] == ["scenario", "metric"]:
             columns = {name: i for i, name in enumerate(cells)}
         elif columns and len(cells) >= 5 and cells[0] and not cells[0].startswith("-"):
-            rows[(cells[0], cells[1])] = [
-                cells[columns[k]] for k in ("ours", "ref", "local", "nospool")
-            ]
+            rows[(cells[0], cells[1])] = {k: cells[i] for k, i in columns.items()}
     return rows
 
 
@@ -89,21 +84,35 @@ def num(s):
 
 
 def main():
-    rows = bench()
+    ours, ref = ("ours", f"{OURS} {LISTEN}"), ("ref", f"{REF} exec-server {LISTEN}")
+    spawn = bench("spawn", [ours, ref, ("minimal", "target/release/floor-server")])
+    # `nospool`: ours with the output spool off, to show what the spool
+    # (retention past the reference's 1 MiB, issue 12) costs a stream.
+    rows = bench(
+        "spawn-sandboxed,spawn-sandboxed-paced,stream,fsread",
+        [ours, ref, ("nospool", f"{OURS} {LISTEN} --output-spool-bytes 0")],
+    )
+    rows.update(spawn)
     tree = tree_memory()
     local_s, ours_s = cli_stream()
-    get = lambda sc, metric: rows.get((sc, metric), ["?", "?", "?", "?"])
+    def get(sc, metric, *names):
+        row = rows.get((sc, metric), {})
+        return [row.get(name, "?") for name in names]
+
     table = []
 
     def line(what, ours, ref, floor, goal, ratio, met):
         table.append(f"| {what} | {ours} | {ref} | {floor} | {goal} | {ratio:.2f}× | "
                      f"{'yes' if met else 'no'} |")
 
-    o, r, l, _ = get("spawn", "p50 ms")
+    o, r, l, m = get("spawn", "p50 ms", "ours", "ref", "local", "minimal")
     x = num(o) / num(l)
     line("spawn `true`, start → closed, p50 ms", o, r, l, "≤ 1.3× local", x, x <= 1.3)
+    x = num(m) / num(l)
+    line("spawn `true` from `floor-server` (the protocol's floor), p50 ms", m, "–", l,
+         "≤ 1.3× local", x, x <= 1.3)
     for sc, how in (("spawn-sandboxed", "back to back"), ("spawn-sandboxed-paced", "50 ms apart")):
-        o, r, l, _ = get(sc, "p50 ms")
+        o, r, l = get(sc, "p50 ms", "ours", "ref", "local")
         x = num(o) / num(l)
         line(f"sandboxed spawn, {how}, p50 ms", o, r, f"{l} (bare bwrap)", "≤ 1.0× bwrap", x,
              x <= 1.0)
@@ -114,7 +123,7 @@ def main():
     line("CLI 1 GiB into `wc -c`, MiB/s", f"{1024 / ours_s:.0f}", "–",
          f"{1024 / local_s:.0f} (pipe)", "≥ 0.8× pipe", x, x >= 0.8)
     for sc, what, bound in (("stream", "256 MiB streamed", 0.2), ("fsread", "64 MiB `fs/readFile`", 0.1)):
-        o, r, _, n = get(sc, "server CPU ms")
+        o, r, n = get(sc, "server CPU ms", "ours", "ref", "nospool")
         x = num(o) / num(r)
         line(f"server CPU, {what}, ms", o, r, "–", f"≤ {bound}× reference", x, x <= bound)
         if sc == "stream":
