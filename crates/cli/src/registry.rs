@@ -54,6 +54,14 @@ pub struct RegistryArgs {
     /// less 256, at least 64.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Most bytes the node holds for harnesses that do not read, across all
+    /// environments (e.g. 512M, 2G). Each stream may hold 32 MiB and each
+    /// environment 64 MiB of it; past any of the three budgets the stream
+    /// holding the most is reset, and its client resumes its session on a
+    /// new stream, losing nothing.
+    #[arg(long, value_name = "BYTES", value_parser = crate::commands::parse_bytes,
+          default_value = "512M")]
+    pub relay_buffer_bytes: u64,
 }
 
 /// File descriptors kept back from connections: the store's pool, the
@@ -171,6 +179,7 @@ pub async fn run(args: RegistryArgs) -> i32 {
         harness_tokens,
         tls,
         max_connections: connection_limit(args.max_connections),
+        relay_buffer_bytes: usize::try_from(args.relay_buffer_bytes).unwrap_or(usize::MAX),
         ..Config::default()
     };
     let registry = match Registry::new(config, store, ws_base).await {

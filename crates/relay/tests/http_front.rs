@@ -296,6 +296,12 @@ async fn metrics_count_sockets_streams_and_bytes() {
         1.0,
         "{text}"
     );
+    // The echo was read whole: nothing is held for the harness.
+    assert_eq!(
+        metric(&text, "exec_server_registry_relay_buffered_bytes"),
+        0.0,
+        "{text}"
+    );
     for direction in ["to_executor", "to_harness"] {
         let name = format!("exec_server_registry_relayed_bytes_{direction}_total");
         assert!(metric(&text, &name) > 100_000.0, "{name}: {text}");

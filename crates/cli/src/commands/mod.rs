@@ -6,7 +6,7 @@ pub mod info;
 pub mod kill;
 mod limits;
 mod local_out;
-pub use limits::{parse_duration, parse_limit_list};
+pub use limits::{parse_bytes, parse_duration, parse_limit_list};
 mod network;
 pub mod ps;
 pub mod run;

@@ -5,9 +5,10 @@
 //! bounded queue, so a slow executor slows its harnesses down. Frames from an
 //! executor never wait for a harness: each stream has its own queue, bounded
 //! at [`STREAM_BUFFER_BYTES`], past which that stream alone is reset (its
-//! client resumes the session on a new stream). So a harness that stops
-//! reading holds at most its own budget, and its executor's other streams
-//! keep flowing. The executor's server bounds what a process may have in
+//! client resumes the session on a new stream), and all the streams of an
+//! environment, and of the node, have budgets of their own (`queue.rs`). So a
+//! harness that stops reading holds at most its own budget, and its
+//! executor's other streams keep flowing. The executor's server bounds what a process may have in
 //! flight anyway (its output window), so a client that reads, however
 //! slowly, stays far below the budget.
 //!
@@ -20,11 +21,13 @@
 //! for [`HARNESS_SILENCE_TIMEOUT`] is dropped too, and its stream reset.
 
 use super::close::{send_close, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE, SILENT, STREAM_RESET};
+use super::queue::{HarnessQueue, Pool, Refused, Scope};
+pub use super::queue::{DEFAULT_NODE_BUFFER_BYTES, ENVIRONMENT_BUFFER_BYTES, STREAM_BUFFER_BYTES};
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
 use crate::socket::{gather, CloseStatus, Message, Outgoing, Reader, Writer, WsError};
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -33,10 +36,6 @@ use tokio_util::sync::CancellationToken;
 
 /// Frames queued towards an executor socket before its harnesses wait.
 pub const QUEUE_FRAMES: usize = 64;
-/// Bytes queued towards one harness before its stream is reset: 32 MiB,
-/// four times the output window an acknowledging client lets a process
-/// have in flight (8 MiB), so only a harness that stopped reading gets there.
-pub const STREAM_BUFFER_BYTES: usize = 32 << 20;
 /// Time a harness has to claim its stream with `Resume` after the upgrade.
 pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a relay socket's peer has, once it starts a message, to finish it:
@@ -65,45 +64,39 @@ struct ExecutorLink {
     stop: CancellationToken,
 }
 
-#[derive(Default)]
 struct Route {
     executor: Option<ExecutorLink>,
-    streams: HashMap<String, HarnessQueue>,
+    streams: HashMap<String, StreamLink>,
+    /// What all its streams' queues hold ([`ENVIRONMENT_BUFFER_BYTES`]).
+    buffered: Pool,
 }
 
-/// Frames from an executor towards one harness socket. The executor's
-/// reader never waits on it — one harness that stops reading must not hold
-/// its executor's other streams — so it is bounded in bytes instead: a
-/// stream whose harness lets more than [`STREAM_BUFFER_BYTES`] pile up is
-/// reset (the client resumes its session on a new stream, losing nothing).
+impl Default for Route {
+    fn default() -> Route {
+        Route {
+            executor: None,
+            streams: HashMap::new(),
+            buffered: Pool::new(ENVIRONMENT_BUFFER_BYTES),
+        }
+    }
+}
+
+impl Route {
+    /// Ends every stream (their executor is gone or replaced): each writer
+    /// sends what is queued, then closes.
+    fn end_streams(&mut self) {
+        for (_, stream) in self.streams.drain() {
+            stream.queue.close();
+        }
+    }
+}
+
+/// One harness socket's stream on the node: its queue and how to end it.
 #[derive(Clone)]
-struct HarnessQueue {
-    tx: mpsc::UnboundedSender<Bytes>,
-    queued: Arc<AtomicUsize>,
+struct StreamLink {
+    queue: HarnessQueue,
     stop: CancellationToken,
     close: CloseWith,
-}
-
-/// What a queued frame costs beyond its bytes (its allocation's header, its
-/// handle, its slot in the queue), charged to the stream's budget so that a
-/// flood of tiny frames is bounded by memory, not by payload: 128 bytes.
-const QUEUED_FRAME_OVERHEAD: usize = 128;
-
-/// What `frame` costs a harness's budget while it is queued.
-fn charge(frame: &Bytes) -> usize {
-    frame.len() + QUEUED_FRAME_OVERHEAD
-}
-
-impl HarnessQueue {
-    /// Queues `frame`; false when the harness is gone or over its budget.
-    fn push(&self, frame: Bytes) -> bool {
-        let n = charge(&frame);
-        if self.queued.fetch_add(n, Ordering::SeqCst) + n > STREAM_BUFFER_BYTES {
-            self.queued.fetch_sub(n, Ordering::SeqCst);
-            return false;
-        }
-        self.tx.send(frame).is_ok()
-    }
 }
 
 /// What a socket's writer takes frames from.
@@ -111,18 +104,14 @@ enum Inbox {
     /// From harnesses to an executor: senders wait when it is full.
     Bounded(mpsc::Receiver<Bytes>),
     /// From an executor to one harness ([`HarnessQueue`]).
-    Counted(mpsc::UnboundedReceiver<Bytes>, Arc<AtomicUsize>),
+    Counted(HarnessQueue),
 }
 
 impl Inbox {
     async fn recv(&mut self) -> Option<Bytes> {
         match self {
             Inbox::Bounded(rx) => rx.recv().await,
-            Inbox::Counted(rx, queued) => {
-                let frame = rx.recv().await?;
-                queued.fetch_sub(charge(&frame), Ordering::SeqCst);
-                Some(frame)
-            }
+            Inbox::Counted(queue) => queue.recv().await,
         }
     }
 
@@ -130,11 +119,14 @@ impl Inbox {
     fn try_recv(&mut self) -> Option<Bytes> {
         match self {
             Inbox::Bounded(rx) => rx.try_recv().ok(),
-            Inbox::Counted(rx, queued) => {
-                let frame = rx.try_recv().ok()?;
-                queued.fetch_sub(charge(&frame), Ordering::SeqCst);
-                Some(frame)
-            }
+            Inbox::Counted(queue) => queue.try_recv(),
+        }
+    }
+
+    /// The writer is done: what is still queued is freed at once.
+    fn end(&mut self) {
+        if let Inbox::Counted(queue) = self {
+            queue.forfeit();
         }
     }
 }
@@ -154,6 +146,8 @@ pub struct Hub {
     admission: tokio::sync::Mutex<()>,
     next_id: AtomicU64,
     executor_silence: Duration,
+    /// What all streams' queues hold on this node.
+    buffered: Pool,
     /// Bytes routed and streams reset, for the node's metrics.
     pub(crate) counters: super::metrics::Counters,
 }
@@ -201,7 +195,7 @@ impl Drop for AttachedLink {
             if route.executor.as_ref().is_some_and(|e| e.id == self.id) {
                 route.executor = None;
                 // The executor's streams die with it.
-                route.streams.clear();
+                route.end_streams();
             }
         }
     }
@@ -272,6 +266,7 @@ where
         }
         // A socket that cannot be written to is dead, whatever it sends: its
         // reader stops too, and an executor's environment is free again.
+        rx.end();
         stop.cancel();
         send_close(writer, close.get()).await;
     })
@@ -279,15 +274,28 @@ where
 
 impl Hub {
     /// A hub whose executor sockets are dropped after `executor_silence`
-    /// without a frame.
+    /// without a frame, holding at most [`DEFAULT_NODE_BUFFER_BYTES`] for
+    /// harnesses.
     pub fn new(executor_silence: Duration) -> Hub {
+        Hub::with_buffer(executor_silence, DEFAULT_NODE_BUFFER_BYTES)
+    }
+
+    /// [`Hub::new`], holding at most `node_buffer_bytes` (bytes, as queued
+    /// frames cost them) for all harnesses together.
+    pub fn with_buffer(executor_silence: Duration, node_buffer_bytes: usize) -> Hub {
         Hub {
             routes: Routes::default(),
             admission: tokio::sync::Mutex::new(()),
             next_id: AtomicU64::new(0),
             executor_silence,
+            buffered: Pool::new(node_buffer_bytes),
             counters: super::metrics::Counters::default(),
         }
+    }
+
+    /// Bytes queued towards harnesses on this node now.
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffered.held()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Route>> {
@@ -355,7 +363,7 @@ impl Hub {
             stop: stop.clone(),
         }) {
             old.stop.cancel();
-            route.streams.clear();
+            route.end_streams();
         }
         Ok(ExecutorAttachment {
             link: AttachedLink {
@@ -415,18 +423,7 @@ impl Hub {
             let Ok(stream_id) = frame::peek_stream_id(&bytes) else {
                 continue;
             };
-            let target = self
-                .lock()
-                .get(&link.env)
-                .and_then(|r| r.streams.get(&stream_id).cloned());
-            if let Some(t) = target {
-                let n = bytes.len() as u64;
-                if t.push(bytes) {
-                    self.counters.to_harness.inc_by(n);
-                } else {
-                    self.reset_stalled(&link.env, &stream_id, &t);
-                }
-            }
+            self.route_to_harness(&link.env, &stream_id, bytes);
         }
         // Not live any more before the socket closes: whoever sees it close
         // may register at once.
@@ -442,22 +439,90 @@ impl Hub {
         drop(reader);
     }
 
-    /// Resets `stream_id`, whose harness let [`STREAM_BUFFER_BYTES`] pile up:
-    /// its socket is closed (the client resumes on a new stream) and the
-    /// executor is told, as when a harness disconnects.
-    fn reset_stalled(&self, env: &str, stream_id: &str, queue: &HarnessQueue) {
-        let executor = {
+    /// Queues `frame` for `stream_id`'s harness, if that stream is open. Past
+    /// the stream's own budget the stream is reset; past its environment's or
+    /// the node's, the stream holding the most in that scope is reset (freeing
+    /// what it held) and the frame tried again.
+    fn route_to_harness(&self, env: &str, stream_id: &str, frame: Bytes) {
+        let n = frame.len() as u64;
+        let mut frame = frame;
+        // Each turn resets one stream, so this ends; bounded anyway.
+        for _ in 0..64 {
+            let Some(target) = self
+                .lock()
+                .get(env)
+                .and_then(|r| r.streams.get(stream_id).cloned())
+            else {
+                return;
+            };
+            match target.queue.push(frame) {
+                Ok(()) => {
+                    self.counters.to_harness.inc_by(n);
+                    return;
+                }
+                Err(Refused::Gone) => return,
+                Err(Refused::Over(Scope::Stream, _)) => {
+                    return self.reset_stream(env, stream_id, Scope::Stream)
+                }
+                Err(Refused::Over(scope, back)) => {
+                    let Some((victim_env, victim)) = self.largest_stream(scope, env) else {
+                        return;
+                    };
+                    self.reset_stream(&victim_env, &victim, scope);
+                    if victim_env == env && victim == stream_id {
+                        return;
+                    }
+                    frame = back;
+                }
+            }
+        }
+    }
+
+    /// The environment and id of the stream holding the most in `scope`
+    /// (`env`'s streams, or the node's).
+    fn largest_stream(&self, scope: Scope, env: &str) -> Option<(String, String)> {
+        let routes = self.lock();
+        let in_scope: Box<dyn Iterator<Item = (&String, &Route)>> = match scope {
+            Scope::Node => Box::new(routes.iter()),
+            _ => Box::new(routes.get_key_value(env).into_iter()),
+        };
+        in_scope
+            .flat_map(|(e, r)| r.streams.iter().map(move |(id, s)| (e, id, s.queue.held())))
+            .max_by_key(|(_, _, held)| *held)
+            .map(|(e, id, _)| (e.clone(), id.clone()))
+    }
+
+    /// Resets `stream_id` of `env`, which passed the budget of `scope`: what
+    /// it holds is freed at once, its socket is closed (the client resumes on
+    /// a new stream) and the executor is told, as when a harness disconnects.
+    fn reset_stream(&self, env: &str, stream_id: &str, scope: Scope) {
+        let (stream, executor) = {
             let mut routes = self.lock();
             let Some(route) = routes.get_mut(env) else {
                 return;
             };
-            route.streams.remove(stream_id);
-            route.executor.as_ref().map(|e| e.tx.clone())
+            let Some(stream) = route.streams.remove(stream_id) else {
+                return;
+            };
+            (stream, route.executor.as_ref().map(|e| e.tx.clone()))
         };
-        tracing::info!(environment = %env, "a harness stopped reading: its stream is reset");
+        let freed = stream.queue.forfeit();
+        match scope {
+            Scope::Stream => {
+                tracing::info!(environment = %env, "a harness stopped reading: its stream is reset")
+            }
+            Scope::Environment => tracing::warn!(
+                environment = %env, freed,
+                "the environment's relay buffer is full: its largest stream is reset"
+            ),
+            Scope::Node => tracing::warn!(
+                environment = %env, freed,
+                "the node's relay buffer is full: its largest stream is reset"
+            ),
+        }
         self.counters.stalled_resets.inc();
-        queue.close.set(Some(STREAM_RESET));
-        queue.stop.cancel();
+        stream.close.set(Some(STREAM_RESET));
+        stream.stop.cancel();
         if let Some(executor) = executor {
             let _ = executor.try_send(
                 Frame::reset(stream_id, RESET_HARNESS_DISCONNECTED)
@@ -489,18 +554,17 @@ impl Hub {
             }
             _ => return send_close(writer, Some(CLAIM_REFUSED)).await,
         };
-        let (tx, rx) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
         let close = CloseWith::default();
-        let queue = HarnessQueue {
-            tx,
-            queued: Arc::new(AtomicUsize::new(0)),
-            stop: stop.clone(),
-            close: close.clone(),
-        };
-        let executor = {
+        let (queue, executor) = {
             let mut routes = self.lock();
             let route = routes.entry(env.clone()).or_default();
+            let queue = HarnessQueue::new(route.buffered.clone(), self.buffered.clone());
+            let stream = StreamLink {
+                queue: queue.clone(),
+                stop: stop.clone(),
+                close: close.clone(),
+            };
             let exec = route
                 .executor
                 .as_ref()
@@ -509,10 +573,10 @@ impl Hub {
             match exec {
                 // Unless someone else holds this stream id.
                 Some(exec) if !route.streams.contains_key(&stream_id) => {
-                    route.streams.insert(stream_id.clone(), queue.clone());
-                    Some(exec)
+                    route.streams.insert(stream_id.clone(), stream);
+                    (queue, Some(exec))
                 }
-                _ => None,
+                _ => (queue, None),
             }
         };
         let Some(executor) = executor else {
@@ -521,12 +585,11 @@ impl Hub {
         let (pong_tx, pong_rx) = mpsc::channel(PONG_QUEUE);
         let writer = spawn_writer(
             writer,
-            Inbox::Counted(rx, queue.queued.clone()),
+            Inbox::Counted(queue),
             pong_rx,
             (stop.clone(), close.clone()),
             PING_INTERVAL,
         );
-        drop(queue);
         let mut ok = executor.send(first).await.is_ok();
         while ok {
             // Every other branch ends the loop (see serve_executor).

@@ -168,16 +168,11 @@ async fn a_stalled_harness_does_not_hold_the_executors_other_streams() {
 /// (15-byte frames counted by payload would let 2.2 million of them queue).
 #[test]
 fn tiny_frames_use_up_a_stream_budget_by_what_they_hold() {
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let queue = super::HarnessQueue {
-        tx,
-        queued: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-        stop: tokio_util::sync::CancellationToken::new(),
-        close: Default::default(),
-    };
+    let unbounded = || super::Pool::new(usize::MAX);
+    let queue = super::HarnessQueue::new(unbounded(), unbounded());
     let frame = bytes::Bytes::from_static(&[7u8; 15]);
     let mut accepted = 0usize;
-    while queue.push(frame.clone()) {
+    while queue.push(frame.clone()).is_ok() {
         accepted += 1;
         assert!(accepted <= super::STREAM_BUFFER_BYTES / 15, "never refused");
     }
@@ -330,4 +325,87 @@ async fn a_harness_that_answers_no_pings_is_dropped_and_one_that_does_is_not() {
         reset |= f.stream_id == "s2" && matches!(f.body, Some(Body::Reset { .. }));
     }
     assert!(reset, "the executor was not told the stream ended");
+}
+
+/// Opens stream `id` of `env` on `hub` as a claimed harness would, with no
+/// writer taking its frames (a harness that never reads).
+fn open_stream(hub: &super::Hub, env: &str, id: &str) -> super::StreamLink {
+    let mut routes = hub.lock();
+    let route = routes.entry(env.to_string()).or_default();
+    let stream = super::StreamLink {
+        queue: super::HarnessQueue::new(route.buffered.clone(), hub.buffered.clone()),
+        stop: Default::default(),
+        close: Default::default(),
+    };
+    route.streams.insert(id.to_string(), stream.clone());
+    stream
+}
+
+/// Many stalled streams in two environments, fed 250 KiB frames: neither
+/// environment ever holds more than its budget nor the node more than its
+/// own, the streams reset are the stalled ones (freed at once: what is
+/// counted is what the open streams hold), and a stream whose harness reads
+/// gets every frame and is never reset. Before the environment and node
+/// budgets, 40 such streams took a node to 1.1 GB.
+#[test]
+fn stalled_streams_are_bounded_by_their_environment_and_the_node() {
+    let node_limit = 96 << 20;
+    let hub = super::Hub::with_buffer(super::EXECUTOR_SILENCE_TIMEOUT, node_limit);
+    let stalled: Vec<(String, String, super::StreamLink)> = ["a", "b"]
+        .iter()
+        .flat_map(|env| (0..8).map(move |i| (env.to_string(), format!("s{i}"))))
+        .map(|(env, id)| {
+            let link = open_stream(&hub, &env, &id);
+            (env, id, link)
+        })
+        .collect();
+    let reader = open_stream(&hub, "b", "reading");
+    let frame = bytes::Bytes::from(vec![7u8; 250 << 10]);
+    let mut read = 0;
+    for _ in 0..40 {
+        for (env, id, _) in &stalled {
+            hub.route_to_harness(env, id, frame.clone());
+            let env_held = hub.lock()[env.as_str()].buffered.held();
+            assert!(
+                env_held <= super::ENVIRONMENT_BUFFER_BYTES,
+                "{env} holds {env_held}"
+            );
+            assert!(
+                hub.buffered_bytes() <= node_limit,
+                "node holds {}",
+                hub.buffered_bytes()
+            );
+        }
+        hub.route_to_harness("b", "reading", frame.clone());
+        while reader.queue.try_recv().is_some() {
+            read += 1;
+        }
+    }
+    assert_eq!(read, 40, "the reading stream lost frames");
+    assert!(!reader.stop.is_cancelled(), "the reading stream was reset");
+    for env in ["a", "b"] {
+        let reset = stalled
+            .iter()
+            .filter(|(e, _, l)| e == env && l.stop.is_cancelled())
+            .count();
+        assert!(reset > 0, "no stalled stream of {env} was reset");
+    }
+    let open_held: usize = {
+        let routes = hub.lock();
+        routes
+            .values()
+            .flat_map(|r| r.streams.values())
+            .map(|s| s.queue.held())
+            .sum()
+    };
+    assert_eq!(
+        hub.buffered_bytes(),
+        open_held,
+        "bytes counted are not bytes held"
+    );
+    for (_, _, link) in &stalled {
+        if link.stop.is_cancelled() {
+            assert_eq!(link.queue.held(), 0, "a reset stream still holds frames");
+        }
+    }
 }

@@ -6,8 +6,11 @@
 //! - `streams_open` (gauge): harness streams on this node;
 //! - `relayed_bytes_to_executor_total`, `relayed_bytes_to_harness_total`
 //!   (counters): frame bytes routed (never opened);
+//! - `relay_buffered_bytes` (gauge): bytes held for harnesses that have not
+//!   read them yet, against the node's budget (`--relay-buffer-bytes`);
 //! - `stalled_stream_resets_total` (counter): streams reset because their
-//!   harness stopped reading (see [`super::hub::STREAM_BUFFER_BYTES`]);
+//!   harness stopped reading (see [`super::hub::STREAM_BUFFER_BYTES`]) or
+//!   held the most when their environment's or the node's budget ran out;
 //! - `cross_node_connects_total` (counter): `/connect` answers naming another
 //!   node's relay (the node that holds the executor);
 //! - `store_seconds` (histogram): latency of each store call (the database,
@@ -41,6 +44,7 @@ pub(crate) struct NodeMetrics {
     prom: prometheus_client::registry::Registry,
     executors: Gauge,
     streams: Gauge,
+    buffered: Gauge,
 }
 
 impl NodeMetrics {
@@ -49,6 +53,7 @@ impl NodeMetrics {
         let mut prom = prometheus_client::registry::Registry::with_prefix("exec_server_registry");
         let executors = Gauge::default();
         let streams = Gauge::default();
+        let buffered = Gauge::default();
         prom.register(
             "executors_attached",
             "Executor relay sockets attached to this node",
@@ -58,6 +63,11 @@ impl NodeMetrics {
             "streams_open",
             "Harness streams open on this node",
             streams.clone(),
+        );
+        prom.register(
+            "relay_buffered_bytes",
+            "Bytes held for harnesses that have not read them yet",
+            buffered.clone(),
         );
         prom.register(
             "relayed_bytes_to_executor",
@@ -71,7 +81,7 @@ impl NodeMetrics {
         );
         prom.register(
             "stalled_stream_resets",
-            "Streams reset because their harness stopped reading",
+            "Streams reset because their harness stopped reading or their budget ran out",
             counters.stalled_resets.clone(),
         );
         prom.register(
@@ -93,13 +103,16 @@ impl NodeMetrics {
             prom,
             executors,
             streams,
+            buffered,
         }
     }
 
-    /// The text exposition, with the gauges read now.
-    pub fn render(&self, executors: usize, streams: usize) -> String {
+    /// The text exposition, with the gauges read now (`buffered` in bytes).
+    pub fn render(&self, executors: usize, streams: usize, buffered: usize) -> String {
         self.executors.set(executors as i64);
         self.streams.set(streams as i64);
+        self.buffered
+            .set(i64::try_from(buffered).unwrap_or(i64::MAX));
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.prom);

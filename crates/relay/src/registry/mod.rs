@@ -24,6 +24,7 @@ pub mod fleet;
 pub mod hub;
 pub mod metrics;
 pub mod postgres;
+mod queue;
 pub mod signing;
 pub mod sqlite;
 pub mod store;
@@ -73,6 +74,13 @@ pub struct Config {
     /// connection past it is answered `503 node_at_connection_limit` and
     /// closed. Default [`DEFAULT_MAX_CONNECTIONS`].
     pub max_connections: usize,
+    /// Most bytes the node holds for harnesses that do not read, across all
+    /// environments (as queued frames cost them); past it the stream holding
+    /// the most is reset and its client resumes on a new one. Each stream
+    /// and each environment has its own budget below it
+    /// ([`hub::STREAM_BUFFER_BYTES`], [`hub::ENVIRONMENT_BUFFER_BYTES`]).
+    /// Default [`hub::DEFAULT_NODE_BUFFER_BYTES`].
+    pub relay_buffer_bytes: usize,
 }
 
 /// Connections a node serves at once unless configured: 16 384.
@@ -87,6 +95,7 @@ impl Default for Config {
             executor_silence_timeout: hub::EXECUTOR_SILENCE_TIMEOUT,
             tls: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            relay_buffer_bytes: hub::DEFAULT_NODE_BUFFER_BYTES,
         }
     }
 }
@@ -157,7 +166,7 @@ impl Registry {
             inner: store,
             seconds: store_seconds.clone(),
         });
-        let hub = hub::Hub::new(config.executor_silence_timeout);
+        let hub = hub::Hub::with_buffer(config.executor_silence_timeout, config.relay_buffer_bytes);
         let metrics = metrics::NodeMetrics::new(&hub.counters, &store_seconds);
         Ok(Arc::new(Registry {
             signing_key: store.signing_key().await?,
@@ -182,7 +191,8 @@ impl Registry {
     /// This node's metrics in the Prometheus text format (`GET /metrics`).
     fn render_metrics(&self) -> String {
         let (executors, streams) = self.hub.counts();
-        self.metrics.render(executors, streams)
+        self.metrics
+            .render(executors, streams, self.hub.buffered_bytes())
     }
 
     fn relay_url(&self, base: &str, grant: &Grant, ttl: Duration) -> String {
