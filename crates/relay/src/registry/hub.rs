@@ -23,8 +23,9 @@
 use super::close::{send_close, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE, SILENT, STREAM_RESET};
 use super::queue::{HarnessQueue, Pool, Refused, Scope};
 pub use super::queue::{DEFAULT_NODE_BUFFER_BYTES, ENVIRONMENT_BUFFER_BYTES, STREAM_BUFFER_BYTES};
+use super::relay_io::{classify, spawn_writer, Inbox, Read, PONG_QUEUE};
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
-use crate::socket::{gather, CloseStatus, Message, Outgoing, Reader, Writer, WsError};
+use crate::socket::{CloseStatus, Message, Reader, Writer};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,38 +100,6 @@ struct StreamLink {
     close: CloseWith,
 }
 
-/// What a socket's writer takes frames from.
-enum Inbox {
-    /// From harnesses to an executor: senders wait when it is full.
-    Bounded(mpsc::Receiver<Bytes>),
-    /// From an executor to one harness ([`HarnessQueue`]).
-    Counted(HarnessQueue),
-}
-
-impl Inbox {
-    async fn recv(&mut self) -> Option<Bytes> {
-        match self {
-            Inbox::Bounded(rx) => rx.recv().await,
-            Inbox::Counted(queue) => queue.recv().await,
-        }
-    }
-
-    /// A frame already queued, without waiting.
-    fn try_recv(&mut self) -> Option<Bytes> {
-        match self {
-            Inbox::Bounded(rx) => rx.try_recv().ok(),
-            Inbox::Counted(queue) => queue.try_recv(),
-        }
-    }
-
-    /// The writer is done: what is still queued is freed at once.
-    fn end(&mut self) {
-        if let Inbox::Counted(queue) = self {
-            queue.forfeit();
-        }
-    }
-}
-
 type Routes = Arc<Mutex<HashMap<String, Route>>>;
 
 fn lock_routes(routes: &Routes) -> std::sync::MutexGuard<'_, HashMap<String, Route>> {
@@ -199,77 +168,6 @@ impl Drop for AttachedLink {
             }
         }
     }
-}
-
-/// Pongs owed to a socket's peer, queued by its reader for its writer.
-const PONG_QUEUE: usize = 4;
-
-/// What a node does with one read from a relay socket.
-enum Read {
-    /// Route this relay frame.
-    Frame(Bytes),
-    /// Nothing to route (a ping, now owed a pong; a pong; a text message).
-    Skip,
-    /// The socket closed, failed or broke the protocol; the status of the
-    /// close frame to answer with.
-    End(Option<CloseStatus>),
-}
-
-fn classify(read: Result<Option<Message>, WsError>, pongs: &mpsc::Sender<Bytes>) -> Read {
-    match read {
-        Ok(Some(Message::Binary(b))) => Read::Frame(b),
-        Ok(Some(Message::Ping(p))) => {
-            // A full queue means pongs are already owed; one is enough.
-            let _ = pongs.try_send(p);
-            Read::Skip
-        }
-        Ok(Some(Message::Close(_))) | Ok(None) => Read::End(None),
-        Err(e) => Read::End(CloseStatus::for_error(&e)),
-        Ok(Some(_)) => Read::Skip,
-    }
-}
-
-/// A relay socket's writer: writes queued frames, pongs its reader owes and
-/// pings; ends when the queue closes or `stop` fires, with a close frame
-/// (with the status `close` holds by then).
-fn spawn_writer<W>(
-    mut writer: Writer<W>,
-    mut rx: Inbox,
-    mut pongs: mpsc::Receiver<Bytes>,
-    (stop, close): (CancellationToken, CloseWith),
-    ping_every: Duration,
-) -> tokio::task::JoinHandle<()>
-where
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    tokio::spawn(async move {
-        let mut ping = tokio::time::interval(ping_every);
-        ping.tick().await;
-        let mut batch = Vec::with_capacity(crate::MAX_FRAMES_PER_FLUSH);
-        loop {
-            let first = tokio::select! {
-                m = rx.recv() => match m { Some(b) => Outgoing::Binary(b), None => break },
-                Some(p) = pongs.recv() => Outgoing::Pong(p),
-                _ = ping.tick() => Outgoing::Ping(Bytes::new()),
-                _ = stop.cancelled() => break,
-            };
-            // What is queued behind it goes out with it: one vectored write,
-            // fewer and larger socket writes while a stream runs.
-            gather(&mut batch, first, || rx.try_recv().map(Outgoing::Binary));
-            let write = writer.send(&mut batch);
-            if tokio::time::timeout(Duration::from_secs(30), write)
-                .await
-                .map_or(true, |r| r.is_err())
-            {
-                break;
-            }
-        }
-        // A socket that cannot be written to is dead, whatever it sends: its
-        // reader stops too, and an executor's environment is free again.
-        rx.end();
-        stop.cancel();
-        send_close(writer, close.get()).await;
-    })
 }
 
 impl Hub {

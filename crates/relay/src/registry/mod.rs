@@ -25,6 +25,7 @@ pub mod hub;
 pub mod metrics;
 pub mod postgres;
 mod queue;
+mod relay_io;
 pub mod signing;
 pub mod sqlite;
 pub mod store;
