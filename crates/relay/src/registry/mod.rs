@@ -23,6 +23,7 @@ mod close;
 pub mod fleet;
 pub mod hub;
 pub mod metrics;
+mod pending;
 pub mod postgres;
 mod queue;
 mod relay_io;
@@ -113,6 +114,8 @@ pub struct Registry {
     /// The store answered this node's last heartbeat (`/readyz`).
     store_ok: std::sync::atomic::AtomicBool,
     metrics: metrics::NodeMetrics,
+    /// `/connect` answers whose authorizations may still be used.
+    pending_connects: pending::PendingConnects,
 }
 
 /// An HTTP answer: status, JSON body, extra headers.
@@ -178,6 +181,7 @@ impl Registry {
             ws_base,
             node_id: fleet::new_node_id(),
             store_ok: std::sync::atomic::AtomicBool::new(false),
+            pending_connects: pending::PendingConnects::new(AUTHORIZATION_TTL.max(HARNESS_URL_TTL)),
         }))
     }
 
@@ -336,6 +340,23 @@ impl Registry {
                 "no executor registered",
             ));
         };
+        if let Err(over) = self.pending_connects.admit(env, std::time::Instant::now()) {
+            let scope = match over {
+                pending::Over::Environment => "for this environment",
+                pending::Over::Node => "across all environments",
+            };
+            let message = format!(
+                "registry node {} has {} connect answers {scope} still unused; try again shortly",
+                self.node_id,
+                match over {
+                    pending::Over::Environment => pending::PER_ENVIRONMENT,
+                    pending::Over::Node => pending::PER_NODE,
+                },
+            );
+            let mut reply = Reply::error(429, "too_many_connects", &message);
+            reply.headers.push(("retry-after", "5".into()));
+            return Ok(reply);
+        }
         let token = format!("hka_{}", uuid::Uuid::new_v4().simple());
         self.store
             .put_authorization(

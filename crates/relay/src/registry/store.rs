@@ -144,7 +144,14 @@ struct Data {
     registrations: HashMap<String, Registration>,
     #[serde(default)]
     authorizations: HashMap<String, Authorization>,
+    /// Expired authorizations are swept when this many are kept (then twice
+    /// what is left, at least [`SWEEP_AT_LEAST`]): not only when one is taken.
+    #[serde(skip)]
+    sweep_at: usize,
 }
+
+/// Authorizations kept before the first sweep of expired ones: 1 024.
+const SWEEP_AT_LEAST: usize = 1024;
 
 impl Data {
     fn signing_key(&mut self) -> ([u8; 32], bool) {
@@ -191,6 +198,13 @@ impl Store for MemoryStore {
     }
     async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
         let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if d.authorizations.len() >= d.sweep_at.max(SWEEP_AT_LEAST) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            d.authorizations.retain(|_, a| a.expires_unix >= now);
+            d.sweep_at = 2 * d.authorizations.len();
+        }
         d.authorizations.insert(token.to_string(), a);
         Ok(())
     }
@@ -255,5 +269,28 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn memory_store_contract() {
         contract(&MemoryStore::default()).await;
+    }
+
+    /// Authorizations never taken used to stay until some other one was.
+    #[tokio::test]
+    async fn expired_authorizations_are_swept_as_more_come() {
+        let s = MemoryStore::default();
+        let auth = |expires_unix| Authorization {
+            environment_id: "e".into(),
+            registration_id: "r".into(),
+            harness_key: key(),
+            expires_unix,
+        };
+        for i in 0..SWEEP_AT_LEAST {
+            s.put_authorization(&format!("old{i}"), auth(1))
+                .await
+                .unwrap();
+        }
+        s.put_authorization("new", auth(u64::MAX)).await.unwrap();
+        assert_eq!(s.0.lock().unwrap().authorizations.len(), 1);
+        assert_eq!(
+            s.take_authorization("new", 2).await.unwrap(),
+            Some(auth(u64::MAX))
+        );
     }
 }
