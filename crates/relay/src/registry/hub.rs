@@ -20,7 +20,9 @@
 //! live for at most that long after its last frame. A harness socket silent
 //! for [`HARNESS_SILENCE_TIMEOUT`] is dropped too, and its stream reset.
 
-use super::close::{send_close, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE, SILENT, STREAM_RESET};
+use super::close::{
+    send_close, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE, NO_HANDSHAKE, SILENT, STREAM_RESET,
+};
 use super::queue::{HarnessQueue, Pool, Refused, Scope};
 pub use super::queue::{DEFAULT_NODE_BUFFER_BYTES, ENVIRONMENT_BUFFER_BYTES, STREAM_BUFFER_BYTES};
 use super::relay_io::{classify, spawn_writer, Inbox, Read, PONG_QUEUE};
@@ -489,7 +491,16 @@ impl Hub {
             PING_INTERVAL,
         );
         let mut ok = executor.send(first).await.is_ok();
+        // The claim must be followed by the harness's Noise msg1: a socket
+        // that only claims (and answers pings) would hold its slot forever.
+        let mut handshake_by = Some(tokio::time::Instant::now() + CLAIM_TIMEOUT);
         while ok {
+            let handshake_due = async {
+                match handshake_by {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             // Every other branch ends the loop (see serve_executor).
             let msg = tokio::select! {
                 m = tokio::time::timeout(HARNESS_SILENCE_TIMEOUT, reader.next()) => match m {
@@ -502,6 +513,11 @@ impl Hub {
                 },
                 _ = executor.closed() => {
                     close.set(Some(EXECUTOR_GONE));
+                    Ok(None)
+                }
+                () = handshake_due => {
+                    tracing::info!(environment = %env, "harness claimed a stream but sent no handshake; dropping it");
+                    close.set(Some(NO_HANDSHAKE));
                     Ok(None)
                 }
                 _ = stop.cancelled() => Ok(None),
@@ -517,6 +533,17 @@ impl Hub {
             // A harness speaks for its own stream only.
             if frame::peek_stream_id(&bytes).ok().as_deref() != Some(stream_id.as_str()) {
                 continue;
+            }
+            if handshake_by.is_some()
+                && matches!(
+                    Frame::decode(&bytes),
+                    Ok(Frame {
+                        body: Some(Body::Handshake { .. }),
+                        ..
+                    })
+                )
+            {
+                handshake_by = None;
             }
             let n = bytes.len() as u64;
             ok = executor.send(bytes).await.is_ok();

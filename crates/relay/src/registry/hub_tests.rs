@@ -186,6 +186,28 @@ fn tiny_frames_use_up_a_stream_budget_by_what_they_hold() {
     assert!(accepted > 0);
 }
 
+/// A hub with an executor attached for `env` as registration `reg`.
+async fn hub_with_executor() -> (super::Hub, super::ExecutorAttachment) {
+    let hub = super::Hub::new(super::EXECUTOR_SILENCE_TIMEOUT);
+    let attached = hub
+        .attach_executor::<(), _>("env", "reg", || async { Ok(()) })
+        .await
+        .unwrap();
+    (hub, attached)
+}
+
+/// Whether the executor was sent a `Reset` for `stream` (reading what it
+/// was sent so far).
+fn told_reset(attached: &mut super::ExecutorAttachment, stream: &str) -> bool {
+    use crate::frame::{Body, Frame};
+    let mut reset = false;
+    while let Ok(frame) = attached.rx.try_recv() {
+        let f = Frame::decode(&frame).unwrap();
+        reset |= f.stream_id == stream && matches!(f.body, Some(Body::Reset { .. }));
+    }
+    reset
+}
+
 /// A harness socket served by `hub` for `env`/`registration` over an
 /// in-memory connection: the node's task, and the harness's reader and raw
 /// write half.
@@ -264,20 +286,23 @@ async fn a_harness_the_node_drops_is_told_why_in_the_close_frame() {
 
 #[tokio::test(start_paused = true)]
 async fn a_harness_that_answers_no_pings_is_dropped_and_one_that_does_is_not() {
-    use crate::frame::{Body, Frame};
+    use crate::frame::Frame;
     use crate::socket::{Message, Outgoing, Role, Writer};
     use tokio::io::AsyncWriteExt;
     use tokio::time::Instant;
-    let hub = super::Hub::new(super::EXECUTOR_SILENCE_TIMEOUT);
-    let mut attached = hub
-        .attach_executor::<(), _>("env", "reg", || async { Ok(()) })
-        .await
-        .unwrap();
-    // Answers every Ping for ten minutes: still connected.
+    let (hub, mut attached) = hub_with_executor().await;
+    // Claims, sends its handshake, then answers every Ping for ten
+    // minutes: still connected.
     let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
     w.write_all(&client_frame(&Frame::resume("s1").encode(), false))
         .await
         .unwrap();
+    w.write_all(&client_frame(
+        &Frame::handshake("s1", vec![1; 32]).encode(),
+        false,
+    ))
+    .await
+    .unwrap();
     let mut writer = Writer::new(w, Role::Client);
     let answering = async {
         let t0 = Instant::now();
@@ -299,6 +324,12 @@ async fn a_harness_that_answers_no_pings_is_dropped_and_one_that_does_is_not() {
     w.write_all(&client_frame(&Frame::resume("s2").encode(), false))
         .await
         .unwrap();
+    w.write_all(&client_frame(
+        &Frame::handshake("s2", vec![1; 32]).encode(),
+        false,
+    ))
+    .await
+    .unwrap();
     let t0 = Instant::now();
     let silent = async {
         loop {
@@ -319,12 +350,10 @@ async fn a_harness_that_answers_no_pings_is_dropped_and_one_that_does_is_not() {
             && waited < super::HARNESS_SILENCE_TIMEOUT + Duration::from_secs(5),
         "dropped after {waited:?}"
     );
-    let mut reset = false;
-    while let Ok(frame) = attached.rx.try_recv() {
-        let f = Frame::decode(&frame).unwrap();
-        reset |= f.stream_id == "s2" && matches!(f.body, Some(Body::Reset { .. }));
-    }
-    assert!(reset, "the executor was not told the stream ended");
+    assert!(
+        told_reset(&mut attached, "s2"),
+        "the executor was not told the stream ended"
+    );
 }
 
 /// Opens stream `id` of `env` on `hub` as a claimed harness would, with no
@@ -408,4 +437,45 @@ fn stalled_streams_are_bounded_by_their_environment_and_the_node() {
             assert_eq!(link.queue.held(), 0, "a reset stream still holds frames");
         }
     }
+}
+
+/// A harness that claims a stream and answers pings but never sends its
+/// Noise handshake is dropped once the claim timeout passes (it held a
+/// connection slot forever before), told why, and its stream reset.
+#[tokio::test(start_paused = true)]
+async fn a_claim_without_a_handshake_is_dropped() {
+    use crate::frame::Frame;
+    use crate::socket::{Message, Outgoing, Role, Writer};
+    use tokio::io::AsyncWriteExt;
+    use tokio::time::Instant;
+    let (hub, mut attached) = hub_with_executor().await;
+    let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
+    w.write_all(&client_frame(&Frame::resume("s1").encode(), false))
+        .await
+        .unwrap();
+    let mut writer = Writer::new(w, Role::Client);
+    let t0 = Instant::now();
+    let answering = async {
+        loop {
+            match reader.next().await.unwrap() {
+                Some(Message::Ping(p)) => writer.send(&mut vec![Outgoing::Pong(p)]).await.unwrap(),
+                other => return other,
+            }
+        }
+    };
+    let (_, got) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(serving, answering)
+    })
+    .await
+    .expect("a claim without a handshake was kept");
+    assert!(matches!(got, Some(Message::Close(Some(1008)))), "{got:?}");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= super::CLAIM_TIMEOUT && waited < super::CLAIM_TIMEOUT + Duration::from_secs(2),
+        "dropped after {waited:?}"
+    );
+    assert!(
+        told_reset(&mut attached, "s1"),
+        "the executor was not told the stream ended"
+    );
 }
