@@ -29,10 +29,10 @@ impl CloseWith {
 /// Why the node ends a harness socket whose claim it refuses.
 pub(super) const CLAIM_REFUSED: CloseStatus =
     CloseStatus::policy("the first message must claim a free stream (Resume) within 10 s");
-/// Why the node ends a harness socket that claimed a stream but sent no
-/// Noise handshake after it (a claim alone holds a connection slot).
+/// Why the node ends a harness socket whose claimed stream the executor did
+/// not answer with a handshake (a claim alone holds a connection slot).
 pub(super) const NO_HANDSHAKE: CloseStatus =
-    CloseStatus::policy("the Noise handshake must follow the claim within 10 s");
+    CloseStatus::policy("no Noise handshake completed within 10 s of the claim");
 /// Why the node drops a socket that sent nothing for its silence timeout.
 pub(super) const SILENT: CloseStatus = CloseStatus::policy("silent too long");
 /// Why the node ends a harness socket whose stream it reset.

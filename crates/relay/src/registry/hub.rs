@@ -100,6 +100,20 @@ struct StreamLink {
     queue: HarnessQueue,
     stop: CancellationToken,
     close: CloseWith,
+    /// Cancelled once the executor answered with its handshake (msg2): a
+    /// claim it never answers is dropped after [`CLAIM_TIMEOUT`].
+    established: CancellationToken,
+}
+
+/// What a frame from an executor means to the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A Noise handshake message (msg2 towards a harness).
+    Handshake,
+    /// The executor ends the stream.
+    Reset,
+    /// Data and the rest.
+    Other,
 }
 
 type Routes = Arc<Mutex<HashMap<String, Route>>>;
@@ -320,10 +334,15 @@ impl Hub {
                     break;
                 }
             };
-            let Ok(stream_id) = frame::peek_stream_id(&bytes) else {
+            let Ok((head, _)) = Frame::decode_located(&bytes) else {
                 continue;
             };
-            self.route_to_harness(&link.env, &stream_id, bytes);
+            let kind = match head.body {
+                Some(Body::Handshake { .. }) => Kind::Handshake,
+                Some(Body::Reset { .. }) => Kind::Reset,
+                _ => Kind::Other,
+            };
+            self.route_to_harness(&link.env, &head.stream_id, bytes, kind);
         }
         // Not live any more before the socket closes: whoever sees it close
         // may register at once.
@@ -343,7 +362,7 @@ impl Hub {
     /// the stream's own budget the stream is reset; past its environment's or
     /// the node's, the stream holding the most in that scope is reset (freeing
     /// what it held) and the frame tried again.
-    fn route_to_harness(&self, env: &str, stream_id: &str, frame: Bytes) {
+    fn route_to_harness(&self, env: &str, stream_id: &str, frame: Bytes, kind: Kind) {
         let n = frame.len() as u64;
         let mut frame = frame;
         // Each turn resets one stream, so this ends; bounded anyway.
@@ -358,6 +377,15 @@ impl Hub {
             match target.queue.push(frame) {
                 Ok(()) => {
                     self.counters.to_harness.inc_by(n);
+                    match kind {
+                        // The executor answered the harness's msg1.
+                        Kind::Handshake => target.established.cancel(),
+                        // The executor ended the stream: the harness gets
+                        // the Reset, then its socket is closed (one that
+                        // ignored it would hold its slot).
+                        Kind::Reset => self.end_stream(env, stream_id, &target),
+                        Kind::Other => {}
+                    }
                     return;
                 }
                 Err(Refused::Gone) => return,
@@ -376,6 +404,23 @@ impl Hub {
                 }
             }
         }
+    }
+
+    /// Ends `stream_id` of `env` after what is queued for it (the executor
+    /// reset it): taken off the route, its writer sends the rest and closes.
+    fn end_stream(&self, env: &str, stream_id: &str, link: &StreamLink) {
+        let mut routes = self.lock();
+        if let Some(route) = routes.get_mut(env) {
+            if route
+                .streams
+                .get(stream_id)
+                .is_some_and(|s| s.queue.same(&link.queue))
+            {
+                route.streams.remove(stream_id);
+            }
+        }
+        drop(routes);
+        link.queue.close();
     }
 
     /// The environment and id of the stream holding the most in `scope`
@@ -456,6 +501,7 @@ impl Hub {
         };
         let stop = CancellationToken::new();
         let close = CloseWith::default();
+        let established = CancellationToken::new();
         let (queue, executor) = {
             let mut routes = self.lock();
             let route = routes.entry(env.clone()).or_default();
@@ -464,6 +510,7 @@ impl Hub {
                 queue: queue.clone(),
                 stop: stop.clone(),
                 close: close.clone(),
+                established: established.clone(),
             };
             let exec = route
                 .executor
@@ -491,37 +538,39 @@ impl Hub {
             PING_INTERVAL,
         );
         let mut ok = executor.send(first).await.is_ok();
-        // The claim must be followed by the harness's Noise msg1: a socket
-        // that only claims (and answers pings) would hold its slot forever.
-        let mut handshake_by = Some(tokio::time::Instant::now() + CLAIM_TIMEOUT);
+        // The claim must lead to a handshake the executor answers: a socket
+        // that only claims, or sends a msg1 the executor ignores, and
+        // answers pings would hold its slot forever.
+        let handshake_by = tokio::time::Instant::now() + CLAIM_TIMEOUT;
+        let mut handshake_pending = true;
+        // From the last message heard, whatever else wakes the loop.
+        let mut silent_at = tokio::time::Instant::now() + HARNESS_SILENCE_TIMEOUT;
         while ok {
-            let handshake_due = async {
-                match handshake_by {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            // Every other branch ends the loop (see serve_executor).
+            // Every other branch ends the loop (see serve_executor); the
+            // reader is cancel-safe.
             let msg = tokio::select! {
-                m = tokio::time::timeout(HARNESS_SILENCE_TIMEOUT, reader.next()) => match m {
-                    Ok(m) => m,
-                    Err(_) => {
-                        tracing::info!(environment = %env, "harness socket silent too long; dropping it");
-                        close.set(Some(SILENT));
-                        Ok(None)
-                    }
-                },
+                m = reader.next() => m,
+                () = tokio::time::sleep_until(silent_at) => {
+                    tracing::info!(environment = %env, "harness socket silent too long; dropping it");
+                    close.set(Some(SILENT));
+                    Ok(None)
+                }
                 _ = executor.closed() => {
                     close.set(Some(EXECUTOR_GONE));
                     Ok(None)
                 }
-                () = handshake_due => {
-                    tracing::info!(environment = %env, "harness claimed a stream but sent no handshake; dropping it");
+                () = tokio::time::sleep_until(handshake_by), if handshake_pending => {
+                    if established.is_cancelled() {
+                        handshake_pending = false;
+                        continue;
+                    }
+                    tracing::info!(environment = %env, "harness claimed a stream the executor never answered; dropping it");
                     close.set(Some(NO_HANDSHAKE));
                     Ok(None)
                 }
                 _ = stop.cancelled() => Ok(None),
             };
+            silent_at = tokio::time::Instant::now() + HARNESS_SILENCE_TIMEOUT;
             let bytes = match classify(msg, &pong_tx) {
                 Read::Frame(b) => b,
                 Read::Skip => continue,
@@ -533,17 +582,6 @@ impl Hub {
             // A harness speaks for its own stream only.
             if frame::peek_stream_id(&bytes).ok().as_deref() != Some(stream_id.as_str()) {
                 continue;
-            }
-            if handshake_by.is_some()
-                && matches!(
-                    Frame::decode(&bytes),
-                    Ok(Frame {
-                        body: Some(Body::Handshake { .. }),
-                        ..
-                    })
-                )
-            {
-                handshake_by = None;
             }
             let n = bytes.len() as u64;
             ok = executor.send(bytes).await.is_ok();

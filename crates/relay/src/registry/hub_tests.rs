@@ -186,6 +186,25 @@ fn tiny_frames_use_up_a_stream_budget_by_what_they_hold() {
     assert!(accepted > 0);
 }
 
+/// Claims stream `id` on a harness socket's write half (`Resume`), then
+/// sends `msg1` as its handshake, if any.
+async fn claim(
+    w: &mut tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    id: &str,
+    msg1: Option<Vec<u8>>,
+) {
+    use crate::frame::Frame;
+    use tokio::io::AsyncWriteExt;
+    w.write_all(&client_frame(&Frame::resume(id).encode(), false))
+        .await
+        .unwrap();
+    if let Some(msg1) = msg1 {
+        w.write_all(&client_frame(&Frame::handshake(id, msg1).encode(), false))
+            .await
+            .unwrap();
+    }
+}
+
 /// A hub with an executor attached for `env` as registration `reg`.
 async fn hub_with_executor() -> (super::Hub, super::ExecutorAttachment) {
     let hub = super::Hub::new(super::EXECUTOR_SILENCE_TIMEOUT);
@@ -286,29 +305,21 @@ async fn a_harness_the_node_drops_is_told_why_in_the_close_frame() {
 
 #[tokio::test(start_paused = true)]
 async fn a_harness_that_answers_no_pings_is_dropped_and_one_that_does_is_not() {
-    use crate::frame::Frame;
     use crate::socket::{Message, Outgoing, Role, Writer};
-    use tokio::io::AsyncWriteExt;
     use tokio::time::Instant;
     let (hub, mut attached) = hub_with_executor().await;
     // Claims, sends its handshake, then answers every Ping for ten
     // minutes: still connected.
     let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
-    w.write_all(&client_frame(&Frame::resume("s1").encode(), false))
-        .await
-        .unwrap();
-    w.write_all(&client_frame(
-        &Frame::handshake("s1", vec![1; 32]).encode(),
-        false,
-    ))
-    .await
-    .unwrap();
+    claim(&mut w, "s1", Some(vec![1; 32])).await;
     let mut writer = Writer::new(w, Role::Client);
     let answering = async {
+        executor_answers(&hub, "s1").await;
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(600) {
             match reader.next().await.unwrap() {
                 Some(Message::Ping(p)) => writer.send(&mut vec![Outgoing::Pong(p)]).await.unwrap(),
+                Some(Message::Binary(_)) => continue, // msg2
                 other => return Some(other),
             }
         }
@@ -321,20 +332,13 @@ async fn a_harness_that_answers_no_pings_is_dropped_and_one_that_does_is_not() {
     // Answers nothing: dropped after the silence timeout, told why, and its
     // stream reset towards the executor.
     let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
-    w.write_all(&client_frame(&Frame::resume("s2").encode(), false))
-        .await
-        .unwrap();
-    w.write_all(&client_frame(
-        &Frame::handshake("s2", vec![1; 32]).encode(),
-        false,
-    ))
-    .await
-    .unwrap();
+    claim(&mut w, "s2", Some(vec![1; 32])).await;
     let t0 = Instant::now();
     let silent = async {
+        executor_answers(&hub, "s2").await;
         loop {
             match reader.next().await.unwrap() {
-                Some(Message::Ping(_)) => continue,
+                Some(Message::Ping(_) | Message::Binary(_)) => continue,
                 other => return other,
             }
         }
@@ -356,6 +360,19 @@ async fn a_harness_that_answers_no_pings_is_dropped_and_one_that_does_is_not() {
     );
 }
 
+/// Once a harness has claimed `id` on `env`, the executor answers it with
+/// its handshake (msg2), as a real one answers a valid msg1.
+async fn executor_answers(hub: &super::Hub, id: &str) {
+    let claimed = || {
+        hub.lock()
+            .get("env")
+            .is_some_and(|r| r.streams.contains_key(id))
+    };
+    until("the stream is claimed", claimed).await;
+    let msg2 = crate::frame::Frame::handshake(id, vec![2; 32]).encode();
+    hub.route_to_harness("env", id, msg2.into(), super::Kind::Handshake);
+}
+
 /// Opens stream `id` of `env` on `hub` as a claimed harness would, with no
 /// writer taking its frames (a harness that never reads).
 fn open_stream(hub: &super::Hub, env: &str, id: &str) -> super::StreamLink {
@@ -365,6 +382,7 @@ fn open_stream(hub: &super::Hub, env: &str, id: &str) -> super::StreamLink {
         queue: super::HarnessQueue::new(route.buffered.clone(), hub.buffered.clone()),
         stop: Default::default(),
         close: Default::default(),
+        established: Default::default(),
     };
     route.streams.insert(id.to_string(), stream.clone());
     stream
@@ -393,7 +411,7 @@ fn stalled_streams_are_bounded_by_their_environment_and_the_node() {
     let mut read = 0;
     for _ in 0..40 {
         for (env, id, _) in &stalled {
-            hub.route_to_harness(env, id, frame.clone());
+            hub.route_to_harness(env, id, frame.clone(), super::Kind::Other);
             let env_held = hub.lock()[env.as_str()].buffered.held();
             assert!(
                 env_held <= super::ENVIRONMENT_BUFFER_BYTES,
@@ -405,8 +423,9 @@ fn stalled_streams_are_bounded_by_their_environment_and_the_node() {
                 hub.buffered_bytes()
             );
         }
-        hub.route_to_harness("b", "reading", frame.clone());
-        while reader.queue.try_recv().is_some() {
+        hub.route_to_harness("b", "reading", frame.clone(), super::Kind::Other);
+        while let Some(f) = reader.queue.try_recv() {
+            reader.queue.release(crate::registry::queue::charge(&f));
             read += 1;
         }
     }
@@ -439,20 +458,17 @@ fn stalled_streams_are_bounded_by_their_environment_and_the_node() {
     }
 }
 
-/// A harness that claims a stream and answers pings but never sends its
-/// Noise handshake is dropped once the claim timeout passes (it held a
-/// connection slot forever before), told why, and its stream reset.
+/// A harness that claims a stream and answers pings, with a handshake the
+/// executor ignores (an empty one), is dropped once the claim timeout
+/// passes (it held a connection slot forever before), told why, and its
+/// stream reset.
 #[tokio::test(start_paused = true)]
-async fn a_claim_without_a_handshake_is_dropped() {
-    use crate::frame::Frame;
+async fn a_claim_the_executor_never_answers_is_dropped() {
     use crate::socket::{Message, Outgoing, Role, Writer};
-    use tokio::io::AsyncWriteExt;
     use tokio::time::Instant;
     let (hub, mut attached) = hub_with_executor().await;
     let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
-    w.write_all(&client_frame(&Frame::resume("s1").encode(), false))
-        .await
-        .unwrap();
+    claim(&mut w, "s1", Some(Vec::new())).await;
     let mut writer = Writer::new(w, Role::Client);
     let t0 = Instant::now();
     let answering = async {
@@ -478,4 +494,102 @@ async fn a_claim_without_a_handshake_is_dropped() {
         told_reset(&mut attached, "s1"),
         "the executor was not told the stream ended"
     );
+}
+
+/// Until `done` holds, yields to the node's tasks (bounded: 5 s).
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A harness writer that took a batch and is blocked writing it to a
+/// socket nobody reads: the batch still counts against the budgets (it
+/// stopped counting once taken, so 256 such sockets held 1.5 GB past a
+/// 512 MiB budget), and a reset makes the writer let go of it at once.
+#[tokio::test]
+async fn frames_a_blocked_writer_holds_count_until_a_reset_frees_them() {
+    let (hub, _attached) = hub_with_executor().await;
+    let (serving, _reader, mut w) = harness_socket(&hub, "reg");
+    claim(&mut w, "s1", Some(vec![1; 32])).await;
+    let stream = || {
+        hub.lock()
+            .get("env")
+            .and_then(|r| r.streams.get("s1").cloned())
+    };
+    let test = async {
+        until("the stream is claimed", || stream().is_some()).await;
+        let frame = bytes::Bytes::from(vec![7u8; 200 << 10]);
+        for _ in 0..8 {
+            hub.route_to_harness("env", "s1", frame.clone(), super::Kind::Other);
+        }
+        let queue = stream().unwrap().queue;
+        until("the writer takes the frames", || queue.queued_frames() == 0).await;
+        let charged = 8 * crate::registry::queue::charge(&frame);
+        assert_eq!(
+            hub.buffered_bytes(),
+            charged,
+            "taken frames stopped counting"
+        );
+        hub.reset_stream("env", "s1", super::Scope::Stream);
+        until("the reset frees the writer's batch", || {
+            hub.buffered_bytes() == 0
+        })
+        .await;
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(serving, test)
+    })
+    .await
+    .expect("the reset socket's task ended");
+}
+
+/// An executor that resets a stream ends it at the node too: the harness
+/// gets the Reset, then its socket is closed (a harness that ignored the
+/// Reset kept its socket and slot).
+#[tokio::test]
+async fn an_executor_reset_closes_the_harness_socket_after_it() {
+    use crate::frame::{Body, Frame};
+    use crate::socket::Message;
+    use tokio::io::AsyncWriteExt;
+    let (hub, _attached) = hub_with_executor().await;
+    let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
+    w.write_all(&client_frame(&Frame::resume("s1").encode(), false))
+        .await
+        .unwrap();
+    let harness = async {
+        executor_answers(&hub, "s1").await;
+        let reset = Frame::reset("s1", "noise_relay_protocol_error").encode();
+        hub.route_to_harness("env", "s1", reset.into(), super::Kind::Reset);
+        let mut got = Vec::new();
+        while let Some(m) = reader.next().await.unwrap() {
+            got.push(m);
+        }
+        got
+    };
+    let ((), got) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(serving, harness)
+    })
+    .await
+    .expect("the harness socket was not closed after the reset");
+    let bodies: Vec<_> = got
+        .iter()
+        .map(|m| match m {
+            Message::Binary(b) => Frame::decode(b).ok().and_then(|f| f.body).map(|b| match b {
+                Body::Handshake { .. } => "handshake",
+                Body::Reset { .. } => "reset",
+                _ => "other",
+            }),
+            Message::Close(_) => Some("close"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        bodies,
+        [Some("handshake"), Some("reset"), Some("close")],
+        "{got:?}"
+    );
+    assert!(!hub.lock()["env"].streams.contains_key("s1"));
 }

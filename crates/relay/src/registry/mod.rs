@@ -340,18 +340,17 @@ impl Registry {
                 "no executor registered",
             ));
         };
-        if let Err(over) = self.pending_connects.admit(env, std::time::Instant::now()) {
+        let now = std::time::Instant::now();
+        if let Err(over) = self.pending_connects.admit(bearer, env, now) {
             let scope = match over {
-                pending::Over::Environment => "for this environment",
-                pending::Over::Node => "across all environments",
+                pending::Over::Environment => "for this token and environment",
+                pending::Over::Credential => "for this token",
+                pending::Over::Node => "in all",
             };
             let message = format!(
                 "registry node {} has {} connect answers {scope} still unused; try again shortly",
                 self.node_id,
-                match over {
-                    pending::Over::Environment => pending::PER_ENVIRONMENT,
-                    pending::Over::Node => pending::PER_NODE,
-                },
+                over.bound(),
             );
             let mut reply = Reply::error(429, "too_many_connects", &message);
             reply.headers.push(("retry-after", "5".into()));

@@ -36,8 +36,8 @@ pub const DEFAULT_NODE_BUFFER_BYTES: usize = 512 << 20;
 /// of tiny frames is bounded by memory, not by payload: 128 bytes.
 const QUEUED_FRAME_OVERHEAD: usize = 128;
 
-/// What `frame` costs the budgets while it is queued.
-fn charge(frame: &Bytes) -> usize {
+/// What `frame` costs the budgets while it is queued or being written.
+pub fn charge(frame: &Bytes) -> usize {
     frame.len() + QUEUED_FRAME_OVERHEAD
 }
 
@@ -104,7 +104,8 @@ struct Held {
 
 /// Frames from an executor towards one harness socket, charged to the
 /// stream's, its environment's and the node's budgets until the harness's
-/// writer takes them. Cheap to clone (shared).
+/// writer has written them (or given up): a frame taken off the queue stays
+/// charged until [`HarnessQueue::release`]. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct HarnessQueue {
     held: Arc<Mutex<Held>>,
@@ -132,9 +133,20 @@ impl HarnessQueue {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Bytes this stream holds now (as charged).
+    /// Whether `other` is this very queue (not another with the same id).
+    pub fn same(&self, other: &HarnessQueue) -> bool {
+        Arc::ptr_eq(&self.held, &other.held)
+    }
+
+    /// Bytes this stream holds now, queued or being written (as charged).
     pub fn held(&self) -> usize {
         self.lock().bytes
+    }
+
+    /// Frames queued and not yet taken by the writer.
+    #[cfg(test)]
+    pub fn queued_frames(&self) -> usize {
+        self.lock().frames.len()
     }
 
     /// Queues `frame`, or says which budget it would pass (handing it back).
@@ -177,26 +189,32 @@ impl HarnessQueue {
         }
     }
 
-    /// A frame already queued, without waiting.
+    /// A frame already queued, without waiting. It stays charged until
+    /// [`HarnessQueue::release`].
     pub fn try_recv(&self) -> Option<Bytes> {
+        self.lock().frames.pop_front()
+    }
+
+    /// Frames taken off this queue, costing `n` ([`charge`]), are written or
+    /// dropped: they no longer count.
+    pub fn release(&self, n: usize) {
         let mut held = self.lock();
-        let frame = held.frames.pop_front()?;
-        let n = charge(&frame);
+        let n = n.min(held.bytes);
         held.bytes -= n;
         drop(held);
         self.environment.give(n);
         self.node.give(n);
-        Some(frame)
     }
 
-    /// Closes the queue and frees what it holds at once: for a stream being
-    /// reset, or a writer that is gone. Returns the bytes freed.
+    /// Closes the queue and frees what is queued at once: for a stream being
+    /// reset, or a writer that is gone (what its writer has taken counts
+    /// until the writer releases it, which a reset makes it do at once).
+    /// Returns the bytes freed.
     pub fn forfeit(&self) -> usize {
         let mut held = self.lock();
         held.closed = true;
-        let freed = held.bytes;
-        held.frames.clear();
-        held.bytes = 0;
+        let freed: usize = held.frames.drain(..).map(|f| charge(&f)).sum();
+        held.bytes -= freed;
         drop(held);
         self.environment.give(freed);
         self.node.give(freed);
@@ -250,6 +268,9 @@ mod tests {
             q.push(frame.clone()).unwrap();
         }
         assert_eq!(q.recv().await, Some(frame.clone()));
+        // Taken but not yet written: still counted.
+        assert_eq!(q.held(), 3 * charge(&frame));
+        q.release(charge(&frame));
         assert_eq!(q.held(), 2 * charge(&frame));
         assert_eq!((environment.held(), node.held()), (q.held(), q.held()));
         assert_eq!(q.forfeit(), 2 * charge(&frame));

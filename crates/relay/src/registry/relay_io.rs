@@ -35,6 +35,21 @@ impl Inbox {
         }
     }
 
+    /// What `frame`, taken from this inbox, counts until it is released.
+    fn cost(&self, frame: &Bytes) -> usize {
+        match self {
+            Inbox::Bounded(_) => 0,
+            Inbox::Counted(_) => super::queue::charge(frame),
+        }
+    }
+
+    /// Frames taken from this inbox, costing `n`, are written or dropped.
+    fn release(&self, n: usize) {
+        if let Inbox::Counted(queue) = self {
+            queue.release(n);
+        }
+    }
+
     /// The writer is done: what is still queued is freed at once.
     pub(super) fn end(&mut self) {
         if let Inbox::Counted(queue) = self {
@@ -76,7 +91,10 @@ pub(super) fn classify(
 
 /// A relay socket's writer: writes queued frames, pongs its reader owes and
 /// pings; ends when the queue closes or `stop` fires, with a close frame
-/// (with the status `close` holds by then).
+/// (with the status `close` holds by then). Frames it has taken count
+/// against their budgets until written; a write blocked when `stop` fires
+/// is abandoned, its frames freed and the socket dropped without a close
+/// frame (it would land inside a frame half written).
 pub(super) fn spawn_writer<W>(
     mut writer: Writer<W>,
     mut rx: Inbox,
@@ -91,6 +109,7 @@ where
         let mut ping = tokio::time::interval(ping_every);
         ping.tick().await;
         let mut batch = Vec::with_capacity(crate::MAX_FRAMES_PER_FLUSH);
+        let mut abandoned = false;
         loop {
             let first = tokio::select! {
                 m = rx.recv() => match m { Some(b) => Outgoing::Binary(b), None => break },
@@ -98,14 +117,32 @@ where
                 _ = ping.tick() => Outgoing::Ping(Bytes::new()),
                 _ = stop.cancelled() => break,
             };
+            let mut taken = match &first {
+                Outgoing::Binary(b) => rx.cost(b),
+                _ => 0,
+            };
             // What is queued behind it goes out with it: one vectored write,
             // fewer and larger socket writes while a stream runs.
-            gather(&mut batch, first, || rx.try_recv().map(Outgoing::Binary));
-            let write = writer.send(&mut batch);
-            if tokio::time::timeout(Duration::from_secs(30), write)
-                .await
-                .map_or(true, |r| r.is_err())
-            {
+            gather(&mut batch, first, || {
+                let b = rx.try_recv()?;
+                taken += rx.cost(&b);
+                Some(Outgoing::Binary(b))
+            });
+            let written = tokio::select! {
+                // A write that can finish finishes; only a blocked one is
+                // abandoned.
+                biased;
+                r = tokio::time::timeout(Duration::from_secs(30), writer.send(&mut batch)) => {
+                    matches!(r, Ok(Ok(_)))
+                }
+                _ = stop.cancelled() => {
+                    abandoned = true;
+                    false
+                }
+            };
+            batch.clear();
+            rx.release(taken);
+            if !written {
                 break;
             }
         }
@@ -113,6 +150,8 @@ where
         // reader stops too, and an executor's environment is free again.
         rx.end();
         stop.cancel();
-        send_close(writer, close.get()).await;
+        if !abandoned {
+            send_close(writer, close.get()).await;
+        }
     })
 }
