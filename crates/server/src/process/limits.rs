@@ -230,6 +230,16 @@ impl Watch {
         allowed
     }
 
+    /// `n` bytes of output are known to be on their way (what a sink's
+    /// source holds when the command exits): if they reach the cap, it fires
+    /// now, as it will once they are moved, so `exited` already says so.
+    /// Nothing is counted as delivered.
+    pub fn output_pending(&mut self, n: u64, now: Instant) {
+        if n > 0 && self.output_room().is_some_and(|room| n >= room) {
+            self.fire(LimitReason::OutputLimit, now);
+        }
+    }
+
     /// Output bytes the cap still allows: `None` without a cap.
     pub fn output_room(&self) -> Option<u64> {
         self.max_output.map(|max| max.saturating_sub(self.output))
@@ -326,6 +336,22 @@ mod tests {
         assert_eq!(w.tick(t1), Action::Terminate(LimitReason::OutputLimit));
         assert_eq!(w.output(5, t1), 0, "nothing past the cap");
         assert_eq!(w.fired(), Some(LimitReason::OutputLimit));
+    }
+
+    #[test]
+    fn output_pending_past_the_cap_fires_it_and_within_it_does_not() {
+        let t0 = Instant::now();
+        let limits = ProcessLimits {
+            max_output_bytes: Some(5000),
+            ..Default::default()
+        };
+        let mut w = Watch::new(Some(&limits), t0, Duration::from_secs(1));
+        assert_eq!(w.output(1000, t0), 1000);
+        w.output_pending(3999, t0);
+        assert_eq!(w.fired(), None, "within the cap");
+        w.output_pending(4000, t0);
+        assert_eq!(w.fired(), Some(LimitReason::OutputLimit));
+        assert_eq!(w.output_room(), Some(4000), "nothing counted as delivered");
     }
 
     #[test]
