@@ -8,9 +8,9 @@
 //! client resumes the session on a new stream), and all the streams of an
 //! environment, and of the node, have budgets of their own (`queue.rs`). So a
 //! harness that stops reading holds at most its own budget, and its
-//! executor's other streams keep flowing. The executor's server bounds what a process may have in
-//! flight anyway (its output window), so a client that reads, however
-//! slowly, stays far below the budget.
+//! executor's other streams keep flowing. The executor's server bounds what
+//! a process may have in flight anyway (its output window), so a client that
+//! reads, however slowly, stays far below the budget.
 //!
 //! Liveness: an environment whose executor socket is attached is *live*, and
 //! a new registration for it is refused ([`Hub::unless_executor_live`]) so it

@@ -199,9 +199,7 @@ impl Store for MemoryStore {
     async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
         let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if d.authorizations.len() >= d.sweep_at.max(SWEEP_AT_LEAST) {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
+            let now = super::now_unix();
             d.authorizations.retain(|_, a| a.expires_unix >= now);
             d.sweep_at = 2 * d.authorizations.len();
         }

@@ -212,10 +212,10 @@ pub(super) async fn pump(
                 // What a sink's source still holds is output on its way: if
                 // it reaches the cap, `exited` must say the cap ended it (the
                 // move that reaches it may come only after a reader reads).
-                let pending: u64 = [(&a, move_a), (&b, move_b)]
+                let pending: u64 = [(a, move_a), (b, move_b)]
                     .into_iter()
-                    .filter_map(|(fd, sinked)| fd.as_ref().filter(|_| sinked))
-                    .map(|f| u64::try_from(unread_bytes(std::os::fd::AsRawFd::as_raw_fd(*f))).unwrap_or(0))
+                    .filter_map(|(fd, sinked)| fd.filter(|_| sinked))
+                    .map(|f| unread_bytes(std::os::fd::AsRawFd::as_raw_fd(f)).max(0) as u64)
                     .sum();
                 watch.output_pending(pending, tokio::time::Instant::now());
                 let (code, signal) = code.map_or((-1, None), |e| (e.code, e.signal));
