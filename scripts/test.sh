@@ -16,6 +16,9 @@ OUT=${CARGO_TARGET_DIR:-target}/$PROFILE
 # built here: the client's examples run inside its `examples` test, and
 # clippy --all-targets (.ci/run) checks that every example compiles.
 cargo test --profile "$PROFILE" --workspace --lib --bins --tests --no-run
+# The sandbox's inner stage built for musl, beside the server the tests start
+# (optional: skipped with a note where that target cannot be had).
+./scripts/build-inner.sh "$PROFILE"
 cargo test --profile "$PROFILE" --workspace --lib --bins --tests --no-fail-fast
 cargo test --profile "$PROFILE" --workspace --doc
 

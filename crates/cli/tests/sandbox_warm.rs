@@ -429,12 +429,19 @@ async fn confined_run(url: &str, ws: &Path) -> String {
 
 #[tokio::test]
 async fn sandboxes_run_the_small_inner_program_beside_the_server_or_else_the_server() {
-    // The test's server has the inner program of its build beside it.
+    // The test's server has the inner program of its build beside it, and
+    // the musl build of it too when scripts/build-inner.sh made one (as
+    // scripts/test.sh does): that one is preferred.
     let s = Server::start(&[]);
     let f = fixture("inner-beside");
     let out = confined_run(&s.url, &f.ws).await;
     assert!(out.contains("ran\n") && out.contains("ro-out"), "{out}");
-    let beside = Path::new(BIN).with_file_name("exec-server-inner");
+    let musl = Path::new(BIN).with_file_name("exec-server-inner-musl");
+    let beside = if musl.exists() {
+        musl
+    } else {
+        Path::new(BIN).with_file_name("exec-server-inner")
+    };
     let programs = inner_programs(s.pid());
     assert!(
         programs.iter().all(|p| Path::new(p) == beside),

@@ -61,6 +61,14 @@ const X32_SYSCALL_BIT: i64 = 0x4000_0000;
 /// `SOCK_NONBLOCK`, `SOCK_CLOEXEC`).
 const SOCK_TYPE_MASK: u64 = 0xf;
 
+/// `ioctl` requests the filter refuses, as the kernel numbers them on every
+/// architecture we build for (asm-generic). Spelled out because the `libc`
+/// crate types them by the C library (`c_ulong` for glibc, `c_int` for
+/// musl, where the inner stage is built too).
+const TIOCSTI: u64 = 0x5412;
+/// See [`TIOCSTI`].
+const TIOCLINUX: u64 = 0x541C;
+
 fn arch() -> Result<TargetArch, String> {
     TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("{e:?}"))
 }
@@ -81,8 +89,8 @@ pub fn build(mode: SeccompMode) -> Result<BpfProgram, String> {
     rules.insert(
         libc::SYS_ioctl,
         vec![
-            rule(vec![cond(1, SeccompCmpOp::Eq, libc::TIOCSTI)?])?,
-            rule(vec![cond(1, SeccompCmpOp::Eq, libc::TIOCLINUX)?])?,
+            rule(vec![cond(1, SeccompCmpOp::Eq, TIOCSTI)?])?,
+            rule(vec![cond(1, SeccompCmpOp::Eq, TIOCLINUX)?])?,
         ],
     );
     for call in [
@@ -217,4 +225,14 @@ pub fn install(mode: SeccompMode) -> Result<(), String> {
         ));
     }
     seccompiler::apply_filter(&prog).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+    fn the_refused_ioctl_numbers_are_the_c_librarys() {
+        assert_eq!(super::TIOCSTI, libc::TIOCSTI as u64);
+        assert_eq!(super::TIOCLINUX, libc::TIOCLINUX as u64);
+    }
 }
