@@ -3,6 +3,7 @@
 side by side for every row the issue names.
 
     cargo build --release -p exec-server-cli -p exec-server-bench
+    scripts/build-inner.sh release      # the musl inner stage, as shipped
     python3 scripts/floor.py [OUR_BINARY] [REFERENCE_COMMAND]
     python3 scripts/floor.py target/release/exec-server codex-ref
 
