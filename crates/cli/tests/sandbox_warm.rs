@@ -451,17 +451,7 @@ async fn sandboxes_run_the_small_inner_program_beside_the_server_or_else_the_ser
     assert!(!f.out.join("escape").exists());
 
     // The same server alone in a directory runs itself, as confined.
-    let alone = tmpdir("inner-alone").join("exec-server");
-    if std::fs::hard_link(BIN, &alone).is_err() {
-        std::fs::copy(BIN, &alone).expect("copy the server");
-    }
-    let mut child = std::process::Command::new(&alone)
-        .args(["--listen", "ws://127.0.0.1:0"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start the lone server");
-    let url = first_stdout_line(&mut child);
+    let (mut child, url, alone) = lone_server("inner-alone");
     let f = fixture("inner-alone-ws");
     let out = confined_run(&url, &f.ws).await;
     let programs = inner_programs(child.id());

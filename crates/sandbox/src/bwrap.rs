@@ -119,9 +119,10 @@ pub struct Target<'a> {
     pub args: &'a [String],
     /// Working directory (must be visible inside).
     pub cwd: &'a Path,
-    /// The child's `PWD` as requested (`None`: absent); bubblewrap sets its
-    /// own, the inner stage restores this one.
-    pub pwd: Option<&'a std::ffi::OsStr>,
+    /// The command's environment, exactly (`PWD` included or not, as
+    /// requested). A confined command's reaches only its own `execve`:
+    /// bubblewrap and the inner stage start with none ([`crate::env_fd`]).
+    pub env: &'a std::collections::BTreeMap<String, String>,
 }
 
 /// Signals a client or a terminal sends to the whole process group: the
@@ -151,31 +152,46 @@ pub const PROC_READ_ONLY: [&str; 5] = [
 ///
 /// Errors: [`Error::BwrapMissing`] for a confined plan without bubblewrap;
 /// [`Error::Io`] when a descriptor cannot be made.
+///
+/// A confined command (namespaces, or the seccomp filter alone) is
+/// started with an empty environment, the command's own in
+/// [`Prepared::fds`] for the inner stage ([`crate::env_fd`]): spawn it
+/// without adding any. A plain exec gets the environment set here.
 pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Prepared, Error> {
+    let env_of = || -> Result<(OwnedFd, OsString), Error> {
+        let fd = crate::env_fd::write(target.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(Error::Io)?;
+        let arg = OsString::from(format!("{}{}", crate::env_fd::ENV_PREFIX, fd.as_raw_fd()));
+        Ok((fd, arg))
+    };
     match Confined::of(plan) {
-        Ok(plan) => confined(
-            runtime,
-            plan,
-            target.cwd,
-            |mode, _| inner_stage(target, mode, pwd_of(target)),
-            Vec::new(),
-        ),
+        Ok(plan) => {
+            let (env, arg) = env_of()?;
+            let mut prepared = confined(
+                runtime,
+                plan,
+                target.cwd,
+                |mode, _| inner_stage(target, mode, arg),
+                vec![env],
+            )?;
+            prepared.command.env_clear();
+            Ok(prepared)
+        }
         Err(Plan::Seccomp(mode)) => {
+            let (env, arg) = env_of()?;
             let mut command = Command::new(&runtime.inner);
             command
-                .args(inner_stage(target, mode.as_str(), "keep".into()))
-                .current_dir(target.cwd);
-            // SAFETY: one async-signal-safe call between fork and exec.
-            unsafe { command.pre_exec(close_inherited_on_exec) };
+                .args(inner_stage(target, mode.as_str(), arg))
+                .current_dir(target.cwd)
+                .env_clear();
+            let fds = vec![env];
+            let hooks = keep_hooks(&mut command, &fds, &[]);
             Ok(Prepared {
                 command,
                 guard: Guard::default(),
-                fds: Vec::new(),
+                fds,
                 confined: true,
-                hooks: Hooks {
-                    close_inherited: true,
-                    ..Hooks::default()
-                },
+                hooks,
             })
         }
         // Plan::Direct.
@@ -184,7 +200,9 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
             command
                 .arg0(target.arg0)
                 .args(target.args)
-                .current_dir(target.cwd);
+                .current_dir(target.cwd)
+                .env_clear()
+                .envs(target.env);
             Ok(Prepared {
                 command,
                 guard: Guard::default(),
@@ -356,12 +374,13 @@ fn confined(
 }
 
 /// The inner stage's arguments: its flag, the seccomp or proxy `mode`, the
-/// `PWD` to restore, then the program, its `argv[0]` and its arguments.
-fn inner_stage(target: &Target<'_>, mode: &str, pwd: OsString) -> Vec<OsString> {
+/// environment's descriptor (`env:FD`), then the program, its `argv[0]`
+/// and its arguments.
+fn inner_stage(target: &Target<'_>, mode: &str, env: OsString) -> Vec<OsString> {
     let mut v: Vec<OsString> = vec![
         INNER_FLAG.into(),
         mode.into(),
-        pwd,
+        env,
         target.program.into(),
         target.arg0.into(),
     ];
@@ -369,34 +388,29 @@ fn inner_stage(target: &Target<'_>, mode: &str, pwd: OsString) -> Vec<OsString> 
     v
 }
 
-/// How the inner stage sets `PWD`: `set:VALUE`, or `unset`.
-fn pwd_of(target: &Target<'_>) -> OsString {
-    match target.pwd {
-        Some(v) => {
-            let mut s = OsString::from("set:");
-            s.push(v);
-            s
-        }
-        None => "unset".into(),
-    }
-}
-
 /// Between fork and exec of the bubblewrap monitor: close what the server
 /// inherited, ignore the group signals ([`MONITOR_IGNORED`]), and let `fds`
-/// (the `--ro-bind-data` sources) cross the exec.
+/// (the `--ro-bind-data` sources, the environment, a warm sandbox's pipes)
+/// cross the exec.
 fn monitor_hooks(command: &mut Command, fds: &[OwnedFd]) -> Hooks {
+    keep_hooks(command, fds, &MONITOR_IGNORED)
+}
+
+/// Between fork and exec: close what the server inherited, start with
+/// `ignored` signals ignored, and let `fds` cross the exec.
+fn keep_hooks(command: &mut Command, fds: &[OwnedFd], ignored: &'static [libc::c_int]) -> Hooks {
     let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let hooks = Hooks {
         close_inherited: true,
         keep_fds: raw.clone(),
-        ignored_signals: MONITOR_IGNORED.to_vec(),
+        ignored_signals: ignored.to_vec(),
     };
     // SAFETY: between fork and exec only async-signal-safe calls
     // (signal, fcntl) on integers captured by value.
     unsafe {
         command.pre_exec(move || {
             close_inherited_on_exec()?;
-            for sig in MONITOR_IGNORED {
+            for &sig in ignored {
                 libc::signal(sig, libc::SIG_IGN);
             }
             for fd in &raw {

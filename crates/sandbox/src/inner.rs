@@ -17,10 +17,10 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 
 /// The hidden command-line flag selecting the inner stage:
-/// `<exe> --sandbox-inner-exec <restricted|vmsocket|proxyrouted:ROUTES|proxyrouted-tcp:ROUTES|none> <pwd> <program> <argv0> [args…]`
+/// `<exe> --sandbox-inner-exec <restricted|vmsocket|proxyrouted:ROUTES|proxyrouted-tcp:ROUTES|none> env:FD <program> <argv0> [args…]`
 /// (`ROUTES` as [`crate::bridge::inner_mode`] writes them),
-/// where `<pwd>` is `keep`, `unset`, or `set:VALUE` (bubblewrap sets `PWD`
-/// itself; the child's environment must be exactly the one requested).
+/// where `FD` holds the command's environment, exactly
+/// ([`crate::env_fd`]; the stage itself starts with none).
 /// A warm sandbox's is `<exe> --sandbox-inner-exec <mode> warm:MSG:REPLY
 /// <cwd> [mount point…]` ([`crate::warm`]).
 pub const INNER_FLAG: &str = "--sandbox-inner-exec";
@@ -45,6 +45,83 @@ fn cstring(s: &OsString) -> CString {
         .unwrap_or_else(|_| fail("argument holds a NUL byte", EXIT_CANNOT_EXEC))
 }
 
+/// The kernel's `struct sigaction` as `rt_sigaction` takes it (x86_64 and
+/// aarch64 alike: handler, flags, restorer, a 64-bit mask).
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+/// Signals the kernel numbers, 1 to 64 (`_NSIG`).
+const SIGNALS: std::ops::RangeInclusive<libc::c_int> = 1..=64;
+
+/// Every signal ignored here (an ignored disposition survives `exec`: the
+/// server starts bubblewrap with the group signals ignored, and the server
+/// itself may have inherited more) back to its default, and none blocked.
+/// Through the system calls themselves: the C libraries refuse to touch the
+/// real-time signals they reserve (32–33 for glibc, 32–34 for musl), which a
+/// command must still get at their default. Handled signals are left as
+/// they are: `exec` resets those, and the C library's own must keep working
+/// until then.
+fn restore_signals() {
+    const SIG_DFL: usize = 0;
+    const SIG_IGN: usize = 1;
+    let size = std::mem::size_of::<u64>();
+    for sig in SIGNALS {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        let mut old = KernelSigaction {
+            handler: 0,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        };
+        // SAFETY: rt_sigaction reading into a struct of the kernel's layout.
+        let read = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                std::ptr::null::<KernelSigaction>(),
+                &mut old as *mut KernelSigaction,
+                size,
+            )
+        };
+        if read == 0 && old.handler == SIG_IGN {
+            let default = KernelSigaction {
+                handler: SIG_DFL,
+                flags: 0,
+                restorer: 0,
+                mask: 0,
+            };
+            // SAFETY: rt_sigaction from a struct of the kernel's layout.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    &default as *const KernelSigaction,
+                    std::ptr::null_mut::<KernelSigaction>(),
+                    size,
+                )
+            };
+        }
+    }
+    let none: u64 = 0;
+    // SAFETY: rt_sigprocmask from a 64-bit mask; the old one is not asked for.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &none as *const u64,
+            std::ptr::null_mut::<u64>(),
+            size,
+        )
+    };
+}
+
 /// Runs the inner stage with the arguments after [`INNER_FLAG`]; never returns.
 pub fn run(args: &[OsString]) -> ! {
     // A warm sandbox names no command (it comes in the message): what
@@ -53,18 +130,7 @@ pub fn run(args: &[OsString]) -> ! {
         [mode, pwd, after @ ..] => (mode, pwd, after),
         _ => fail("inner stage: missing arguments", EXIT_CANNOT_EXEC),
     };
-    // SAFETY: resetting dispositions and the mask of this single-threaded
-    // process before exec; no handler of ours is installed.
-    unsafe {
-        for sig in 1..libc::SIGRTMAX() {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::signal(sig, libc::SIG_DFL);
-            }
-        }
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-    }
+    restore_signals();
     let pwd = pwd.as_bytes();
     let warm = pwd
         .strip_prefix(crate::warm::WARM_PREFIX.as_bytes())
@@ -78,14 +144,28 @@ pub fn run(args: &[OsString]) -> ! {
                     fail("inner stage: malformed warm descriptors", EXIT_CANNOT_EXEC)
                 })
         });
-    if warm.is_some() {
-        // The command's environment comes whole with its message.
-    } else if pwd == b"unset" {
-        // SAFETY: single-threaded; nothing reads the environment concurrently.
-        unsafe { std::env::remove_var("PWD") };
-    } else if let Some(v) = pwd.strip_prefix(b"set:") {
-        // SAFETY: as above.
-        unsafe { std::env::set_var("PWD", std::ffi::OsStr::from_bytes(v)) };
+    // The command's environment comes whole with a warm sandbox's message,
+    // else from its descriptor; this stage's own is empty (see
+    // `crate::env_fd`), and nothing of the request's reaches anything
+    // before the command's `execve`.
+    let env = match crate::env_fd::parse_arg(pwd) {
+        Some(Some(fd)) => Some(crate::env_fd::read(fd).unwrap_or_else(|e| {
+            fail(
+                &format!("inner stage: cannot read the command's environment: {e}"),
+                EXIT_CANNOT_EXEC,
+            )
+        })),
+        Some(None) => fail(
+            "inner stage: malformed environment descriptor",
+            EXIT_CANNOT_EXEC,
+        ),
+        None => None,
+    };
+    if warm.is_none() && env.is_none() {
+        fail(
+            "inner stage: no environment for the command",
+            EXIT_CANNOT_EXEC,
+        );
     }
     let mut mode = mode.to_str();
     let routed = mode.and_then(|m| {
@@ -161,10 +241,16 @@ pub fn run(args: &[OsString]) -> ! {
     };
     let prog = cstring(program);
     let argv: Vec<CString> = rest.iter().map(cstring).collect();
-    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
-    // SAFETY: NUL-terminated strings and a NULL-terminated array that outlive the call.
-    unsafe { libc::execv(prog.as_ptr(), ptrs.as_ptr()) };
+    let env = env.unwrap_or_default();
+    let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
+        v.iter()
+            .map(|a| a.as_ptr())
+            .chain([std::ptr::null()])
+            .collect()
+    };
+    let (argv_ptrs, envp) = (ptrs(&argv), ptrs(&env));
+    // SAFETY: NUL-terminated strings and NULL-terminated arrays that outlive the call.
+    unsafe { libc::execve(prog.as_ptr(), argv_ptrs.as_ptr(), envp.as_ptr()) };
     exec_failed(&program.to_string_lossy())
 }
 

@@ -96,6 +96,7 @@ pub mod bwrap;
 pub mod carry;
 pub mod denied;
 pub mod domain;
+pub mod env_fd;
 pub mod glob;
 pub mod inner;
 pub mod inner_program;

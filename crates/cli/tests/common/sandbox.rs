@@ -115,3 +115,22 @@ pub async fn fs_err(c: &mut Conn, method: &str, params: Value) -> (i64, String) 
         r["error"]["message"].as_str().unwrap_or("").to_string(),
     )
 }
+
+/// This build's server hard-linked (or copied) alone into a fresh
+/// directory, started on loopback: with no inner-stage program beside it,
+/// it runs itself as the inner stage. Returns the child (stop it by its
+/// pid), its URL and its path.
+pub fn lone_server(tag: &str) -> (std::process::Child, String, PathBuf) {
+    let alone = tmpdir(tag).join("exec-server");
+    if std::fs::hard_link(BIN, &alone).is_err() {
+        std::fs::copy(BIN, &alone).expect("copy the server");
+    }
+    let mut child = std::process::Command::new(&alone)
+        .args(["--listen", "ws://127.0.0.1:0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the lone server");
+    let url = first_stdout_line(&mut child);
+    (child, url, alone)
+}

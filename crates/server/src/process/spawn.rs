@@ -245,11 +245,17 @@ pub fn start(
             .zip(guard)
             .map(|(sb, (g, confined))| sb.confinement(g, pid, confined))
     };
+    // A confined command's environment reaches only its own execve, through
+    // the inner stage (exec_server_sandbox::env_fd): bubblewrap and the
+    // stage start with none, so no variable of the request (LD_PRELOAD…)
+    // steers what runs before the confinement is complete.
+    let no_env: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+    let launch_env = if hooks.is_some() { &no_env } else { &exec.env };
     cmd.env_clear();
-    cmd.envs(&exec.env);
+    cmd.envs(launch_env);
     cmd.current_dir(cwd);
     if let Some(hooks) = &hooks {
-        if let Some(spawned) = sandbox_born_in_cgroup(&cmd, hooks, &exec.env, exec.io, join) {
+        if let Some(spawned) = sandbox_born_in_cgroup(&cmd, hooks, launch_env, exec.io, join) {
             let (pid, io, exit) = spawned?;
             return Ok(Started {
                 pid,

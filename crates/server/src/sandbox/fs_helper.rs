@@ -163,7 +163,7 @@ impl Helper {
                 arg0: "exec-server",
                 args: &[FLAG.to_string()],
                 cwd: Path::new("/"),
-                pwd: None,
+                env: &std::collections::BTreeMap::new(),
             },
         )
         .map_err(|e| ExecError::permission_denied(e.to_string()).with_source(e))?;

@@ -346,7 +346,7 @@ impl StartSandbox {
                 arg0,
                 args,
                 cwd,
-                pwd: env.get("PWD").map(std::ffi::OsStr::new),
+                env,
             },
         )
         .map_err(std::io::Error::other)
