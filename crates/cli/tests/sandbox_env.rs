@@ -109,66 +109,107 @@ async fn the_requests_environment_steers_nothing_before_the_command() {
     }
 }
 
-/// Ignored dispositions survive `exec`: a server started with signals
-/// ignored (as under `nohup`, or by a supervisor) must not hand them to a
-/// confined command, real-time ones included (the C libraries refuse to
+/// Ignored dispositions and the mask survive `exec`: a server started with
+/// signals ignored (in the background by a non-interactive shell, under
+/// `nohup`, by a supervisor) or blocked must not hand them to any command,
+/// confined or not, real-time ones included (the C libraries refuse to
 /// reset those they reserve, and 64 is `SIGRTMAX` itself).
 #[tokio::test]
-async fn signals_the_server_inherited_ignored_are_at_their_default_in_a_sandbox() {
+async fn signals_the_server_inherited_ignored_or_blocked_reach_no_command() {
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new(BIN);
     cmd.args(["--listen", "ws://127.0.0.1:0"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped());
-    // SAFETY: rt_sigaction only, between fork and exec, from a struct of
-    // the kernel's layout (handler SIG_IGN, no flags, no restorer, no mask).
+    // SAFETY: system calls only, between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
-            let ignore: [u64; 4] = [1, 0, 0, 0];
-            for sig in [libc::SIGALRM, 34, 50, 64] {
-                let r = libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    sig,
-                    ignore.as_ptr(),
-                    std::ptr::null_mut::<u64>(),
-                    8usize,
-                );
-                if r != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+            for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGALRM, 34, 50, 64] {
+                exec_server_sysio::signals::ignore(sig)?;
             }
-            Ok(())
+            exec_server_sysio::signals::block(&[40])
         });
     }
     let mut child = cmd.spawn().expect("start exec-server");
     let url = first_stdout_line(&mut child);
+    // The probe works: the server itself holds them.
+    let server_status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
     let f = fixture("env-signals");
     let mut c = Conn::open(&url, None).await;
     let full_write = sandbox(&f.ws, vec![special("root", "write")], "restricted");
+    let disabled = json!({"windowsSandboxLevel": "disabled", "cwd": uri(&f.ws),
+        "permissions": {"type": "disabled"}});
     let probe = "grep -E '^Sig(Ign|Blk):' /proc/self/status";
     let mut results = Vec::new();
-    for (name, policy) in [
+    let modes = [
         ("ww", Some(ww(&f.ws))),
         ("seccomp", Some(full_write)),
+        ("disabled", Some(disabled)),
         ("none", None),
-    ] {
-        let mut p = start_params(name, &["/bin/sh", "-c", probe], &f.ws, false, false);
-        if let Some(policy) = policy {
-            p["sandbox"] = policy;
+    ];
+    for (name, policy) in modes {
+        for tty in [false, true] {
+            let id = format!("{name}-{tty}");
+            let mut p = start_params(&id, &["/bin/sh", "-c", probe], &f.ws, tty, false);
+            if let Some(policy) = &policy {
+                p["sandbox"] = policy.clone();
+            }
+            results.push((id, run_to_close(&mut c, p).await));
         }
-        results.push((name, run_to_close(&mut c, p).await));
     }
     // Stopped by its pid before the assertions can fail.
     let _ = child.kill();
     let _ = child.wait();
-    for (name, (out, code)) in results {
-        assert_eq!(code, 0, "{name}: {out}");
-        if name == "none" {
-            // The probe works: an unconfined command inherits them.
-            assert!(!out.contains("SigIgn:\t0000000000000000"), "{name}: {out}");
-            continue;
+    assert!(
+        !server_status.contains("SigIgn:\t0000000000000000"),
+        "{server_status}"
+    );
+    for (id, (out, code)) in results {
+        assert_eq!(code, 0, "{id}: {out}");
+        assert!(out.contains("SigIgn:\t0000000000000000"), "{id}: {out}");
+        assert!(out.contains("SigBlk:\t0000000000000000"), "{id}: {out}");
+    }
+}
+
+/// A NUL byte cannot cross `execve`: an argument holding one is refused
+/// with the same error in every mode, never run as something else (std's
+/// `Command` keeps such an argument as a placeholder that a launch path
+/// reading the arguments back would have run).
+#[tokio::test]
+async fn an_argument_with_a_nul_byte_is_refused_in_every_mode() {
+    let s = Server::start(&[]);
+    let f = fixture("env-nul");
+    let mut c = Conn::open(&s.url, None).await;
+    let full_write = sandbox(&f.ws, vec![special("root", "write")], "restricted");
+    let disabled = json!({"windowsSandboxLevel": "disabled", "cwd": uri(&f.ws),
+        "permissions": {"type": "disabled"}});
+    let modes = [
+        ("none", None),
+        ("ww", Some(ww(&f.ws))),
+        ("seccomp", Some(full_write)),
+        ("disabled", Some(disabled)),
+    ];
+    for (name, policy) in modes {
+        for (what, argv, arg0) in [
+            ("argv[1]", vec!["/bin/echo", "a\0b"], None),
+            ("argv[0]", vec!["/bin/ec\0ho"], None),
+            ("arg0", vec!["/bin/echo", "x"], Some("x\0y")),
+        ] {
+            let id = format!("{name}-{what}");
+            let mut p = start_params(&id, &argv, &f.ws, false, false);
+            if let Some(a) = arg0 {
+                p["arg0"] = json!(a);
+            }
+            if let Some(policy) = &policy {
+                p["sandbox"] = policy.clone();
+            }
+            let r = c.call("process/start", p).await;
+            assert_eq!(r["error"]["code"], -32603, "{id}: {r}");
+            let message = r["error"]["message"].as_str().unwrap_or("");
+            assert!(
+                message.contains(&format!("{what} holds a NUL byte")),
+                "{id}: {r}"
+            );
         }
-        assert!(out.contains("SigIgn:\t0000000000000000"), "{name}: {out}");
-        assert!(out.contains("SigBlk:\t0000000000000000"), "{name}: {out}");
     }
 }

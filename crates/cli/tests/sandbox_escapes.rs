@@ -512,7 +512,8 @@ for name, make in (("dgram", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_D
 }
 
 /// Descriptors the server's own parent left inheritable never reach a
-/// confined command (a directory descriptor would walk the host's tree).
+/// command: not a confined one (a directory descriptor would walk the
+/// host's tree), nor an unconfined one (it gets its stdio alone).
 #[tokio::test]
 async fn descriptors_the_server_inherited_stay_out_of_sandboxes() {
     use std::os::fd::AsRawFd;
@@ -557,7 +558,10 @@ async fn descriptors_the_server_inherited_stay_out_of_sandboxes() {
         let (out, _) = c.run(sh(name, &f.ws, probe, Some(policy))).await;
         assert!(out.contains("fd7=closed"), "{name}: {out}");
     }
+    // Nor does an unconfined command: it gets its stdio alone too.
     let (out, _) = c.run(sh("none", &f.ws, probe, None)).await;
-    // The probe itself works: an unconfined command gets what the server got.
-    assert!(out.contains("fd7=open"), "unconfined: {out}");
+    assert!(out.contains("fd7=closed"), "unconfined: {out}");
+    // The probe itself works: the server holds it.
+    let held = std::fs::read_link(format!("/proc/{}/fd/7", server.child.id()));
+    assert_eq!(held.ok().as_deref(), Some(tmp.as_path()));
 }

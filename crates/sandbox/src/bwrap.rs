@@ -409,7 +409,8 @@ fn keep_hooks(command: &mut Command, fds: &[OwnedFd], ignored: &'static [libc::c
     // (signal, fcntl) on integers captured by value.
     unsafe {
         command.pre_exec(move || {
-            close_inherited_on_exec()?;
+            exec_server_sysio::signals::restore_defaults();
+            exec_server_sysio::signals::close_inherited_on_exec()?;
             for &sig in ignored {
                 libc::signal(sig, libc::SIG_IGN);
             }
@@ -560,27 +561,6 @@ fn hidden_masks(hidden: &[PathBuf], view: &crate::plan::View) -> Vec<Mount> {
             false => Mount::DenyFile(p),
         })
         .collect()
-}
-
-/// Marks every descriptor above stdio close-on-exec, in the child between
-/// fork and exec: a confined command gets stdio and what the plan passes
-/// (re-opened just after), never what the server, or a program embedding
-/// it, left inheritable (a directory descriptor would walk the host's tree).
-/// Async-signal-safe: one `close_range` (Linux 5.11+).
-fn close_inherited_on_exec() -> std::io::Result<()> {
-    // SAFETY: close_range with integer arguments.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// A read end that is at end of file at once (a pipe whose write end is

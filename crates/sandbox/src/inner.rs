@@ -45,83 +45,6 @@ fn cstring(s: &OsString) -> CString {
         .unwrap_or_else(|_| fail("argument holds a NUL byte", EXIT_CANNOT_EXEC))
 }
 
-/// The kernel's `struct sigaction` as `rt_sigaction` takes it (x86_64 and
-/// aarch64 alike: handler, flags, restorer, a 64-bit mask).
-#[repr(C)]
-struct KernelSigaction {
-    handler: usize,
-    flags: libc::c_ulong,
-    restorer: usize,
-    mask: u64,
-}
-
-/// Signals the kernel numbers, 1 to 64 (`_NSIG`).
-const SIGNALS: std::ops::RangeInclusive<libc::c_int> = 1..=64;
-
-/// Every signal ignored here (an ignored disposition survives `exec`: the
-/// server starts bubblewrap with the group signals ignored, and the server
-/// itself may have inherited more) back to its default, and none blocked.
-/// Through the system calls themselves: the C libraries refuse to touch the
-/// real-time signals they reserve (32–33 for glibc, 32–34 for musl), which a
-/// command must still get at their default. Handled signals are left as
-/// they are: `exec` resets those, and the C library's own must keep working
-/// until then.
-fn restore_signals() {
-    const SIG_DFL: usize = 0;
-    const SIG_IGN: usize = 1;
-    let size = std::mem::size_of::<u64>();
-    for sig in SIGNALS {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-            continue;
-        }
-        let mut old = KernelSigaction {
-            handler: 0,
-            flags: 0,
-            restorer: 0,
-            mask: 0,
-        };
-        // SAFETY: rt_sigaction reading into a struct of the kernel's layout.
-        let read = unsafe {
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                std::ptr::null::<KernelSigaction>(),
-                &mut old as *mut KernelSigaction,
-                size,
-            )
-        };
-        if read == 0 && old.handler == SIG_IGN {
-            let default = KernelSigaction {
-                handler: SIG_DFL,
-                flags: 0,
-                restorer: 0,
-                mask: 0,
-            };
-            // SAFETY: rt_sigaction from a struct of the kernel's layout.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    sig,
-                    &default as *const KernelSigaction,
-                    std::ptr::null_mut::<KernelSigaction>(),
-                    size,
-                )
-            };
-        }
-    }
-    let none: u64 = 0;
-    // SAFETY: rt_sigprocmask from a 64-bit mask; the old one is not asked for.
-    unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            &none as *const u64,
-            std::ptr::null_mut::<u64>(),
-            size,
-        )
-    };
-}
-
 /// Runs the inner stage with the arguments after [`INNER_FLAG`]; never returns.
 pub fn run(args: &[OsString]) -> ! {
     // A warm sandbox names no command (it comes in the message): what
@@ -130,7 +53,11 @@ pub fn run(args: &[OsString]) -> ! {
         [mode, pwd, after @ ..] => (mode, pwd, after),
         _ => fail("inner stage: missing arguments", EXIT_CANNOT_EXEC),
     };
-    restore_signals();
+    // Ignored signals and the mask cross exec: the server starts bubblewrap
+    // with the group signals ignored (its monitor must outlive them), and the
+    // server itself may have inherited more. The command gets them all at
+    // their default.
+    exec_server_sysio::signals::restore_defaults();
     let pwd = pwd.as_bytes();
     let warm = pwd
         .strip_prefix(crate::warm::WARM_PREFIX.as_bytes())

@@ -359,19 +359,10 @@ mod imp {
                 .raw_os_error()
                 .unwrap_or(libc::EIO)
         };
-        // Handlers were reset by the kernel; ignored signals stay ignored
-        // across exec, except SIGPIPE, which the Rust runtime ignores and a
-        // program expects at its default (as std::process::Command does).
-        // The kernel's sigaction (handler, flags, restorer, mask): all zero
-        // is SIG_DFL. Raw calls: the C library's wrappers may take locks.
-        let default_action = [0u64; 4];
-        libc::syscall(
-            libc::SYS_rt_sigaction,
-            libc::SIGPIPE,
-            default_action.as_ptr(),
-            std::ptr::null_mut::<u64>(),
-            8usize,
-        );
+        // Handlers were reset by the kernel; ignored signals and the mask
+        // would cross the exec: every one back to its default (SIGPIPE too,
+        // which the Rust runtime ignores), then those the setup asks for.
+        crate::signals::restore_defaults();
         if setup.close_inherited
             && libc::syscall(
                 libc::SYS_close_range,
@@ -387,16 +378,8 @@ mod imp {
                 return err();
             }
         }
-        // The kernel's sigaction with the handler SIG_IGN (1).
-        let ignore_action = [1u64, 0, 0, 0];
         for sig in &setup.ignored_signals {
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                *sig,
-                ignore_action.as_ptr(),
-                std::ptr::null_mut::<u64>(),
-                8usize,
-            );
+            let _ = crate::signals::ignore(*sig);
         }
         let rc = if setup.new_session {
             libc::setsid()

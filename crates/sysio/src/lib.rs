@@ -7,7 +7,8 @@
 //! - [`fd_pass`]: file descriptors over Unix sockets (`SCM_RIGHTS`);
 //! - [`procfs`]: a process's parent, group, session, CPU time and memory;
 //! - [`launch`]: a program started inside its cgroup (`clone3`), as cheaply
-//!   as `posix_spawn`.
+//!   as `posix_spawn`;
+//! - [`signals`]: the signal state and descriptors a started program gets.
 //!
 //! Linux only where it matters; elsewhere the advice is a no-op.
 
@@ -16,3 +17,4 @@ pub mod huge_pages;
 pub mod launch;
 pub mod procfs;
 pub mod read_at;
+pub mod signals;

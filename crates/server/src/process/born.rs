@@ -170,8 +170,10 @@ fn born_in_cgroup(
         env,
         exec.cwd.as_path().as_os_str().as_bytes(),
     )?;
+    // Nothing the server inherited or opened crosses into the command.
     let setup = Setup {
         cgroup: Some(cgroup_dir),
+        close_inherited: true,
         ..Setup::default()
     };
     launch_on(&prog, setup, exec.io)

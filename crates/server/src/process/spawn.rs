@@ -195,6 +195,7 @@ pub fn start(
     join: &super::cgroup::Join,
     sandbox: Option<&crate::sandbox::StartSandbox>,
 ) -> std::io::Result<Started> {
+    refuse_nul_bytes(exec)?;
     let cwd = exec.cwd.as_path();
     let meta = std::fs::metadata(cwd).map_err(|e| tag(Stage::Cwd, cwd, e))?;
     if !meta.is_dir() {
@@ -254,6 +255,19 @@ pub fn start(
     cmd.env_clear();
     cmd.envs(launch_env);
     cmd.current_dir(cwd);
+    if hooks.is_none() {
+        // An unconfined command, like a confined one, gets every signal at
+        // its default, none blocked, and no descriptor but its stdio,
+        // however the server was started (a confined one's hooks do this
+        // before bubblewrap or the inner stage runs).
+        // SAFETY: system calls only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                exec_server_sysio::signals::restore_defaults();
+                exec_server_sysio::signals::close_inherited_on_exec()
+            });
+        }
+    }
     if let Some(hooks) = &hooks {
         if let Some(spawned) = sandbox_born_in_cgroup(&cmd, hooks, launch_env, exec.io, join) {
             let (pid, io, exit) = spawned?;
@@ -283,6 +297,30 @@ pub fn start(
         exit,
         confinement: confine(pid),
     })
+}
+
+/// `InvalidInput` naming the first argument (`argv[N]`, or `arg0`) that
+/// holds a NUL byte: no `execve` can take one. Checked before any launch
+/// path: std's `Command` keeps such an argument as a placeholder string
+/// and fails only in its own `spawn`, so a path that reads the arguments
+/// back (`clone3` into a cgroup, bubblewrap's inner stage) would run the
+/// command with that placeholder instead.
+fn refuse_nul_bytes(exec: &Exec) -> std::io::Result<()> {
+    let named = exec
+        .argv
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (format!("argv[{i}]"), a))
+        .chain(exec.arg0.iter().map(|a| ("arg0".to_string(), a)));
+    for (name, arg) in named {
+        if arg.contains('\0') {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{name} holds a NUL byte"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What a started child gives its caller: its pid, its I/O ends and the
