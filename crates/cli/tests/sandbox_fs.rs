@@ -188,6 +188,66 @@ async fn sandboxed_file_streaming() {
     assert_eq!(unb64(&r["chunk"]), b"in");
 }
 
+/// An `fs/open` replace commits its rename in the server, outside the
+/// sandbox's view: a protected name (a nested `.git` pointer file) or a file
+/// a `read` entry names under a writable root must be refused at open, as a
+/// write in the view is, never renamed over on the host at close (found by
+/// an adversarial pass: the `.git` file then held what the client wrote).
+/// Two replace uploads into one directory at once both land (their helpers'
+/// temporary names once collided: each is pid 2 in its namespace).
+#[tokio::test]
+async fn a_replace_upload_obeys_the_view_it_was_opened_in() {
+    let s = Server::start(&[]);
+    let f = fixture("replace-view");
+    let mut c = Conn::open(&s.url, None).await;
+    std::fs::create_dir_all(f.ws.join("sub")).unwrap();
+    std::fs::write(f.ws.join("sub/.git"), "gitdir: ../real\n").unwrap();
+    std::fs::write(f.ws.join("ro_file"), "kept").unwrap();
+    let read_entry = sandbox(
+        &f.ws,
+        vec![
+            special("root", "read"),
+            special("project_roots", "write"),
+            path_entry(&f.ws.join("ro_file"), "read"),
+        ],
+        "restricted",
+    );
+    for (name, target, policy, before) in [
+        ("git", f.ws.join("sub/.git"), ww(&f.ws), "gitdir: ../real\n"),
+        ("ro", f.ws.join("ro_file"), read_entry, "kept"),
+    ] {
+        let e = fs_err(
+            &mut c,
+            "fs/open",
+            json!({"handleId": name, "path": uri(&target), "mode": "replace", "sandbox": policy}),
+        )
+        .await;
+        assert_eq!(
+            e,
+            (-32603, "Read-only file system (os error 30)".to_string()),
+            "{name}"
+        );
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), before, "{name}");
+    }
+    let w = ww(&f.ws);
+    for h in ["a", "b"] {
+        c.ok(
+            "fs/open",
+            json!({"handleId": h, "path": uri(&f.ws.join(h)), "mode": "replace", "sandbox": w}),
+        )
+        .await;
+    }
+    for h in ["a", "b"] {
+        c.ok(
+            "fs/writeBlock",
+            json!({"handleId": h, "offset": 0, "chunk": b64(h.as_bytes())}),
+        )
+        .await;
+        c.ok("fs/close", json!({"handleId": h})).await;
+        assert_eq!(std::fs::read_to_string(f.ws.join(h)).unwrap(), h);
+    }
+}
+
 /// `capabilityRoots/discoverV1` scans each root under its own sandbox: a root
 /// the sandbox denies is never read (empty, with a warning, as the
 /// reference), the same root without a sandbox, or under one that allows

@@ -10,7 +10,11 @@
 //! (as before): a symlink that is followed (the link stays a link), a file with
 //! other hard links (they keep sharing the content), and anything that is not a
 //! regular file (FIFOs, devices). So is a target whose directory does not let
-//! us create the temporary file.
+//! us create the temporary file, and a target that is a mount point: a
+//! sandbox's view binds protected names (`.git`…) and read-only entries over
+//! their paths, and an `fs/open` replace commits its rename in the server,
+//! outside that view, where the mount is not: written in place, the target is
+//! opened in the view and a read-only one is refused there (EROFS).
 
 use super::resolve::{kind, Located};
 use nix::fcntl::{fcntl, openat, renameat, FcntlArg, OFlag};
@@ -106,10 +110,67 @@ impl Writer {
     }
 }
 
+/// The mount id (`statx`'s `STATX_MNT_ID`) of `name` in `dir` (not
+/// followed), or of `dir` itself for an empty name.
+fn mount_id(dir: &impl std::os::fd::AsFd, name: &OsStr) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(name.as_bytes())?;
+    let flags = libc::AT_SYMLINK_NOFOLLOW
+        | if name.is_empty() {
+            libc::AT_EMPTY_PATH
+        } else {
+            0
+        };
+    // SAFETY: statx fills the zeroed buffer it is given; the name is
+    // NUL-terminated and outlives the call.
+    let mut buf: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::statx(
+            dir.as_fd().as_raw_fd(),
+            name.as_ptr(),
+            flags,
+            libc::STATX_MNT_ID,
+            &mut buf,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if buf.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(io::Error::from_raw_os_error(libc::ENOSYS));
+    }
+    Ok(buf.stx_mnt_id)
+}
+
+/// Whether `at`'s final name is a mount point (another mount than its
+/// directory's). Where the kernel cannot tell (before Linux 5.8), every
+/// existing target counts as one: written in place, never renamed over.
+fn is_mount_point(at: &Located) -> io::Result<bool> {
+    match (
+        mount_id(&at.dir, &at.name),
+        mount_id(&at.dir, OsStr::new("")),
+    ) {
+        (Ok(target), Ok(dir)) => Ok(target != dir),
+        (Err(e), _) | (_, Err(e)) if e.raw_os_error() == Some(libc::ENOSYS) => Ok(true),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
+/// A name no other writer picks: this process's id, a counter and 64 random
+/// bits (a sandbox's file helper is pid 2 in its own namespace, every time).
 fn temp_name() -> OsString {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    OsString::from(format!(".exec-server-{}-{n}.tmp", std::process::id()))
+    let mut random = [0u8; 8];
+    // SAFETY: getrandom fills the buffer it is given (a short read leaves
+    // zeros: the counter and pid still differ within a process).
+    unsafe { libc::getrandom(random.as_mut_ptr().cast(), random.len(), 0) };
+    OsString::from(format!(
+        ".exec-server-{}-{n}-{:016x}.tmp",
+        std::process::id(),
+        u64::from_ne_bytes(random)
+    ))
 }
 
 /// Opens a whole-file write of `at` (`follow_final`: follow a final symlink;
@@ -122,7 +183,7 @@ pub fn open_writer(at: Located, follow_final: bool) -> io::Result<Writer> {
     };
     let replaceable = match &existing {
         None => true,
-        Some(st) => kind(st) == SFlag::S_IFREG && st.st_nlink == 1,
+        Some(st) => kind(st) == SFlag::S_IFREG && st.st_nlink == 1 && !is_mount_point(&at)?,
     };
     if replaceable {
         match open_temp(&at, existing.as_ref()) {
