@@ -167,15 +167,13 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
     match Confined::of(plan) {
         Ok(plan) => {
             let (env, arg) = env_of()?;
-            let mut prepared = confined(
+            confined(
                 runtime,
                 plan,
                 target.cwd,
                 |mode, _| inner_stage(target, mode, arg),
                 vec![env],
-            )?;
-            prepared.command.env_clear();
-            Ok(prepared)
+            )
         }
         Err(Plan::Seccomp(mode)) => {
             let (env, arg) = env_of()?;
@@ -215,7 +213,7 @@ pub fn prepare(runtime: &Runtime, plan: Plan, target: &Target<'_>) -> Result<Pre
 }
 
 /// A sandbox prepared ahead ([`crate::warm`]): spawn [`Warm::prepared`]
-/// with the command's stdio and no environment, then write the command's
+/// with the command's stdio (its environment is empty), then write the command's
 /// message ([`crate::warm::encode`]) to [`Warm::message`] and close it.
 pub struct Warm {
     /// The bubblewrap command, its inner stage waiting for the message.
@@ -359,7 +357,9 @@ fn confined(
     };
     args.0.extend(inner(&mode, mount_points));
     let mut command = Command::new(bwrap);
-    command.args(args.0).current_dir(cwd);
+    // Nothing of a request's environment reaches bubblewrap (on the host)
+    // or the inner stage (before its filter): see `crate::env_fd`.
+    command.args(args.0).current_dir(cwd).env_clear();
     fds.extend(passed);
     let hooks = monitor_hooks(&mut command, &fds);
     Ok(Prepared {
@@ -405,14 +405,14 @@ fn keep_hooks(command: &mut Command, fds: &[OwnedFd], ignored: &'static [libc::c
         keep_fds: raw.clone(),
         ignored_signals: ignored.to_vec(),
     };
-    // SAFETY: between fork and exec only async-signal-safe calls
-    // (signal, fcntl) on integers captured by value.
+    // SAFETY: between fork and exec only system calls (rt_sigaction,
+    // close_range, fcntl) on integers captured by value.
     unsafe {
         command.pre_exec(move || {
             exec_server_sysio::signals::restore_defaults();
             exec_server_sysio::signals::close_inherited_on_exec()?;
             for &sig in ignored {
-                libc::signal(sig, libc::SIG_IGN);
+                exec_server_sysio::signals::ignore(sig)?;
             }
             for fd in &raw {
                 if libc::fcntl(*fd, libc::F_SETFD, 0) < 0 {

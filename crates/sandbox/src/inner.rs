@@ -169,16 +169,20 @@ pub fn run(args: &[OsString]) -> ! {
     let prog = cstring(program);
     let argv: Vec<CString> = rest.iter().map(cstring).collect();
     let env = env.unwrap_or_default();
-    let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
-        v.iter()
-            .map(|a| a.as_ptr())
-            .chain([std::ptr::null()])
-            .collect()
-    };
-    let (argv_ptrs, envp) = (ptrs(&argv), ptrs(&env));
+    let (argv_ptrs, envp) = (pointers(&argv), pointers(&env));
     // SAFETY: NUL-terminated strings and NULL-terminated arrays that outlive the call.
     unsafe { libc::execve(prog.as_ptr(), argv_ptrs.as_ptr(), envp.as_ptr()) };
     exec_failed(&program.to_string_lossy())
+}
+
+/// `strings` as the NULL-terminated array of pointers `execve` takes (valid
+/// while `strings` lives).
+fn pointers(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain([std::ptr::null()])
+        .collect()
 }
 
 /// Replies [`crate::warm::READY`] on `reply`, then waits for the warm
@@ -250,13 +254,7 @@ fn run_warm(
     drop(reply);
     // SAFETY: as above, before the exec.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
-        v.iter()
-            .map(|a| a.as_ptr())
-            .chain([std::ptr::null()])
-            .collect()
-    };
-    let (argv, envp) = (ptrs(&m.argv), ptrs(&m.env));
+    let (argv, envp) = (pointers(&m.argv), pointers(&m.env));
     // SAFETY: NUL-terminated strings and NULL-terminated arrays that outlive the call.
     unsafe { libc::execve(m.program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
     exec_failed(&m.program.to_string_lossy())

@@ -363,14 +363,7 @@ mod imp {
         // would cross the exec: every one back to its default (SIGPIPE too,
         // which the Rust runtime ignores), then those the setup asks for.
         crate::signals::restore_defaults();
-        if setup.close_inherited
-            && libc::syscall(
-                libc::SYS_close_range,
-                3u32,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            ) != 0
-        {
+        if setup.close_inherited && crate::signals::close_inherited_on_exec().is_err() {
             return err();
         }
         for fd in &setup.keep_fds {

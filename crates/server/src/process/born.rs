@@ -8,7 +8,6 @@
 use super::plan::{Exec, Io};
 use super::spawn::{open_pty, ChildIo, Spawned, Started};
 use crate::reaper;
-use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::Command;
@@ -43,13 +42,13 @@ pub(super) fn try_born_in_cgroup(
 /// Starts a sandbox's prepared `command`, with `hooks` standing for what
 /// its `pre_exec` does, born in the cgroup of `join` (no `cgroup.procs`
 /// write, which waits for the kernel's global migration lock: milliseconds
-/// on an idle machine), with exactly the environment `env`, on the launcher
+/// on an idle machine), with no environment (a confined command's own
+/// reaches only its `execve`, through the inner stage), on the launcher
 /// thread (see [`crate::launcher`]). `None`: the start is to go the fork
 /// way (no cgroup directory, caps to join, or `clone3` unavailable).
 pub(super) fn sandbox_born_in_cgroup(
     command: &Command,
     hooks: &exec_server_sandbox::Hooks,
-    env: &BTreeMap<String, String>,
     io: Io,
     join: &super::cgroup::Join,
 ) -> Option<std::io::Result<Spawned>> {
@@ -61,9 +60,8 @@ pub(super) fn sandbox_born_in_cgroup(
     }
     let path = command.get_program().as_bytes();
     let argv = std::iter::once(path).chain(command.get_args().map(|a| a.as_bytes()));
-    let env = env.iter().map(|(k, v)| format!("{k}={v}"));
     let cwd = command.get_current_dir()?.as_os_str().as_bytes();
-    let prog = match Program::new(path, argv, env, cwd) {
+    let prog = match Program::new(path, argv, std::iter::empty::<String>(), cwd) {
         Ok(p) => p,
         Err(e) => return Some(Err(e)),
     };

@@ -229,6 +229,8 @@ pub fn start(
             let mut cmd = Command::new(&program);
             cmd.args(&exec.argv[1..]);
             cmd.arg0(OsString::from(arg0));
+            cmd.env_clear();
+            cmd.envs(&exec.env);
             (cmd, None, Vec::new(), None)
         }
         Some(sb) => {
@@ -246,14 +248,10 @@ pub fn start(
             .zip(guard)
             .map(|(sb, (g, confined))| sb.confinement(g, pid, confined))
     };
-    // A confined command's environment reaches only its own execve, through
-    // the inner stage (exec_server_sandbox::env_fd): bubblewrap and the
-    // stage start with none, so no variable of the request (LD_PRELOAD…)
-    // steers what runs before the confinement is complete.
-    let no_env: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
-    let launch_env = if hooks.is_some() { &no_env } else { &exec.env };
-    cmd.env_clear();
-    cmd.envs(launch_env);
+    // The environment is the command's own where it runs unconfined (set
+    // above, or by the sandbox's plain exec); a confined command's reaches
+    // only its own execve, through the inner stage, and bubblewrap and the
+    // stage start with none (exec_server_sandbox::env_fd).
     cmd.current_dir(cwd);
     if hooks.is_none() {
         // An unconfined command, like a confined one, gets every signal at
@@ -269,7 +267,7 @@ pub fn start(
         }
     }
     if let Some(hooks) = &hooks {
-        if let Some(spawned) = sandbox_born_in_cgroup(&cmd, hooks, launch_env, exec.io, join) {
+        if let Some(spawned) = sandbox_born_in_cgroup(&cmd, hooks, exec.io, join) {
             let (pid, io, exit) = spawned?;
             return Ok(Started {
                 pid,

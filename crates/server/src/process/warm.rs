@@ -414,13 +414,11 @@ impl Pool {
             message,
             reply,
         } = warm;
-        let mut command = prepared.command;
         // The command's environment comes with its message.
-        command.env_clear();
+        let command = prepared.command;
         let stdin = key.stdin;
         let io = Io::Pipes { stdin };
-        let none = std::collections::BTreeMap::new();
-        let born = super::born::sandbox_born_in_cgroup(&command, &prepared.hooks, &none, io, &join);
+        let born = super::born::sandbox_born_in_cgroup(&command, &prepared.hooks, io, &join);
         let (pid, io, exit) = match born {
             Some(spawned) => spawned?,
             None => crate::launcher::run(move || spawn::on_pipes(command, stdin, cgroup_fds))?,
