@@ -23,6 +23,7 @@ mod ops;
 mod reliability;
 mod remote_mode;
 mod sandbox;
+mod sandbox_deny;
 mod sandbox_env;
 mod sandbox_escapes;
 mod sandbox_fs;

@@ -161,6 +161,20 @@ pub enum Error {
     /// An absent protected name could not be blocked.
     #[error("sandbox refused: cannot create the placeholder {0}: {1}")]
     Placeholder(PathBuf, std::io::Error),
+    /// A glob entry whose matches could not all be found (the walk was cut
+    /// short or a directory could not be listed). A partial expansion would
+    /// leave a `deny` match readable or a `read` match writable, so the
+    /// start is refused instead.
+    #[error(
+        "sandbox refused: the glob {0:?} cannot be enforced: {1}; narrow the pattern (refused \
+         rather than apply part of it)"
+    )]
+    Glob(String, glob::Incomplete),
+    /// A path entry that may exist but cannot be resolved to what it names
+    /// on disk (longer than PATH_MAX, a symlink loop, a component that cannot
+    /// be searched): refused rather than dropped.
+    #[error("sandbox refused: the path {0} cannot be resolved: {1} (refused rather than dropped)")]
+    Unresolvable(PathBuf, std::io::Error),
     /// An OS call failed while preparing.
     #[error("sandbox refused: {0}")]
     Io(#[from] std::io::Error),

@@ -4,7 +4,9 @@
 //! Every path is canonicalised when the view is built: bind mounts then pin the
 //! real directories, so a symlink, `..` or a later rename inside the sandbox
 //! cannot reach outside what was granted. Paths that do not exist are skipped
-//! (nothing to grant or to hide).
+//! (nothing to grant or to hide); a path that cannot be resolved for any other
+//! reason, or a glob whose walk could not finish, refuses the plan (dropping
+//! a `deny` would expose what it hides).
 
 use crate::policy::{Access, FileSystem, Policy, Profile, Rule, Target};
 use crate::protect::{self, Placeholder};
@@ -228,8 +230,12 @@ fn seccomp_only(network_restricted: bool) -> Plan {
     }
 }
 
-/// The concrete (path, access) pairs the rules name, before canonicalisation.
-fn expand(policy: &Policy, rules: &[Rule]) -> (Option<Access>, Vec<(PathBuf, Access)>) {
+/// The root's access and the concrete (path, access) pairs the rules name,
+/// before canonicalisation. Errors: [`Error::Glob`] for a glob whose walk
+/// could not finish.
+type Expanded = (Option<Access>, Vec<(PathBuf, Access)>);
+
+fn expand(policy: &Policy, rules: &[Rule]) -> Result<Expanded, Error> {
     let mut root = None;
     let mut out = Vec::new();
     for rule in rules {
@@ -250,9 +256,11 @@ fn expand(policy: &Policy, rules: &[Rule]) -> (Option<Access>, Vec<(PathBuf, Acc
                 } else {
                     format!("{}/{}", policy.cwd.display(), pattern)
                 };
-                for p in crate::glob::expand(&full) {
-                    out.push((p, rule.access));
+                let found = crate::glob::expand(&full);
+                if let Some(why) = found.incomplete {
+                    return Err(Error::Glob(full, why));
                 }
+                out.extend(found.paths.into_iter().map(|p| (p, rule.access)));
             }
             Target::Minimal => {
                 for m in MINIMAL_ROOTS {
@@ -277,7 +285,7 @@ fn expand(policy: &Policy, rules: &[Rule]) -> (Option<Access>, Vec<(PathBuf, Acc
             Target::Ignored => {}
         }
     }
-    (root, out)
+    Ok((root, out))
 }
 
 fn depth(p: &Path) -> usize {
@@ -285,11 +293,25 @@ fn depth(p: &Path) -> usize {
 }
 
 fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Result<View, Error> {
-    let (root, entries) = expand(policy, rules);
+    let (root, entries) = expand(policy, rules)?;
     let full_read = matches!(root, Some(Access::Read | Access::Write));
     let mut symlinks: Vec<Mount> = Vec::new();
-    let mut canonical = |p: &Path| -> Option<PathBuf> {
-        let c = std::fs::canonicalize(p).ok()?;
+    let mut canonical = |p: &Path| -> Result<Option<PathBuf>, Error> {
+        let c = match std::fs::canonicalize(p) {
+            Ok(c) => c,
+            // Nothing there: nothing to grant or to hide.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                return Ok(None)
+            }
+            // Dropping it would grant less for `write` but more for `deny`
+            // (and for a `read` inside a writable root): refuse.
+            Err(e) => return Err(Error::Unresolvable(p.to_path_buf(), e)),
+        };
         if !full_read && c != p {
             if let Ok(target) = std::fs::read_link(p) {
                 let m = Mount::Symlink(p.to_path_buf(), target);
@@ -298,13 +320,19 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
                 }
             }
         }
-        Some(c)
+        Ok(Some(c))
     };
-    let mut entries: Vec<(PathBuf, Access)> = entries
-        .into_iter()
-        .filter_map(|(p, a)| canonical(&p).map(|c| (c, a)))
-        .collect();
-    let extra: Vec<PathBuf> = extra_readable.iter().filter_map(|p| canonical(p)).collect();
+    let mut resolved = Vec::with_capacity(entries.len());
+    for (p, a) in entries {
+        if let Some(c) = canonical(&p)? {
+            resolved.push((c, a));
+        }
+    }
+    let mut entries = resolved;
+    let mut extra = Vec::with_capacity(extra_readable.len());
+    for p in extra_readable {
+        extra.extend(canonical(p)?);
+    }
     let mut view = View {
         full_read,
         ..View::default()
@@ -480,6 +508,69 @@ mod tests {
         assert!(ws.join(".codex").is_dir());
         drop(view);
         assert!(!ws.join(".codex").exists() && !ws.join(".aws").exists());
+        std::fs::remove_dir_all(&ws).unwrap();
+    }
+
+    #[test]
+    fn an_entry_that_cannot_be_resolved_refuses_the_plan() {
+        let ws = std::env::temp_dir().join(format!("sbx-plan-unres-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&ws);
+        std::fs::create_dir_all(&ws).unwrap();
+        std::os::unix::fs::symlink(ws.join("b"), ws.join("a")).unwrap();
+        std::os::unix::fs::symlink(ws.join("a"), ws.join("b")).unwrap();
+        // An existing path longer than PATH_MAX (4096), made a step at a
+        // time relative to the directory before.
+        let step = "d".repeat(100);
+        let mut dir = std::fs::File::open(&ws).unwrap();
+        for _ in 0..45 {
+            use std::os::fd::AsRawFd;
+            let name = std::ffi::CString::new(step.clone()).unwrap();
+            // SAFETY: a valid directory descriptor and a NUL-terminated name.
+            let fd = unsafe {
+                assert_eq!(libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755), 0);
+                libc::openat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
+            assert!(fd >= 0);
+            // SAFETY: `fd` was just opened and is owned here alone.
+            dir = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        }
+        let long = ws.join(format!("{step}/").repeat(45));
+        let with = |target: Target| {
+            policy(
+                managed(
+                    vec![
+                        rule(Target::Root, Access::Read),
+                        rule(Target::WorkspaceRoots { subpath: None }, Access::Write),
+                        rule(target, Access::Deny),
+                    ],
+                    true,
+                ),
+                &ws,
+            )
+        };
+        for target in [Target::Path(ws.join("a")), Target::Path(long)] {
+            let r = resolve(&with(target.clone()), &[]);
+            assert!(
+                matches!(r, Err(Error::Unresolvable(..))),
+                "{target:?}: {r:?}"
+            );
+        }
+        // Absent paths, or paths under a file, hide nothing and refuse nothing.
+        std::fs::write(ws.join("f"), "").unwrap();
+        for absent in [ws.join("none"), ws.join("f/x")] {
+            assert!(resolve(&with(Target::Path(absent)), &[]).is_ok());
+        }
+        let r = resolve(&with(Target::Glob("[f]".into())), &[]);
+        let Ok(Plan::Confined { view, .. }) = r else {
+            panic!("{r:?}");
+        };
+        let f = std::fs::canonicalize(ws.join("f")).unwrap();
+        assert_eq!(view.mounts.last(), Some(&Mount::DenyFile(f)));
+        drop(view);
         std::fs::remove_dir_all(&ws).unwrap();
     }
 }
