@@ -27,6 +27,7 @@ mod sandbox_deny;
 mod sandbox_env;
 mod sandbox_escapes;
 mod sandbox_fs;
+mod sandbox_links;
 mod sandbox_warm;
 mod shell_snapshot;
 mod tracing_otlp;

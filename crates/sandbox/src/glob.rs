@@ -7,15 +7,15 @@
 //! any number of components. `*` and `?` match a leading dot too: a `deny`
 //! pattern should hide more, never less.
 //!
-//! Symlinked directories are descended (a path through the link matches the
-//! pattern as written), each directory at most once. The walk is bounded by
+//! `**` does not descend symlinked directories: a match through a link in a
+//! directory a sandbox may write would be resolved wherever that link was
+//! pointed (and is refused by [`crate::links`] when a pattern component
+//! names one). The walk is bounded by
 //! [`MAX_GLOB_VISITS`] entries and [`crate::MAX_GLOB_MATCHES`] matches; a walk
 //! cut short, or a directory that could not be read, is reported in
 //! [`Expansion::incomplete`] so a `deny` entry can fail closed.
 
 use crate::MAX_GLOB_MATCHES;
-use std::collections::HashSet;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Most directory entries one expansion visits: 50 000.
@@ -162,7 +162,6 @@ fn expand_within(pattern: &str, visits: usize) -> Expansion {
     let mut walk = Walk {
         found: Expansion::default(),
         budget: visits,
-        descended: HashSet::new(),
     };
     walk.visit(Path::new("/"), &parts);
     walk.found
@@ -171,9 +170,6 @@ fn expand_within(pattern: &str, visits: usize) -> Expansion {
 struct Walk {
     found: Expansion,
     budget: usize,
-    /// Directories `**` has entered, by (device, inode): a symlink loop is
-    /// walked once.
-    descended: HashSet<(u64, u64)>,
 }
 
 impl Walk {
@@ -197,14 +193,8 @@ impl Walk {
         if *first == "**" {
             // Zero components, then one more level with `**` still pending.
             self.visit(base, rest);
-            let Ok(meta) = std::fs::metadata(base) else {
-                return;
-            };
-            if !meta.is_dir() || !self.descended.insert((meta.dev(), meta.ino())) {
-                return;
-            }
             for child in self.children(base) {
-                if std::fs::metadata(&child).is_ok_and(|m| m.is_dir()) {
+                if child.symlink_metadata().is_ok_and(|m| m.is_dir()) {
                     self.visit(&child, parts);
                 }
             }
@@ -320,16 +310,15 @@ mod tests {
     }
 
     #[test]
-    fn symlinked_directories_are_walked_once() {
+    fn double_stars_do_not_descend_symlinked_directories() {
         let d = tmp("links");
         let out = tmp("links-out");
         std::fs::write(out.join("k.pem"), "").unwrap();
         std::os::unix::fs::symlink(&out, d.join("link")).unwrap();
-        // A loop back to the walk's own root.
         std::os::unix::fs::symlink(&d, d.join("loop")).unwrap();
         let got = expand(&format!("{}/**/*.pem", d.display()));
         assert!(got.incomplete.is_none(), "{:?}", got.incomplete);
-        assert_eq!(got.paths, vec![d.join("link/k.pem")]);
+        assert_eq!(got.paths, Vec::<PathBuf>::new());
         std::fs::remove_dir_all(&d).unwrap();
         std::fs::remove_dir_all(&out).unwrap();
     }

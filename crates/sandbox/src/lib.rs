@@ -100,6 +100,7 @@ pub mod env_fd;
 pub mod glob;
 pub mod inner;
 pub mod inner_program;
+pub mod links;
 pub mod pinned;
 pub mod plan;
 pub mod policy;
@@ -175,6 +176,15 @@ pub enum Error {
     /// be searched): refused rather than dropped.
     #[error("sandbox refused: the path {0} cannot be resolved: {1} (refused rather than dropped)")]
     Unresolvable(PathBuf, std::io::Error),
+    /// A path of the policy whose resolution passes through a symlink a
+    /// sandboxed command could have made ([`links`]).
+    #[error("sandbox refused: the path {0} cannot be trusted: {1}")]
+    Untrusted(PathBuf, links::Untrusted),
+    /// A path of the view named something else when it was bound (a
+    /// component was replaced, e.g. by a symlink, after the plan was
+    /// resolved).
+    #[error("sandbox refused: {0} changed while the sandbox was prepared (it now leads to {1})")]
+    Moved(PathBuf, PathBuf),
     /// An OS call failed while preparing.
     #[error("sandbox refused: {0}")]
     Io(#[from] std::io::Error),

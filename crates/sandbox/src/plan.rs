@@ -8,6 +8,7 @@
 //! reason, or a glob whose walk could not finish, refuses the plan (dropping
 //! a `deny` would expose what it hides).
 
+use crate::links;
 use crate::policy::{Access, FileSystem, Policy, Profile, Rule, Target};
 use crate::protect::{self, Placeholder};
 use crate::seccomp::SeccompMode;
@@ -295,23 +296,27 @@ fn depth(p: &Path) -> usize {
 fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Result<View, Error> {
     let (root, entries) = expand(policy, rules)?;
     let full_read = matches!(root, Some(Access::Read | Access::Write));
+    let resolver = links::Resolver::new();
+    // The policy's own writable roots first: a symlink inside one is as
+    // untrusted as one inside a root another view made writable.
+    let mut own: Vec<PathBuf> = Vec::new();
+    for (p, _) in entries.iter().filter(|(_, a)| *a == Access::Write) {
+        if let Some(r) = resolve_entry(p)? {
+            own.push(r.canonical);
+        }
+    }
+    if root == Some(Access::Write) {
+        own.push(PathBuf::from("/"));
+    }
     let mut symlinks: Vec<Mount> = Vec::new();
     let mut canonical = |p: &Path| -> Result<Option<PathBuf>, Error> {
-        let c = match std::fs::canonicalize(p) {
-            Ok(c) => c,
-            // Nothing there: nothing to grant or to hide.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
-                ) =>
-            {
-                return Ok(None)
-            }
-            // Dropping it would grant less for `write` but more for `deny`
-            // (and for a `read` inside a writable root): refuse.
-            Err(e) => return Err(Error::Unresolvable(p.to_path_buf(), e)),
+        let Some(r) = resolve_entry(p)? else {
+            return Ok(None);
         };
+        resolver
+            .check(&r, &own)
+            .map_err(|e| Error::Untrusted(p.to_path_buf(), e))?;
+        let c = r.canonical;
         if !full_read && c != p {
             if let Ok(target) = std::fs::read_link(p) {
                 let m = Mount::Symlink(p.to_path_buf(), target);
@@ -393,7 +398,27 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
     }
     view.mounts.extend(denies);
     view.mounts.extend(symlinks);
+    links::record(writable.iter().map(PathBuf::as_path));
     Ok(view)
+}
+
+/// `p` resolved with the symlinks it passes through, or `None` when nothing
+/// is there (nothing to grant or to hide). Errors: [`Error::Unresolvable`]
+/// for any other failure: dropping the entry would grant less for `write`
+/// but more for `deny` (and for a `read` inside a writable root).
+fn resolve_entry(p: &Path) -> Result<Option<links::Resolved>, Error> {
+    match links::resolve(p) {
+        Ok(r) => Ok(Some(r)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(Error::Unresolvable(p.to_path_buf(), e)),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,87 @@
+//! A policy path is never resolved through a symlink a sandboxed command
+//! could have made: with `workspaceRoots: [ws, ws/d]`, a command that swapped
+//! `ws/d` for a link to a host directory made that directory a writable root
+//! of every later start and `fs/*` request. Checked on the host: nothing is
+//! written where the link points.
+
+use crate::common;
+
+use common::sandbox::*;
+use common::*;
+use serde_json::{json, Value};
+use std::path::Path;
+
+fn roots(ws: &Path, roots: &[&Path]) -> Value {
+    let mut s = ww(ws);
+    s["workspaceRoots"] = json!(roots.iter().map(|r| uri(r)).collect::<Vec<_>>());
+    s
+}
+
+/// The confined command's `renameat2(RENAME_EXCHANGE)` of `d` and `l` (a
+/// link to `target`) in `ws`; its output.
+async fn swap_in_a_link(c: &mut Conn, ws: &Path, target: &Path) -> String {
+    let script = format!(
+        "import ctypes,os\nos.symlink('{}', 'l')\nlibc=ctypes.CDLL(None,use_errno=True)\n\
+         r=libc.renameat2(-100,b'd',-100,b'l',2)\nprint('swapped' if r==0 else os.strerror(ctypes.get_errno()))",
+        target.display()
+    );
+    let mut p = start_params("swap", &[PY, "-c", &script], ws, false, false);
+    p["sandbox"] = roots(ws, &[ws]);
+    c.ok("process/start", p).await;
+    let got = c.collect("swap", WAIT).await;
+    String::from_utf8_lossy(&got.bytes).into_owned()
+}
+
+#[tokio::test]
+async fn a_nested_root_swapped_for_a_symlink_is_refused() {
+    let s = Server::start(&[]);
+    let f = fixture("links-nested");
+    let mut c = Conn::open(&s.url, None).await;
+    std::fs::create_dir(f.ws.join("d")).unwrap();
+    // A command confined to `ws` alone may swap `ws/d`: it is no mount point there.
+    let out = swap_in_a_link(&mut c, &f.ws, &f.out).await;
+    assert_eq!(out.trim(), "swapped");
+    assert!(f.ws.join("d").symlink_metadata().unwrap().is_symlink());
+
+    let d = f.ws.join("d");
+    // The nested root of the same policy, and a policy of `ws/d` alone
+    // (another session's), whose link lies in a directory a sandbox wrote.
+    for (id, policy) in [
+        ("nested", roots(&f.ws, &[&f.ws, &d])),
+        ("alone", roots(&d, &[&d])),
+    ] {
+        let mut p = start_params(id, &["/bin/sh", "-c", "echo x > pwn"], &d, false, false);
+        p["sandbox"] = policy.clone();
+        let r = c.call("process/start", p).await;
+        let msg = r["error"]["message"].as_str().unwrap_or("");
+        assert_eq!(r["error"]["code"], json!(-32603), "{id}: {r}");
+        assert!(msg.contains("cannot be trusted"), "{id}: {msg}");
+        let (code, msg) = fs_err(
+            &mut c,
+            "fs/writeFile",
+            json!({"path": uri(&d.join("pwn")), "dataBase64": "eA==", "sandbox": policy}),
+        )
+        .await;
+        assert_eq!(code, -32603, "{id}: {msg}");
+        assert!(msg.contains("cannot be trusted"), "{id}: {msg}");
+    }
+    assert_eq!(
+        entries(&f.out),
+        ["secret.txt"],
+        "nothing written through the link"
+    );
+
+    // Put back, the same policies run.
+    std::fs::remove_file(&d).unwrap();
+    std::fs::rename(f.ws.join("l"), &d).unwrap();
+    let r = run(
+        &mut c,
+        "back",
+        &d,
+        "echo x > ok",
+        Some(roots(&f.ws, &[&f.ws, &d])),
+    )
+    .await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    assert_eq!(std::fs::read_to_string(d.join("ok")).unwrap(), "x\n");
+}

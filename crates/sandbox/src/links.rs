@@ -1,0 +1,228 @@
+//! Resolving a policy's paths without following a symlink a sandboxed
+//! command could have made.
+//!
+//! Why: every path of a policy is canonicalised when its view is built, and
+//! bind mounts then pin what the path named at that moment. A command that
+//! can write a directory can put a symlink there (or swap one in with
+//! `renameat2(RENAME_EXCHANGE)`), so a later policy whose path passes through
+//! that directory would be resolved to wherever the command chose: with
+//! `workspaceRoots: [ws, ws/d]` and `ws/d` swapped for a link to a host
+//! directory, that directory became a writable root. So this process keeps
+//! every directory a confined view of it made writable ([`record`]), and a
+//! path whose resolution follows a symlink inside one of them, or inside a
+//! writable root of the same policy, is refused ([`Resolver::resolve`]).
+//! A policy that writes the whole disk is not recorded: it confines no
+//! writes, so nothing it made is trusted anyway.
+
+use std::collections::BTreeSet;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
+
+/// Most symlinks one resolution follows before `ELOOP`, as the kernel: 40.
+const MAX_LINKS: usize = 40;
+
+/// Most directories [`record`] keeps: 65 536. Past it, every symlink is
+/// distrusted (a path through any refuses its plan) rather than forgotten.
+pub const MAX_RECORDED: usize = 65_536;
+
+/// The directories confined views of this process made writable.
+static WRITTEN: Mutex<Written> = Mutex::new(Written {
+    dirs: BTreeSet::new(),
+    overflowed: false,
+});
+
+struct Written {
+    dirs: BTreeSet<PathBuf>,
+    overflowed: bool,
+}
+
+/// Remembers that sandboxes may write below each of `dirs` (canonical). `/`
+/// is never recorded (see the module's documentation).
+pub fn record<'a>(dirs: impl IntoIterator<Item = &'a Path>) {
+    let mut w = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+    for d in dirs {
+        if d == Path::new("/") || w.dirs.contains(d) {
+            continue;
+        }
+        if w.dirs.len() >= MAX_RECORDED {
+            w.overflowed = true;
+            return;
+        }
+        w.dirs.insert(d.to_path_buf());
+    }
+}
+
+/// A symlink a resolution would have followed, and why it was not.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{link} is a symlink in a directory a sandboxed command may write ({writable}); a policy \
+     path is never resolved through one"
+)]
+pub struct Untrusted {
+    /// The symlink.
+    pub link: PathBuf,
+    /// The writable directory that holds it.
+    pub writable: PathBuf,
+}
+
+/// Resolves policy paths against the recorded directories and `own` (the
+/// policy's own writable roots, canonical).
+pub struct Resolver {
+    written: Vec<PathBuf>,
+    overflowed: bool,
+}
+
+/// A path resolved: its canonical form and the symlinks followed on the way.
+#[derive(Debug)]
+pub struct Resolved {
+    /// What `realpath(3)` gives.
+    pub canonical: PathBuf,
+    /// Each symlink followed, by the canonical path of the link itself.
+    pub links: Vec<PathBuf>,
+}
+
+impl Resolver {
+    /// A resolver that distrusts what is recorded now.
+    pub fn new() -> Resolver {
+        let w = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+        Resolver {
+            written: w.dirs.iter().cloned().collect(),
+            overflowed: w.overflowed,
+        }
+    }
+
+    /// Checks that none of `resolved`'s links lies in a recorded directory
+    /// or below one of `own` (`/` in `own` is ignored).
+    pub fn check(&self, resolved: &Resolved, own: &[PathBuf]) -> Result<(), Untrusted> {
+        for link in &resolved.links {
+            let dir = link.parent().unwrap_or(Path::new("/"));
+            let holder = own
+                .iter()
+                .chain(&self.written)
+                .filter(|w| w.as_path() != Path::new("/"))
+                .find(|w| dir.starts_with(w));
+            if let Some(w) = holder {
+                return Err(Untrusted {
+                    link: link.clone(),
+                    writable: w.clone(),
+                });
+            }
+            if self.overflowed {
+                return Err(Untrusted {
+                    link: link.clone(),
+                    writable: PathBuf::from(format!(
+                        "more than {MAX_RECORDED} writable directories recorded"
+                    )),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for Resolver {
+    fn default() -> Self {
+        Resolver::new()
+    }
+}
+
+/// Resolves the absolute `path` as `realpath(3)` does, one component at a
+/// time, noting every symlink followed. Errors as `realpath(3)`: `NotFound`
+/// when a component is missing, `NotADirectory`, `ELOOP` past 40 links,
+/// `ENAMETOOLONG`.
+pub fn resolve(path: &Path) -> std::io::Result<Resolved> {
+    let mut todo: std::collections::VecDeque<std::ffi::OsString> = components(path);
+    let mut current = PathBuf::from("/");
+    let mut links = Vec::new();
+    while let Some(name) = todo.pop_front() {
+        if name == ".." {
+            current.pop();
+            continue;
+        }
+        let next = current.join(&name);
+        let meta = std::fs::symlink_metadata(&next)?;
+        if !meta.file_type().is_symlink() {
+            if !todo.is_empty() && !meta.is_dir() {
+                return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR));
+            }
+            current = next;
+            continue;
+        }
+        if links.len() >= MAX_LINKS {
+            return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
+        }
+        let target = std::fs::read_link(&next)?;
+        links.push(next);
+        if target.is_absolute() {
+            current = PathBuf::from("/");
+        }
+        let mut rest = components(&target);
+        rest.extend(todo);
+        todo = rest;
+    }
+    Ok(Resolved {
+        canonical: current,
+        links,
+    })
+}
+
+fn components(p: &Path) -> std::collections::VecDeque<std::ffi::OsString> {
+    p.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some("..".into()),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_as_realpath_and_names_each_link() {
+        let d = std::env::temp_dir().join(format!("sbx-links-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("real/sub")).unwrap();
+        std::os::unix::fs::symlink("real", d.join("rel")).unwrap();
+        std::os::unix::fs::symlink(d.join("rel/sub"), d.join("abs")).unwrap();
+        std::fs::write(d.join("f"), "").unwrap();
+        let d = std::fs::canonicalize(&d).unwrap();
+        let r = resolve(&d.join("abs/../sub/./")).unwrap();
+        assert_eq!(
+            r.canonical,
+            std::fs::canonicalize(d.join("abs/../sub")).unwrap()
+        );
+        assert_eq!(r.links, vec![d.join("abs"), d.join("rel")]);
+        assert_eq!(
+            resolve(&d.join("real")).unwrap().links,
+            Vec::<PathBuf>::new()
+        );
+        let kind = |p: &str| resolve(&d.join(p)).unwrap_err().kind();
+        assert_eq!(kind("none/x"), std::io::ErrorKind::NotFound);
+        assert_eq!(kind("f/x"), std::io::ErrorKind::NotADirectory);
+        std::os::unix::fs::symlink(d.join("loop"), d.join("loop")).unwrap();
+        assert_eq!(
+            resolve(&d.join("loop")).unwrap_err().raw_os_error(),
+            Some(libc::ELOOP)
+        );
+
+        // A link inside a writable root of the policy is distrusted.
+        let resolver = Resolver {
+            written: Vec::new(),
+            overflowed: false,
+        };
+        let r = resolve(&d.join("abs")).unwrap();
+        assert!(resolver.check(&r, &[PathBuf::from("/")]).is_ok());
+        let e = resolver.check(&r, std::slice::from_ref(&d)).unwrap_err();
+        assert_eq!((e.link, e.writable), (d.join("abs"), d.clone()));
+        // ... and so is one inside a directory another view wrote.
+        let recorded = Resolver {
+            written: vec![d.clone()],
+            overflowed: false,
+        };
+        assert!(recorded.check(&r, &[]).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
