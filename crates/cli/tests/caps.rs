@@ -252,7 +252,7 @@ async fn server_defaults_fill_in_and_ceilings_cap_and_refuse_a_raise() {
     c.close().await;
     let _ = std::fs::remove_dir_all(&d);
     // A default above its ceiling stops the server before it serves.
-    let bad = std::process::Command::new(BIN)
+    let bad = crate::common::server_command(BIN)
         .args([
             "--listen",
             "ws://127.0.0.1:0",
@@ -497,7 +497,7 @@ async fn caps_past_what_the_kernel_takes_are_refused() {
         assert!(msg.starts_with(want), "{msg}");
     }
     c.close().await;
-    let bad = std::process::Command::new(BIN)
+    let bad = crate::common::server_command(BIN)
         .args([
             "--listen",
             "ws://127.0.0.1:0",
@@ -548,7 +548,7 @@ fn server_dirs(pid: u32) -> Vec<std::path::PathBuf> {
 /// server killed with SIGKILL has its leftovers ended by the next server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_server_leaves_cgroups_or_daemons_behind() {
-    let child = std::process::Command::new(BIN)
+    let child = crate::common::server_command(BIN)
         .args(["run", "--memory", "64M", "--max-tasks", "16", "--", "true"])
         .spawn()
         .unwrap();

@@ -4,11 +4,11 @@ use crate::common;
 use common::*;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 fn run(args: &[&str], stdin: &[u8]) -> (i32, Vec<u8>, Vec<u8>) {
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -208,7 +208,7 @@ fn token_auth_hint() {
 fn tty_under_a_pseudo_terminal() {
     let pty = nix::pty::openpty(None, None).unwrap();
     let before = nix::sys::termios::tcgetattr(&pty.slave).unwrap();
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["shell"])
         .env("SHELL", "/bin/sh")
         .stdin(Stdio::from(pty.slave.try_clone().unwrap()))
@@ -330,7 +330,7 @@ fn signed_bearer_token_auth() {
     );
     assert_eq!(code, 1, "wrong audience refused");
     // Flag misuse is a start-up error.
-    let out = Command::new(BIN)
+    let out = crate::common::server_command(BIN)
         .args([
             "--ws-auth",
             "signed-bearer-token",
@@ -348,7 +348,7 @@ fn signed_bearer_token_auth() {
 #[tokio::test]
 async fn run_ends_when_its_stdout_reader_goes_away_even_with_stdin_open() {
     let marker = format!("stdout-gone-{}", std::process::id());
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["run", "--", "sh", "-c"])
         // Well over the 1 MiB stdout pipe `run` asks for: the reader leaves
         // while output is still pending.
@@ -427,7 +427,7 @@ fn run_output_spliced_into_pipes_arrives_whole_on_each_stream() {
 fn run_deadline_fires_while_nobody_reads_its_stdout() {
     let d = tmpdir("unread");
     let pid_file = d.join("pid");
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["run", "--timeout", "1s", "--", "sh", "-c"])
         .arg(format!("echo $$ > {}; exec yes", pid_file.display()))
         .stdin(Stdio::null())
@@ -472,7 +472,7 @@ fn run_deadline_fires_while_nobody_reads_its_stdout() {
 /// one of the pipe's 256 buffer slots, and the 257th would hold `done` up).
 #[test]
 fn lines_wait_in_runs_stdout_pipe_while_its_stderr_is_read() {
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["run", "--", "sh", "-c"])
         .arg("i=0; while [ $i -lt 400 ]; do echo $i; i=$((i+1)); sleep 0.002; done; echo done >&2")
         .stdin(Stdio::null())
@@ -519,7 +519,7 @@ fn output_within_the_cap_reaches_a_pipe_that_was_full() {
     nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(FILL as i32)).unwrap();
     let mut writer = std::fs::File::from(w.try_clone().unwrap());
     writer.write_all(&vec![b'f'; FILL]).unwrap();
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["run", "--max-output", "5000", "--", "sh", "-c"])
         .arg(format!(
             "echo $$ > {}; exec head -c 8000 /dev/zero",

@@ -408,7 +408,7 @@ async fn a_file_uploads_exactly_as_binary_frames_and_as_base64() {
     let ws = Server::start(&[]);
     let sock = d.join("s.sock");
     let unix_url = format!("unix://{}", sock.display());
-    let mut unix = std::process::Command::new(BIN)
+    let mut unix = crate::common::server_command(BIN)
         .args(["--listen", &unix_url])
         .stdout(std::process::Stdio::piped())
         .spawn()

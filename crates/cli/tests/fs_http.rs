@@ -461,7 +461,7 @@ async fn discovery_methods() {
 #[tokio::test]
 async fn http_request_paths() {
     let (base, server_task) = http_server().await;
-    let mut child = std::process::Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["--listen", "ws://127.0.0.1:0"])
         .env("MY_HEADER_SECRET", "from-env")
         .stdout(std::process::Stdio::piped())

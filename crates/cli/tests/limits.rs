@@ -237,20 +237,20 @@ async fn bad_limits_are_refused_naming_the_member() {
 /// `run --timeout` exits 124 with one line on stderr; `--max-output` cuts.
 #[test]
 fn run_flags_end_the_command_and_say_why() {
-    let out = std::process::Command::new(BIN)
+    let out = crate::common::server_command(BIN)
         .args(["run", "--timeout", "300ms", "--", "sleep", "1000"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(124));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("ran past --timeout"), "{err}");
-    let out = std::process::Command::new(BIN)
+    let out = crate::common::server_command(BIN)
         .args(["run", "--max-output", "64K", "--", "yes"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(124));
     assert_eq!(out.stdout.len(), 65536);
-    let out = std::process::Command::new(BIN)
+    let out = crate::common::server_command(BIN)
         .args(["run", "--timeout", "0", "--", "true"])
         .output()
         .unwrap();
@@ -332,7 +332,7 @@ async fn the_process_list_shows_this_sessions_processes_only() {
 
 /// Runs `exec-server ARGS --operator-token-file TOKEN LAST`.
 async fn operator_cli(args: &[&str], token: &std::path::Path, last: &str) -> std::process::Output {
-    tokio::process::Command::new(BIN)
+    tokio::process::Command::from(crate::common::server_command(BIN))
         .args(args)
         .arg("--operator-token-file")
         .arg(token)
@@ -383,7 +383,7 @@ async fn the_operator_sees_every_session_and_nobody_else_does() {
             .is_some_and(|id| id.len() > 8),
         "{all}"
     );
-    let out = tokio::process::Command::new(BIN)
+    let out = tokio::process::Command::from(crate::common::server_command(BIN))
         .args([
             "ps",
             "--connect",
@@ -407,7 +407,7 @@ async fn the_operator_sees_every_session_and_nobody_else_does() {
             .any(|l| l.contains("a1") && l.contains("running") && l.ends_with("sleep 1000")),
         "{table}"
     );
-    let out = tokio::process::Command::new(BIN)
+    let out = tokio::process::Command::from(crate::common::server_command(BIN))
         .args(["ps", "--connect", &s.url])
         .env_remove("EXEC_SERVER_OPERATOR_TOKEN")
         .output()

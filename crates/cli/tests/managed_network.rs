@@ -776,7 +776,7 @@ async fn cli_run_allow_host_allows_only_the_listed_hosts() {
         curl(&format!("http://8.8.4.4:{port2}/"))
     );
     let out = tokio::task::spawn_blocking(move || {
-        Command::new(BIN)
+        crate::common::server_command(BIN)
             .args([
                 "run",
                 "--allow-host",

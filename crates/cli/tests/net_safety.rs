@@ -195,7 +195,7 @@ fn write_endless_line(sink: &mut impl std::io::Write, pid: u32) -> (usize, u64) 
 #[test]
 fn stdio_refuses_a_line_above_max_message_bytes_without_buffering_it() {
     use std::io::{BufRead, Read, Write};
-    let mut child = std::process::Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["--listen", "stdio", "--max-message-bytes", "1048576"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -236,7 +236,7 @@ async fn unix_socket_refuses_a_line_above_max_message_bytes_and_keeps_serving() 
     use std::io::{BufRead, Write};
     let d = tmpdir("unix-line");
     let sock = d.join("s.sock");
-    let mut child = std::process::Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["--max-message-bytes", "1048576", "--listen"])
         .arg(format!("unix://{}", sock.display()))
         .stdout(std::process::Stdio::piped())

@@ -21,7 +21,7 @@ struct Logged {
 
 impl Logged {
     fn start(args: &[&str], env: &[(&str, &str)]) -> Logged {
-        let mut child = Command::new(BIN)
+        let mut child = crate::common::server_command(BIN)
             .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -396,7 +396,7 @@ async fn logs_in_both_formats_carry_no_secrets() {
 
 /// Runs the binary with `args`; returns (exit code, stdout, stderr).
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
+    let out = crate::common::server_command(BIN)
         .args(args)
         .stdin(Stdio::null())
         .output()

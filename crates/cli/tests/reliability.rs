@@ -27,7 +27,7 @@ async fn run_bin(args: &[&str]) -> std::process::Output {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let what = args.join(" ");
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(BIN)
+        crate::common::server_command(BIN)
             .args(&args)
             .stdin(std::process::Stdio::null())
             .output()

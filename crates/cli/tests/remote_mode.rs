@@ -25,7 +25,7 @@ impl Drop for Proc {
 
 /// Starts `exec-server registry` with `extra` flags; returns it and its URL.
 pub(crate) fn start_registry(extra: &[&str]) -> (Proc, String) {
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .arg("registry")
         .args(extra)
         .stdin(Stdio::null())
@@ -45,7 +45,7 @@ pub(crate) fn start_executor(url: &str, env: &str, token: &str) -> Proc {
 
 /// As [`start_executor`], with `extra` flags.
 fn start_executor_with(url: &str, env: &str, token: &str, extra: &[&str]) -> Proc {
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args([
             "--remote",
             url,
@@ -66,7 +66,7 @@ fn start_executor_with(url: &str, env: &str, token: &str, extra: &[&str]) -> Pro
 
 /// `exec-server run --registry … -- argv` with the harness token in the environment.
 pub(crate) fn run_cli(url: &str, env: &str, token: &str, argv: &[&str]) -> std::process::Output {
-    Command::new(BIN)
+    crate::common::server_command(BIN)
         .args(["run", "--registry", url, "--environment", env, "--"])
         .args(argv)
         .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", token)
@@ -416,7 +416,7 @@ fn forward_bridges_a_listening_server() {
     for (i, target) in targets.iter().enumerate() {
         let (_reg, url) = start_registry(&[]);
         let env = format!("fwd{i}");
-        let mut child = Command::new(BIN)
+        let mut child = crate::common::server_command(BIN)
             .args([
                 "forward",
                 "--connect",
@@ -514,7 +514,7 @@ fn sqlite_db_keeps_registrations_across_a_registry_restart() {
 
 #[test]
 fn registry_refuses_plain_http_off_loopback() {
-    let out = Command::new(BIN)
+    let out = crate::common::server_command(BIN)
         .args(["registry", "--listen", "0.0.0.0:0"])
         .stdin(Stdio::null())
         .output()
@@ -544,7 +544,7 @@ fn tls_registry_and_relay_with_a_private_ca() {
     let dir = std::env::temp_dir().join(format!("remote-mode-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (cert, key) = self_signed(&dir);
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args([
             "registry",
             "--tls-cert",
@@ -561,7 +561,7 @@ fn tls_registry_and_relay_with_a_private_ca() {
     let _reg = Proc(child);
     assert!(url.starts_with("https://127.0.0.1:"), "{url:?}");
     // The executor trusts the certificate through SSL_CERT_FILE.
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args([
             "--remote",
             &url,
@@ -578,7 +578,7 @@ fn tls_registry_and_relay_with_a_private_ca() {
     writeln!(child.stdin.take().unwrap(), "any").unwrap();
     let _exec = Proc(child);
     let run = |ca: Option<&std::path::Path>| {
-        let mut c = Command::new(BIN);
+        let mut c = crate::common::server_command(BIN);
         c.args([
             "run",
             "--registry",
@@ -713,13 +713,13 @@ fn bad_environment_ids_are_refused_at_argument_parsing() {
         "  ",
         long.as_str(),
     ] {
-        let executor = Command::new(BIN)
+        let executor = crate::common::server_command(BIN)
             .args(["--remote", "http://127.0.0.1:9", "--environment-id", bad])
             .arg("--registration-bearer-stdin")
             .stdin(Stdio::null())
             .output()
             .unwrap();
-        let client = Command::new(BIN)
+        let client = crate::common::server_command(BIN)
             .args([
                 "run",
                 "--registry",

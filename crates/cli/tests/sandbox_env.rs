@@ -117,7 +117,7 @@ async fn the_requests_environment_steers_nothing_before_the_command() {
 #[tokio::test]
 async fn signals_the_server_inherited_ignored_or_blocked_reach_no_command() {
     use std::os::unix::process::CommandExt;
-    let mut cmd = std::process::Command::new(BIN);
+    let mut cmd = crate::common::server_command(BIN);
     cmd.args(["--listen", "ws://127.0.0.1:0"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped());

@@ -11,7 +11,7 @@ use crate::common::*;
 use crate::managed_network::proxy;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -35,7 +35,7 @@ struct UnixServer {
 impl UnixServer {
     fn start(tmp: &Path) -> UnixServer {
         let socket = tmp.join("exec.sock");
-        let mut child = Command::new(BIN)
+        let mut child = crate::common::server_command(BIN)
             .arg("--listen")
             .arg(format!("unix://{}", socket.display()))
             .env("TMPDIR", tmp)
@@ -522,7 +522,7 @@ async fn descriptors_the_server_inherited_stay_out_of_sandboxes() {
     let socket = tmp.join("exec.sock");
     let dir = std::fs::File::open(&tmp).unwrap();
     let raw = dir.as_raw_fd();
-    let mut cmd = Command::new(BIN);
+    let mut cmd = crate::common::server_command(BIN);
     cmd.arg("--listen")
         .arg(format!("unix://{}", socket.display()))
         .stdin(Stdio::null())

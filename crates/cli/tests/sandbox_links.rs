@@ -85,3 +85,105 @@ async fn a_nested_root_swapped_for_a_symlink_is_refused() {
     assert_eq!(r.exit, 0, "{r:?}");
     assert_eq!(std::fs::read_to_string(d.join("ok")).unwrap(), "x\n");
 }
+
+/// This build's server on loopback keeping its record in `state`.
+fn server_keeping(state: &Path) -> Server {
+    let mut child = crate::common::server_command(BIN)
+        .args(["--listen", "ws://127.0.0.1:0"])
+        .env("XDG_STATE_HOME", state)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start exec-server");
+    let url = first_stdout_line(&mut child);
+    Server { child, url }
+}
+
+#[tokio::test]
+async fn the_record_outlives_the_server_and_is_shared() {
+    let f = fixture("links-restart");
+    let state = tmpdir("links-state");
+    let d = f.ws.join("d");
+    std::fs::create_dir(&d).unwrap();
+    let first = server_keeping(&state);
+    // A second server of the same host, running meanwhile.
+    let beside = server_keeping(&state);
+    let mut c = Conn::open(&first.url, None).await;
+    let out = swap_in_a_link(&mut c, &f.ws, &f.out).await;
+    assert_eq!(out.trim(), "swapped");
+    drop(c);
+    assert!(first.terminate().is_some());
+    let again = server_keeping(&state);
+    for s in [&again, &beside] {
+        let mut c = Conn::open(&s.url, None).await;
+        let mut p = start_params(
+            "after",
+            &["/bin/sh", "-c", "echo x > pwn"],
+            &d,
+            false,
+            false,
+        );
+        p["sandbox"] = roots(&d, &[&d]);
+        let r = c.call("process/start", p).await;
+        let msg = r["error"]["message"].as_str().unwrap_or("");
+        assert!(msg.contains("cannot be trusted"), "{r}");
+    }
+    assert_eq!(
+        entries(&f.out),
+        ["secret.txt"],
+        "nothing written through the link"
+    );
+    let journal = std::fs::read(state.join("exec-server/sandbox-writable-dirs")).unwrap();
+    let ws = std::fs::canonicalize(&f.ws).unwrap();
+    assert!(journal
+        .split(|b| *b == 0)
+        .any(|e| e == ws.as_os_str().as_encoded_bytes()));
+}
+
+#[tokio::test]
+async fn a_protected_name_made_a_symlink_exposes_nothing_hidden() {
+    let s = Server::start(&[]);
+    let f = fixture("links-git");
+    let mut c = Conn::open(&s.url, None).await;
+    let d = f.ws.join("d");
+    std::fs::create_dir(&d).unwrap();
+    // What a command confined to `ws` may do: point `ws/d/.git` above the
+    // workspace (it reached `<out>`, outside every root, when re-bound).
+    let r = run(
+        &mut c,
+        "plant",
+        &f.ws,
+        "ln -s ../.. d/.git",
+        Some(roots(&f.ws, &[&f.ws])),
+    )
+    .await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    let minimal = {
+        let mut s = sandbox(
+            &d,
+            vec![
+                special("minimal", "read"),
+                special("project_roots", "write"),
+            ],
+            "restricted",
+        );
+        s["workspaceRoots"] = json!([uri(&d)]);
+        s
+    };
+    let secret = f.out.join("secret.txt");
+    let r = run(
+        &mut c,
+        "read",
+        &d,
+        &format!("cat {}; echo; echo x > ok", secret.display()),
+        Some(minimal),
+    )
+    .await;
+    assert!(!r.out.lines().any(|l| l == "secret"), "{r:?}");
+    assert!(r.out.contains("No such file or directory"), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(d.join("ok")).unwrap(),
+        "x\n",
+        "{r:?}"
+    );
+}

@@ -12,7 +12,7 @@ use prost::Message as _;
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -111,7 +111,7 @@ impl Proc {
             Some(a) if !a.starts_with('-') => args.split_at(1),
             _ => args.split_at(0),
         };
-        let child = Command::new(BIN)
+        let child = crate::common::server_command(BIN)
             .args(head)
             .args(["--otlp-endpoint", otlp])
             .args(tail)

@@ -4,7 +4,7 @@ use crate::common;
 use common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 fn read_until(reader: &mut impl BufRead, pred: impl Fn(&Value) -> bool) -> Value {
@@ -24,7 +24,7 @@ fn read_until(reader: &mut impl BufRead, pred: impl Fn(&Value) -> bool) -> Value
 #[test]
 fn stdio_one_message_per_line() {
     let d = tmpdir("stdio");
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["--listen", "stdio"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -93,7 +93,7 @@ async fn unix_socket_mode_0600_and_stale_file() {
     // A stale socket file left by a dead server is replaced.
     drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
     let url = format!("unix://{}", sock.display());
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["--listen", &url])
         .stdout(Stdio::piped())
         .spawn()
@@ -130,7 +130,10 @@ async fn unix_socket_mode_0600_and_stale_file() {
     }
     assert_eq!(got[1], json!({"id": 2, "result": {"status": "ready"}}));
     // A second server on the same live socket refuses to start.
-    let second = Command::new(BIN).args(["--listen", &url]).output().unwrap();
+    let second = crate::common::server_command(BIN)
+        .args(["--listen", &url])
+        .output()
+        .unwrap();
     assert!(!second.status.success());
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -145,7 +148,7 @@ async fn unix_socket_mode_0600_and_stale_file() {
 /// terminates each process after it exits, and types into PTYs.
 #[tokio::test]
 async fn codex_client_paths() {
-    let mut child = Command::new(BIN)
+    let mut child = crate::common::server_command(BIN)
         .args(["--listen", "ws://127.0.0.1:0"])
         .env("VISIBLE_VAR", "yes")
         .env("MY_API_KEY", "secret")

@@ -18,7 +18,7 @@ fn second_copy(dir: &Path) -> PathBuf {
 /// Runs `exec-server upgrade --pid PID --binary BINARY`: (exit code, stdout
 /// and stderr).
 fn upgrade(pid: u32, binary: &Path) -> (i32, String) {
-    let out = Command::new(BIN)
+    let out = crate::common::server_command(BIN)
         .args(["upgrade", "--pid", &pid.to_string(), "--binary"])
         .arg(binary)
         .args(["--timeout", "30s"])
@@ -105,7 +105,7 @@ async fn a_stream_goes_on_byte_identical_across_an_upgrade_and_the_command_keeps
     // The command prints its pid, the stream, then its parent's pid: the
     // server's, if it was never restarted nor re-parented.
     let script = seq_script(5_000_000);
-    let mut cmd = Command::new(BIN);
+    let mut cmd = crate::common::server_command(BIN);
     cmd.args(["run", "--connect", &server.url, "--", "sh", "-c", &script]);
     let mut client = stream_to(cmd, &out_path).await;
     let (code, text) = upgrade(server.pid(), &next);
@@ -457,7 +457,7 @@ async fn a_remote_executor_reattaches_with_its_credential_and_the_stream_goes_on
     wait_ready(&url, "up", "harness-secret");
     let out_path = dir.join("out");
     let script = seq_script(2_000_000);
-    let mut cmd = Command::new(BIN);
+    let mut cmd = crate::common::server_command(BIN);
     cmd.args(["run", "--registry", &url, "--environment", "up", "--"])
         .args(["sh", "-c", &script])
         .env("CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN", "harness-secret");

@@ -504,7 +504,7 @@ impl Args {
             // resolved path: bubblewrap would look the path up again, and a
             // command that can write one of its directories could have
             // swapped a symlink in since the plan was resolved.
-            Mount::ReadOnly(p) | Mount::Writable(p) => {
+            Mount::ReadOnly(p) | Mount::Writable(p) | Mount::Protect(p) => {
                 let fd = pin(p)?;
                 let n = OsString::from(fd.as_raw_fd().to_string());
                 let flag = match m {
@@ -514,9 +514,16 @@ impl Args {
                 self.push(&[flag.as_ref(), n.as_ref(), p.as_ref()]);
                 return Ok(Some(fd));
             }
-            Mount::Protect(p) => self.push(&["--ro-bind".as_ref(), p.as_ref(), p.as_ref()]),
+            // Best effort, like the scan that found it: gone or replaced
+            // since (by a command that can write its directory), it is
+            // skipped rather than followed.
             Mount::ProtectNested(p) => {
-                self.push(&["--ro-bind-try".as_ref(), p.as_ref(), p.as_ref()])
+                let Ok(fd) = pin(p) else {
+                    return Ok(None);
+                };
+                let n = OsString::from(fd.as_raw_fd().to_string());
+                self.push(&["--ro-bind-fd".as_ref(), n.as_ref(), p.as_ref()]);
+                return Ok(Some(fd));
             }
             Mount::DenyDir(p) => self.push(&[
                 "--perms".as_ref(),

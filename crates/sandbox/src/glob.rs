@@ -21,6 +21,10 @@ use std::path::{Path, PathBuf};
 /// Most directory entries one expansion visits: 50 000.
 pub const MAX_GLOB_VISITS: usize = 50_000;
 
+/// Longest pattern expanded: 4 096 bytes (`PATH_MAX`); a longer one names
+/// no path and is refused.
+pub const MAX_PATTERN_BYTES: usize = 4096;
+
 /// Why an expansion may have missed matches.
 #[derive(Debug, thiserror::Error)]
 pub enum Incomplete {
@@ -30,6 +34,9 @@ pub enum Incomplete {
     /// The walk read [`MAX_GLOB_VISITS`] directory entries before it ended.
     #[error("its walk passes {MAX_GLOB_VISITS} directory entries")]
     TooManyEntries,
+    /// The pattern is longer than [`MAX_PATTERN_BYTES`].
+    #[error("it is longer than {MAX_PATTERN_BYTES} bytes")]
+    TooLong,
     /// A directory the pattern reaches could not be listed.
     #[error("{0} cannot be listed: {1}")]
     Unreadable(PathBuf, std::io::Error),
@@ -62,16 +69,23 @@ fn tokenize(pattern: &str) -> Vec<Token> {
     let chars: Vec<char> = pattern.chars().collect();
     let mut out = Vec::with_capacity(chars.len());
     let mut i = 0;
+    // Once a `[` finds no `]` to close it, no later one can: without this,
+    // a run of `[` rescans to the end for each (quadratic).
+    let mut unclosed = false;
     while i < chars.len() {
         match chars[i] {
             '*' => out.push(Token::Star),
             '?' => out.push(Token::Any),
+            '[' if unclosed => out.push(Token::Char('[')),
             '[' => match class(&chars[i + 1..]) {
                 Some((token, used)) => {
                     out.push(token);
                     i += used;
                 }
-                None => out.push(Token::Char('[')),
+                None => {
+                    unclosed = true;
+                    out.push(Token::Char('['));
+                }
             },
             c => out.push(Token::Char(c)),
         }
@@ -158,6 +172,12 @@ pub fn expand(pattern: &str) -> Expansion {
 }
 
 fn expand_within(pattern: &str, visits: usize) -> Expansion {
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Expansion {
+            paths: Vec::new(),
+            incomplete: Some(Incomplete::TooLong),
+        };
+    }
     let parts: Vec<&str> = pattern.split('/').filter(|s| !s.is_empty()).collect();
     let mut walk = Walk {
         found: Expansion::default(),
@@ -297,6 +317,14 @@ mod tests {
         // Unterminated: the `[` is literal.
         assert!(matches("[ab", "[ab") && !matches("[ab", "a"));
         assert!(matches("*[0-9]", ".env2"));
+        // A run of unclosed `[` is literal (parsed in one pass: it was
+        // quadratic, 60 000 took 2.9 s of a start).
+        let run = "[".repeat(200_000);
+        assert!(matches(&run, &run) && !matches(&run, "["));
+        assert!(matches!(
+            expand(&format!("/{}", "a".repeat(MAX_PATTERN_BYTES))).incomplete,
+            Some(Incomplete::TooLong)
+        ));
     }
 
     #[test]

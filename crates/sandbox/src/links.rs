@@ -10,7 +10,9 @@
 //! directory, that directory became a writable root. So this process keeps
 //! every directory a confined view of it made writable ([`record`]), and a
 //! path whose resolution follows a symlink inside one of them, or inside a
-//! writable root of the same policy, is refused ([`Resolver::resolve`]).
+//! writable root of the same policy, is refused ([`Resolver::check`]). The
+//! record is kept in a file ([`keep_in`]) so that it outlives the process
+//! and is shared by every server of the host that uses the same file.
 //! A policy that writes the whole disk is not recorded: it confines no
 //! writes, so nothing it made is trusted anyway.
 
@@ -25,30 +27,141 @@ const MAX_LINKS: usize = 40;
 /// distrusted (a path through any refuses its plan) rather than forgotten.
 pub const MAX_RECORDED: usize = 65_536;
 
-/// The directories confined views of this process made writable.
+/// The directories confined views made writable.
 static WRITTEN: Mutex<Written> = Mutex::new(Written {
     dirs: BTreeSet::new(),
     overflowed: false,
+    journal: None,
 });
 
 struct Written {
     dirs: BTreeSet<PathBuf>,
     overflowed: bool,
+    journal: Option<Journal>,
+}
+
+/// The file that keeps [`WRITTEN`] across restarts and shares it between
+/// servers of one host: canonical paths separated by NUL bytes (a path holds
+/// none), appended to, never rewritten.
+struct Journal {
+    path: PathBuf,
+    /// Bytes of it already read.
+    read: u64,
+}
+
+impl Written {
+    fn insert(&mut self, dir: PathBuf) -> bool {
+        if self.dirs.contains(&dir) {
+            return false;
+        }
+        if self.dirs.len() >= MAX_RECORDED {
+            self.overflowed = true;
+            return false;
+        }
+        self.dirs.insert(dir)
+    }
+
+    /// Takes in what other processes appended to the journal since it was
+    /// last read (one `stat` when nothing was).
+    fn refresh(&mut self) {
+        use std::io::{Read, Seek};
+        let Some(j) = &self.journal else {
+            return;
+        };
+        let Ok(meta) = std::fs::metadata(&j.path) else {
+            return;
+        };
+        if meta.len() <= j.read {
+            return;
+        }
+        let (path, from) = (j.path.clone(), j.read);
+        let mut bytes = Vec::new();
+        let read = std::fs::File::open(&path).and_then(|mut f| {
+            f.seek(std::io::SeekFrom::Start(from))?;
+            f.read_to_end(&mut bytes)
+        });
+        if read.is_err() {
+            return;
+        }
+        // Up to the last separator: an entry being appended is read later.
+        let Some(end) = bytes.iter().rposition(|b| *b == 0) else {
+            return;
+        };
+        for entry in bytes[..end].split(|b| *b == 0) {
+            use std::os::unix::ffi::OsStrExt;
+            let p = Path::new(std::ffi::OsStr::from_bytes(entry));
+            if p.is_absolute() {
+                self.insert(p.to_path_buf());
+            }
+        }
+        if let Some(j) = &mut self.journal {
+            j.read = from + end as u64 + 1;
+        }
+    }
+
+    fn append(&self, dirs: &[PathBuf]) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::ffi::OsStrExt;
+        let Some(j) = &self.journal else {
+            return Ok(());
+        };
+        if let Some(parent) = j.path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let mut line = Vec::new();
+        for d in dirs {
+            line.extend_from_slice(d.as_os_str().as_bytes());
+            line.push(0);
+        }
+        // One write with O_APPEND: entries of two servers never interleave.
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&j.path)?
+            .write_all(&line)
+    }
+}
+
+/// Keeps the record in `path` too (see [`Journal`]): loads what it holds and
+/// appends every directory recorded from now on. Why: a symlink a command
+/// planted outlives the server that confined it, and another server of the
+/// same host may resolve the next policy. Errors: reading `path` (an absent
+/// file is an empty record).
+pub fn keep_in(path: &Path) -> std::io::Result<()> {
+    let mut w = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+    match std::fs::metadata(path) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let known: Vec<PathBuf> = w.dirs.iter().cloned().collect();
+    w.journal = Some(Journal {
+        path: path.to_path_buf(),
+        read: 0,
+    });
+    w.refresh();
+    w.append(&known)
 }
 
 /// Remembers that sandboxes may write below each of `dirs` (canonical). `/`
-/// is never recorded (see the module's documentation).
+/// is never recorded (see the module's documentation). A journal that cannot
+/// be written is reported on stderr once per process; the record in memory
+/// holds regardless.
 pub fn record<'a>(dirs: impl IntoIterator<Item = &'a Path>) {
     let mut w = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut new = Vec::new();
     for d in dirs {
-        if d == Path::new("/") || w.dirs.contains(d) {
-            continue;
+        if d != Path::new("/") && w.insert(d.to_path_buf()) {
+            new.push(d.to_path_buf());
         }
-        if w.dirs.len() >= MAX_RECORDED {
-            w.overflowed = true;
-            return;
+    }
+    if !new.is_empty() {
+        if let Err(e) = w.append(&new) {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!("exec-server: cannot keep the sandbox's writable directories: {e}")
+            });
         }
-        w.dirs.insert(d.to_path_buf());
     }
 }
 
@@ -84,7 +197,8 @@ pub struct Resolved {
 impl Resolver {
     /// A resolver that distrusts what is recorded now.
     pub fn new() -> Resolver {
-        let w = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+        w.refresh();
         Resolver {
             written: w.dirs.iter().cloned().collect(),
             overflowed: w.overflowed,

@@ -385,8 +385,17 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
     let mut nested_left = crate::MAX_NESTED_PROTECTED;
     for w in &writable {
         let found = protect::scan(w)?;
-        view.mounts
-            .extend(found.existing.into_iter().map(Mount::Protect));
+        // A protected name that is a symlink is protected where it leads,
+        // and only if the view shows that already: re-binding it read-only
+        // must never make visible what the policy hid (a `.git` pointed at
+        // `../..` exposed the host under `minimal`).
+        let shown: Vec<Mount> = found
+            .existing
+            .into_iter()
+            .filter(|p| view.shows(p))
+            .map(Mount::Protect)
+            .collect();
+        view.mounts.extend(shown);
         let nested = &found.nested[..found.nested.len().min(nested_left)];
         nested_left -= nested.len();
         view.mounts

@@ -43,7 +43,7 @@ impl Placeholder {
         if let Some(n) = reg.get_mut(path) {
             // Removed on the host while in use: made again, or the new
             // child's bind would fail for want of its source.
-            match std::fs::create_dir(path) {
+            match make_dir(path) {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) if denied(&e) => return Ok(None),
                 Err(e) => return Err(Error::Placeholder(path.to_path_buf(), e)),
@@ -54,7 +54,7 @@ impl Placeholder {
                 path: path.to_path_buf(),
             }));
         }
-        match std::fs::create_dir(path) {
+        match make_dir(path) {
             Ok(()) => {
                 reg.insert(path.to_path_buf(), 1);
                 Ok(Some(Placeholder {
@@ -99,9 +99,54 @@ impl Drop for Placeholder {
         };
         if last {
             // Only an empty directory goes; anything put there stays.
-            let _ = std::fs::remove_dir(&self.path);
+            let _ = in_parent(&self.path, libc::unlinkat, libc::AT_REMOVEDIR);
         }
     }
+}
+
+/// `mkdir(path)` made in the directory `path`'s parent names now, never
+/// through a symlink swapped in for it (a command of another policy may
+/// write that directory): the parent is opened and checked to be itself.
+fn make_dir(path: &Path) -> std::io::Result<()> {
+    in_parent(path, libc::mkdirat, 0o777)
+}
+
+/// Runs the `*at` call `op(parent_fd, name, arg)` on `path`'s final name in
+/// its parent, opened as an `O_PATH` descriptor checked to name the parent
+/// path itself (`ELOOP` if a component was redirected since).
+fn in_parent<A>(
+    path: &Path,
+    op: unsafe extern "C" fn(libc::c_int, *const libc::c_char, A) -> libc::c_int,
+    arg: A,
+) -> std::io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(invalid());
+    };
+    let dir = std::ffi::CString::new(parent.as_os_str().as_bytes()).map_err(|_| invalid())?;
+    let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| invalid())?;
+    // SAFETY: open(2) of a NUL-terminated path; the result is checked.
+    let raw = unsafe {
+        libc::open(
+            dir.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    if std::fs::read_link(format!("/proc/self/fd/{raw}"))? != parent {
+        return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
+    }
+    // SAFETY: a directory descriptor held open and a NUL-terminated name.
+    if unsafe { op(fd.as_raw_fd(), name.as_ptr(), arg) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Whether `path` is a placeholder some sandbox of this process holds.
@@ -116,7 +161,7 @@ fn is_placeholder(path: &Path) -> bool {
 pub fn release_all() {
     let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
     for (path, _) in reg.drain() {
-        let _ = std::fs::remove_dir(&path);
+        let _ = in_parent(&path, libc::unlinkat, libc::AT_REMOVEDIR);
     }
 }
 
@@ -259,6 +304,22 @@ mod tests {
         );
         drop((first, second));
         assert!(!root.join(".codex").exists(), "removed by its last user");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_placeholder_is_never_made_through_a_parent_swapped_for_a_symlink() {
+        let root = fresh_root("swapped", &["ws", "elsewhere"]);
+        let ws = root.join("ws");
+        // Resolved as a directory; replaced by a link before the placeholder.
+        std::fs::remove_dir(&ws).unwrap();
+        std::os::unix::fs::symlink(root.join("elsewhere"), &ws).unwrap();
+        let r = scan(&ws);
+        assert!(matches!(r, Err(Error::Placeholder(..))), "{r:?}");
+        assert_eq!(
+            std::fs::read_dir(root.join("elsewhere")).unwrap().count(),
+            0
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

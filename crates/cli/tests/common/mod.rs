@@ -56,7 +56,7 @@ impl Server {
                 c
             }
             Err(_) => {
-                let mut c = Command::new(BIN);
+                let mut c = server_command(BIN);
                 c.args(["--listen", "ws://127.0.0.1:0"]).args(extra);
                 c
             }
@@ -319,6 +319,16 @@ pub struct Collected {
     pub exit_seq: u64,
     pub closed_seq: u64,
     pub seqs: Vec<u64>,
+}
+
+/// `program` (a build of this server) as a command whose record of the
+/// directories sandboxes could write (`$XDG_STATE_HOME/exec-server/…`) is
+/// its own: one test's sandboxes never make another test's symlinks
+/// untrusted.
+pub fn server_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new(program);
+    c.env("XDG_STATE_HOME", tmpdir("state"));
+    c
 }
 
 pub fn tmpdir(tag: &str) -> std::path::PathBuf {

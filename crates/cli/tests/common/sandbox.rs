@@ -125,7 +125,7 @@ pub fn lone_server(tag: &str) -> (std::process::Child, String, PathBuf) {
     if std::fs::hard_link(BIN, &alone).is_err() {
         std::fs::copy(BIN, &alone).expect("copy the server");
     }
-    let mut child = std::process::Command::new(&alone)
+    let mut child = server_command(&alone)
         .args(["--listen", "ws://127.0.0.1:0"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

@@ -236,10 +236,13 @@ impl Pool {
             .exit
             .as_mut()
             .is_some_and(|rx| matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-        let pipe = entry.message.take()?;
         if !alive {
+            // try_recv consumed its exit: a receiver polled again after that
+            // panics, so the drop must not wait on it (it has exited).
+            entry.exit = None;
             return None;
         }
+        let pipe = entry.message.take()?;
         // The pipe is empty and has room for the largest message: one write.
         match nix::unistd::write(&pipe, &message) {
             Ok(n) if n == message.len() => {}

@@ -76,6 +76,9 @@ impl Support {
                  Landlock enabled"
             );
         }
+        if helper.is_some() {
+            keep_writable_journal();
+        }
         Support {
             runtime: helper.map(|h| Runtime {
                 inner: inner_stage(&h),
@@ -123,6 +126,36 @@ impl Support {
                  (refused rather than run unconfined)",
             )),
         }
+    }
+}
+
+/// Where the directories sandboxes were made able to write are kept
+/// (`exec_server_sandbox::links`): `$XDG_STATE_HOME/exec-server/
+/// sandbox-writable-dirs`, else `$HOME/.local/state/exec-server/…`. Without
+/// either, or when it cannot be read, each server remembers only its own.
+fn keep_writable_journal() {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
+                .map(|h| h.join(".local/state"))
+        });
+    let Some(path) = state.map(|s| s.join("exec-server/sandbox-writable-dirs")) else {
+        tracing::warn!(
+            "neither XDG_STATE_HOME nor HOME is set: the directories sandboxes could write are \
+             remembered only while this server runs"
+        );
+        return;
+    };
+    if let Err(e) = exec_server_sandbox::links::keep_in(&path) {
+        tracing::warn!(
+            "cannot read {}: the directories sandboxes could write are remembered only while \
+             this server runs ({e})",
+            path.display()
+        );
     }
 }
 
