@@ -187,3 +187,69 @@ async fn a_protected_name_made_a_symlink_exposes_nothing_hidden() {
         "{r:?}"
     );
 }
+
+#[tokio::test]
+async fn nothing_masked_or_read_only_moves_with_its_directory() {
+    let s = Server::start(&[]);
+    let f = fixture("links-anchor");
+    let mut c = Conn::open(&s.url, None).await;
+    std::fs::create_dir_all(f.ws.join("a")).unwrap();
+    std::fs::write(f.ws.join("a/secret"), "hidden").unwrap();
+    std::fs::create_dir_all(f.ws.join("c/x")).unwrap();
+    std::fs::write(f.ws.join("c/x/ro"), "ro").unwrap();
+    std::fs::create_dir_all(f.ws.join("sub/.git")).unwrap();
+    std::fs::write(f.ws.join("sub/.git/config"), "[core]\n").unwrap();
+    let policy = sandbox(
+        &f.ws,
+        vec![
+            special("root", "read"),
+            special("project_roots", "write"),
+            path_entry(&f.ws.join("a/secret"), "deny"),
+            path_entry(&f.ws.join("c/x/ro"), "read"),
+        ],
+        "restricted",
+    );
+    // Each was moved away with its directory, and the next start of the
+    // same policy found nothing to hide or protect at its path.
+    let r = run(
+        &mut c,
+        "move",
+        &f.ws,
+        "mv a b; mv c/x c/y; mv c d; mv sub sub2; echo done",
+        Some(policy.clone()),
+    )
+    .await;
+    assert_eq!(r.out.matches("Device or resource busy").count(), 4, "{r:?}");
+    for kept in ["a/secret", "c/x/ro", "sub/.git/config"] {
+        assert!(f.ws.join(kept).is_file(), "{kept} moved: {r:?}");
+    }
+    let r = run(&mut c, "read", &f.ws, "cat a/secret", Some(policy)).await;
+    assert!(r.out.contains("Permission denied"), "{r:?}");
+}
+
+#[tokio::test]
+async fn the_record_is_out_of_reach_of_sandboxes() {
+    let f = fixture("links-journal");
+    // The record inside the workspace, as with a workspace at $HOME.
+    let state = f.ws.join("state");
+    let s = server_keeping(&state);
+    let mut c = Conn::open(&s.url, None).await;
+    let r = run(
+        &mut c,
+        "tamper",
+        &f.ws,
+        "rm -f state/exec-server/sandbox-writable-dirs; ls state/exec-server; \
+         mv state/exec-server state/x; mv state st; echo done",
+        Some(roots(&f.ws, &[&f.ws])),
+    )
+    .await;
+    assert!(r.out.contains("done"), "{r:?}");
+    let journal = std::fs::read(state.join("exec-server/sandbox-writable-dirs")).unwrap();
+    let ws = std::fs::canonicalize(&f.ws).unwrap();
+    assert!(
+        journal
+            .split(|b| *b == 0)
+            .any(|e| e == ws.as_os_str().as_encoded_bytes()),
+        "{r:?}"
+    );
+}

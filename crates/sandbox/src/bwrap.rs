@@ -468,8 +468,11 @@ impl Args {
         // The server's own sockets and directories: never reachable from
         // a sandbox, whatever the policy made readable or writable.
         let hidden = hidden_masks(&runtime.hidden, view);
+        // Nothing masked or read-only may be moved away by renaming a
+        // directory above it (`anchors`).
+        let all = crate::anchors::anchored(view.mounts.iter().cloned().chain(hidden).collect());
         let mut points = Vec::new();
-        for m in view.mounts.iter().chain(&hidden) {
+        for m in &all {
             if let Some(fd) = self.mount(m)? {
                 fds.push(fd);
             }
@@ -488,7 +491,7 @@ impl Args {
         // would fail under a writable root. Set up /dev again on top
         // (`linuxRootWritePreservesDevices`).
         let covers_dev = |p: &Path| Path::new("/dev").starts_with(p);
-        if view.mounts.iter().any(|m| match m {
+        if all.iter().any(|m| match m {
             Mount::ReadOnly(p) | Mount::Protect(p) | Mount::Writable(p) => covers_dev(p),
             _ => false,
         }) {

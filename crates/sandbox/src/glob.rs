@@ -4,7 +4,8 @@
 //! deliberately small matcher over one path component at a time: `*` (any
 //! run), `?` (one character), `[abc]`, `[a-z]` and `[!…]`/`[^…]` character
 //! classes (an unterminated `[` is literal), and `**` as a whole component for
-//! any number of components. `*` and `?` match a leading dot too: a `deny`
+//! any number of components. `{a,b}` alternation and `\` escapes are refused
+//! ([`Incomplete::Unsupported`]) rather than taken literally. `*` and `?` match a leading dot too: a `deny`
 //! pattern should hide more, never less.
 //!
 //! `**` does not descend symlinked directories: a match through a link in a
@@ -37,6 +38,11 @@ pub enum Incomplete {
     /// The pattern is longer than [`MAX_PATTERN_BYTES`].
     #[error("it is longer than {MAX_PATTERN_BYTES} bytes")]
     TooLong,
+    /// The pattern has `{…}` alternation or a `\` escape, which other glob
+    /// dialects expand and this one does not: taken literally, a `deny`
+    /// would hide nothing.
+    #[error("it uses {{…}} alternation or a \\ escape, which are not supported")]
+    Unsupported,
     /// A directory the pattern reaches could not be listed.
     #[error("{0} cannot be listed: {1}")]
     Unreadable(PathBuf, std::io::Error),
@@ -172,10 +178,17 @@ pub fn expand(pattern: &str) -> Expansion {
 }
 
 fn expand_within(pattern: &str, visits: usize) -> Expansion {
-    if pattern.len() > MAX_PATTERN_BYTES {
+    let refused = if pattern.len() > MAX_PATTERN_BYTES {
+        Some(Incomplete::TooLong)
+    } else if pattern.contains(['{', '}', '\\']) {
+        Some(Incomplete::Unsupported)
+    } else {
+        None
+    };
+    if refused.is_some() {
         return Expansion {
             paths: Vec::new(),
-            incomplete: Some(Incomplete::TooLong),
+            incomplete: refused,
         };
     }
     let parts: Vec<&str> = pattern.split('/').filter(|s| !s.is_empty()).collect();
@@ -325,6 +338,12 @@ mod tests {
             expand(&format!("/{}", "a".repeat(MAX_PATTERN_BYTES))).incomplete,
             Some(Incomplete::TooLong)
         ));
+        for other_dialects in ["/w/a/{k,kx}.pem", "/w/\\*.key"] {
+            assert!(matches!(
+                expand(other_dialects).incomplete,
+                Some(Incomplete::Unsupported)
+            ));
+        }
     }
 
     #[test]

@@ -91,6 +91,7 @@
 //!   server killed with SIGKILL leaves its empty placeholders behind (a clean
 //!   shutdown removes them).
 
+pub mod anchors;
 pub mod bridge;
 pub mod bwrap;
 pub mod carry;

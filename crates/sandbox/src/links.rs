@@ -65,6 +65,7 @@ impl Written {
     /// last read (one `stat` when nothing was).
     fn refresh(&mut self) {
         use std::io::{Read, Seek};
+        use std::os::unix::fs::OpenOptionsExt;
         let Some(j) = &self.journal else {
             return;
         };
@@ -76,10 +77,14 @@ impl Written {
         }
         let (path, from) = (j.path.clone(), j.read);
         let mut bytes = Vec::new();
-        let read = std::fs::File::open(&path).and_then(|mut f| {
-            f.seek(std::io::SeekFrom::Start(from))?;
-            f.read_to_end(&mut bytes)
-        });
+        let read = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .and_then(|mut f| {
+                f.seek(std::io::SeekFrom::Start(from))?;
+                f.read_to_end(&mut bytes)
+            });
         if read.is_err() {
             return;
         }
@@ -102,12 +107,10 @@ impl Written {
     fn append(&self, dirs: &[PathBuf]) -> std::io::Result<()> {
         use std::io::Write;
         use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::OpenOptionsExt;
         let Some(j) = &self.journal else {
             return Ok(());
         };
-        if let Some(parent) = j.path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
         let mut line = Vec::new();
         for d in dirs {
             line.extend_from_slice(d.as_os_str().as_bytes());
@@ -117,6 +120,7 @@ impl Written {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&j.path)?
             .write_all(&line)
     }
@@ -126,10 +130,22 @@ impl Written {
 /// appends every directory recorded from now on. Why: a symlink a command
 /// planted outlives the server that confined it, and another server of the
 /// same host may resolve the next policy. Errors: reading `path` (an absent
-/// file is an empty record).
+/// file is an empty record), a path that is not a regular file, making its
+/// directory.
 pub fn keep_in(path: &Path) -> std::io::Result<()> {
     let mut w = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
-    match std::fs::metadata(path) {
+    // Made now, so the server can hide it from every view before any
+    // sandbox could make it (or a file in it) first.
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.is_file() => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} is not a regular file", path.display()),
+            ))
+        }
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),

@@ -392,7 +392,9 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
         let shown: Vec<Mount> = found
             .existing
             .into_iter()
-            .filter(|p| view.shows(p))
+            // Nor may a symlinked name that leads to (or above) a writable
+            // root make that root read-only (`.git` -> `.`).
+            .filter(|p| view.shows(p) && !writable.iter().any(|w| w.starts_with(p)))
             .map(Mount::Protect)
             .collect();
         view.mounts.extend(shown);

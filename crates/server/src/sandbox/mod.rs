@@ -76,8 +76,11 @@ impl Support {
                  Landlock enabled"
             );
         }
+        let mut hidden = hidden;
         if helper.is_some() {
-            keep_writable_journal();
+            // Hidden like the server's other state: a sandbox that could
+            // edit it would undo what it records.
+            hidden.extend(keep_writable_journal());
         }
         Support {
             runtime: helper.map(|h| Runtime {
@@ -133,7 +136,8 @@ impl Support {
 /// (`exec_server_sandbox::links`): `$XDG_STATE_HOME/exec-server/
 /// sandbox-writable-dirs`, else `$HOME/.local/state/exec-server/…`. Without
 /// either, or when it cannot be read, each server remembers only its own.
-fn keep_writable_journal() {
+/// Returns its directory, to hide from every view.
+fn keep_writable_journal() -> Option<PathBuf> {
     let state = std::env::var_os("XDG_STATE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -148,15 +152,16 @@ fn keep_writable_journal() {
             "neither XDG_STATE_HOME nor HOME is set: the directories sandboxes could write are \
              remembered only while this server runs"
         );
-        return;
+        return None;
     };
     if let Err(e) = exec_server_sandbox::links::keep_in(&path) {
         tracing::warn!(
-            "cannot read {}: the directories sandboxes could write are remembered only while \
+            "cannot keep {}: the directories sandboxes could write are remembered only while \
              this server runs ({e})",
             path.display()
         );
     }
+    path.parent().map(Path::to_path_buf)
 }
 
 /// A path of the policy: [`ErrorKind::InvalidInput`](crate::error::ErrorKind)
@@ -346,7 +351,12 @@ impl StartSandbox {
     pub fn plan(&self, env: &BTreeMap<String, String>) -> std::io::Result<Plan> {
         let runtime = &self.confine.runtime;
         let mut policy = self.confine.policy.clone();
-        policy.tmpdir = env.get("TMPDIR").map(PathBuf::from);
+        // A relative TMPDIR names no directory the server can resolve (the
+        // command reads it from its cwd): no `tmpdir` root then.
+        policy.tmpdir = env
+            .get("TMPDIR")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute());
         let plan = exec_server_sandbox::resolve(&policy, std::slice::from_ref(&runtime.inner))
             .map_err(std::io::Error::other)?;
         if !self.routed {
