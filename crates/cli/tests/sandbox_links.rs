@@ -253,3 +253,50 @@ async fn the_record_is_out_of_reach_of_sandboxes() {
         "{r:?}"
     );
 }
+
+#[tokio::test]
+async fn an_entry_inside_the_servers_state_is_masked_under_minimal() {
+    let f = fixture("links-hidden");
+    let state = f.out.join("state");
+    let s = server_keeping(&state);
+    let mut c = Conn::open(&s.url, None).await;
+    let journal = state.join("exec-server/sandbox-writable-dirs");
+    // Recorded by this first start; and a writable file entry is no error.
+    let file = f.ws.join("f");
+    std::fs::write(&file, "").unwrap();
+    let only_file = sandbox(
+        &f.ws,
+        vec![special("root", "read"), path_entry(&file, "write")],
+        "restricted",
+    );
+    let r = run(&mut c, "file", &f.ws, "echo x > f", Some(only_file)).await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "x\n");
+    let r = run(&mut c, "ww", &f.ws, "true", Some(ww(&f.ws))).await;
+    assert_eq!(r.exit, 0, "{r:?}");
+    let before = std::fs::read(&journal).unwrap();
+    assert!(!before.is_empty());
+    let sub = state.join("exec-server/sub");
+    std::fs::create_dir(&sub).unwrap();
+    // `minimal` shows nothing above the entries, so a mask decided by
+    // "shown" alone was never made, and the entries were bound.
+    let inside = sandbox(
+        &f.ws,
+        vec![
+            special("minimal", "read"),
+            path_entry(&journal, "read"),
+            path_entry(&sub, "write"),
+        ],
+        "restricted",
+    );
+    let script = format!(
+        "cat {j}; (: > {j}); touch {d}/planted; echo done",
+        j = journal.display(),
+        d = sub.display()
+    );
+    let r = run(&mut c, "inside", Path::new("/"), &script, Some(inside)).await;
+    assert!(r.out.contains("done"), "{r:?}");
+    assert!(!r.out.contains(&f.ws.display().to_string()), "{r:?}");
+    assert_eq!(std::fs::read(&journal).unwrap()[..before.len()], before[..]);
+    assert!(!sub.join("planted").exists(), "{r:?}");
+}

@@ -570,13 +570,26 @@ impl Args {
     }
 }
 
-/// Masks for the server's own `hidden` paths that `view` shows, on their
-/// real paths (masking a symlink's name would leave its target).
+/// Masks for the server's own `hidden` paths that `view` shows, or that
+/// hold one of its mounts (an entry inside one, under `minimal`, is not
+/// "shown" from above but would be bound), on their real paths (masking a
+/// symlink's name would leave its target).
 fn hidden_masks(hidden: &[PathBuf], view: &crate::plan::View) -> Vec<Mount> {
+    let holds_a_mount = |p: &Path| {
+        view.mounts.iter().any(|m| match m {
+            Mount::Symlink(..) => false,
+            Mount::ReadOnly(q)
+            | Mount::Writable(q)
+            | Mount::Protect(q)
+            | Mount::ProtectNested(q)
+            | Mount::DenyDir(q)
+            | Mount::DenyFile(q) => q.starts_with(p),
+        })
+    };
     hidden
         .iter()
         .filter_map(|p| std::fs::canonicalize(p).ok())
-        .filter(|p| view.shows(p))
+        .filter(|p| view.shows(p) || holds_a_mount(p))
         .map(|p| match p.is_dir() {
             true => Mount::DenyDir(p),
             false => Mount::DenyFile(p),

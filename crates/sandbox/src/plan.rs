@@ -384,6 +384,10 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
     // all, so nothing granted later re-exposes a denied path.
     let mut nested_left = crate::MAX_NESTED_PROTECTED;
     for w in &writable {
+        // A writable file holds no protected names.
+        if !w.is_dir() {
+            continue;
+        }
         let found = protect::scan(w)?;
         // A protected name that is a symlink is protected where it leads,
         // and only if the view shows that already: re-binding it read-only
