@@ -22,7 +22,7 @@ pub const MAX_NESTED_ANCHORS: usize = 512;
 
 /// `mounts` (in order) with the anchors inserted.
 pub fn anchored(mounts: Vec<Mount>) -> Vec<Mount> {
-    let points: BTreeSet<&Path> = mounts.iter().filter_map(point).collect();
+    let points: BTreeSet<&Path> = mounts.iter().filter_map(Mount::point).collect();
     let mut required = BTreeSet::new();
     let mut nested = BTreeSet::new();
     for m in &mounts {
@@ -53,25 +53,11 @@ pub fn anchored(mounts: Vec<Mount>) -> Vec<Mount> {
     for a in anchors {
         let at = out
             .iter()
-            .position(|m| point(m).is_some_and(|p| p != a && p.starts_with(&a)))
+            .position(|m| m.point().is_some_and(|p| p != a && p.starts_with(&a)))
             .unwrap_or(out.len());
         out.insert(at, Mount::Writable(a));
     }
     out
-}
-
-/// The path a mount is made on (a recreated symlink is none: it lies in
-/// the sandbox's own tmpfs, not on the host).
-fn point(m: &Mount) -> Option<&Path> {
-    match m {
-        Mount::ReadOnly(p)
-        | Mount::Writable(p)
-        | Mount::Protect(p)
-        | Mount::ProtectNested(p)
-        | Mount::DenyDir(p)
-        | Mount::DenyFile(p) => Some(p),
-        Mount::Symlink(..) => None,
-    }
 }
 
 /// Whether `dir` is writable in the view: the deepest mount holding it is
@@ -79,7 +65,7 @@ fn point(m: &Mount) -> Option<&Path> {
 fn writable(mounts: &[Mount], dir: &Path) -> bool {
     mounts
         .iter()
-        .filter_map(|m| point(m).filter(|p| dir.starts_with(p)).map(|p| (p, m)))
+        .filter_map(|m| m.point().filter(|p| dir.starts_with(p)).map(|p| (p, m)))
         .max_by_key(|(p, _)| p.components().count())
         .is_some_and(|(_, m)| matches!(m, Mount::Writable(_)))
 }

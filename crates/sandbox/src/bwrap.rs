@@ -476,15 +476,7 @@ impl Args {
             if let Some(fd) = self.mount(m)? {
                 fds.push(fd);
             }
-            match m {
-                Mount::Symlink(..) => {}
-                Mount::ReadOnly(p)
-                | Mount::Writable(p)
-                | Mount::Protect(p)
-                | Mount::ProtectNested(p)
-                | Mount::DenyDir(p)
-                | Mount::DenyFile(p) => points.push(p.as_os_str().to_os_string()),
-            }
+            points.extend(m.point().map(|p| p.as_os_str().to_os_string()));
         }
         // A bind of `/` (or `/dev`) made after the minimal /dev hides its
         // device nodes (bind mounts carry nodev here): `echo > /dev/null`
@@ -508,7 +500,7 @@ impl Args {
             // command that can write one of its directories could have
             // swapped a symlink in since the plan was resolved.
             Mount::ReadOnly(p) | Mount::Writable(p) | Mount::Protect(p) => {
-                let fd = pin(p)?;
+                let fd = crate::links::open_exact(p, 0)?;
                 let n = OsString::from(fd.as_raw_fd().to_string());
                 let flag = match m {
                     Mount::Writable(_) => "--bind-fd",
@@ -521,7 +513,7 @@ impl Args {
             // since (by a command that can write its directory), it is
             // skipped rather than followed.
             Mount::ProtectNested(p) => {
-                let Ok(fd) = pin(p) else {
+                let Ok(fd) = crate::links::open_exact(p, 0) else {
                     return Ok(None);
                 };
                 let n = OsString::from(fd.as_raw_fd().to_string());
@@ -576,15 +568,9 @@ impl Args {
 /// symlink's name would leave its target).
 fn hidden_masks(hidden: &[PathBuf], view: &crate::plan::View) -> Vec<Mount> {
     let holds_a_mount = |p: &Path| {
-        view.mounts.iter().any(|m| match m {
-            Mount::Symlink(..) => false,
-            Mount::ReadOnly(q)
-            | Mount::Writable(q)
-            | Mount::Protect(q)
-            | Mount::ProtectNested(q)
-            | Mount::DenyDir(q)
-            | Mount::DenyFile(q) => q.starts_with(p),
-        })
+        view.mounts
+            .iter()
+            .any(|m| m.point().is_some_and(|q| q.starts_with(p)))
     };
     hidden
         .iter()
@@ -595,27 +581,6 @@ fn hidden_masks(hidden: &[PathBuf], view: &crate::plan::View) -> Vec<Mount> {
             false => Mount::DenyFile(p),
         })
         .collect()
-}
-
-/// `path` (canonical) opened as an `O_PATH` descriptor, refused unless the
-/// descriptor names `path` itself: a component changed into a symlink since
-/// the plan was resolved would have redirected the open.
-fn pin(path: &Path) -> Result<OwnedFd, Error> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| Error::Io(std::io::Error::from_raw_os_error(libc::EINVAL)))?;
-    // SAFETY: open(2) of a NUL-terminated path; the result is checked.
-    let raw = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-    if raw < 0 {
-        return Err(Error::Io(std::io::Error::last_os_error()));
-    }
-    // SAFETY: a fresh descriptor owned by nobody else.
-    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
-    let named = std::fs::read_link(format!("/proc/self/fd/{raw}"))?;
-    if named != path {
-        return Err(Error::Moved(path.to_path_buf(), named));
-    }
-    Ok(fd)
 }
 
 /// A read end that is at end of file at once (a pipe whose write end is
@@ -646,11 +611,11 @@ mod tests {
         std::fs::create_dir_all(d.join("real")).unwrap();
         std::fs::create_dir_all(d.join("elsewhere")).unwrap();
         let d = std::fs::canonicalize(&d).unwrap();
-        assert!(pin(&d.join("real")).is_ok());
+        assert!(crate::links::open_exact(&d.join("real"), 0).is_ok());
         // Resolved as a directory, then replaced by a link before the bind.
         std::fs::remove_dir(d.join("real")).unwrap();
         std::os::unix::fs::symlink(d.join("elsewhere"), d.join("real")).unwrap();
-        match pin(&d.join("real")) {
+        match crate::links::open_exact(&d.join("real"), 0) {
             Err(Error::Moved(p, now)) => {
                 assert_eq!((p, now), (d.join("real"), d.join("elsewhere")))
             }

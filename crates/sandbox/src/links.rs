@@ -17,8 +17,9 @@
 //! writes, so nothing it made is trusted anyway.
 
 use std::collections::BTreeSet;
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Most symlinks one resolution follows before `ELOOP`, as the kernel: 40.
 const MAX_LINKS: usize = 40;
@@ -29,13 +30,16 @@ pub const MAX_RECORDED: usize = 65_536;
 
 /// The directories confined views made writable.
 static WRITTEN: Mutex<Written> = Mutex::new(Written {
-    dirs: BTreeSet::new(),
+    dirs: None,
     overflowed: false,
     journal: None,
 });
 
 struct Written {
-    dirs: BTreeSet<PathBuf>,
+    /// Shared with each [`Resolver`] taken since it last changed (copied
+    /// only when a directory is added while one holds it): a start does not
+    /// copy the whole record. `None` until the first.
+    dirs: Option<Arc<BTreeSet<PathBuf>>>,
     overflowed: bool,
     journal: Option<Journal>,
 }
@@ -51,14 +55,15 @@ struct Journal {
 
 impl Written {
     fn insert(&mut self, dir: PathBuf) -> bool {
-        if self.dirs.contains(&dir) {
+        let dirs = self.dirs.get_or_insert_with(Default::default);
+        if dirs.contains(&dir) {
             return false;
         }
-        if self.dirs.len() >= MAX_RECORDED {
+        if dirs.len() >= MAX_RECORDED {
             self.overflowed = true;
             return false;
         }
-        self.dirs.insert(dir)
+        Arc::make_mut(dirs).insert(dir)
     }
 
     /// Takes in what other processes appended to the journal since it was
@@ -150,7 +155,7 @@ pub fn keep_in(path: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let known: Vec<PathBuf> = w.dirs.iter().cloned().collect();
+    let known: Vec<PathBuf> = w.dirs.iter().flat_map(|d| d.iter().cloned()).collect();
     w.journal = Some(Journal {
         path: path.to_path_buf(),
         read: 0,
@@ -197,7 +202,7 @@ pub struct Untrusted {
 /// Resolves policy paths against the recorded directories and `own` (the
 /// policy's own writable roots, canonical).
 pub struct Resolver {
-    written: Vec<PathBuf>,
+    written: Arc<BTreeSet<PathBuf>>,
     overflowed: bool,
 }
 
@@ -216,7 +221,7 @@ impl Resolver {
         let mut w = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
         w.refresh();
         Resolver {
-            written: w.dirs.iter().cloned().collect(),
+            written: w.dirs.clone().unwrap_or_default(),
             overflowed: w.overflowed,
         }
     }
@@ -228,7 +233,7 @@ impl Resolver {
             let dir = link.parent().unwrap_or(Path::new("/"));
             let holder = own
                 .iter()
-                .chain(&self.written)
+                .chain(self.written.iter())
                 .filter(|w| w.as_path() != Path::new("/"))
                 .find(|w| dir.starts_with(w));
             if let Some(w) = holder {
@@ -254,6 +259,28 @@ impl Default for Resolver {
     fn default() -> Self {
         Resolver::new()
     }
+}
+
+/// `path` (canonical) opened `O_PATH | flags`, refused with
+/// [`crate::Error::Moved`] unless the descriptor names `path` itself: a
+/// component changed into a symlink since `path` was resolved would have
+/// redirected the open. Errors: the open's, as [`crate::Error::Io`].
+pub fn open_exact(path: &Path, flags: libc::c_int) -> Result<OwnedFd, crate::Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: open(2) of a NUL-terminated path; the result is checked.
+    let raw = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | flags) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    let named = std::fs::read_link(format!("/proc/self/fd/{raw}"))?;
+    if named != path {
+        return Err(crate::Error::Moved(path.to_path_buf(), named));
+    }
+    Ok(fd)
 }
 
 /// Resolves the absolute `path` as `realpath(3)` does, one component at a
@@ -340,7 +367,7 @@ mod tests {
 
         // A link inside a writable root of the policy is distrusted.
         let resolver = Resolver {
-            written: Vec::new(),
+            written: Arc::default(),
             overflowed: false,
         };
         let r = resolve(&d.join("abs")).unwrap();
@@ -349,7 +376,7 @@ mod tests {
         assert_eq!((e.link, e.writable), (d.join("abs"), d.clone()));
         // ... and so is one inside a directory another view wrote.
         let recorded = Resolver {
-            written: vec![d.clone()],
+            written: Arc::new(BTreeSet::from([d.clone()])),
             overflowed: false,
         };
         assert!(recorded.check(&r, &[]).is_err());

@@ -38,6 +38,22 @@ pub enum Mount {
     Symlink(PathBuf, PathBuf),
 }
 
+impl Mount {
+    /// The host path this mount is made on; a recreated symlink has none
+    /// (it lies in the sandbox's own tmpfs).
+    pub fn point(&self) -> Option<&Path> {
+        match self {
+            Mount::ReadOnly(p)
+            | Mount::Writable(p)
+            | Mount::Protect(p)
+            | Mount::ProtectNested(p)
+            | Mount::DenyDir(p)
+            | Mount::DenyFile(p) => Some(p),
+            Mount::Symlink(..) => None,
+        }
+    }
+}
+
 /// The file-system view of a confined child.
 #[derive(Debug, Default)]
 pub struct View {
@@ -297,46 +313,44 @@ fn build_view(policy: &Policy, rules: &[Rule], extra_readable: &[PathBuf]) -> Re
     let (root, entries) = expand(policy, rules)?;
     let full_read = matches!(root, Some(Access::Read | Access::Write));
     let resolver = links::Resolver::new();
-    // The policy's own writable roots first: a symlink inside one is as
-    // untrusted as one inside a root another view made writable.
-    let mut own: Vec<PathBuf> = Vec::new();
-    for (p, _) in entries.iter().filter(|(_, a)| *a == Access::Write) {
-        if let Some(r) = resolve_entry(p)? {
-            own.push(r.canonical);
+    // Each path resolved once; what is not there grants or hides nothing.
+    let mut found: Vec<(PathBuf, links::Resolved, Option<Access>)> = Vec::new();
+    for (p, a) in entries {
+        if let Some(r) = resolve_entry(&p)? {
+            found.push((p, r, Some(a)));
         }
     }
-    if root == Some(Access::Write) {
-        own.push(PathBuf::from("/"));
+    for p in extra_readable {
+        if let Some(r) = resolve_entry(p)? {
+            found.push((p.clone(), r, None));
+        }
     }
+    // A symlink inside the policy's own writable roots is as untrusted as
+    // one inside a root another view made writable.
+    let own: Vec<PathBuf> = found
+        .iter()
+        .filter(|(_, _, a)| *a == Some(Access::Write))
+        .map(|(_, r, _)| r.canonical.clone())
+        .collect();
     let mut symlinks: Vec<Mount> = Vec::new();
-    let mut canonical = |p: &Path| -> Result<Option<PathBuf>, Error> {
-        let Some(r) = resolve_entry(p)? else {
-            return Ok(None);
-        };
+    let mut entries: Vec<(PathBuf, Access)> = Vec::with_capacity(found.len());
+    let mut extra = Vec::new();
+    for (p, r, access) in found {
         resolver
             .check(&r, &own)
-            .map_err(|e| Error::Untrusted(p.to_path_buf(), e))?;
-        let c = r.canonical;
-        if !full_read && c != p {
-            if let Ok(target) = std::fs::read_link(p) {
-                let m = Mount::Symlink(p.to_path_buf(), target);
+            .map_err(|e| Error::Untrusted(p.clone(), e))?;
+        if !full_read && r.canonical != p {
+            if let Ok(target) = std::fs::read_link(&p) {
+                let m = Mount::Symlink(p, target);
                 if !symlinks.contains(&m) {
                     symlinks.push(m);
                 }
             }
         }
-        Ok(Some(c))
-    };
-    let mut resolved = Vec::with_capacity(entries.len());
-    for (p, a) in entries {
-        if let Some(c) = canonical(&p)? {
-            resolved.push((c, a));
+        match access {
+            Some(a) => entries.push((r.canonical, a)),
+            None => extra.push(r.canonical),
         }
-    }
-    let mut entries = resolved;
-    let mut extra = Vec::with_capacity(extra_readable.len());
-    for p in extra_readable {
-        extra.extend(canonical(p)?);
     }
     let mut view = View {
         full_read,

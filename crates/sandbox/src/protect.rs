@@ -119,29 +119,17 @@ fn in_parent<A>(
     op: unsafe extern "C" fn(libc::c_int, *const libc::c_char, A) -> libc::c_int,
     arg: A,
 ) -> std::io::Result<()> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
     let invalid = || std::io::Error::from_raw_os_error(libc::EINVAL);
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(invalid());
     };
-    let dir = std::ffi::CString::new(parent.as_os_str().as_bytes()).map_err(|_| invalid())?;
     let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| invalid())?;
-    // SAFETY: open(2) of a NUL-terminated path; the result is checked.
-    let raw = unsafe {
-        libc::open(
-            dir.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    if std::fs::read_link(format!("/proc/self/fd/{raw}"))? != parent {
-        return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
-    }
+    let fd = crate::links::open_exact(parent, libc::O_DIRECTORY).map_err(|e| match e {
+        Error::Io(e) => e,
+        _ => std::io::Error::from_raw_os_error(libc::ELOOP),
+    })?;
     // SAFETY: a directory descriptor held open and a NUL-terminated name.
     if unsafe { op(fd.as_raw_fd(), name.as_ptr(), arg) } != 0 {
         return Err(std::io::Error::last_os_error());

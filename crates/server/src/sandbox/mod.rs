@@ -67,7 +67,7 @@ impl Support {
     /// `helper` is this server's executable (it must handle [`INNER_FLAG`] and
     /// [`fs_helper::FLAG`] first thing in `main`); `hidden` are this server's
     /// own paths no sandbox may see ([`Runtime::hidden`]).
-    pub fn new(helper: Option<PathBuf>, allow_unsandboxed: bool, hidden: Vec<PathBuf>) -> Self {
+    pub fn new(helper: Option<PathBuf>, allow_unsandboxed: bool, mut hidden: Vec<PathBuf>) -> Self {
         if helper.is_some() && !exec_server_sandbox::domain::supported() {
             tracing::warn!(
                 "this kernel has no Landlock (ABI 2+): a sandboxed command's seccomp filter does \
@@ -76,7 +76,6 @@ impl Support {
                  Landlock enabled"
             );
         }
-        let mut hidden = hidden;
         if helper.is_some() {
             // Hidden like the server's other state: a sandbox that could
             // edit it would undo what it records.
