@@ -28,6 +28,7 @@ mod sandbox_env;
 mod sandbox_escapes;
 mod sandbox_fs;
 mod sandbox_links;
+mod sandbox_terminal;
 mod sandbox_warm;
 mod shell_snapshot;
 mod tracing_otlp;

@@ -300,3 +300,60 @@ async fn capability_discovery_obeys_each_roots_sandbox() {
     let info = c.ok("environment/info", json!({})).await;
     assert_eq!(info["capabilities"]["capabilityDiscoverySandbox"], true);
 }
+
+/// The fourth adversarial pass: a read the policy allows everywhere ran in
+/// the server itself, so a symlink a confined command planted pointed the
+/// server at what no view shows: its own `/proc/self/environ` (its tokens),
+/// its descriptors. Such a read now goes through the confined helper,
+/// whose `/proc/self` is its own.
+#[tokio::test]
+async fn a_planted_symlink_cannot_point_a_full_read_at_the_servers_proc() {
+    const CANARY: &str = "canary-7f3a1c";
+    let mut cmd = server_command(BIN);
+    cmd.args(["--listen", "ws://127.0.0.1:0"])
+        .env("EXEC_SERVER_TEST_CANARY", CANARY)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    let mut child = cmd.spawn().expect("start exec-server");
+    let url = first_stdout_line(&mut child);
+    let s = Server { child, url };
+    let f = fixture("fs-proc");
+    let mut c = Conn::open(&s.url, None).await;
+    let plant = run(
+        &mut c,
+        "plant",
+        &f.ws,
+        "ln -s /proc/self/environ notes.md && ln -s /proc/self/fd fds",
+        Some(ww(&f.ws)),
+    )
+    .await;
+    assert_eq!(plant.exit, 0, "{plant:?}");
+    for (tag, policy) in [("ww", ww(&f.ws)), ("ro", ro(&f.ws))] {
+        let r = c
+            .ok(
+                "fs/readFile",
+                json!({"path": uri(&f.ws.join("notes.md")), "sandbox": policy}),
+            )
+            .await;
+        let got = String::from_utf8_lossy(&unb64(&r["dataBase64"])).into_owned();
+        assert!(
+            !got.contains(CANARY),
+            "{tag}: the server's environment: {got}"
+        );
+        // An ordinary file in the same place reads as before.
+        let r = c
+            .ok(
+                "fs/readFile",
+                json!({"path": uri(&f.ws.join("in.txt")), "sandbox": policy}),
+            )
+            .await;
+        assert_eq!(unb64(&r["dataBase64"]), b"in", "{tag}");
+    }
+    // Unconfined, the same request reads what the server sees (the fixture
+    // holds: the canary is there to find).
+    let r = c
+        .ok("fs/readFile", json!({"path": uri(&f.ws.join("notes.md"))}))
+        .await;
+    assert!(String::from_utf8_lossy(&unb64(&r["dataBase64"])).contains(CANARY));
+}

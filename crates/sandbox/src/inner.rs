@@ -58,6 +58,7 @@ pub fn run(args: &[OsString]) -> ! {
     // server itself may have inherited more. The command gets them all at
     // their default.
     exec_server_sysio::signals::restore_defaults();
+    leave_the_servers_terminal();
     let pwd = pwd.as_bytes();
     let warm = pwd
         .strip_prefix(crate::warm::WARM_PREFIX.as_bytes())
@@ -173,6 +174,44 @@ pub fn run(args: &[OsString]) -> ! {
     // SAFETY: NUL-terminated strings and NULL-terminated arrays that outlive the call.
     unsafe { libc::execve(prog.as_ptr(), argv_ptrs.as_ptr(), envp.as_ptr()) };
     exec_failed(&program.to_string_lossy())
+}
+
+/// Gives up the controlling terminal this stage inherited from the server
+/// (a server run in a shell has one) unless its stdin is a terminal, which
+/// only a PTY start's is (the PTY, the command's own). Why: a command that
+/// keeps the server's terminal can open `/dev/tty`, make its process group
+/// the foreground one (`tcsetpgrp`) and read what the operator types, or
+/// print prompts there. Unlike a new session (`setsid`, bubblewrap's
+/// `--new-session`), this keeps the command in the process group the
+/// server signals. Fails closed: a terminal that cannot be given up
+/// ends the stage before anything runs.
+fn leave_the_servers_terminal() {
+    // SAFETY: isatty, open, ioctl and close on integers and a static path.
+    unsafe {
+        if libc::isatty(0) == 1 {
+            return;
+        }
+        let tty = libc::open(
+            c"/dev/tty".as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        );
+        if tty < 0 {
+            // ENXIO: no controlling terminal. Any other failure leaves the
+            // command unable to open it either.
+            return;
+        }
+        let given_up = libc::ioctl(tty, libc::TIOCNOTTY as _, 0);
+        libc::close(tty);
+        if given_up < 0 {
+            fail(
+                &format!(
+                    "cannot give up the server's terminal: {}",
+                    std::io::Error::last_os_error()
+                ),
+                EXIT_CANNOT_EXEC,
+            );
+        }
+    }
 }
 
 /// `strings` as the NULL-terminated array of pointers `execve` takes (valid

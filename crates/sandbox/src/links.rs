@@ -255,6 +255,37 @@ impl Resolver {
     }
 }
 
+impl Resolver {
+    /// Whether the server, reading `path` itself instead of through a
+    /// confined view, could read something other than what a confined
+    /// command sees there. True when `path` cannot be resolved, is not
+    /// absolute, or resolves into `/proc`, `/sys` or `/dev` (each view has
+    /// its own); when it, or a symlink followed on the way, lies in or
+    /// contains a directory a sandbox may write (a command there can swap
+    /// any name for a symlink between a check and the read); and when it
+    /// lies in or contains one of `hidden` (masked in every view).
+    pub fn may_differ_outside_a_view(&self, path: &Path, hidden: &[PathBuf]) -> bool {
+        if self.overflowed || !path.is_absolute() {
+            return true;
+        }
+        let Ok(r) = resolve(path) else {
+            return true;
+        };
+        let overlaps = |p: &Path, d: &Path| p.starts_with(d) || d.starts_with(p);
+        let kernel_views = ["/proc", "/sys", "/dev"].map(Path::new);
+        if kernel_views.iter().any(|k| r.canonical.starts_with(k)) {
+            return true;
+        }
+        let zones = || self.written.iter().chain(hidden.iter());
+        let touched = |p: &Path| zones().any(|z| overlaps(p, z));
+        let inside = |l: &PathBuf| {
+            let dir = l.parent().unwrap_or(Path::new("/"));
+            zones().any(|z| dir.starts_with(z))
+        };
+        touched(&r.canonical) || r.links.iter().any(inside)
+    }
+}
+
 impl Default for Resolver {
     fn default() -> Self {
         Resolver::new()
@@ -336,6 +367,44 @@ fn components(p: &Path) -> std::collections::VecDeque<std::ffi::OsString> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_differs_outside_a_view_near_writable_hidden_or_kernel_paths() {
+        let d = std::env::temp_dir().join(format!("sbx-differ-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        for sub in ["ws/in", "other", "state/run"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        let d = std::fs::canonicalize(&d).unwrap();
+        std::fs::write(d.join("other/f"), "").unwrap();
+        std::os::unix::fs::symlink(d.join("other/f"), d.join("ws/link")).unwrap();
+        std::os::unix::fs::symlink(d.join("ws/in"), d.join("other/into-ws")).unwrap();
+        let resolver = Resolver {
+            written: Arc::new([d.join("ws")].into_iter().collect()),
+            overflowed: false,
+        };
+        let hidden = [d.join("state")];
+        let differs = |p: &Path| resolver.may_differ_outside_a_view(p, &hidden);
+        assert!(!differs(&d.join("other/f")), "nothing near it");
+        assert!(differs(&d.join("ws/in")), "inside a writable directory");
+        assert!(differs(&d), "holds a writable directory");
+        assert!(
+            differs(&d.join("ws/link")),
+            "through a link a sandbox could swap"
+        );
+        assert!(
+            differs(&d.join("other/into-ws")),
+            "lands in a writable directory"
+        );
+        assert!(differs(&d.join("state/run")), "hidden");
+        assert!(
+            differs(Path::new("/proc/self/environ")),
+            "the kernel's own view"
+        );
+        assert!(differs(&d.join("none")), "cannot be resolved");
+        assert!(differs(Path::new("relative")), "not absolute");
+        let _ = std::fs::remove_dir_all(&d);
+    }
 
     #[test]
     fn resolves_as_realpath_and_names_each_link() {

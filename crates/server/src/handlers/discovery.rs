@@ -51,8 +51,13 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
             // is never read (its errors become warnings, as the reference's).
             let mut roots = Vec::with_capacity(p.roots.len());
             for root in p.roots {
-                let route =
-                    fs_helper::route(root.sandbox.as_ref(), Need::Read, &ctx.server.sandbox)?;
+                let path = root.path.to_path().ok();
+                let route = fs_helper::route(
+                    root.sandbox.as_ref(),
+                    Need::Read,
+                    path.as_deref(),
+                    &ctx.server.sandbox,
+                )?;
                 let one = RootsDiscoverParams {
                     roots: vec![CapabilityRoot {
                         sandbox: None,

@@ -128,6 +128,8 @@ trait Sandboxed {
     /// [`Need::Write`] if the request changes anything; [`Need::Read`] for a
     /// pure read.
     fn need(&self) -> Need;
+    /// The path a read would read, to check before reading it in-process.
+    fn read_path(&self) -> Option<std::path::PathBuf>;
 }
 
 /// Where a file request runs under its `sandbox` (see
@@ -136,12 +138,13 @@ fn fs_route(ctx: &Ctx, p: &impl Sandboxed) -> Result<Route, ErrorObject> {
     Ok(crate::sandbox::fs_helper::route(
         p.sandbox(),
         p.need(),
+        p.read_path().as_deref(),
         &ctx.server.sandbox,
     )?)
 }
 
 macro_rules! sandboxed {
-    ($($t:ty => $need:expr),* $(,)?) => {$(
+    ($($t:ty => $need:expr, $path:expr);* $(;)?) => {$(
         impl Sandboxed for $t {
             fn sandbox(&self) -> Option<&FileSystemSandboxContext> {
                 self.sandbox.as_ref()
@@ -150,18 +153,22 @@ macro_rules! sandboxed {
                 let f: fn(&$t) -> Need = $need;
                 f(self)
             }
+            fn read_path(&self) -> Option<std::path::PathBuf> {
+                let f: fn(&$t) -> Option<&exec_server_protocol::PathUri> = $path;
+                f(self).and_then(|u| u.to_path().ok())
+            }
         }
     )*};
 }
 
 use exec_server_protocol::types::*;
 sandboxed! {
-    ReadFileParams => |_| Need::Read,
-    WriteFileParams => |_| Need::Write,
-    CreateDirectoryParams => |_| Need::Write,
-    PathParams => |_| Need::Read,
-    WalkParams => |_| Need::Read,
-    RemoveParams => |_| Need::Write,
-    CopyParams => |_| Need::Write,
-    OpenParams => |p| if p.mode == OpenMode::Replace { Need::Write } else { Need::Read },
+    ReadFileParams => |_| Need::Read, |p| Some(&p.path);
+    WriteFileParams => |_| Need::Write, |_| None;
+    CreateDirectoryParams => |_| Need::Write, |_| None;
+    PathParams => |_| Need::Read, |p| Some(&p.path);
+    WalkParams => |_| Need::Read, |p| Some(&p.path);
+    RemoveParams => |_| Need::Write, |_| None;
+    CopyParams => |_| Need::Write, |_| None;
+    OpenParams => |p| if p.mode == OpenMode::Replace { Need::Write } else { Need::Read }, |p| Some(&p.path);
 }

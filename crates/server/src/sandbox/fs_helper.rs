@@ -61,12 +61,22 @@ pub struct Helper {
     confine: Confine,
 }
 
-/// Decides where a request runs. [`ErrorKind::InvalidParams`] `file system
+/// Decides where a request on `path` runs. [`ErrorKind::InvalidParams`] `file system
 /// sandbox context with dynamic permissions requires cwd` when the policy
 /// needs a cwd it lacks; the refusals of [`Support`] where it cannot be enforced.
+///
+/// A read the policy allows everywhere still goes to the helper when the
+/// server, reading `path` itself, could read something other than the
+/// command's view shows there
+/// ([`exec_server_sandbox::links::Resolver::may_differ_outside_a_view`]):
+/// a symlink a confined command planted could otherwise point the server
+/// at its own `/proc/self` (its environment, its descriptors), at another
+/// session's `/proc/PID`, or at its masked runtime directory. A read
+/// without a path to check (`None`) goes to the helper.
 pub fn route(
     sandbox: Option<&FileSystemSandboxContext>,
     need: Need,
+    path: Option<&Path>,
     support: &Support,
 ) -> ExecResult<Route> {
     let Some(ctx) = sandbox else {
@@ -79,12 +89,24 @@ pub fn route(
     }
     let server_cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let policy = to_policy(ctx, &server_cwd)?;
-    let allowed = match need {
-        Need::Read => policy.reads_everything(),
-        Need::Write => policy.writes_everything(),
-    };
-    if allowed {
+    if policy.writes_everything() {
+        // No view at all (nothing masked): a command under it sees the host.
         return Ok(Route::InProcess);
+    }
+    if need == Need::Read && policy.reads_everything() {
+        // Where no sandbox can be made, none made the path either.
+        let Ok(Some(confine)) = support.confine(policy) else {
+            return Ok(Route::InProcess);
+        };
+        let differs = path.is_none_or(|p| {
+            exec_server_sandbox::links::Resolver::new()
+                .may_differ_outside_a_view(p, &confine.runtime.hidden)
+        });
+        return Ok(if differs {
+            Route::Helper(Box::new(Helper { confine }))
+        } else {
+            Route::InProcess
+        });
     }
     Ok(match support.confine(policy)? {
         Some(confine) => Route::Helper(Box::new(Helper { confine })),
