@@ -107,7 +107,12 @@ impl JwtRules {
         v.leeway = self.max_clock_skew_seconds;
         v.validate_exp = true;
         v.validate_nbf = true;
-        v.set_required_spec_claims(&["exp"]);
+        // A claim the rules name must be there: jsonwebtoken checks `iss`
+        // and `aud` only when present, so a token without them passed.
+        let mut required = vec!["exp"];
+        required.extend(self.issuer.as_ref().map(|_| "iss"));
+        required.extend(self.audience.as_ref().map(|_| "aud"));
+        v.set_required_spec_claims(&required);
         match &self.issuer {
             Some(i) => v.set_issuer(&[i]),
             None => v.iss = None,
@@ -201,5 +206,27 @@ mod tests {
             serde_json::json!({"exp": now() + 600, "nbf": now() + 300, "iss": "me", "aud": "exec"});
         assert_eq!(rules.check(&jwt(&secret, future)), Err(JwtRefusal::Invalid));
         assert_eq!(rules.check("not.a.jwt"), Err(JwtRefusal::Invalid));
+        // Named claims are required, not only checked when present.
+        for claims in [
+            serde_json::json!({"exp": now() + 60}),
+            serde_json::json!({"exp": now() + 60, "aud": "exec"}),
+            serde_json::json!({"exp": now() + 60, "iss": "me"}),
+            serde_json::json!({"exp": now() + 60, "iss": null, "aud": null}),
+            serde_json::json!({"exp": now() + 60, "iss": "me", "aud": null}),
+        ] {
+            assert_eq!(
+                rules.check(&jwt(&secret, claims.clone())),
+                Err(JwtRefusal::Invalid),
+                "{claims}"
+            );
+        }
+        // Rules that name neither accept a token without them.
+        let open = JwtRules {
+            issuer: None,
+            audience: None,
+            ..rules
+        };
+        let bare = serde_json::json!({"exp": now() + 60});
+        assert_eq!(open.check(&jwt(&secret, bare)), Ok(()));
     }
 }

@@ -152,3 +152,48 @@ fn the_real_codex_harness_reaches_an_executor_on_another_node() {
     wait_ready(&nodes[0].1, "fleet-codex", "harness-token");
     codex_harness_runs_a_command(&nodes[1].1, "fleet-codex", "harness-token");
 }
+
+/// One executor outlives three nodes, stopped one after another: each time
+/// it is found on a survivor within seconds. Its reconnect backoff used to
+/// double with every loss and never start again: the third loss cost
+/// 30 s and more, past the clients' 25 s session recovery.
+#[test]
+fn an_executor_outlives_three_node_losses_without_growing_waits() {
+    use std::time::{Duration, Instant};
+    let db = TestPostgres::start();
+    let nodes: Vec<_> = (0..4)
+        .map(|_| start_registry(&["--listen", "127.0.0.1:0", "--db", &db.url()]))
+        .collect();
+    let urls: Vec<String> = nodes.iter().map(|(_, u)| u.clone()).collect();
+    // Registers with the first node that answers, then the next, in order.
+    let _executor = start_executor(&urls.join(","), "fleet-roll", "exec-token");
+    wait_ready(&urls[0], "fleet-roll", "harness-token");
+    let mut waits = Vec::new();
+    for (i, (mut node, _)) in nodes.into_iter().take(3).enumerate() {
+        // Connected for longer than a flapping relay would be.
+        std::thread::sleep(Duration::from_secs(6));
+        let pid = nix::unistd::Pid::from_raw(node.0.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let _ = node.0.wait();
+        let started = Instant::now();
+        let survivors = urls[i + 1..].join(",");
+        loop {
+            let out = run_cli(&survivors, "fleet-roll", "harness-token", &["true"]);
+            if out.status.success() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(40),
+                "loss {}: not found again in 40 s",
+                i + 1
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        waits.push(started.elapsed());
+    }
+    eprintln!("found again after {waits:?}");
+    assert!(
+        waits.iter().all(|w| *w < Duration::from_secs(6)),
+        "found again after {waits:?}"
+    );
+}

@@ -29,6 +29,9 @@ pub const KEEPALIVE: Duration = Duration::from_secs(30);
 pub const PONG_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest reconnect backoff: 30 s.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A relay connection that lasted this long was a good one: the reconnect
+/// backoff starts again from 1 s after it ends (5 s).
+pub const STABLE_CONNECTION: Duration = Duration::from_secs(5);
 /// Retries while the registry answers `registration_conflict` (another
 /// executor's relay socket is attached): 10, after jittered delays from
 /// [`FIRST_CONFLICT_DELAY`] doubling to [`MAX_BACKOFF`], 76 to 152 s in all —
@@ -172,6 +175,9 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
     config.observer.registered();
     tracing::info!(environment = %config.environment_id, "registered with the environment registry");
     let mut backoff = Duration::from_secs(1);
+    // Whether `reg` was just obtained to replace one whose relay failed: its
+    // relay is tried at once, without the backoff sleep in between.
+    let mut fresh = false;
     loop {
         if url::Url::parse(&reg.url).is_err() {
             return Err(ExecutorError(RegistryError::Protocol(
@@ -196,8 +202,16 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
                     pong_timeout: config.pong_timeout,
                     observer: config.observer.clone(),
                 });
+                let began = std::time::Instant::now();
                 let why = mux::serve(ws, &ctx).await;
                 tracing::warn!(reason = ?why, "relay connection lost");
+                // Unlike the reference (0.169.0 never resets it), a node lost
+                // after a good connection costs a second, not the doubled
+                // wait of every earlier loss: from the third loss in an
+                // executor's life, that outlasted the clients' 25 s recovery.
+                if began.elapsed() >= STABLE_CONNECTION {
+                    backoff = Duration::from_secs(1);
+                }
             }
             Err(ConnectError::Refused { status, reason }) if (400..500).contains(&status) => {
                 tracing::warn!(
@@ -214,16 +228,21 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
                 reregister = true;
             }
         }
-        if reregister {
+        if reregister && !fresh {
             match register(&config, &identity).await {
                 Ok(r) => {
                     config.observer.registered();
                     reg = r;
+                    // The new relay (a live node's) is tried now; if it fails
+                    // too, the backoff applies as usual.
+                    fresh = true;
+                    continue;
                 }
                 Err(e) if e.is_retryable() => tracing::warn!("registering again failed: {e}"),
                 Err(e) => return Err(ExecutorError(e)),
             }
         }
+        fresh = false;
         tokio::time::sleep(jitter(backoff)).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
