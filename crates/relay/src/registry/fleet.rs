@@ -12,8 +12,13 @@
 //! Liveness: each node upserts its row every [`HEARTBEAT`]; an attachment
 //! counts only while its node was heard from within [`NODE_TIMEOUT`], so an
 //! executor whose node died (even by `kill -9`) can register again on
-//! another node within that bound, and harnesses are then sent there. A node
-//! that stops cleanly removes its rows at once ([`super::Registry::leave`]).
+//! another node within that bound, and harnesses are then sent there. A
+//! node's silence counts only while another node's heartbeats, landing
+//! without a gap for all of [`NODE_TIMEOUT`], prove the database was there
+//! to hear it: after the database was away every heartbeat is old, and
+//! live nodes must not look gone (their executors' harnesses would be sent
+//! to the wrong relay, and a second executor let in). A node that stops
+//! cleanly removes its rows at once ([`super::Registry::leave`]).
 
 use super::Registry;
 use std::sync::Arc;

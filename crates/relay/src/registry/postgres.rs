@@ -63,7 +63,18 @@ const MIGRATIONS: &[(i32, &str)] = &[
      );
      CREATE INDEX attachments_node ON attachments (node_id);",
     ),
+    (
+        3,
+        // Since when each node's heartbeats have landed without a gap: a
+        // node's silence proves it gone only while another's heartbeats
+        // prove the database was there to hear it.
+        "ALTER TABLE nodes ADD COLUMN up_since TIMESTAMPTZ NOT NULL DEFAULT now();",
+    ),
 ];
+
+/// A pause between two heartbeats of a node longer than this starts its
+/// `up_since` again: 3 heartbeats.
+const HEARTBEAT_GAP_SECS: f64 = 3.0 * super::fleet::HEARTBEAT.as_secs_f64();
 
 /// How long a store call keeps retrying while the database is unreachable
 /// (a restart, a failover) before it fails: 8 s, so a request that gives up
@@ -390,8 +401,10 @@ impl Store for PostgresStore {
             |c| async move {
                 c.execute(
                     "INSERT INTO nodes (node_id, ws_base) VALUES ($1, $2)
-                 ON CONFLICT (node_id) DO UPDATE SET ws_base = EXCLUDED.ws_base, seen_at = now()",
-                    &[&node_id, &ws_base],
+                 ON CONFLICT (node_id) DO UPDATE SET ws_base = EXCLUDED.ws_base, seen_at = now(),
+                     up_since = CASE WHEN nodes.seen_at < now() - make_interval(secs => $3)
+                                     THEN now() ELSE nodes.up_since END",
+                    &[&node_id, &ws_base, &HEARTBEAT_GAP_SECS],
                 )
                 .await
             },
@@ -452,12 +465,20 @@ impl Store for PostgresStore {
         let fresh = fresh.as_secs_f64();
         let row = self
             .with_client("attachment", |c| async move {
+                // The node is heard from within `fresh`, or nothing proves
+                // it gone: no node has been heard from without a gap for
+                // all of that time (the database was away, every heartbeat
+                // with it; right after, every node would look dead).
                 c.query_opt(
                     "SELECT a.registration_id, a.node_id, n.ws_base, a.attach_id
                      FROM attachments a JOIN nodes n ON n.node_id = a.node_id
                      WHERE a.environment_id = $1
-                       AND n.seen_at > now() - make_interval(secs => $2)",
-                    &[&environment_id, &fresh],
+                       AND (n.seen_at > now() - make_interval(secs => $2)
+                            OR NOT EXISTS (
+                                SELECT 1 FROM nodes m
+                                WHERE m.up_since <= now() - make_interval(secs => $2)
+                                  AND m.seen_at > now() - make_interval(secs => $3)))",
+                    &[&environment_id, &fresh, &HEARTBEAT_GAP_SECS],
                 )
                 .await
             })

@@ -144,6 +144,53 @@ async fn attachments_follow_live_nodes() {
     );
 }
 
+/// After the database was away, no node's silence proves it gone until
+/// another node has been heard from without a gap for the whole of `fresh`:
+/// right after an outage every heartbeat is old, and the node that heard
+/// first had sent harnesses to its own relay, and let a second executor
+/// take the environment, while the node holding it was alive.
+#[tokio::test]
+async fn an_outage_makes_no_live_node_look_gone() {
+    let db = TestDb::start();
+    let s = store(&db).await;
+    let fresh = Duration::from_secs(1);
+    let held = Attachment {
+        environment_id: "env".into(),
+        registration_id: "reg".into(),
+        node_id: "b".into(),
+        ws_base: "ws://b".into(),
+        attach_id: "b-1".into(),
+    };
+    s.node_heartbeat("a", "ws://a").await.unwrap();
+    s.node_heartbeat("b", "ws://b").await.unwrap();
+    s.attach(&held).await.unwrap();
+    // Ten seconds without the database: every heartbeat stopped.
+    s.client()
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE nodes SET seen_at = seen_at - interval '10 s', up_since = up_since - interval '10 s'",
+            &[],
+        )
+        .await
+        .unwrap();
+    // Node a is heard from first, b not yet: b still holds the executor.
+    s.node_heartbeat("a", "ws://a").await.unwrap();
+    assert_eq!(
+        s.attachment("env", fresh).await.unwrap(),
+        Some(held.clone())
+    );
+    // a heard from without a gap for longer than `fresh`, b silent: gone.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    s.node_heartbeat("a", "ws://a").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    s.node_heartbeat("a", "ws://a").await.unwrap();
+    assert_eq!(s.attachment("env", fresh).await.unwrap(), None);
+    // b back: it holds the executor again.
+    s.node_heartbeat("b", "ws://b").await.unwrap();
+    assert_eq!(s.attachment("env", fresh).await.unwrap(), Some(held));
+}
+
 /// `/readyz` follows the store: 200 once a heartbeat got through, 503
 /// naming the node once the database is gone; `/livez` stays 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
