@@ -142,6 +142,24 @@ fn uname_through_registry_and_relay_with_tokens() {
     }
 }
 
+/// An environment registered but with no executor attached (it died) is
+/// reported as such, not as a relay that closed for no reason.
+#[test]
+fn an_environment_without_its_executor_says_so() {
+    let (_reg, url) = start_registry(&[]);
+    let mut exec = start_executor(&url, "gone", "exec-token");
+    wait_ready(&url, "gone", "harness-token");
+    let _ = exec.0.kill();
+    let _ = exec.0.wait();
+    let out = run_cli(&url, "gone", "harness-token", &["true"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no executor of this environment is attached"),
+        "{err}"
+    );
+}
+
 fn wait_exit(c: &mut Child, limit: Duration) -> Option<i32> {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {

@@ -18,6 +18,11 @@ pub const MAX_RESET_REASON_BYTES: usize = 256;
 pub const MAX_FRAME_BYTES: usize = 256 * 1024;
 /// Reset reason the executor sends on any stream error (wire text).
 pub const RESET_PROTOCOL_ERROR: &str = "noise_relay_protocol_error";
+/// Reset reason our executor sends a harness it cannot serve now: it has
+/// [`crate::executor::mux::MAX_ACTIVE_STREAMS`] streams open, or as many
+/// handshakes awaiting the registry as it takes, or it pauses after failed
+/// handshakes. Any reset ends the reference's handshake alike.
+pub const RESET_EXECUTOR_BUSY: &str = "executor_busy";
 /// Reset reason our relay sends an executor when a harness socket goes away.
 pub const RESET_HARNESS_DISCONNECTED: &str = "harness_disconnected";
 

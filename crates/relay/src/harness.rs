@@ -28,9 +28,10 @@ pub enum HarnessError {
     /// The relay socket could not be opened.
     #[error("cannot reach the relay: {0}")]
     Relay(String),
-    /// The executor reset the stream during the handshake (e.g. not authorized).
-    #[error("the executor refused the connection")]
-    Refused,
+    /// The executor reset the stream during the handshake (not authorized,
+    /// or busy: see [`crate::frame::RESET_EXECUTOR_BUSY`]); with its reason.
+    #[error("the executor refused the connection ({})", refusal(.0))]
+    Refused(String),
     /// msg2 did not authenticate: not the executor the registry named.
     #[error("the executor failed to authenticate")]
     Authentication,
@@ -44,9 +45,22 @@ impl HarnessError {
     pub fn is_retryable(&self) -> bool {
         match self {
             HarnessError::Registry(e) => e.is_retryable(),
-            HarnessError::Relay(_) | HarnessError::Refused | HarnessError::Protocol(_) => true,
+            HarnessError::Relay(_) | HarnessError::Refused(_) | HarnessError::Protocol(_) => true,
             HarnessError::Authentication => false,
         }
+    }
+}
+
+/// What a reset's reason means, for [`HarnessError::Refused`].
+fn refusal(reason: &str) -> String {
+    match reason {
+        crate::frame::RESET_EXECUTOR_BUSY => format!(
+            "busy: it serves at most {} streams at once and judges at most {} handshakes at a time",
+            crate::executor::mux::MAX_ACTIVE_STREAMS,
+            crate::executor::mux::MAX_PENDING_VALIDATIONS
+        ),
+        "" => "no reason given".into(),
+        other => format!("reset: {other}"),
     }
 }
 
@@ -102,6 +116,13 @@ async fn await_msg2(source: &mut Source, stream_id: &str) -> Result<Vec<u8>, Har
             Message::Binary(b) => b,
             Message::Close(code) => {
                 log_close(code);
+                if code == Some(crate::registry::NO_EXECUTOR.code) {
+                    return Err(HarnessError::Relay(
+                        "no executor of this environment is attached to the relay node \
+                         (it may be reconnecting)"
+                            .into(),
+                    ));
+                }
                 break;
             }
             _ => continue,
@@ -114,7 +135,7 @@ async fn await_msg2(source: &mut Source, stream_id: &str) -> Result<Vec<u8>, Har
         }
         match f.body {
             Some(Body::Handshake { payload }) => return Ok(payload),
-            Some(Body::Reset { .. }) => return Err(HarnessError::Refused),
+            Some(Body::Reset { reason }) => return Err(HarnessError::Refused(reason)),
             Some(Body::Data { .. }) => {
                 return Err(HarnessError::Protocol(
                     "received data before handshake completion".into(),

@@ -435,11 +435,22 @@ async fn failure_budget_pauses_new_handshakes_only() {
         ))
         .await
         .unwrap();
-        assert!(is_protocol_reset(&next_frame(&mut ws).await, &sid));
+        let reset = next_frame(&mut ws).await;
+        if i < executor::mux::MAX_FAILED_HANDSHAKES as usize {
+            assert!(is_protocol_reset(&reset, &sid), "{i}: {reset:?}");
+        } else {
+            // Paused: refused as busy before being read.
+            assert!(
+                matches!(&reset, Some(Frame { body: Some(Body::Reset { reason }), .. })
+                    if reason == exec_server_relay::frame::RESET_EXECUTOR_BUSY),
+                "{i}: {reset:?}"
+            );
+        }
     }
     let paused_at = Instant::now();
     match harness::connect(&s.client, "e6", &me).await {
-        Err(HarnessError::Refused) => {}
+        Err(HarnessError::Refused(reason))
+            if reason == exec_server_relay::frame::RESET_EXECUTOR_BUSY => {}
         other => panic!("a legitimate harness during the pause: {:?}", other.err()),
     }
     echo(&mut good, b"unaffected").await;

@@ -6,7 +6,7 @@
 
 use super::{Ctx, Disconnect, Observer};
 use crate::api::ValidateRequest;
-use crate::frame::{Body, Frame, RESET_PROTOCOL_ERROR};
+use crate::frame::{Body, Frame, RESET_EXECUTOR_BUSY, RESET_PROTOCOL_ERROR};
 use crate::keys::prologue;
 use crate::noise::{PendingResponder, Transport};
 use crate::random::OsRandom;
@@ -152,7 +152,10 @@ impl Mux<'_> {
             || self.active.len() >= MAX_ACTIVE_STREAMS
             || self.held.len() >= MAX_PENDING_VALIDATIONS
         {
-            return self.reset(&stream_id);
+            let f = Frame::reset(&stream_id, RESET_EXECUTOR_BUSY).encode();
+            // A full queue means the socket is stuck; the watchdog will end it.
+            let _ = self.out.try_send(Outgoing::Binary(f.into()));
+            return;
         }
         let p = prologue(
             &self.ctx.environment_id,

@@ -38,6 +38,13 @@ pub(super) const SILENT: CloseStatus = CloseStatus::policy("silent too long");
 /// Why the node ends a harness socket whose stream it reset.
 pub(super) const STREAM_RESET: CloseStatus =
     CloseStatus::policy("stream reset: the harness stopped reading");
+/// Why the node ends a harness socket that claims a stream of an
+/// environment whose executor is not attached to it (not yet, or any
+/// more): 1013, "try again later", as it may be reconnecting.
+pub const NO_EXECUTOR: CloseStatus = CloseStatus {
+    code: 1013,
+    reason: "no executor of this environment is attached to this node",
+};
 /// Why the node ends a harness socket whose executor has gone.
 pub(super) const EXECUTOR_GONE: CloseStatus = CloseStatus {
     code: 1001,

@@ -21,7 +21,8 @@
 //! for [`HARNESS_SILENCE_TIMEOUT`] is dropped too, and its stream reset.
 
 use super::close::{
-    send_close, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE, NO_HANDSHAKE, SILENT, STREAM_RESET,
+    send_close, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE, NO_EXECUTOR, NO_HANDSHAKE, SILENT,
+    STREAM_RESET,
 };
 use super::queue::{HarnessQueue, Pool, Refused, Scope};
 pub use super::queue::{DEFAULT_NODE_BUFFER_BYTES, ENVIRONMENT_BUFFER_BYTES, STREAM_BUFFER_BYTES};
@@ -521,13 +522,15 @@ impl Hub {
                 // Unless someone else holds this stream id.
                 Some(exec) if !route.streams.contains_key(&stream_id) => {
                     route.streams.insert(stream_id.clone(), stream);
-                    (queue, Some(exec))
+                    (queue, Ok(exec))
                 }
-                _ => (queue, None),
+                Some(_) => (queue, Err(CLAIM_REFUSED)),
+                None => (queue, Err(NO_EXECUTOR)),
             }
         };
-        let Some(executor) = executor else {
-            return send_close(writer, Some(CLAIM_REFUSED)).await;
+        let executor = match executor {
+            Ok(e) => e,
+            Err(why) => return send_close(writer, Some(why)).await,
         };
         let (pong_tx, pong_rx) = mpsc::channel(PONG_QUEUE);
         let writer = spawn_writer(

@@ -278,7 +278,8 @@ async fn a_harness_the_node_drops_is_told_why_in_the_close_frame() {
     };
     let ((), got) = tokio::join!(serving, harness);
     assert_eq!(got, Some(Message::Close(Some(1008))));
-    // A claim for a registration that is not attached: 1008.
+    // A claim for a registration that is not attached: 1013, try again
+    // later (its executor may be reconnecting).
     let resume = Frame::resume("s1").encode();
     let (serving, mut reader, mut w) = harness_socket(&hub, "reg");
     let harness = async {
@@ -286,7 +287,7 @@ async fn a_harness_the_node_drops_is_told_why_in_the_close_frame() {
         reader.next().await.unwrap()
     };
     let ((), got) = tokio::join!(serving, harness);
-    assert_eq!(got, Some(Message::Close(Some(1008))));
+    assert_eq!(got, Some(Message::Close(Some(1013))));
     // Claimed, then a frame with a reserved bit set: 1002.
     let attached = hub
         .attach_executor::<(), _>("env", "reg", || async { Ok(()) })

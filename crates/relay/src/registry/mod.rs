@@ -20,6 +20,7 @@
 //! once closed or silent for [`Config::executor_silence_timeout`].
 
 mod close;
+pub use close::NO_EXECUTOR;
 pub mod fleet;
 pub mod hub;
 pub mod metrics;
