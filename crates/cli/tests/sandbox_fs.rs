@@ -350,6 +350,25 @@ async fn a_planted_symlink_cannot_point_a_full_read_at_the_servers_proc() {
             .await;
         assert_eq!(unb64(&r["dataBase64"]), b"in", "{tag}");
     }
+    // A file of the workspace is read by the server itself, refusing every
+    // symlink, with the server's own permissions: as root (CI), one only
+    // its owner may read is read as the reference reads it (a confined
+    // helper, without root's powers, was refused).
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::fs::PermissionsExt;
+        let private = f.ws.join("private.txt");
+        std::fs::write(&private, "mine").unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&private, Some(1234), Some(1234)).unwrap();
+        let r = c
+            .ok(
+                "fs/readFile",
+                json!({"path": uri(&private), "sandbox": ww(&f.ws)}),
+            )
+            .await;
+        assert_eq!(unb64(&r["dataBase64"]), b"mine");
+    }
     // Unconfined, the same request reads what the server sees (the fixture
     // holds: the canary is there to find).
     let r = c

@@ -213,6 +213,10 @@ pub struct Resolved {
     pub canonical: PathBuf,
     /// Each symlink followed, by the canonical path of the link itself.
     pub links: Vec<PathBuf>,
+    /// Each directory the resolution went through and left again by `..`
+    /// (in a symlink's target, say): not part of `canonical`, but a
+    /// directory the result depended on.
+    pub left: Vec<PathBuf>,
 }
 
 impl Resolver {
@@ -256,34 +260,59 @@ impl Resolver {
 }
 
 impl Resolver {
-    /// Whether the server, reading `path` itself instead of through a
-    /// confined view, could read something other than what a confined
-    /// command sees there. True when `path` cannot be resolved, is not
-    /// absolute, or resolves into `/proc`, `/sys` or `/dev` (each view has
-    /// its own); when it, or a symlink followed on the way, lies in or
-    /// contains a directory a sandbox may write (a command there can swap
-    /// any name for a symlink between a check and the read); and when it
-    /// lies in or contains one of `hidden` (masked in every view).
-    pub fn may_differ_outside_a_view(&self, path: &Path, hidden: &[PathBuf]) -> bool {
+    /// How the server may read `path` itself, instead of through a
+    /// confined view, and read what a confined command would see there
+    /// ([`OutsideAView`]). `hidden` are the server's own paths, masked in
+    /// every view.
+    pub fn read_outside_a_view(&self, path: &Path, hidden: &[PathBuf]) -> OutsideAView {
         if self.overflowed || !path.is_absolute() {
-            return true;
+            return OutsideAView::Differs;
         }
         let Ok(r) = resolve(path) else {
-            return true;
+            return OutsideAView::Differs;
         };
         let overlaps = |p: &Path, d: &Path| p.starts_with(d) || d.starts_with(p);
         let kernel_views = ["/proc", "/sys", "/dev"].map(Path::new);
-        if kernel_views.iter().any(|k| r.canonical.starts_with(k)) {
-            return true;
+        if kernel_views.iter().any(|k| r.canonical.starts_with(k))
+            || hidden.iter().any(|h| overlaps(&r.canonical, h))
+        {
+            return OutsideAView::Differs;
         }
         let zones = || self.written.iter().chain(hidden.iter());
-        let touched = |p: &Path| zones().any(|z| overlaps(p, z));
-        let inside = |l: &PathBuf| {
-            let dir = l.parent().unwrap_or(Path::new("/"));
-            zones().any(|z| dir.starts_with(z))
-        };
-        touched(&r.canonical) || r.links.iter().any(inside)
+        let in_a_zone = |p: &Path| zones().any(|z| p.starts_with(z));
+        let passed_through = r
+            .links
+            .iter()
+            .map(|l| l.parent().unwrap_or(Path::new("/")))
+            .chain(r.left.iter().map(PathBuf::as_path))
+            .any(in_a_zone);
+        if passed_through {
+            return OutsideAView::Differs;
+        }
+        let near_a_zone = self.written.iter().any(|z| overlaps(&r.canonical, z));
+        match (near_a_zone, r.links.is_empty() && r.left.is_empty()) {
+            (false, _) => OutsideAView::Same,
+            (true, true) => OutsideAView::SameWithoutSymlinks,
+            (true, false) => OutsideAView::Differs,
+        }
     }
+}
+
+/// What [`Resolver::read_outside_a_view`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutsideAView {
+    /// Nothing a sandbox may write lies on the way or at the end: reading
+    /// the path as the operating system resolves it reads what a view
+    /// shows there.
+    Same,
+    /// The path lies in (or holds) a directory a sandbox may write, and no
+    /// symlink is on its way now: reading it is safe only if no symlink
+    /// is followed (one swapped in meanwhile must fail the read).
+    SameWithoutSymlinks,
+    /// Read only through a view: the path cannot be resolved, leads into
+    /// `/proc`, `/sys`, `/dev` or a hidden path, or follows a symlink (or
+    /// a `..`) in a directory a sandbox may write.
+    Differs,
 }
 
 impl Default for Resolver {
@@ -322,8 +351,12 @@ pub fn resolve(path: &Path) -> std::io::Result<Resolved> {
     let mut todo: std::collections::VecDeque<std::ffi::OsString> = components(path);
     let mut current = PathBuf::from("/");
     let mut links = Vec::new();
+    let mut left = Vec::new();
     while let Some(name) = todo.pop_front() {
         if name == ".." {
+            if current.parent().is_some() {
+                left.push(current.clone());
+            }
             current.pop();
             continue;
         }
@@ -351,6 +384,7 @@ pub fn resolve(path: &Path) -> std::io::Result<Resolved> {
     Ok(Resolved {
         canonical: current,
         links,
+        left,
     })
 }
 
@@ -369,40 +403,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_read_differs_outside_a_view_near_writable_hidden_or_kernel_paths() {
+    fn a_read_outside_a_view_near_writable_hidden_or_kernel_paths() {
         let d = std::env::temp_dir().join(format!("sbx-differ-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
-        for sub in ["ws/in", "other", "state/run"] {
+        for sub in ["ws/in", "ws/sub", "other", "state/run", "box/inner"] {
             std::fs::create_dir_all(d.join(sub)).unwrap();
         }
         let d = std::fs::canonicalize(&d).unwrap();
         std::fs::write(d.join("other/f"), "").unwrap();
         std::os::unix::fs::symlink(d.join("other/f"), d.join("ws/link")).unwrap();
         std::os::unix::fs::symlink(d.join("ws/in"), d.join("other/into-ws")).unwrap();
+        // Out of the workspace and back through one of its directories.
+        std::os::unix::fs::symlink("../ws/sub/../../other/f", d.join("other/via-ws")).unwrap();
+        std::os::unix::fs::symlink(d.join("other/f"), d.join("other/plain")).unwrap();
         let resolver = Resolver {
-            written: Arc::new([d.join("ws")].into_iter().collect()),
+            written: Arc::new([d.join("ws"), d.join("box/inner")].into_iter().collect()),
             overflowed: false,
         };
         let hidden = [d.join("state")];
-        let differs = |p: &Path| resolver.may_differ_outside_a_view(p, &hidden);
-        assert!(!differs(&d.join("other/f")), "nothing near it");
-        assert!(differs(&d.join("ws/in")), "inside a writable directory");
-        assert!(differs(&d), "holds a writable directory");
-        assert!(
-            differs(&d.join("ws/link")),
-            "through a link a sandbox could swap"
+        let read = |p: &Path| resolver.read_outside_a_view(p, &hidden);
+        use OutsideAView::*;
+        assert_eq!(read(&d.join("other/f")), Same, "nothing near it");
+        assert_eq!(read(&d.join("other/plain")), Same, "a link nowhere near");
+        assert_eq!(read(&d.join("ws/in")), SameWithoutSymlinks, "inside");
+        assert_eq!(
+            read(&d.join("box")),
+            SameWithoutSymlinks,
+            "holds a writable one"
         );
-        assert!(
-            differs(&d.join("other/into-ws")),
-            "lands in a writable directory"
+        assert_eq!(read(&d), Differs, "holds a hidden path");
+        assert_eq!(
+            read(&d.join("ws/link")),
+            Differs,
+            "a link a sandbox could swap"
         );
-        assert!(differs(&d.join("state/run")), "hidden");
-        assert!(
-            differs(Path::new("/proc/self/environ")),
-            "the kernel's own view"
+        assert_eq!(read(&d.join("other/into-ws")), Differs, "lands inside");
+        assert_eq!(read(&d.join("other/via-ws")), Differs, "passes through");
+        assert_eq!(read(&d.join("state/run")), Differs, "hidden");
+        assert_eq!(
+            read(Path::new("/proc/self/environ")),
+            Differs,
+            "the kernel's own"
         );
-        assert!(differs(&d.join("none")), "cannot be resolved");
-        assert!(differs(Path::new("relative")), "not absolute");
+        assert_eq!(read(&d.join("none")), Differs, "cannot be resolved");
+        assert_eq!(read(Path::new("relative")), Differs, "not absolute");
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -52,12 +52,14 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
             let mut roots = Vec::with_capacity(p.roots.len());
             for root in p.roots {
                 let path = root.path.to_path().ok();
+                // The scan reads below the root: it refuses no symlink.
                 let route = fs_helper::route(
                     root.sandbox.as_ref(),
                     Need::Read,
                     path.as_deref(),
                     &ctx.server.sandbox,
-                )?;
+                )?
+                .refusing_symlinks(false);
                 let one = RootsDiscoverParams {
                     roots: vec![CapabilityRoot {
                         sandbox: None,

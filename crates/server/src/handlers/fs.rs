@@ -129,11 +129,11 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
     r.request_with_payload(
         m::FS_WRITE_FILE,
         fs_mode,
-        |ctx: Ctx, p: WriteFileParams| async move {
+        |ctx: Ctx, mut p: WriteFileParams| async move {
             // After the params, the session gate and the path, as the
             // reference.
             let n = fs::write_file_data(&p)?.len();
-            let done: Empty = match fs_route(&ctx, &p)? {
+            let done: Empty = match fs_route(&ctx, &mut p)? {
                 Route::Helper(h) => h.call(m::FS_WRITE_FILE, &p).await?,
                 Route::InProcess => blocking(move || fs::write_file(p)).await?,
             };
@@ -156,8 +156,8 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
     r.request_reply(
         m::FS_READ_FILE,
         fs_mode,
-        |ctx: Ctx, p: ReadFileParams| async move {
-            let route = fs_route(&ctx, &p)?;
+        |ctx: Ctx, mut p: ReadFileParams| async move {
+            let route = fs_route(&ctx, &mut p)?;
             if matches!(route, Route::InProcess) && ctx.outbound.streams() {
                 return read_file_streamed(p).await;
             }
@@ -178,20 +178,24 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
     );
 
     // Handles: they belong to the session.
-    r.request(m::FS_OPEN, fs_mode, |ctx: Ctx, p: OpenParams| async move {
-        let route = fs_route(&ctx, &p)?;
-        let session = session_of(&ctx)?;
-        if let Route::Helper(h) = route {
-            // Opened inside the sandbox's view; the descriptor comes back.
-            session.files.check_free(&p.handle_id)?;
-            let handle = h.open(&p).await?;
-            session.files.insert(&p.handle_id, handle)?;
-            return Ok(OpenResponse {
-                handle_id: p.handle_id,
-            });
-        }
-        blocking(move || fs::open(&p, &session.files)).await
-    });
+    r.request(
+        m::FS_OPEN,
+        fs_mode,
+        |ctx: Ctx, mut p: OpenParams| async move {
+            let route = fs_route(&ctx, &mut p)?;
+            let session = session_of(&ctx)?;
+            if let Route::Helper(h) = route {
+                // Opened inside the sandbox's view; the descriptor comes back.
+                session.files.check_free(&p.handle_id)?;
+                let handle = h.open(&p).await?;
+                session.files.insert(&p.handle_id, handle)?;
+                return Ok(OpenResponse {
+                    handle_id: p.handle_id,
+                });
+            }
+            blocking(move || fs::open(&p, &session.files)).await
+        },
+    );
     r.request_reply(
         m::FS_READ_BLOCK,
         fs_mode,
@@ -284,8 +288,8 @@ fn path_op<P, R, E>(
     R: Serialize + DeserializeOwned + Send + 'static,
     E: Into<ErrorObject> + Send + 'static,
 {
-    r.request(method, mode, move |ctx: Ctx, p: P| async move {
-        match fs_route(&ctx, &p)? {
+    r.request(method, mode, move |ctx: Ctx, mut p: P| async move {
+        match fs_route(&ctx, &mut p)? {
             Route::Helper(h) => Ok(h.call(method, &p).await?),
             Route::InProcess => blocking(move || op(p)).await,
         }

@@ -14,7 +14,7 @@ mod session;
 
 use crate::connection::Ctx;
 use crate::error::{ErrorKind, ExecError};
-use crate::sandbox::fs_helper::{Need, Route};
+use crate::sandbox::fs_helper::{Need, Route, Routed};
 use crate::session::Session;
 use exec_server_protocol::ErrorObject;
 use exec_server_rpc::router::{Mode, Reply, Router};
@@ -128,23 +128,29 @@ trait Sandboxed {
     /// [`Need::Write`] if the request changes anything; [`Need::Read`] for a
     /// pure read.
     fn need(&self) -> Need;
-    /// The path a read would read, to check before reading it in-process.
+    /// The path a read would read, to check before reading it in-process
+    /// (`None`: no path that can be checked so).
     fn read_path(&self) -> Option<std::path::PathBuf>;
+    /// Makes the request refuse every symlink on its way
+    /// (`followSymlinks: false`); false when it cannot be so made.
+    fn refuse_symlinks(&mut self) -> bool;
 }
 
 /// Where a file request runs under its `sandbox` (see
 /// [`crate::sandbox::fs_helper::route`]).
-fn fs_route(ctx: &Ctx, p: &impl Sandboxed) -> Result<Route, ErrorObject> {
-    Ok(crate::sandbox::fs_helper::route(
+fn fs_route(ctx: &Ctx, p: &mut impl Sandboxed) -> Result<Route, ErrorObject> {
+    let routed = crate::sandbox::fs_helper::route(
         p.sandbox(),
         p.need(),
         p.read_path().as_deref(),
         &ctx.server.sandbox,
-    )?)
+    )?;
+    let can = matches!(routed, Routed::WithoutSymlinks(_)) && p.refuse_symlinks();
+    Ok(routed.refusing_symlinks(can))
 }
 
 macro_rules! sandboxed {
-    ($($t:ty => $need:expr, $path:expr);* $(;)?) => {$(
+    ($($t:ty => $need:expr, $path:expr, $refuse:expr);* $(;)?) => {$(
         impl Sandboxed for $t {
             fn sandbox(&self) -> Option<&FileSystemSandboxContext> {
                 self.sandbox.as_ref()
@@ -157,18 +163,42 @@ macro_rules! sandboxed {
                 let f: fn(&$t) -> Option<&exec_server_protocol::PathUri> = $path;
                 f(self).and_then(|u| u.to_path().ok())
             }
+            fn refuse_symlinks(&mut self) -> bool {
+                let f: fn(&mut $t) -> bool = $refuse;
+                f(self)
+            }
         }
     )*};
 }
 
+/// Sets `followSymlinks: false` on params that have the flag.
+trait FollowFlag {
+    fn follow_symlinks(&mut self) -> &mut Option<bool>;
+}
+impl FollowFlag for ReadFileParams {
+    fn follow_symlinks(&mut self) -> &mut Option<bool> {
+        &mut self.follow_symlinks
+    }
+}
+fn refuse_by_flag<P: FollowFlag>(p: &mut P) -> bool {
+    *p.follow_symlinks() = Some(false);
+    true
+}
+
 use exec_server_protocol::types::*;
 sandboxed! {
-    ReadFileParams => |_| Need::Read, |p| Some(&p.path);
-    WriteFileParams => |_| Need::Write, |_| None;
-    CreateDirectoryParams => |_| Need::Write, |_| None;
-    PathParams => |_| Need::Read, |p| Some(&p.path);
-    WalkParams => |_| Need::Read, |p| Some(&p.path);
-    RemoveParams => |_| Need::Write, |_| None;
-    CopyParams => |_| Need::Write, |_| None;
-    OpenParams => |p| if p.mode == OpenMode::Replace { Need::Write } else { Need::Read }, |p| Some(&p.path);
+    ReadFileParams => |_| Need::Read, |p| Some(&p.path), refuse_by_flag;
+    WriteFileParams => |_| Need::Write, |_| None, |_| false;
+    CreateDirectoryParams => |_| Need::Write, |_| None, |_| false;
+    // Shared by readDirectory, which follows its entries' links whatever
+    // the flag says: it cannot refuse them.
+    PathParams => |_| Need::Read, |p| Some(&p.path), |_| false;
+    // A walk that follows directory symlinks may leave its root for
+    // anywhere: only its root can be checked when it does not.
+    WalkParams => |_| Need::Read,
+        |p| (!p.options.follow_directory_symlinks).then_some(&p.path), |_| false;
+    RemoveParams => |_| Need::Write, |_| None, |_| false;
+    CopyParams => |_| Need::Write, |_| None, |_| false;
+    OpenParams => |p| if p.mode == OpenMode::Replace { Need::Write } else { Need::Read },
+        |p| Some(&p.path), |_| false;
 }

@@ -56,6 +56,28 @@ pub enum Route {
     Helper(Box<Helper>),
 }
 
+/// Where [`route`] sends a request: a [`Route`], or in the server provided
+/// it follows no symlink at all (the helper otherwise).
+pub enum Routed {
+    /// As decided.
+    Route(Route),
+    /// In the server if the request can refuse every symlink on its way
+    /// (`followSymlinks: false`: one swapped in since the check then fails
+    /// the request), else in this helper.
+    WithoutSymlinks(Box<Helper>),
+}
+
+impl Routed {
+    /// The route for a request that can (`true`) or cannot refuse symlinks.
+    pub fn refusing_symlinks(self, can: bool) -> Route {
+        match self {
+            Routed::Route(r) => r,
+            Routed::WithoutSymlinks(_) if can => Route::InProcess,
+            Routed::WithoutSymlinks(h) => Route::Helper(h),
+        }
+    }
+}
+
 /// A confined helper run for one request.
 pub struct Helper {
     confine: Confine,
@@ -65,22 +87,25 @@ pub struct Helper {
 /// sandbox context with dynamic permissions requires cwd` when the policy
 /// needs a cwd it lacks; the refusals of [`Support`] where it cannot be enforced.
 ///
-/// A read the policy allows everywhere still goes to the helper when the
-/// server, reading `path` itself, could read something other than the
-/// command's view shows there
-/// ([`exec_server_sandbox::links::Resolver::may_differ_outside_a_view`]):
-/// a symlink a confined command planted could otherwise point the server
-/// at its own `/proc/self` (its environment, its descriptors), at another
-/// session's `/proc/PID`, or at its masked runtime directory. A read
-/// without a path to check (`None`) goes to the helper.
+/// A read the policy allows everywhere runs in the server only where the
+/// server reads what the command's view shows
+/// ([`exec_server_sandbox::links::Resolver::read_outside_a_view`]): a
+/// symlink a confined command planted (or swaps in while the server reads)
+/// could otherwise point the server at its own `/proc/self` (its
+/// environment, its descriptors), at another session's `/proc/PID`, or at
+/// its masked runtime directory. In a directory a sandbox may write, the
+/// read runs in the server only refusing every symlink
+/// ([`Routed::WithoutSymlinks`]): it then sees what the view shows, with
+/// the server's own permissions (as the reference). A read without a path
+/// to check (`None`) goes to the helper.
 pub fn route(
     sandbox: Option<&FileSystemSandboxContext>,
     need: Need,
     path: Option<&Path>,
     support: &Support,
-) -> ExecResult<Route> {
+) -> ExecResult<Routed> {
     let Some(ctx) = sandbox else {
-        return Ok(Route::InProcess);
+        return Ok(Routed::Route(Route::InProcess));
     };
     if ctx.is_dynamic() && ctx.policy_cwd().is_none() {
         return Err(ExecError::invalid_params(
@@ -91,27 +116,28 @@ pub fn route(
     let policy = to_policy(ctx, &server_cwd)?;
     if policy.writes_everything() {
         // No view at all (nothing masked): a command under it sees the host.
-        return Ok(Route::InProcess);
+        return Ok(Routed::Route(Route::InProcess));
     }
     if need == Need::Read && policy.reads_everything() {
         // Where no sandbox can be made, none made the path either.
         let Ok(Some(confine)) = support.confine(policy) else {
-            return Ok(Route::InProcess);
+            return Ok(Routed::Route(Route::InProcess));
         };
-        let differs = path.is_none_or(|p| {
-            exec_server_sandbox::links::Resolver::new()
-                .may_differ_outside_a_view(p, &confine.runtime.hidden)
+        use exec_server_sandbox::links::{OutsideAView, Resolver};
+        let helper = Box::new(Helper { confine });
+        let outside = path.map_or(OutsideAView::Differs, |p| {
+            Resolver::new().read_outside_a_view(p, &helper.confine.runtime.hidden)
         });
-        return Ok(if differs {
-            Route::Helper(Box::new(Helper { confine }))
-        } else {
-            Route::InProcess
+        return Ok(match outside {
+            OutsideAView::Same => Routed::Route(Route::InProcess),
+            OutsideAView::SameWithoutSymlinks => Routed::WithoutSymlinks(helper),
+            OutsideAView::Differs => Routed::Route(Route::Helper(helper)),
         });
     }
-    Ok(match support.confine(policy)? {
+    Ok(Routed::Route(match support.confine(policy)? {
         Some(confine) => Route::Helper(Box::new(Helper { confine })),
         None => Route::InProcess,
-    })
+    }))
 }
 
 fn helper_failed(msg: impl std::fmt::Display) -> ExecError {
