@@ -369,6 +369,18 @@ async fn a_planted_symlink_cannot_point_a_full_read_at_the_servers_proc() {
             .await;
         assert_eq!(unb64(&r["dataBase64"]), b"mine");
     }
+    // A capability root outside the workspace whose SKILL.md is a user's
+    // link into it, to the planted file: the scan follows it, in a view.
+    let root = f.out.join("caps");
+    std::fs::create_dir_all(&root).unwrap();
+    std::os::unix::fs::symlink(f.ws.join("notes.md"), root.join("SKILL.md")).unwrap();
+    let r = c
+        .ok(
+            "capabilityRoots/discoverV1",
+            json!({"roots": [{"id": "r", "path": uri(&root), "sandbox": ww(&f.ws)}]}),
+        )
+        .await;
+    assert!(!r.to_string().contains(CANARY), "discovery: {r}");
     // Unconfined, the same request reads what the server sees (the fixture
     // holds: the canary is there to find).
     let r = c

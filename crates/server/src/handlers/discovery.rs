@@ -51,15 +51,13 @@ pub(super) fn register(r: &mut Router<Ctx>, fs_mode: Mode) {
             // is never read (its errors become warnings, as the reference's).
             let mut roots = Vec::with_capacity(p.roots.len());
             for root in p.roots {
-                let path = root.path.to_path().ok();
-                // The scan reads below the root: it refuses no symlink.
-                let route = fs_helper::route(
-                    root.sandbox.as_ref(),
-                    Need::Read,
-                    path.as_deref(),
-                    &ctx.server.sandbox,
-                )?
-                .refusing_symlinks(false);
+                // The scan reads files below the root through whatever
+                // links it meets (one may lead into a directory a sandbox
+                // wrote): no path checked up front covers them, so under a
+                // sandbox it always runs in the helper's view.
+                let route =
+                    fs_helper::route(root.sandbox.as_ref(), Need::Read, None, &ctx.server.sandbox)?
+                        .refusing_symlinks(false);
                 let one = RootsDiscoverParams {
                     roots: vec![CapabilityRoot {
                         sandbox: None,
