@@ -16,6 +16,7 @@ CPU seconds the forwarder used:
 Usage: scripts/forward_floor.py [BYTES]   (BENCHMARKS.md, "the floor")
 """
 
+import fcntl
 import os
 import resource
 import socket
@@ -44,8 +45,6 @@ def forward_copy(src, dst):
 
 def forward_splice(src, dst):
     r, w = os.pipe()
-    import fcntl
-
     fcntl.fcntl(w, F_SETPIPE_SZ, BUF)
     while True:
         n = os.splice(src.fileno(), w, BUF)

@@ -12,6 +12,5 @@ dir=$(mktemp -d)
 "$BIN" registry --listen 127.0.0.1:0 >"$dir/registry" 2>/dev/null &
 reg=$!
 trap 'kill $reg 2>/dev/null || true; rm -rf "$dir"' EXIT INT TERM
-i=0
-while [ ! -s "$dir/registry" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-"$BENCH" "$(head -n1 "$dir/registry")" "$reg" "${1:-1000}"
+. "$(dirname "$0")/wait-line.sh"
+"$BENCH" "$(wait_line "$dir/registry")" "$reg" "${1:-1000}"

@@ -18,12 +18,9 @@ $EXEC --listen ws://127.0.0.1:0 >"$dir/direct" 2>/dev/null &
 pids="$pids $!"
 "$BIN" registry --listen 127.0.0.1:0 >"$dir/registry" 2>/dev/null &
 pids="$pids $!"
-for f in direct registry; do
-    i=0
-    while [ ! -s "$dir/$f" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-done
-direct=$(head -n1 "$dir/direct")
-registry=$(head -n1 "$dir/registry")
+. "$(dirname "$0")/wait-line.sh"
+direct=$(wait_line "$dir/direct")
+registry=$(wait_line "$dir/registry")
 # A bearer that cannot occur in a relay URL (the reference refuses a
 # registration answer whose url contains its bearer).
 echo executor-bearer-0123456789 | $EXEC --remote "$registry" --environment-id bench --registration-bearer-stdin >/dev/null 2>&1 &

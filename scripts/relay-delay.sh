@@ -18,7 +18,7 @@ dir=$(mktemp -d)
 pids=""
 cleanup() { for p in $pids; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT INT TERM
-wait_line() { i=0; while [ ! -s "$1" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done; head -n1 "$1"; }
+. "$(dirname "$0")/wait-line.sh"
 # The node's port is fixed before it starts so its --public-url can name the proxy.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$PROXY" "127.0.0.1:$port" "$MS" >"$dir/proxy" &

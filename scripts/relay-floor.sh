@@ -27,17 +27,12 @@ pids="$pids $direct_pid"
 "$BIN" registry --listen 127.0.0.1:0 >"$dir/registry" 2>/dev/null &
 node_pid=$!
 pids="$pids $node_pid"
-for f in direct registry; do
-    i=0
-    while [ ! -s "$dir/$f" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-done
-direct=$(head -n1 "$dir/direct")
-registry=$(head -n1 "$dir/registry")
+. "$(dirname "$0")/wait-line.sh"
+direct=$(wait_line "$dir/direct")
+registry=$(wait_line "$dir/registry")
 "$PROXY" "${direct#ws://}" 0 >"$dir/hop" &
 pids="$pids $!"
-i=0
-while [ ! -s "$dir/hop" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-hop="ws://$(head -n1 "$dir/hop")"
+hop="ws://$(wait_line "$dir/hop")"
 echo executor-bearer-0123456789 | "$BIN" --remote "$registry" --environment-id floor --registration-bearer-stdin >/dev/null 2>&1 &
 exec_pid=$!
 pids="$pids $exec_pid"

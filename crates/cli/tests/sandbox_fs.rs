@@ -311,13 +311,8 @@ async fn a_planted_symlink_cannot_point_a_full_read_at_the_servers_proc() {
     const CANARY: &str = "canary-7f3a1c";
     let mut cmd = server_command(BIN);
     cmd.args(["--listen", "ws://127.0.0.1:0"])
-        .env("EXEC_SERVER_TEST_CANARY", CANARY)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit());
-    let mut child = cmd.spawn().expect("start exec-server");
-    let url = first_stdout_line(&mut child);
-    let s = Server { child, url };
+        .env("EXEC_SERVER_TEST_CANARY", CANARY);
+    let s = Server::spawn(cmd);
     let f = fixture("fs-proc");
     let mut c = Conn::open(&s.url, None).await;
     let plant = run(

@@ -6,7 +6,6 @@
 use crate::common::sandbox::*;
 use crate::common::*;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::Stdio;
 
 /// A server whose controlling terminal is a new PTY (as when it runs in a
 /// shell); returns it with the PTY's master, which must stay open.
@@ -14,10 +13,7 @@ fn server_on_a_terminal() -> (Server, OwnedFd) {
     let pty = nix::pty::openpty(None, None).expect("openpty");
     let slave = pty.slave.as_raw_fd();
     let mut cmd = server_command(BIN);
-    cmd.args(["--listen", "ws://127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    cmd.args(["--listen", "ws://127.0.0.1:0"]);
     // SAFETY: setsid and ioctl on a descriptor inherited by the child, between
     // fork and exec.
     unsafe {
@@ -28,11 +24,9 @@ fn server_on_a_terminal() -> (Server, OwnedFd) {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().expect("start exec-server");
+    let server = Server::spawn(cmd);
     drop(pty.slave);
-    let url = first_stdout_line(&mut child);
-    assert!(url.starts_with("ws://127.0.0.1:"), "first line: {url:?}");
-    (Server { child, url }, pty.master)
+    (server, pty.master)
 }
 
 const TRY_TTY: &str =

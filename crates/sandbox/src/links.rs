@@ -257,9 +257,7 @@ impl Resolver {
         }
         Ok(())
     }
-}
 
-impl Resolver {
     /// How the server may read `path` itself, instead of through a
     /// confined view, and read what a confined command would see there
     /// ([`OutsideAView`]). `hidden` are the server's own paths, masked in
@@ -278,15 +276,13 @@ impl Resolver {
         {
             return OutsideAView::Differs;
         }
-        let zones = || self.written.iter().chain(hidden.iter());
-        let in_a_zone = |p: &Path| zones().any(|z| p.starts_with(z));
-        let passed_through = r
-            .links
+        // A link in a writable directory or a hidden path is as untrusted
+        // here as on a policy's path; a directory left by `..` as well.
+        let left_a_zone = r
+            .left
             .iter()
-            .map(|l| l.parent().unwrap_or(Path::new("/")))
-            .chain(r.left.iter().map(PathBuf::as_path))
-            .any(in_a_zone);
-        if passed_through {
+            .any(|d| self.written.iter().chain(hidden).any(|z| d.starts_with(z)));
+        if self.check(&r, hidden).is_err() || left_a_zone {
             return OutsideAView::Differs;
         }
         let near_a_zone = self.written.iter().any(|z| overlaps(&r.canonical, z));

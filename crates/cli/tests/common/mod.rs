@@ -48,7 +48,7 @@ impl Server {
     /// Starts our binary with `extra` flags, or, when `EXEC_SERVER_TEST_SERVER_CMD`
     /// is set (differential runs against the reference), that command as is.
     pub fn start(extra: &[&str]) -> Server {
-        let mut cmd = match std::env::var("EXEC_SERVER_TEST_SERVER_CMD") {
+        let cmd = match std::env::var("EXEC_SERVER_TEST_SERVER_CMD") {
             Ok(line) => {
                 let parts: Vec<&str> = line.split_whitespace().collect();
                 let mut c = Command::new(parts[0]);
@@ -61,6 +61,12 @@ impl Server {
                 c
             }
         };
+        Server::spawn(cmd)
+    }
+
+    /// Starts `cmd` (a server told to listen on `ws://127.0.0.1:0`, set up
+    /// as the caller needs) and waits for its URL.
+    pub fn spawn(mut cmd: Command) -> Server {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -109,7 +109,11 @@ struct Mux<'a> {
 
 impl Mux<'_> {
     fn reset(&self, stream_id: &str) {
-        let f = Frame::reset(stream_id, RESET_PROTOCOL_ERROR).encode();
+        self.reset_because(stream_id, RESET_PROTOCOL_ERROR);
+    }
+
+    fn reset_because(&self, stream_id: &str, reason: &str) {
+        let f = Frame::reset(stream_id, reason).encode();
         // A full queue means the socket is stuck; the watchdog will end it.
         let _ = self.out.try_send(Outgoing::Binary(f.into()));
     }
@@ -152,10 +156,7 @@ impl Mux<'_> {
             || self.active.len() >= MAX_ACTIVE_STREAMS
             || self.held.len() >= MAX_PENDING_VALIDATIONS
         {
-            let f = Frame::reset(&stream_id, RESET_EXECUTOR_BUSY).encode();
-            // A full queue means the socket is stuck; the watchdog will end it.
-            let _ = self.out.try_send(Outgoing::Binary(f.into()));
-            return;
+            return self.reset_because(&stream_id, RESET_EXECUTOR_BUSY);
         }
         let p = prologue(
             &self.ctx.environment_id,

@@ -171,23 +171,12 @@ macro_rules! sandboxed {
     )*};
 }
 
-/// Sets `followSymlinks: false` on params that have the flag.
-trait FollowFlag {
-    fn follow_symlinks(&mut self) -> &mut Option<bool>;
-}
-impl FollowFlag for ReadFileParams {
-    fn follow_symlinks(&mut self) -> &mut Option<bool> {
-        &mut self.follow_symlinks
-    }
-}
-fn refuse_by_flag<P: FollowFlag>(p: &mut P) -> bool {
-    *p.follow_symlinks() = Some(false);
-    true
-}
-
 use exec_server_protocol::types::*;
 sandboxed! {
-    ReadFileParams => |_| Need::Read, |p| Some(&p.path), refuse_by_flag;
+    ReadFileParams => |_| Need::Read, |p| Some(&p.path), |p| {
+        p.follow_symlinks = Some(false);
+        true
+    };
     WriteFileParams => |_| Need::Write, |_| None, |_| false;
     CreateDirectoryParams => |_| Need::Write, |_| None, |_| false;
     // Shared by readDirectory, which follows its entries' links whatever
