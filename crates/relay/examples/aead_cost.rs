@@ -1,5 +1,5 @@
 //! The CPU a relay stream's encryption costs, whoever relays it: seals and
-//! opens `MIB` MiB (default 2048) as the relay does (AES-256-GCM from ring,
+//! opens `MIB` MiB (default 2048) as the relay does (AES-256-GCM from aws-lc-rs,
 //! in place, 61 440-byte records, Noise's nonce layout), and prints the CPU
 //! seconds each direction took on this thread.
 //!
@@ -12,7 +12,7 @@
 //! are all busy streaming, that CPU is taken from the same budget, so it
 //! bounds the relay/direct ratio from above (BENCHMARKS.md).
 
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 
 const RECORD: usize = 61_440;
 /// Distinct sealed records opened in turn (about 4 MiB: beyond L2).

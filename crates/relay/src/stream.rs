@@ -59,8 +59,10 @@ impl SendHalf {
     }
 
     /// The data frames carrying `parts` joined as one message, without
-    /// joining them first: each record's plaintext is copied once, into its
-    /// frame, and sealed there (see [`records`] for the layout).
+    /// joining them first: each record's bulk (the piece that ends it) is
+    /// sealed from where it lies straight into its frame, and only the
+    /// pieces before it in the record (the length prefix, a message's
+    /// header) are copied there first (see [`records`] for the layout).
     pub fn seal_parts(&mut self, parts: &[&[u8]]) -> Result<Vec<Vec<u8>>, StreamError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len == 0 || len > records::MAX_MESSAGE_LEN {
@@ -75,18 +77,24 @@ impl SendHalf {
             let n = left.min(records::RECORD_PLAINTEXT_LEN);
             let mut frame = Frame::data_head(&self.stream_id, self.seq.take()?, n + TAG_LEN);
             let start = frame.len();
-            while frame.len() - start < n {
+            let mut need = n;
+            let tail = loop {
                 if current.is_empty() {
                     match pieces.next() {
                         Some(p) => current = p,
-                        None => break,
+                        // The lengths were summed above: never reached.
+                        None => break &[][..],
                     }
                 }
-                let k = (n - (frame.len() - start)).min(current.len());
-                frame.extend_from_slice(&current[..k]);
-                current = &current[k..];
-            }
-            self.sealer.seal_in_place(&mut frame, start)?;
+                let (now, rest) = current.split_at(need.min(current.len()));
+                current = rest;
+                need -= now.len();
+                if need == 0 {
+                    break now;
+                }
+                frame.extend_from_slice(now);
+            };
+            self.sealer.seal_with_tail(&mut frame, start, tail)?;
             frames.push(frame);
             left -= n;
         }
