@@ -52,7 +52,7 @@ async fn bridge(mut ch: Channel, url: String) {
                     Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
                     Some(Ok(_)) => continue,
                 };
-                if ch.outbound.send(bytes).await.is_err() {
+                if ch.outbound.send(bytes.into()).await.is_err() {
                     break;
                 }
             }

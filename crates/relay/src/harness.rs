@@ -161,7 +161,7 @@ fn run_stream(
 ) -> Channel {
     let (mut send, mut recv) = halves(&stream_id, transport);
     let (in_tx, in_rx) = mpsc::channel::<bytes::Bytes>(QUEUE);
-    let (out_tx, mut out_rx) = mpsc::channel::<bytes::Bytes>(QUEUE);
+    let (out_tx, mut out_rx) = mpsc::channel::<crate::stream::OutMessage>(QUEUE);
     let (frame_tx, mut frame_rx) = mpsc::channel::<Outgoing>(QUEUE);
     // Writer: frames from the sealer, pongs and pings onto the socket.
     let writer = tokio::spawn(async move {
@@ -184,7 +184,9 @@ fn run_stream(
     let sealer_frames = frame_tx.clone();
     tokio::spawn(async move {
         while let Some(msg) = out_rx.recv().await {
-            let Ok(frames) = send.seal(&msg) else { break };
+            let Ok(frames) = send.seal_message(&msg) else {
+                break;
+            };
             for f in frames {
                 if sealer_frames
                     .send(Outgoing::Binary(f.into()))

@@ -58,6 +58,12 @@ impl SendHalf {
         self.seal_parts(&[message])
     }
 
+    /// The data frames carrying `message` (its head and body as one
+    /// message; see [`SendHalf::seal_parts`]).
+    pub fn seal_message(&mut self, message: &OutMessage) -> Result<Vec<Vec<u8>>, StreamError> {
+        self.seal_parts(&[&message.head, &message.body])
+    }
+
     /// The data frames carrying `parts` joined as one message, without
     /// joining them first: each record's bulk (the piece that ends it) is
     /// sealed from where it lies straight into its frame, and only the
@@ -99,6 +105,51 @@ impl SendHalf {
             left -= n;
         }
         Ok(frames)
+    }
+}
+
+/// One message for [`Channel::outbound`]: its bytes are `head` then `body`
+/// (either may be empty), sealed as one message. A program that frames a
+/// payload it keeps elsewhere (a header before an output log's chunk)
+/// passes both, and they are never joined into a buffer of their own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutMessage {
+    /// The message's first bytes.
+    pub head: bytes::Bytes,
+    /// The bytes after `head`.
+    pub body: bytes::Bytes,
+}
+
+impl OutMessage {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+
+    /// True for a message of no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<bytes::Bytes> for OutMessage {
+    fn from(whole: bytes::Bytes) -> OutMessage {
+        OutMessage {
+            head: whole,
+            body: bytes::Bytes::new(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for OutMessage {
+    fn from(whole: Vec<u8>) -> OutMessage {
+        bytes::Bytes::from(whole).into()
+    }
+}
+
+impl From<(bytes::Bytes, bytes::Bytes)> for OutMessage {
+    fn from((head, body): (bytes::Bytes, bytes::Bytes)) -> OutMessage {
+        OutMessage { head, body }
     }
 }
 
@@ -209,9 +260,9 @@ pub struct Channel {
     /// Messages from the peer (a long one's buffer is the one its records
     /// were read into).
     pub inbound: tokio::sync::mpsc::Receiver<bytes::Bytes>,
-    /// Messages to the peer: shared bytes, so a frame the program also
+    /// Messages to the peer: shared bytes, so a payload the program also
     /// keeps (an output log's chunk) is sealed from where it lies.
-    pub outbound: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    pub outbound: tokio::sync::mpsc::Sender<OutMessage>,
     /// Description, e.g. `relay stream 1b4e…`.
     pub peer: String,
 }

@@ -194,7 +194,7 @@ pub fn echo_handler() -> crate::executor::StreamHandler {
     std::sync::Arc::new(|mut ch: crate::stream::Channel| {
         tokio::spawn(async move {
             while let Some(m) = ch.inbound.recv().await {
-                if ch.outbound.send(m).await.is_err() {
+                if ch.outbound.send(m.into()).await.is_err() {
                     break;
                 }
             }

@@ -241,13 +241,15 @@ impl Mux<'_> {
     fn open(&self, stream_id: &str, id: u64, transport: Transport) -> (Active, Channel) {
         let (mut send, recv) = halves(stream_id, transport);
         let (in_tx, in_rx) = mpsc::channel(STREAM_QUEUE);
-        let (out_tx, mut out_rx) = mpsc::channel::<bytes::Bytes>(STREAM_QUEUE);
+        let (out_tx, mut out_rx) = mpsc::channel::<crate::stream::OutMessage>(STREAM_QUEUE);
         let out = self.out.clone();
         let events = self.events.clone();
         let sid = stream_id.to_string();
         let writer = tokio::spawn(async move {
             'msgs: while let Some(msg) = out_rx.recv().await {
-                let Ok(frames) = send.seal(&msg) else { break };
+                let Ok(frames) = send.seal_message(&msg) else {
+                    break;
+                };
                 for f in frames {
                     if out.send(Outgoing::Binary(f.into())).await.is_err() {
                         break 'msgs;

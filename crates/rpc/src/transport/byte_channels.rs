@@ -15,12 +15,20 @@ use tokio::sync::mpsc;
 /// so a reference peer at the other end keeps JSON, while ours get the
 /// binary fast path (raw bytes instead of base64). Closing the connection
 /// ends both directions. `inbound` carries whole messages, owned
-/// (`Vec<u8>`) or shared (`Bytes`).
-pub fn byte_channels<M: Into<bytes::Bytes> + Send + 'static>(
+/// (`Vec<u8>`) or shared (`Bytes`); `outbound` gets each message as a head
+/// and a body (`O::from((head, body))`, either may be empty) that the far
+/// end must receive as one message, head first: a binary frame's header
+/// and the payload it frames stay apart, so a sender that can take them as
+/// they are (a relay stream seals both into its records) never joins them.
+pub fn byte_channels<M, O>(
     peer: String,
     mut inbound: mpsc::Receiver<M>,
-    outbound: mpsc::Sender<bytes::Bytes>,
-) -> Connection {
+    outbound: mpsc::Sender<O>,
+) -> Connection
+where
+    M: Into<bytes::Bytes> + Send + 'static,
+    O: From<(bytes::Bytes, bytes::Bytes)> + Send + 'static,
+{
     let (conn, mut end) = binary_channel(peer);
     let closer = end.closer.clone();
     let in_tx = end.inbound;
@@ -54,21 +62,18 @@ pub fn byte_channels<M: Into<bytes::Bytes> + Send + 'static>(
                 m = end.outbound.recv() => m,
                 _ = closer.notified() => None,
             };
-            let message = match m {
+            let (head, body) = match m {
                 None => break,
-                Some(Outgoing::Text(m)) => bytes::Bytes::from(m.into_bytes()),
-                // Shared, not copied: the output log keeps the same bytes.
-                Some(Outgoing::Binary(frame)) => frame,
-                Some(Outgoing::BinaryParts(head, payload)) => {
-                    let mut frame = Vec::with_capacity(head.len() + payload.len());
-                    frame.extend_from_slice(&head);
-                    frame.extend_from_slice(&payload);
-                    bytes::Bytes::from(frame)
+                Some(Outgoing::Text(m)) => {
+                    (bytes::Bytes::from(m.into_bytes()), bytes::Bytes::new())
                 }
+                // Shared, not copied: the output log keeps the same bytes.
+                Some(Outgoing::Binary(frame)) => (frame, bytes::Bytes::new()),
+                Some(Outgoing::BinaryParts(head, payload)) => (head, payload),
                 // Never queued: a channel does not stream text.
                 Some(Outgoing::Stream(_)) => break,
             };
-            if outbound.send(message).await.is_err() {
+            if outbound.send(O::from((head, body))).await.is_err() {
                 break;
             }
         }
@@ -81,13 +86,35 @@ pub fn byte_channels<M: Into<bytes::Bytes> + Send + 'static>(
 /// Messages queued each way between an embedded server and its client.
 const PAIR_QUEUE: usize = 64;
 
+/// A message between the two ends of a [`channel_pair`]: the receiving end
+/// reads one buffer, so a head and a body are joined (copied) here.
+struct Joined(bytes::Bytes);
+
+impl From<(bytes::Bytes, bytes::Bytes)> for Joined {
+    fn from((head, body): (bytes::Bytes, bytes::Bytes)) -> Joined {
+        if body.is_empty() {
+            return Joined(head);
+        }
+        let mut whole = Vec::with_capacity(head.len() + body.len());
+        whole.extend_from_slice(&head);
+        whole.extend_from_slice(&body);
+        Joined(whole.into())
+    }
+}
+
+impl From<Joined> for bytes::Bytes {
+    fn from(j: Joined) -> bytes::Bytes {
+        j.0
+    }
+}
+
 /// Two connected ends in one process, `a` and `b` named by their peers:
 /// messages cross as shared bytes, binary frames included, so an embedded
 /// server's output reaches its client without being encoded, copied or
 /// parsed as text.
 pub fn channel_pair(a_peer: String, b_peer: String) -> (Connection, Connection) {
-    let (a_tx, a_rx) = mpsc::channel::<bytes::Bytes>(PAIR_QUEUE);
-    let (b_tx, b_rx) = mpsc::channel::<bytes::Bytes>(PAIR_QUEUE);
+    let (a_tx, a_rx) = mpsc::channel::<Joined>(PAIR_QUEUE);
+    let (b_tx, b_rx) = mpsc::channel::<Joined>(PAIR_QUEUE);
     (
         byte_channels(a_peer, b_rx, a_tx),
         byte_channels(b_peer, a_rx, b_tx),
