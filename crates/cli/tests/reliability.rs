@@ -390,3 +390,58 @@ async fn a_non_acknowledging_pager_gets_every_byte_from_the_spool() {
     assert_eq!(mode & 0o777, 0o700);
     let _ = std::fs::remove_dir_all(&spool);
 }
+
+/// `outputWindowBytes` (ours): refused without `ackOutput` or at 0; with
+/// it, a window above the default 8 MiB holds that much unacknowledged
+/// output before the child blocks, and an acknowledgement lets the rest
+/// through, nothing lost.
+#[tokio::test]
+async fn an_acknowledging_client_chooses_its_output_window() {
+    let s = Server::start(&[]);
+    let mut c = Conn::open(&s.url, None).await;
+    let dir = tmpdir("output-window");
+    for (extra, why) in [
+        (json!({"outputWindowBytes": 1 << 20}), "without ackOutput"),
+        (json!({"ackOutput": true, "outputWindowBytes": 0}), "zero"),
+    ] {
+        let mut p = start_params("w", &["true"], &dir, false, false);
+        for (k, v) in extra.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        let r = c.call("process/start", p).await;
+        assert_eq!(r["error"]["code"], -32602, "{why}: {r}");
+    }
+    const WINDOW: usize = 12 << 20;
+    const TOTAL: usize = 20 << 20;
+    let mut p = start_params(
+        "w",
+        &["head", "-c", &TOTAL.to_string(), "/dev/zero"],
+        &dir,
+        false,
+        false,
+    );
+    p["ackOutput"] = json!(true);
+    p["outputWindowBytes"] = json!(WINDOW);
+    c.ok("process/start", p).await;
+    // No acknowledgement yet: the server pushes until the window is full,
+    // then stops reading (the child blocks in write(2)).
+    let (mut got, mut last_seq) = (0, 0);
+    while let Some(m) = c
+        .expect(|m| m["method"] == "process/output", Duration::from_secs(2))
+        .await
+    {
+        got += unb64(&m["params"]["chunk"]).len();
+        last_seq = m["params"]["seq"].as_u64().unwrap();
+        assert!(got < TOTAL, "the window never paused the child");
+    }
+    assert!(
+        (WINDOW..WINDOW + (2 << 20)).contains(&got),
+        "paused after {got} bytes, not at the 12 MiB window"
+    );
+    c.ok("process/ack", json!({"processId": "w", "seq": last_seq}))
+        .await;
+    let rest = c.collect("w", WAIT).await;
+    assert_eq!(rest.exit, Some(0));
+    assert_eq!(got + rest.bytes.len(), TOTAL, "every byte, once");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,10 +9,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 /// Output bytes a process's queue holds before the connection's reader waits
-/// for the consumer: 16 MiB. With a server that supports `process/ack` the
-/// queue never gets there (the server stops at 8 MiB unacknowledged, and the
-/// consumer acknowledges as it takes events); with one that does not, a slow
-/// consumer slows the connection instead of growing memory.
+/// for the consumer: 16 MiB, or the output window asked of the server and
+/// 1 MiB more when that is larger. With a server that
+/// supports `process/ack` the queue never gets there (the server stops at
+/// its window of unacknowledged output, 8 MiB unless asked, and the
+/// consumer acknowledges as it takes events); with one that does not, a
+/// slow consumer slows the connection instead of growing memory.
 pub const MAX_QUEUED_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
 
 #[derive(Default)]
@@ -23,11 +25,12 @@ struct QueueState {
     receiver_gone: bool,
 }
 
-#[derive(Default)]
 struct Queue {
     state: Mutex<QueueState>,
     readable: Notify,
     writable: Notify,
+    /// Output bytes at which the connection's reader waits for room.
+    cap: usize,
 }
 
 impl Queue {
@@ -53,9 +56,21 @@ pub(crate) struct EventReceiver(Arc<Queue>);
 #[derive(Clone)]
 pub(crate) struct RoomWaiter(Arc<Queue>);
 
-/// A new, empty queue.
-pub(crate) fn event_queue() -> (EventSender, EventReceiver) {
-    let q = Arc::new(Queue::default());
+/// A new, empty queue that holds up to [`MAX_QUEUED_OUTPUT_BYTES`] of
+/// output, or `window` and 1 MiB more when the server stops at a window of
+/// its own larger than that (`outputWindowBytes`): with a consumer that
+/// acknowledges, the server's window is then what bounds the queue, and a
+/// slow consumer never holds the connection's reader up.
+pub(crate) fn event_queue(window: Option<u64>) -> (EventSender, EventReceiver) {
+    let beyond_window = window
+        .and_then(|w| usize::try_from(w).ok())
+        .map_or(0, |w| w.saturating_add(crate::client::ACK_EVERY_BYTES));
+    let q = Arc::new(Queue {
+        state: Mutex::default(),
+        readable: Notify::new(),
+        writable: Notify::new(),
+        cap: MAX_QUEUED_OUTPUT_BYTES.max(beyond_window),
+    });
     (EventSender(q.clone()), EventReceiver(q))
 }
 
@@ -80,8 +95,8 @@ impl Drop for EventSender {
 }
 
 impl RoomWaiter {
-    /// Returns once the queue holds less than [`MAX_QUEUED_OUTPUT_BYTES`] of
-    /// output, or its consumer is gone.
+    /// Returns once the queue holds less than its cap of output (see
+    /// [`event_queue`]), or its consumer is gone.
     pub async fn wait(&self) {
         loop {
             let notified = self.0.writable.notified();
@@ -89,7 +104,7 @@ impl RoomWaiter {
             notified.as_mut().enable();
             {
                 let st = self.0.lock();
-                if st.receiver_gone || st.output_bytes < MAX_QUEUED_OUTPUT_BYTES {
+                if st.receiver_gone || st.output_bytes < self.0.cap {
                     return;
                 }
             }
@@ -402,8 +417,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_queue_behind_a_larger_server_window_holds_all_of_it() {
+        let window = 32 * 1024 * 1024;
+        let (tx, _rx) = event_queue(Some(window as u64));
+        let mut o = OrderedEvents::new(tx);
+        let room = o.room();
+        o.add(ProcessEvent::Output {
+            seq: 1,
+            stream: OutputStream::Stdout,
+            data: vec![1u8; window].into(),
+        });
+        // A full window from the server still leaves room: the reader
+        // never waits on a consumer the server already holds back.
+        let mut wait = Box::pin(room.wait());
+        assert!(futures_poll_once(wait.as_mut()).is_ready());
+        o.add(ProcessEvent::Output {
+            seq: 2,
+            stream: OutputStream::Stdout,
+            data: vec![1u8; crate::client::ACK_EVERY_BYTES].into(),
+        });
+        let mut wait = Box::pin(room.wait());
+        assert!(futures_poll_once(wait.as_mut()).is_pending());
+    }
+
+    #[tokio::test]
     async fn the_queue_is_bounded_by_bytes_and_frees_room_as_it_is_read() {
-        let (tx, mut rx) = event_queue();
+        let (tx, mut rx) = event_queue(None);
         let mut o = OrderedEvents::new(tx);
         let room = o.room();
         let big = vec![1u8; MAX_QUEUED_OUTPUT_BYTES / 2];
@@ -448,7 +487,7 @@ mod tests {
 
     #[test]
     fn releases_in_order_without_duplicates() {
-        let (tx, mut rx) = event_queue();
+        let (tx, mut rx) = event_queue(None);
         let mut o = OrderedEvents::new(tx);
         o.add(out(2, "b"));
         assert_eq!(rx.queued_output_bytes(), 0, "held until seq 1 arrives");
@@ -507,7 +546,7 @@ mod tests {
 
     #[test]
     fn recovery_places_exit_and_close() {
-        let (tx, mut rx) = event_queue();
+        let (tx, mut rx) = event_queue(None);
         let mut o = OrderedEvents::new(tx);
         o.add(out(1, "a"));
         o.recover(page(&[(2, "b")], 5, true, Some(3), true));
@@ -530,7 +569,7 @@ mod tests {
 
     #[test]
     fn recovery_reports_a_gap() {
-        let (tx, mut rx) = event_queue();
+        let (tx, mut rx) = event_queue(None);
         let mut o = OrderedEvents::new(tx);
         o.add(out(1, "a"));
         o.recover(page(&[(5, "e")], 6, false, None, false));

@@ -82,7 +82,7 @@ pub mod relay;
 pub use client::{
     ClientOptions, ConnectionEvent, ExecServerClient, Output, ProcessHandle, TerminateOutcome,
     Watch, WatchEvent, ACK_EVERY_BYTES, ACK_EVERY_CHUNKS, RECOVERY_RETRY_INTERVAL,
-    SESSION_RECOVERY_TIMEOUT,
+    RELAY_OUTPUT_WINDOW_BYTES, SESSION_RECOVERY_TIMEOUT,
 };
 pub use command::{Command, DEFAULT_CHILD_PATH};
 #[cfg(feature = "embedded")]

@@ -35,6 +35,13 @@ pub const RECOVERY_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// Output bytes a [`ProcessHandle`] hands over between two `process/ack`
 /// calls: 1 MiB.
 pub const ACK_EVERY_BYTES: usize = 1024 * 1024;
+/// The output window a client over a relay asks for: 32 MiB (the most a
+/// server grants). Through a relay a stream's bytes wait in two sockets and
+/// the node's queue besides the client's; with the direct path's 8 MiB the
+/// executor paused for acknowledgements that were on their way (2 GiB
+/// through the relay on two cores: 0.69-0.71 of the direct rate at 8 MiB,
+/// 0.73-0.76 at 32 MiB; BENCHMARKS.md).
+pub const RELAY_OUTPUT_WINDOW_BYTES: u64 = 32 * 1024 * 1024;
 /// Output chunks a [`ProcessHandle`] hands over between two `process/ack`
 /// calls: 4096. Why: the server's window counts chunks as well as bytes
 /// (49 999 undelivered chunks, 8 MiB), and a terminal sends one chunk per
@@ -73,6 +80,12 @@ pub struct ClientOptions {
     /// a `networkProxy`); `None` refuses them (-32601), which the server
     /// takes as a deny.
     pub network_policy: Option<crate::network::SharedNetworkPolicy>,
+    /// Sent as `outputWindowBytes` with every `ackOutput` start that does
+    /// not set its own: the unacknowledged output (bytes) at which the
+    /// server pauses the process. `None` leaves the server's (8 MiB). By
+    /// default [`RELAY_OUTPUT_WINDOW_BYTES`] for a relay source, whose path
+    /// holds more in flight than a direct one, and `None` otherwise.
+    pub output_window_bytes: Option<u64>,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -92,13 +105,23 @@ impl ClientOptions {
     /// Defaults for `source`: 10 s connect timeout, no call timeout, 25 s recovery.
     pub fn new(source: Source) -> Self {
         ClientOptions {
-            source,
             client_name: "exec-server-client".into(),
             connect_timeout: Duration::from_secs(10),
             call_timeout: None,
             recovery_timeout: SESSION_RECOVERY_TIMEOUT,
             network_policy: None,
+            output_window_bytes: relay_window(&source),
+            source,
         }
+    }
+}
+
+/// [`ClientOptions::output_window_bytes`]'s default for `source`.
+fn relay_window(source: &Source) -> Option<u64> {
+    match source {
+        #[cfg(feature = "relay")]
+        Source::Relay(_) => Some(RELAY_OUTPUT_WINDOW_BYTES),
+        _ => None,
     }
 }
 
@@ -114,7 +137,7 @@ pub enum ConnectionEvent {
         session_id: String,
     },
     /// The session could not be resumed; open process streams failed with
-    /// [`FailureReason::RecoveryFailed`].
+    /// [`FailureReason::RecoveryFailed`](crate::FailureReason::RecoveryFailed).
     RecoveryFailed(ConnectionError),
 }
 

@@ -40,7 +40,9 @@ use std::time::Duration;
 ///
 /// Events wait in a queue of at most
 /// [`MAX_QUEUED_OUTPUT_BYTES`](crate::MAX_QUEUED_OUTPUT_BYTES) of
-/// output; output is acknowledged to the server (`process/ack`, when it
+/// output (or the output window asked of the server plus 1 MiB, when that
+/// is more: [`ClientOptions::output_window_bytes`](crate::ClientOptions));
+/// output is acknowledged to the server (`process/ack`, when it
 /// supports it) as [`next_event`](Self::next_event) hands it over, so a slow
 /// consumer slows the process rather than growing memory.
 pub struct ProcessHandle {
@@ -104,7 +106,14 @@ impl ExecServerClient {
         // an unknown member, the reference too) and acknowledgements are
         // sent only if the answer says the server takes them.
         params.ack_output = !self.init_settled() || self.supports("processOutputAck");
-        let (tx, rx) = event_queue();
+        if params.ack_output && params.output_window_bytes.is_none() {
+            params.output_window_bytes = self.inner.opts.output_window_bytes;
+        }
+        if !params.ack_output {
+            // A window without acknowledgements is refused.
+            params.output_window_bytes = None;
+        }
+        let (tx, rx) = event_queue(params.output_window_bytes);
         let id = params.process_id.clone();
         {
             let mut procs = lock(&self.inner.procs);
@@ -434,7 +443,8 @@ impl ProcessHandle {
 
     /// Output bytes released to this handle and not yet taken by
     /// [`next_event`](Self::next_event) (at most
-    /// [`MAX_QUEUED_OUTPUT_BYTES`](crate::events::MAX_QUEUED_OUTPUT_BYTES)).
+    /// [`MAX_QUEUED_OUTPUT_BYTES`](crate::events::MAX_QUEUED_OUTPUT_BYTES),
+    /// or the output window asked for plus 1 MiB when that is more).
     pub fn queued_output_bytes(&self) -> usize {
         self.events.queued_output_bytes()
     }

@@ -122,6 +122,13 @@ pub struct ExecParams {
     /// sends a chunk per line: short lines reach the chunk count first).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ack_output: bool,
+    /// Ours: `outputWindowBytes`, with `ackOutput`, the unacknowledged
+    /// output (bytes) at which reading from the process pauses, instead of
+    /// 8 MiB: a path that holds more in flight (a relay) asks for more.
+    /// Brought within 64 KiB..=32 MiB; 0, or a window without `ackOutput`,
+    /// is refused (-32602). A server that does not know it ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_window_bytes: Option<u64>,
     /// Ours: `limits`, what the process may use before the server ends it
     /// (advertised by the `processLimits` capability; absent = none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -225,6 +232,7 @@ impl ExecParams {
             metadata: None,
             pty_size: None,
             ack_output: false,
+            output_window_bytes: None,
             limits: None,
         }
     }

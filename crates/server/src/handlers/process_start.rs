@@ -25,6 +25,19 @@ async fn start_process(ctx: Ctx, mut p: ExecParams) -> Result<Reply, ErrorObject
     if p.argv.is_empty() {
         return Err(ErrorObject::invalid_params("argv must not be empty"));
     }
+    match p.output_window_bytes {
+        Some(_) if !p.ack_output => {
+            return Err(ErrorObject::invalid_params(
+                "outputWindowBytes needs ackOutput: without acknowledgements the window is fixed",
+            ));
+        }
+        Some(0) => {
+            return Err(ErrorObject::invalid_params(
+                "outputWindowBytes must be positive",
+            ));
+        }
+        _ => {}
+    }
     p.limits = effective_limits(&ctx, &p)?;
     let live = take_live_slot(&ctx)?;
     if let Some(np) = &p.network_proxy {
@@ -173,6 +186,7 @@ async fn plan_launch(
         confinement,
         limits: p.limits.clone(),
         ack_output: p.ack_output,
+        output_window_bytes: p.output_window_bytes,
         kept,
         shown: crate::process::list::StartedWith::of(p),
     })

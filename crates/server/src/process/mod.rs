@@ -309,6 +309,10 @@ impl Process {
                 log: OutputLog::new(
                     plan.ack_output,
                     spool.map(|c| spool::Spool::new(c, spool_share)),
+                )
+                .with_acked_window(
+                    plan.output_window_bytes
+                        .unwrap_or(output_log::ACKED_WINDOW_BYTES as u64),
                 ),
                 write_ids: WriteIds::default(),
                 stdin: stdin_tx.as_ref().map(|(tx, _, _)| tx.clone()),

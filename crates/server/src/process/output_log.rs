@@ -27,8 +27,16 @@ pub const RETAINED_OUTPUT_CHUNKS_PER_PROCESS: usize = 50_000;
 /// is ever dropped unseen.
 pub const UNACKED_WINDOW_BYTES: usize = 1024 * 1024;
 /// The same window for clients that opted in with `ackOutput` and acknowledge: 8 MiB,
-/// large enough that acknowledgements every few hundred KiB never stall a stream.
+/// large enough that acknowledgements every few hundred KiB never stall a stream
+/// on a direct connection. A client may ask for another (`outputWindowBytes`),
+/// from [`MIN_ACKED_WINDOW_BYTES`] to [`MAX_ACKED_WINDOW_BYTES`].
 pub const ACKED_WINDOW_BYTES: usize = 8 * 1024 * 1024;
+/// The smallest window a client may ask for: 64 KiB (smaller asks get it).
+pub const MIN_ACKED_WINDOW_BYTES: usize = 64 * 1024;
+/// The largest window a client may ask for: 32 MiB (larger asks get it), as
+/// much as a relay node holds for one stream: a path through a relay keeps
+/// more bytes in flight (two sockets, the node's queue) than a direct one.
+pub const MAX_ACKED_WINDOW_BYTES: usize = 32 * 1024 * 1024;
 /// Undelivered chunks after which reading pauses (keeps under the chunk cap).
 pub const WINDOW_CHUNKS: usize = RETAINED_OUTPUT_CHUNKS_PER_PROCESS - 1;
 
@@ -54,6 +62,8 @@ pub struct OutputLog {
     undelivered_bytes: usize,
     undelivered_chunks: usize,
     ack_mode: bool,
+    /// Undelivered bytes at which reading pauses.
+    window: usize,
     exited: Option<(u64, i32)>,
     closed_seq: Option<u64>,
     spool: Option<Spool>,
@@ -70,6 +80,8 @@ pub struct LogParts {
     pub delivered_seq: u64,
     /// Delivery by acknowledgement only (`ackOutput`).
     pub ack_mode: bool,
+    /// Undelivered bytes at which reading pauses ([`OutputLog::window`]).
+    pub window: usize,
     /// The exited event's seq and exit code.
     pub exited: Option<(u64, i32)>,
     /// The closed event's seq.
@@ -102,6 +114,11 @@ impl OutputLog {
             undelivered_bytes: 0,
             undelivered_chunks: 0,
             ack_mode,
+            window: if ack_mode {
+                ACKED_WINDOW_BYTES
+            } else {
+                UNACKED_WINDOW_BYTES
+            },
             exited: None,
             closed_seq: None,
             spool,
@@ -117,6 +134,7 @@ impl OutputLog {
             next_seq: log.next_seq,
             delivered_seq: log.delivered_seq,
             ack_mode: log.ack_mode,
+            window: log.window,
             exited: log.exited,
             closed_seq: log.closed_seq,
             spool: log.spool,
@@ -131,6 +149,7 @@ impl OutputLog {
             next_seq,
             delivered_seq,
             ack_mode,
+            window,
             exited,
             closed_seq,
             spool,
@@ -146,10 +165,28 @@ impl OutputLog {
             undelivered_bytes,
             undelivered_chunks,
             ack_mode,
+            window,
             exited,
             closed_seq,
             spool,
         }
+    }
+
+    /// With `ackOutput`, pauses reading at `bytes` undelivered instead of
+    /// [`ACKED_WINDOW_BYTES`] (the client's `outputWindowBytes`), brought
+    /// within [`MIN_ACKED_WINDOW_BYTES`]..=[`MAX_ACKED_WINDOW_BYTES`];
+    /// without it the window stays [`UNACKED_WINDOW_BYTES`].
+    pub fn with_acked_window(mut self, bytes: u64) -> OutputLog {
+        if self.ack_mode {
+            let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+            self.window = bytes.clamp(MIN_ACKED_WINDOW_BYTES, MAX_ACKED_WINDOW_BYTES);
+        }
+        self
+    }
+
+    /// Undelivered bytes at which reading from the child pauses.
+    pub fn window(&self) -> usize {
+        self.window
     }
 
     /// The next seq that will be assigned.
@@ -182,12 +219,7 @@ impl OutputLog {
 
     /// True when reading from the child should pause.
     pub fn window_full(&self) -> bool {
-        let window = if self.ack_mode {
-            ACKED_WINDOW_BYTES
-        } else {
-            UNACKED_WINDOW_BYTES
-        };
-        self.undelivered_bytes >= window || self.undelivered_chunks >= WINDOW_CHUNKS
+        self.undelivered_bytes >= self.window || self.undelivered_chunks >= WINDOW_CHUNKS
     }
 
     /// Appends a chunk; returns its seq.
@@ -402,6 +434,36 @@ mod tests {
             log.oldest_seq().unwrap() > 1,
             "a gap is visible as a seq jump"
         );
+    }
+
+    /// Chunks of 64 KiB pushed until `log` pauses, as bytes.
+    fn fill(log: &mut OutputLog) -> usize {
+        let chunk = vec![0u8; 64 * 1024];
+        let mut pushed = 0;
+        while !log.window_full() {
+            log.push_output(OutputStream::Stdout, chunk.clone());
+            pushed += chunk.len();
+        }
+        pushed
+    }
+
+    #[test]
+    fn an_acknowledging_client_chooses_its_window_within_bounds() {
+        let window =
+            |ack: bool, asked: u64| fill(&mut OutputLog::new(ack, None).with_acked_window(asked));
+        assert_eq!(fill(&mut OutputLog::new(true, None)), ACKED_WINDOW_BYTES);
+        assert_eq!(window(true, 16 << 20), 16 << 20);
+        assert_eq!(window(true, 1 << 40), MAX_ACKED_WINDOW_BYTES, "capped");
+        assert_eq!(window(true, 1), MIN_ACKED_WINDOW_BYTES, "raised");
+        assert_eq!(
+            window(false, 16 << 20),
+            UNACKED_WINDOW_BYTES,
+            "without acknowledgements the window is fixed"
+        );
+        // An upgrade hands the window on with the log.
+        let mut log = OutputLog::new(true, None).with_acked_window(16 << 20);
+        let log = OutputLog::from_parts(log.take_parts());
+        assert_eq!(log.window(), 16 << 20);
     }
 
     #[test]

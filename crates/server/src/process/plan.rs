@@ -79,6 +79,9 @@ pub struct LaunchPlan {
     pub limits: Option<ProcessLimits>,
     /// `ackOutput`: output is kept until acknowledged.
     pub ack_output: bool,
+    /// `outputWindowBytes`: with `ack_output`, the window the client asked
+    /// for (brought within the server's bounds by the output log).
+    pub output_window_bytes: Option<u64>,
     /// Kept alive until the process closes (its network proxy).
     pub kept: Vec<super::KeptUntilClosed>,
     /// What `process/list` shows: the request as the client sent it.

@@ -72,6 +72,10 @@ pub struct ProcessDoc {
     pub(super) next_seq: u64,
     pub(super) delivered_seq: u64,
     pub(super) ack_mode: bool,
+    /// The flow-control window; absent in a document of an image that
+    /// knew only the fixed ones (then the default for `ack_mode`).
+    #[serde(default)]
+    pub(super) window: Option<usize>,
     pub(super) exited: Option<(u64, i32)>,
     pub(super) closed_seq: Option<u64>,
     pub(super) spool: Option<(Vec<SegmentDoc>, bool)>,
