@@ -30,7 +30,7 @@ struct Queue {
     readable: Notify,
     writable: Notify,
     /// Output bytes at which the connection's reader waits for room.
-    cap: usize,
+    cap: std::sync::atomic::AtomicUsize,
 }
 
 impl Queue {
@@ -69,7 +69,7 @@ pub(crate) fn event_queue(window: Option<u64>) -> (EventSender, EventReceiver) {
         state: Mutex::default(),
         readable: Notify::new(),
         writable: Notify::new(),
-        cap: MAX_QUEUED_OUTPUT_BYTES.max(beyond_window),
+        cap: MAX_QUEUED_OUTPUT_BYTES.max(beyond_window).into(),
     });
     (EventSender(q.clone()), EventReceiver(q))
 }
@@ -104,7 +104,8 @@ impl RoomWaiter {
             notified.as_mut().enable();
             {
                 let st = self.0.lock();
-                if st.receiver_gone || st.output_bytes < self.0.cap {
+                let cap = self.0.cap.load(std::sync::atomic::Ordering::Relaxed);
+                if st.receiver_gone || st.output_bytes < cap {
                     return;
                 }
             }
@@ -131,6 +132,15 @@ impl EventReceiver {
             }
             self.0.readable.notified().await;
         }
+    }
+
+    /// The server turned out not to acknowledge output, so no window of its
+    /// own bounds this queue: back to [`MAX_QUEUED_OUTPUT_BYTES`].
+    pub fn without_server_window(&self) {
+        self.0.cap.store(
+            MAX_QUEUED_OUTPUT_BYTES,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Output bytes waiting in the queue.
@@ -435,6 +445,20 @@ mod tests {
             seq: 2,
             stream: OutputStream::Stdout,
             data: vec![1u8; crate::client::ACK_EVERY_BYTES].into(),
+        });
+        let mut wait = Box::pin(room.wait());
+        assert!(futures_poll_once(wait.as_mut()).is_pending());
+
+        // A server that turns out not to acknowledge bounds nothing: the
+        // queue is back to its own cap.
+        let (tx, rx) = event_queue(Some(window as u64));
+        rx.without_server_window();
+        let mut o = OrderedEvents::new(tx);
+        let room = o.room();
+        o.add(ProcessEvent::Output {
+            seq: 1,
+            stream: OutputStream::Stdout,
+            data: vec![1u8; MAX_QUEUED_OUTPUT_BYTES].into(),
         });
         let mut wait = Box::pin(room.wait());
         assert!(futures_poll_once(wait.as_mut()).is_pending());

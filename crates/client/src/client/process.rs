@@ -170,12 +170,17 @@ impl ExecServerClient {
                 e.confirmed = true;
             }
         }
+        let acks = params.ack_output && self.supports("processOutputAck");
+        if !acks {
+            // Asked for speculatively, before the capabilities were known.
+            rx.without_server_window();
+        }
         match outcome {
             Ok(_) => Ok(ProcessHandle {
                 id,
                 client: self.clone(),
                 events: rx,
-                acks: params.ack_output && self.supports("processOutputAck"),
+                acks,
                 consumed: 0,
                 consumed_chunks: 0,
                 pid,
