@@ -429,39 +429,39 @@ mod tests {
     #[tokio::test]
     async fn a_queue_behind_a_larger_server_window_holds_all_of_it() {
         let window = 32 * 1024 * 1024;
-        let (tx, _rx) = event_queue(Some(window as u64));
-        let mut o = OrderedEvents::new(tx);
-        let room = o.room();
-        o.add(ProcessEvent::Output {
-            seq: 1,
-            stream: OutputStream::Stdout,
-            data: vec![1u8; window].into(),
-        });
+        // Output chunks of these sizes added in turn to a queue made for
+        // `window` (the server then acknowledging, or not): whether the
+        // reader had room after each.
+        let room_after = |server_acks: bool, chunks: &[usize]| {
+            let (tx, rx) = event_queue(Some(window as u64));
+            if !server_acks {
+                rx.without_server_window();
+            }
+            let mut o = OrderedEvents::new(tx);
+            let room = o.room();
+            let mut seq = 0;
+            chunks
+                .iter()
+                .map(|&n| {
+                    seq += 1;
+                    o.add(ProcessEvent::Output {
+                        seq,
+                        stream: OutputStream::Stdout,
+                        data: vec![1u8; n].into(),
+                    });
+                    futures_poll_once(Box::pin(room.wait()).as_mut()).is_ready()
+                })
+                .collect::<Vec<_>>()
+        };
         // A full window from the server still leaves room: the reader
         // never waits on a consumer the server already holds back.
-        let mut wait = Box::pin(room.wait());
-        assert!(futures_poll_once(wait.as_mut()).is_ready());
-        o.add(ProcessEvent::Output {
-            seq: 2,
-            stream: OutputStream::Stdout,
-            data: vec![1u8; crate::client::ACK_EVERY_BYTES].into(),
-        });
-        let mut wait = Box::pin(room.wait());
-        assert!(futures_poll_once(wait.as_mut()).is_pending());
-
+        assert_eq!(
+            room_after(true, &[window, crate::client::ACK_EVERY_BYTES]),
+            [true, false]
+        );
         // A server that turns out not to acknowledge bounds nothing: the
         // queue is back to its own cap.
-        let (tx, rx) = event_queue(Some(window as u64));
-        rx.without_server_window();
-        let mut o = OrderedEvents::new(tx);
-        let room = o.room();
-        o.add(ProcessEvent::Output {
-            seq: 1,
-            stream: OutputStream::Stdout,
-            data: vec![1u8; MAX_QUEUED_OUTPUT_BYTES].into(),
-        });
-        let mut wait = Box::pin(room.wait());
-        assert!(futures_poll_once(wait.as_mut()).is_pending());
+        assert_eq!(room_after(false, &[MAX_QUEUED_OUTPUT_BYTES]), [false]);
     }
 
     #[tokio::test]

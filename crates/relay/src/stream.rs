@@ -120,18 +120,6 @@ pub struct OutMessage {
     pub body: bytes::Bytes,
 }
 
-impl OutMessage {
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.head.len() + self.body.len()
-    }
-
-    /// True for a message of no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 impl From<bytes::Bytes> for OutMessage {
     fn from(whole: bytes::Bytes) -> OutMessage {
         OutMessage {

@@ -310,10 +310,7 @@ impl Process {
                     plan.ack_output,
                     spool.map(|c| spool::Spool::new(c, spool_share)),
                 )
-                .with_acked_window(
-                    plan.output_window_bytes
-                        .unwrap_or(output_log::ACKED_WINDOW_BYTES as u64),
-                ),
+                .with_acked_window(plan.output_window_bytes),
                 write_ids: WriteIds::default(),
                 stdin: stdin_tx.as_ref().map(|(tx, _, _)| tx.clone()),
                 stdin_broken: false,

@@ -40,6 +40,16 @@ pub const MAX_ACKED_WINDOW_BYTES: usize = 32 * 1024 * 1024;
 /// Undelivered chunks after which reading pauses (keeps under the chunk cap).
 pub const WINDOW_CHUNKS: usize = RETAINED_OUTPUT_CHUNKS_PER_PROCESS - 1;
 
+/// The window of a log in `ack_mode` (or not) whose client asked for none:
+/// [`ACKED_WINDOW_BYTES`] or [`UNACKED_WINDOW_BYTES`].
+pub fn default_window(ack_mode: bool) -> usize {
+    if ack_mode {
+        ACKED_WINDOW_BYTES
+    } else {
+        UNACKED_WINDOW_BYTES
+    }
+}
+
 /// One retained chunk.
 #[derive(Debug, Clone)]
 pub struct Chunk {
@@ -114,11 +124,7 @@ impl OutputLog {
             undelivered_bytes: 0,
             undelivered_chunks: 0,
             ack_mode,
-            window: if ack_mode {
-                ACKED_WINDOW_BYTES
-            } else {
-                UNACKED_WINDOW_BYTES
-            },
+            window: default_window(ack_mode),
             exited: None,
             closed_seq: None,
             spool,
@@ -173,11 +179,12 @@ impl OutputLog {
     }
 
     /// With `ackOutput`, pauses reading at `bytes` undelivered instead of
-    /// [`ACKED_WINDOW_BYTES`] (the client's `outputWindowBytes`), brought
-    /// within [`MIN_ACKED_WINDOW_BYTES`]..=[`MAX_ACKED_WINDOW_BYTES`];
-    /// without it the window stays [`UNACKED_WINDOW_BYTES`].
-    pub fn with_acked_window(mut self, bytes: u64) -> OutputLog {
-        if self.ack_mode {
+    /// [`ACKED_WINDOW_BYTES`] (the client's `outputWindowBytes`, if it gave
+    /// one), brought within
+    /// [`MIN_ACKED_WINDOW_BYTES`]..=[`MAX_ACKED_WINDOW_BYTES`]; without
+    /// `ackOutput` the window stays [`UNACKED_WINDOW_BYTES`].
+    pub fn with_acked_window(mut self, bytes: Option<u64>) -> OutputLog {
+        if let (true, Some(bytes)) = (self.ack_mode, bytes) {
             let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
             self.window = bytes.clamp(MIN_ACKED_WINDOW_BYTES, MAX_ACKED_WINDOW_BYTES);
         }
@@ -449,8 +456,9 @@ mod tests {
 
     #[test]
     fn an_acknowledging_client_chooses_its_window_within_bounds() {
-        let window =
-            |ack: bool, asked: u64| fill(&mut OutputLog::new(ack, None).with_acked_window(asked));
+        let window = |ack: bool, asked: u64| {
+            fill(&mut OutputLog::new(ack, None).with_acked_window(Some(asked)))
+        };
         assert_eq!(fill(&mut OutputLog::new(true, None)), ACKED_WINDOW_BYTES);
         assert_eq!(window(true, 16 << 20), 16 << 20);
         assert_eq!(window(true, 1 << 40), MAX_ACKED_WINDOW_BYTES, "capped");
@@ -461,7 +469,7 @@ mod tests {
             "without acknowledgements the window is fixed"
         );
         // An upgrade hands the window on with the log.
-        let mut log = OutputLog::new(true, None).with_acked_window(16 << 20);
+        let mut log = OutputLog::new(true, None).with_acked_window(Some(16 << 20));
         let log = OutputLog::from_parts(log.take_parts());
         assert_eq!(log.window(), 16 << 20);
     }

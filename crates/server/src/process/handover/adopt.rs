@@ -96,11 +96,9 @@ pub fn adopt(
         next_seq: doc.next_seq,
         delivered_seq: doc.delivered_seq,
         ack_mode: doc.ack_mode,
-        window: doc.window.unwrap_or(if doc.ack_mode {
-            crate::process::output_log::ACKED_WINDOW_BYTES
-        } else {
-            crate::process::output_log::UNACKED_WINDOW_BYTES
-        }),
+        window: doc
+            .window
+            .unwrap_or(crate::process::output_log::default_window(doc.ack_mode)),
         exited: doc.exited,
         closed_seq: doc.closed_seq,
         spool,
