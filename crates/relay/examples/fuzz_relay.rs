@@ -105,7 +105,7 @@ fn main() {
             let f = if rng.below(4) == 0 {
                 mutate(&mut rng, &f)
             } else {
-                f
+                f.to_vec()
             };
             records += 1;
             let Ok(Frame {

@@ -247,24 +247,23 @@ impl Frame {
         out
     }
 
-    /// The first bytes of `Frame::data(stream_id, seq, payload).encode()`
-    /// for a payload of `payload_len` bytes (1 or more), with room for the
-    /// payload: appending it gives exactly that frame, without encoding the
-    /// payload twice (a sender seals its record in place after this head).
-    pub fn data_head(stream_id: &str, seq: u32, payload_len: usize) -> Vec<u8> {
+    /// Appends to `out` the first bytes of
+    /// `Frame::data(stream_id, seq, payload).encode()` for a payload of
+    /// `payload_len` bytes (1 or more): the payload after them gives
+    /// exactly that frame, without encoding the payload twice (a sender
+    /// seals its record into the frame after this head).
+    pub fn put_data_head(out: &mut Vec<u8>, stream_id: &str, seq: u32, payload_len: usize) {
         let mut inner = Vec::with_capacity(24);
         put_uint(&mut inner, 1, seq);
         // segment_index 0 is not written (proto3 default); segment_count is 1.
         put_uint(&mut inner, 3, 1);
         put_varint(&mut inner, (4 << 3) | 2);
         put_varint(&mut inner, payload_len as u64);
-        let mut out = Vec::with_capacity(32 + stream_id.len() + inner.len() + payload_len);
-        put_uint(&mut out, 1, VERSION);
-        put_bytes(&mut out, 2, stream_id.as_bytes(), false);
-        put_varint(&mut out, (5 << 3) | 2);
-        put_varint(&mut out, (inner.len() + payload_len) as u64);
+        put_uint(out, 1, VERSION);
+        put_bytes(out, 2, stream_id.as_bytes(), false);
+        put_varint(out, (5 << 3) | 2);
+        put_varint(out, (inner.len() + payload_len) as u64);
         out.extend_from_slice(&inner);
-        out
     }
 
     fn body_len_hint(&self) -> usize {

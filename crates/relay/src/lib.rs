@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod buffers;
 pub mod environment_id;
 pub mod executor;
 pub mod frame;

@@ -272,13 +272,28 @@ impl CipherState {
         start: usize,
         tail: &[u8],
     ) -> Result<(), NoiseError> {
-        let head_len = buf.len().checked_sub(start).ok_or(NoiseError::Length)?;
-        if head_len + tail.len() + TAG_LEN > MAX_MESSAGE_LEN {
+        if buf.len() < start {
+            return Err(NoiseError::Length);
+        }
+        buf.resize(buf.len() + tail.len() + TAG_LEN, 0);
+        self.seal_into(buf, start, tail)
+    }
+
+    /// Seals the record whose plaintext is `frame[start..end]` followed by
+    /// `tail`, where `end` leaves room for `tail`'s ciphertext and the tag
+    /// at the end of `frame`: those bytes are all overwritten, whatever
+    /// they held.
+    fn seal_into(&mut self, frame: &mut [u8], start: usize, tail: &[u8]) -> Result<(), NoiseError> {
+        let end = frame
+            .len()
+            .checked_sub(tail.len() + TAG_LEN)
+            .filter(|end| *end >= start)
+            .ok_or(NoiseError::Length)?;
+        if end - start + tail.len() + TAG_LEN > MAX_MESSAGE_LEN {
             return Err(NoiseError::Length);
         }
         let nonce = self.next_nonce()?;
-        buf.resize(buf.len() + tail.len() + TAG_LEN, 0);
-        let (head, tail_out) = buf[start..].split_at_mut(head_len);
+        let (head, tail_out) = frame[start..].split_at_mut(end - start);
         self.key
             .seal_in_place_scatter(nonce, aead::Aad::empty(), head, tail, tail_out)
             .map_err(|_| NoiseError::Length)?;
@@ -344,6 +359,22 @@ impl Sealer {
         tail: &[u8],
     ) -> Result<(), NoiseError> {
         self.0.seal_with_tail(buf, start, tail)
+    }
+
+    /// As [`Sealer::seal_with_tail`], into a frame already as long as the
+    /// record needs: the plaintext is `frame[start..end]` followed by
+    /// `tail`, where `end` is `tail.len()` plus the tag's length before
+    /// `frame`'s end, and those last bytes (whatever they held) become
+    /// `tail`'s ciphertext and the tag. Errors: [`NoiseError::Length`] when
+    /// `frame` is shorter than that or the record too long; as
+    /// [`Transport::encrypt`] otherwise.
+    pub fn seal_into(
+        &mut self,
+        frame: &mut [u8],
+        start: usize,
+        tail: &[u8],
+    ) -> Result<(), NoiseError> {
+        self.0.seal_into(frame, start, tail)
     }
 }
 

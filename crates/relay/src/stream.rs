@@ -2,10 +2,12 @@
 //! data frames ([`SendHalf`]), and numbered frames become messages again
 //! ([`RecvHalf`]), whatever order the relay delivers them in (within the window).
 
+use crate::buffers::BufferPool;
 use crate::frame::{Body, Frame};
 use crate::noise::{NoiseError, Opener, Sealer, Transport, TAG_LEN};
 use crate::ordered::{Ordered, OutOfWindow, SendSeq};
 use crate::records::{self, BadLength, Reassembler};
+use bytes::BytesMut;
 
 /// Why a stream must be torn down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +28,11 @@ pub struct SendHalf {
     stream_id: String,
     sealer: Sealer,
     seq: SendSeq,
+    /// Where frame buffers come from, if recycled.
+    pool: Option<BufferPool>,
+    /// A record's frame head and the pieces copied before its bulk, built
+    /// here before they go to the frame (kept to reuse the allocation).
+    staged: Vec<u8>,
 }
 
 /// Receives messages on one stream.
@@ -43,6 +50,8 @@ pub fn halves(stream_id: &str, t: Transport) -> (SendHalf, RecvHalf) {
             stream_id: stream_id.to_string(),
             sealer,
             seq: SendSeq::default(),
+            pool: None,
+            staged: Vec::new(),
         },
         RecvHalf {
             opener,
@@ -53,14 +62,21 @@ pub fn halves(stream_id: &str, t: Transport) -> (SendHalf, RecvHalf) {
 }
 
 impl SendHalf {
+    /// Seals frames into buffers taken from `pool` (which the socket's
+    /// writer fills with the frames it has sent).
+    pub fn with_pool(mut self, pool: BufferPool) -> SendHalf {
+        self.pool = Some(pool);
+        self
+    }
+
     /// The encoded data frames carrying `message` (one per record).
-    pub fn seal(&mut self, message: &[u8]) -> Result<Vec<Vec<u8>>, StreamError> {
+    pub fn seal(&mut self, message: &[u8]) -> Result<Vec<BytesMut>, StreamError> {
         self.seal_parts(&[message])
     }
 
     /// The data frames carrying `message` (its head and body as one
     /// message; see [`SendHalf::seal_parts`]).
-    pub fn seal_message(&mut self, message: &OutMessage) -> Result<Vec<Vec<u8>>, StreamError> {
+    pub fn seal_message(&mut self, message: &OutMessage) -> Result<Vec<BytesMut>, StreamError> {
         self.seal_parts(&[&message.head, &message.body])
     }
 
@@ -69,7 +85,9 @@ impl SendHalf {
     /// sealed from where it lies straight into its frame, and only the
     /// pieces before it in the record (the length prefix, a message's
     /// header) are copied there first (see [`records`] for the layout).
-    pub fn seal_parts(&mut self, parts: &[&[u8]]) -> Result<Vec<Vec<u8>>, StreamError> {
+    /// Each frame's buffer is written in full (head, copied pieces, then
+    /// ciphertext and tag), so a recycled one needs no clearing first.
+    pub fn seal_parts(&mut self, parts: &[&[u8]]) -> Result<Vec<BytesMut>, StreamError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len == 0 || len > records::MAX_MESSAGE_LEN {
             return Err(BadLength.into());
@@ -81,8 +99,14 @@ impl SendHalf {
         let mut frames = Vec::with_capacity(left.div_ceil(records::RECORD_PLAINTEXT_LEN));
         while left > 0 {
             let n = left.min(records::RECORD_PLAINTEXT_LEN);
-            let mut frame = Frame::data_head(&self.stream_id, self.seq.take()?, n + TAG_LEN);
-            let start = frame.len();
+            self.staged.clear();
+            Frame::put_data_head(
+                &mut self.staged,
+                &self.stream_id,
+                self.seq.take()?,
+                n + TAG_LEN,
+            );
+            let start = self.staged.len();
             let mut need = n;
             let tail = loop {
                 if current.is_empty() {
@@ -98,9 +122,16 @@ impl SendHalf {
                 if need == 0 {
                     break now;
                 }
-                frame.extend_from_slice(now);
+                self.staged.extend_from_slice(now);
             };
-            self.sealer.seal_with_tail(&mut frame, start, tail)?;
+            let staged = self.staged.len();
+            let total = staged + tail.len() + TAG_LEN;
+            let mut frame = match &self.pool {
+                Some(pool) => pool.take_filled(total),
+                None => BytesMut::zeroed(total),
+            };
+            frame[..staged].copy_from_slice(&self.staged);
+            self.sealer.seal_into(&mut frame, start, tail)?;
             frames.push(frame);
             left -= n;
         }
@@ -264,8 +295,21 @@ mod tests {
     /// parts; and they open back into the message.
     #[test]
     fn sealed_parts_are_the_plain_layouts_frames_and_open_back() {
+        // Without a pool, and with one whose buffers hold stale bytes (of
+        // 0xAA, and of the frames sent before): every byte of each frame
+        // is written, so the frames are the same.
+        for pooled in [false, true] {
+            seal_parts_against_the_plain_layout(pooled.then(BufferPool::new));
+        }
+    }
+
+    fn seal_parts_against_the_plain_layout(pool: Option<BufferPool>) {
         let (a, b) = ([1u8; 32], [2u8; 32]);
-        let (mut fast, _) = halves("s1", Transport::from_keys(&a, &b));
+        let (fast, _) = halves("s1", Transport::from_keys(&a, &b));
+        let mut fast = match &pool {
+            Some(pool) => fast.with_pool(pool.clone()),
+            None => fast,
+        };
         let (mut plain, _) = Transport::from_keys(&a, &b).split();
         let (_, mut rx) = halves("s1", Transport::from_keys(&b, &a));
         let mut seq = 0u32;
@@ -273,8 +317,18 @@ mod tests {
         for len in [1usize, 5, r - 4, r - 3, r, 100_000, 3 * r + 17] {
             let msg: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
             for cut in [0, len / 3, len] {
+                if let Some(pool) = &pool {
+                    for stale in [20_000, r, r + 100, r + 200] {
+                        pool.give(BytesMut::from(&vec![0xAA; stale][..]).freeze());
+                    }
+                }
+                let held = pool.as_ref().map(BufferPool::held);
                 let (p1, p2) = msg.split_at(cut);
                 let frames = fast.seal_parts(&[p1, &[], p2]).unwrap();
+                if let (Some(pool), Some(held)) = (&pool, held) {
+                    // Large records are sealed into the stale buffers.
+                    assert!(len < 20_000 || pool.held() < held, "{len}: pool unused");
+                }
                 let want: Vec<Vec<u8>> = records::split(&msg)
                     .unwrap()
                     .iter()
@@ -293,6 +347,9 @@ mod tests {
                         panic!("not a data frame");
                     };
                     got.extend(rx.open(seq, payload).unwrap());
+                    if let Some(pool) = &pool {
+                        pool.give(f.freeze());
+                    }
                 }
                 assert_eq!(got, vec![msg.clone()], "{len} bytes back");
             }

@@ -6,6 +6,7 @@
 
 use super::{Ctx, Disconnect, Observer};
 use crate::api::ValidateRequest;
+use crate::buffers::BufferPool;
 use crate::frame::{Body, Frame, RESET_EXECUTOR_BUSY, RESET_PROTOCOL_ERROR};
 use crate::keys::prologue;
 use crate::noise::{PendingResponder, Transport};
@@ -98,6 +99,8 @@ struct Held {
 struct Mux<'a> {
     ctx: &'a Arc<Ctx>,
     out: mpsc::Sender<Outgoing>,
+    /// Frame buffers the socket's writer hands back to the streams' sealers.
+    buffers: BufferPool,
     events: mpsc::Sender<Event>,
     active: HashMap<String, Active>,
     /// Streams awaiting the registry's `/validate` (held).
@@ -239,7 +242,8 @@ impl Mux<'_> {
     /// A stream's routing entry and the program's end of it; its writer
     /// seals what the program sends.
     fn open(&self, stream_id: &str, id: u64, transport: Transport) -> (Active, Channel) {
-        let (mut send, recv) = halves(stream_id, transport);
+        let (send, recv) = halves(stream_id, transport);
+        let mut send = send.with_pool(self.buffers.clone());
         let (in_tx, in_rx) = mpsc::channel(STREAM_QUEUE);
         let (out_tx, mut out_rx) = mpsc::channel::<crate::stream::OutMessage>(STREAM_QUEUE);
         let out = self.out.clone();
@@ -343,7 +347,9 @@ impl Mux<'_> {
 }
 
 /// Serves one socket until it fails; returns why it ended.
-pub(super) async fn serve((mut source, mut sink): ClientSocket, ctx: &Arc<Ctx>) -> Disconnect {
+pub(super) async fn serve((mut source, sink): ClientSocket, ctx: &Arc<Ctx>) -> Disconnect {
+    let buffers = BufferPool::new();
+    let mut sink = sink.with_pool(buffers.clone());
     let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(WRITE_QUEUE);
     let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(64);
     let keepalive = ctx.keepalive;
@@ -369,6 +375,7 @@ pub(super) async fn serve((mut source, mut sink): ClientSocket, ctx: &Arc<Ctx>) 
     let mut mux = Mux {
         ctx,
         out: out_tx,
+        buffers,
         events: ev_tx,
         active: HashMap::new(),
         held: HashMap::new(),

@@ -4,6 +4,7 @@
 //! a shared one.
 
 use super::{CloseStatus, Role};
+use crate::buffers::BufferPool;
 use bytes::{Bytes, BytesMut};
 use exec_server_wsframe::frame::{header, HeaderBytes, OpCode};
 use exec_server_wsframe::mask::{append_masked, apply_mask, MaskKeys};
@@ -45,6 +46,8 @@ pub struct Writer<W> {
     /// The batch being written, headers and payloads (kept to reuse the
     /// allocation).
     parts: Vec<(HeaderBytes, Bytes)>,
+    /// Where payloads go once written, if recycled.
+    pool: Option<BufferPool>,
 }
 
 impl<W: AsyncWrite + Unpin> Writer<W> {
@@ -55,7 +58,15 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
             role,
             keys: MaskKeys::default(),
             parts: Vec::new(),
+            pool: None,
         }
+    }
+
+    /// Gives each payload, once written, to `pool` (for a sealer to fill
+    /// again while it is warm).
+    pub fn with_pool(mut self, pool: BufferPool) -> Writer<W> {
+        self.pool = Some(pool);
+        self
     }
 
     /// Writes the frames `batch` holds, in order (leaving it empty), and
@@ -85,7 +96,14 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
             }
             self.io.write_all(&joined).await
         };
-        self.parts.clear();
+        match &self.pool {
+            Some(pool) if result.is_ok() => {
+                for (_, payload) in self.parts.drain(..) {
+                    pool.give(payload);
+                }
+            }
+            _ => self.parts.clear(),
+        }
         result?;
         self.io.flush().await
     }
