@@ -51,19 +51,16 @@ impl BufferPool {
             return None;
         }
         let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        // Only the most recent (the warmest) is worth taking; one too small
-        // is left for a smaller frame, and one more than twice the size
-        // for a larger one: a queued frame is charged its length, so a
-        // small frame must not pin a large buffer.
-        let top = held.last()?.capacity();
-        if top < capacity || top > capacity.saturating_mul(2) {
-            return None;
-        }
-        held.pop()
+        // The most recent that fits (the warmest): not one too small, nor
+        // one more than twice the size (a short frame would hold a large
+        // buffer for as long as it is queued).
+        let fits = |b: &BytesMut| (capacity..=capacity.saturating_mul(2)).contains(&b.capacity());
+        let at = held.iter().rposition(fits)?;
+        Some(held.remove(at))
     }
 
-    /// An empty buffer with room for at least `capacity` bytes: the last
-    /// one given back if it is large enough, else a new one.
+    /// An empty buffer with room for at least `capacity` bytes: the one
+    /// given back last among those that fit, else a new one.
     pub fn take(&self, capacity: usize) -> BytesMut {
         match self.pop(capacity) {
             Some(mut b) => {
@@ -102,9 +99,11 @@ impl BufferPool {
             return;
         }
         let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if held.len() < POOLED_BUFFERS {
-            held.push(b);
+        if held.len() == POOLED_BUFFERS {
+            // The oldest (the coldest) makes room.
+            held.remove(0);
         }
+        held.push(b);
     }
 
     /// Buffers held now.
@@ -151,12 +150,16 @@ mod tests {
     }
 
     #[test]
-    fn the_pool_holds_at_most_its_count() {
+    fn the_pool_holds_at_most_its_count_and_keeps_the_newest() {
         let pool = BufferPool::new();
         for _ in 0..POOLED_BUFFERS + 5 {
             pool.give(BytesMut::zeroed(MIN_POOLED_CAPACITY).freeze());
         }
+        let newest = BytesMut::zeroed(MIN_POOLED_CAPACITY).freeze();
+        let newest_ptr = newest.as_ptr();
+        pool.give(newest);
         assert_eq!(pool.held(), POOLED_BUFFERS);
+        assert_eq!(pool.take(MIN_POOLED_CAPACITY).as_ptr(), newest_ptr);
     }
 
     #[test]
@@ -170,5 +173,19 @@ mod tests {
         let small = pool.take_filled(18 * 1024);
         assert_eq!(small.len(), 18 * 1024);
         assert_eq!(pool.held(), 0);
+    }
+
+    #[test]
+    fn a_full_frame_finds_its_buffer_under_a_partial_ones() {
+        // A message's last record is short: its frame, written last, is on
+        // top when the next full frame is sealed.
+        let pool = BufferPool::new();
+        let full = BytesMut::zeroed(60 * 1024).freeze();
+        let full_ptr = full.as_ptr();
+        pool.give(full);
+        pool.give(BytesMut::zeroed(20 * 1024).freeze());
+        let b = pool.take_filled(60 * 1024);
+        assert_eq!(b.as_ptr(), full_ptr);
+        assert_eq!(pool.held(), 1);
     }
 }
