@@ -153,7 +153,7 @@ pub fn prepare(
     let handler: StreamHandler = Arc::new(move |ch| {
         let state = state.clone();
         let peer = ch.peer.clone();
-        let conn = exec_server_rpc::transport::byte_channels(ch.peer, ch.inbound, ch.outbound);
+        let conn = exec_server_client::relay::connection_from_channel(ch);
         // A relay stream is a network peer: the same handshake deadline applies.
         tokio::spawn(exec_server::connection::serve(
             state,

@@ -9,7 +9,7 @@
 use crate::error::{ConfigError, ConnectionError, ConnectionErrorKind};
 use exec_server_relay::harness::{self, HarnessError};
 use exec_server_relay::registry_client::RegistryClient;
-use exec_server_relay::stream::Channel;
+use exec_server_relay::stream::{Channel, OutMessage, StreamSender};
 use exec_server_relay::{Identity, OsRandom};
 use exec_server_rpc::transport;
 use exec_server_rpc::Connection;
@@ -99,7 +99,25 @@ impl RelaySource {
 }
 
 /// Makes a relay stream an ordinary connection (see
-/// [`transport::byte_channels`]).
-fn connection_from_channel(ch: Channel) -> Connection {
-    transport::byte_channels(ch.peer, ch.inbound, ch.outbound)
+/// [`transport::byte_channels`]): our client's end of a stream, and our
+/// executor's. Its messages are sealed in the connection's writing task.
+pub fn connection_from_channel(ch: Channel) -> Connection {
+    transport::byte_channels(ch.peer, ch.inbound, RelaySink(ch.outbound))
+}
+
+/// A relay stream's sending end as a connection's [`transport::MessageSink`].
+struct RelaySink(StreamSender);
+
+impl transport::MessageSink for RelaySink {
+    async fn send_message(
+        &mut self,
+        head: bytes::Bytes,
+        body: bytes::Bytes,
+    ) -> Result<(), transport::SinkClosed> {
+        let message = OutMessage { head, body };
+        self.0
+            .send(message)
+            .await
+            .map_err(|_| transport::SinkClosed)
+    }
 }

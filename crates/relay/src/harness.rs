@@ -10,9 +10,10 @@ use crate::noise::Initiator;
 use crate::random::OsRandom;
 use crate::registry_client::{RegistryClient, RegistryError};
 use crate::socket::{ClientReader as Source, ClientWriter as Sink, Message, Next, Outgoing};
-use crate::stream::{halves, Arrived, Channel, RecvHalf, StreamError};
+use crate::stream::{halves, Arrived, Channel, RecvHalf, StreamError, StreamSender};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// Time for the executor's msg2 after msg1 (it asks the registry first): 20 s.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -150,8 +151,8 @@ async fn await_msg2(source: &mut Source, stream_id: &str) -> Result<Vec<u8>, Har
 }
 
 /// Runs an established stream: a writer (sealed frames and pings onto the
-/// socket), a sealer (messages into frames) and a reader (frames opened into
-/// messages); the [`Channel`] is the program's end. Dropping its receiver
+/// socket) and a reader (frames opened into messages); the [`Channel`] is
+/// the program's end, whose sends seal their messages into frames. Dropping its receiver
 /// ends the stream and the socket.
 fn run_stream(
     mut sink: Sink,
@@ -159,11 +160,14 @@ fn run_stream(
     stream_id: String,
     transport: crate::noise::Transport,
 ) -> Channel {
-    let (mut send, mut recv) = halves(&stream_id, transport);
+    let (send, mut recv) = halves(&stream_id, transport);
     let (in_tx, in_rx) = mpsc::channel::<bytes::Bytes>(QUEUE);
-    let (out_tx, mut out_rx) = mpsc::channel::<crate::stream::OutMessage>(QUEUE);
     let (frame_tx, mut frame_rx) = mpsc::channel::<Outgoing>(QUEUE);
-    // Writer: frames from the sealer, pongs and pings onto the socket.
+    let stopped = CancellationToken::new();
+    // Nobody waits for the program to stop sending: the stream lasts until
+    // it drops its receiver.
+    let (outbound, _done) = StreamSender::new(send, frame_tx.clone(), stopped.clone());
+    // Writer: sealed frames, pongs and pings onto the socket.
     let writer = tokio::spawn(async move {
         let mut ping = tokio::time::interval(Duration::from_secs(30));
         ping.tick().await;
@@ -181,23 +185,6 @@ fn run_stream(
         let _ = sink.close(None).await;
     });
     let sid = stream_id.clone();
-    let sealer_frames = frame_tx.clone();
-    tokio::spawn(async move {
-        while let Some(msg) = out_rx.recv().await {
-            let Ok(frames) = send.seal_message(&msg) else {
-                break;
-            };
-            for f in frames {
-                if sealer_frames
-                    .send(Outgoing::Binary(f.into()))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-        }
-    });
     let pongs = frame_tx.clone();
     tokio::spawn(async move {
         loop {
@@ -246,12 +233,13 @@ fn run_stream(
             }
         }
         // The stream is over: stop writing too, so the socket closes.
+        stopped.cancel();
         drop(frame_tx);
         writer.abort();
     });
     Channel {
         inbound: in_rx,
-        outbound: out_tx,
+        outbound,
         peer: format!("relay stream {stream_id}"),
     }
 }

@@ -20,6 +20,7 @@ pub mod registry;
 pub mod registry_client;
 pub mod socket;
 pub mod stream;
+mod stream_send;
 #[doc(hidden)]
 pub mod testing;
 pub mod tls;

@@ -7,6 +7,7 @@ use crate::frame::{Body, Frame};
 use crate::noise::{NoiseError, Opener, Sealer, Transport, TAG_LEN};
 use crate::ordered::{Ordered, OutOfWindow, SendSeq};
 use crate::records::{self, BadLength, Reassembler};
+pub use crate::stream_send::{StreamClosed, StreamSender};
 use bytes::BytesMut;
 
 /// Why a stream must be torn down.
@@ -279,9 +280,10 @@ pub struct Channel {
     /// Messages from the peer (a long one's buffer is the one its records
     /// were read into).
     pub inbound: tokio::sync::mpsc::Receiver<bytes::Bytes>,
-    /// Messages to the peer: shared bytes, so a payload the program also
-    /// keeps (an output log's chunk) is sealed from where it lies.
-    pub outbound: tokio::sync::mpsc::Sender<OutMessage>,
+    /// Messages to the peer, sealed in the sending task: shared bytes, so a
+    /// payload the program also keeps (an output log's chunk) is sealed
+    /// from where it lies.
+    pub outbound: StreamSender,
     /// Description, e.g. `relay stream 1b4e…`.
     pub peer: String,
 }

@@ -12,12 +12,13 @@ use crate::keys::prologue;
 use crate::noise::{PendingResponder, Transport};
 use crate::random::OsRandom;
 use crate::socket::{ClientSocket, Message, Outgoing};
-use crate::stream::{halves, Channel, RecvHalf};
+use crate::stream::{halves, Channel, RecvHalf, StreamSender};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// Streams served at once on one socket: 128.
 pub const MAX_ACTIVE_STREAMS: usize = 128;
@@ -47,15 +48,18 @@ struct Active {
     /// Tells the observer the stream closed when the entry goes, whichever
     /// of the several removal paths takes it.
     _counted: OpenStream,
-    /// The stream's writer: stopped when the entry goes (a reset, an error),
-    /// so the program's sends on it fail instead of being sealed and sent
-    /// for a stream the relay no longer routes.
-    writer: tokio::task::AbortHandle,
+    /// Cancelled when the entry goes (a reset, an error), so the program's
+    /// sends on it fail instead of being sealed and sent for a stream the
+    /// relay no longer routes.
+    stopped: CancellationToken,
+    /// Waits for the program to drop its sending end.
+    watcher: tokio::task::AbortHandle,
 }
 
 impl Drop for Active {
     fn drop(&mut self) {
-        self.writer.abort();
+        self.stopped.cancel();
+        self.watcher.abort();
     }
 }
 
@@ -239,27 +243,23 @@ impl Mux<'_> {
         });
     }
 
-    /// A stream's routing entry and the program's end of it; its writer
-    /// seals what the program sends.
+    /// A stream's routing entry and the program's end of it, whose sends
+    /// seal and queue their frames themselves.
     fn open(&self, stream_id: &str, id: u64, transport: Transport) -> (Active, Channel) {
         let (send, recv) = halves(stream_id, transport);
-        let mut send = send.with_pool(self.buffers.clone());
         let (in_tx, in_rx) = mpsc::channel(STREAM_QUEUE);
-        let (out_tx, mut out_rx) = mpsc::channel::<crate::stream::OutMessage>(STREAM_QUEUE);
-        let out = self.out.clone();
+        let stopped = CancellationToken::new();
+        let (outbound, done) = StreamSender::new(
+            send.with_pool(self.buffers.clone()),
+            self.out.clone(),
+            stopped.clone(),
+        );
         let events = self.events.clone();
         let sid = stream_id.to_string();
-        let writer = tokio::spawn(async move {
-            'msgs: while let Some(msg) = out_rx.recv().await {
-                let Ok(frames) = send.seal_message(&msg) else {
-                    break;
-                };
-                for f in frames {
-                    if out.send(Outgoing::Binary(f.into())).await.is_err() {
-                        break 'msgs;
-                    }
-                }
-            }
+        // Wakes once: when the program drops its sending end (or a send
+        // fails and the program lets go), the entry goes.
+        let watcher = tokio::spawn(async move {
+            let _ = done.await;
             let _ = events.send(Event::Ended { stream_id: sid, id }).await;
         });
         let active = Active {
@@ -267,11 +267,12 @@ impl Mux<'_> {
             recv,
             inbound: in_tx,
             _counted: OpenStream::new(self.ctx.observer.clone()),
-            writer: writer.abort_handle(),
+            stopped,
+            watcher: watcher.abort_handle(),
         };
         let channel = Channel {
             inbound: in_rx,
-            outbound: out_tx,
+            outbound,
             peer: format!("relay stream {stream_id}"),
         };
         (active, channel)

@@ -20,14 +20,16 @@ use tokio::sync::mpsc;
 /// end must receive as one message, head first: a binary frame's header
 /// and the payload it frames stay apart, so a sender that can take them as
 /// they are (a relay stream seals both into its records) never joins them.
-pub fn byte_channels<M, O>(
+/// `outbound` is any [`MessageSink`]: a channel, or a sender that seals and
+/// queues each message itself, in the connection's writing task.
+pub fn byte_channels<M, S>(
     peer: String,
     mut inbound: mpsc::Receiver<M>,
-    outbound: mpsc::Sender<O>,
+    mut outbound: S,
 ) -> Connection
 where
     M: Into<bytes::Bytes> + Send + 'static,
-    O: From<(bytes::Bytes, bytes::Bytes)> + Send + 'static,
+    S: MessageSink,
 {
     let (conn, mut end) = binary_channel(peer);
     let closer = end.closer.clone();
@@ -73,7 +75,7 @@ where
                 // Never queued: a channel does not stream text.
                 Some(Outgoing::Stream(_)) => break,
             };
-            if outbound.send(O::from((head, body))).await.is_err() {
+            if outbound.send_message(head, body).await.is_err() {
                 break;
             }
         }
@@ -81,6 +83,46 @@ where
         inbound_pump.abort();
     });
     conn
+}
+
+/// The other end of a [`byte_channels`] connection is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SinkClosed;
+
+impl std::fmt::Display for SinkClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the message sink is closed")
+    }
+}
+
+impl std::error::Error for SinkClosed {}
+
+/// Where [`byte_channels`] sends a connection's messages, each as a head and
+/// a body (either may be empty) that the far end receives as one message.
+pub trait MessageSink: Send + 'static {
+    /// Sends one message, waiting while the sink is full. Errors:
+    /// [`SinkClosed`] once the far end is gone (nothing more is sent).
+    fn send_message(
+        &mut self,
+        head: bytes::Bytes,
+        body: bytes::Bytes,
+    ) -> impl std::future::Future<Output = Result<(), SinkClosed>> + Send;
+}
+
+/// A channel is a sink of anything made from a head and a body.
+impl<O> MessageSink for mpsc::Sender<O>
+where
+    O: From<(bytes::Bytes, bytes::Bytes)> + Send + 'static,
+{
+    async fn send_message(
+        &mut self,
+        head: bytes::Bytes,
+        body: bytes::Bytes,
+    ) -> Result<(), SinkClosed> {
+        self.send(O::from((head, body)))
+            .await
+            .map_err(|_| SinkClosed)
+    }
 }
 
 /// Messages queued each way between an embedded server and its client.

@@ -1,0 +1,180 @@
+//! A stream's sending end for its program ([`StreamSender`]): each message is
+//! sealed into its frames and queued for the socket in the sender's own
+//! task.
+//!
+//! Why no task of its own: a stream's messages used to pass through one (a
+//! channel to it, then the socket's queue), one more hand-over between tasks
+//! per message on a path that already has several (the process's pump, the
+//! connection's writer, the socket's writer). On a multi-threaded runtime
+//! each hand-over may wake another worker to run the next step, and the
+//! message's buffers move to that worker's cache with it.
+
+use crate::socket::Outgoing;
+use crate::stream::{OutMessage, SendHalf};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// The stream can carry no more messages: the relay no longer routes it,
+/// its socket is gone, or sealing failed (its counters ran out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the relay stream is closed")]
+pub struct StreamClosed;
+
+/// Sends messages on one relay stream: [`StreamSender::send`] seals a message
+/// into its data frames and queues them on the socket, in order, from the
+/// calling task. Cheap to clone; clones share the stream (one message's
+/// frames are queued before another's are sealed). Dropping every clone
+/// tells the stream's owner the program is done sending.
+#[derive(Clone)]
+pub struct StreamSender {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    half: tokio::sync::Mutex<SendHalf>,
+    /// The socket's queue of frames.
+    frames: mpsc::Sender<Outgoing>,
+    /// Cancelled when the stream may carry no more: sends fail from then.
+    stopped: CancellationToken,
+    /// Dropped with the last clone: its receiver learns the program is done.
+    _done: oneshot::Sender<()>,
+}
+
+impl StreamSender {
+    /// A sender sealing with `half` into the socket queue `frames`, failing
+    /// once `stopped` is cancelled; the receiver completes (with an error)
+    /// when the last clone is dropped.
+    pub(crate) fn new(
+        half: SendHalf,
+        frames: mpsc::Sender<Outgoing>,
+        stopped: CancellationToken,
+    ) -> (StreamSender, oneshot::Receiver<()>) {
+        let (done, done_rx) = oneshot::channel();
+        let shared = Shared {
+            half: tokio::sync::Mutex::new(half),
+            frames,
+            stopped,
+            _done: done,
+        };
+        (
+            StreamSender {
+                shared: Arc::new(shared),
+            },
+            done_rx,
+        )
+    }
+
+    /// Seals `message` and queues its frames, waiting while the socket's
+    /// queue is full. Errors: [`StreamClosed`]. A send dropped before it
+    /// finishes (its frames partly queued) stops the stream, since the peer
+    /// would wait forever for the frames it never got.
+    pub async fn send(&self, message: OutMessage) -> Result<(), StreamClosed> {
+        let s = &self.shared;
+        if s.stopped.is_cancelled() {
+            return Err(StreamClosed);
+        }
+        let mut half = s.half.lock().await;
+        let frames = match half.seal_message(&message) {
+            Ok(frames) => frames,
+            Err(e) => {
+                tracing::debug!("relay stream cannot seal: {e}");
+                s.stopped.cancel();
+                return Err(StreamClosed);
+            }
+        };
+        let unfinished = s.stopped.clone().drop_guard();
+        for f in frames {
+            tokio::select! {
+                sent = s.frames.send(Outgoing::Binary(f.into())) => {
+                    if sent.is_err() {
+                        // The guard stops the stream.
+                        return Err(StreamClosed);
+                    }
+                }
+                _ = s.stopped.cancelled() => return Err(StreamClosed),
+            }
+        }
+        unfinished.disarm();
+        Ok(())
+    }
+
+    /// Whether sends fail from now on.
+    pub fn is_closed(&self) -> bool {
+        self.shared.stopped.is_cancelled() || self.shared.frames.is_closed()
+    }
+}
+
+impl std::fmt::Debug for StreamSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamSender")
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::noise::Transport;
+    use crate::stream::halves;
+    use std::future::Future;
+
+    fn sender(queue: usize) -> (StreamSender, mpsc::Receiver<Outgoing>, CancellationToken) {
+        let (half, _) = halves("s1", Transport::from_keys(&[1; 32], &[2; 32]));
+        let (tx, rx) = mpsc::channel(queue);
+        let stopped = CancellationToken::new();
+        let (s, _done) = StreamSender::new(half, tx, stopped.clone());
+        (s, rx, stopped)
+    }
+
+    #[tokio::test]
+    async fn a_message_becomes_its_frames_in_order_then_sends_fail_once_stopped() {
+        let (s, mut rx, stopped) = sender(64);
+        let r = crate::records::RECORD_PLAINTEXT_LEN;
+        s.send(vec![7u8; 2 * r].into()).await.unwrap();
+        let mut seqs = Vec::new();
+        while let Ok(Outgoing::Binary(f)) = rx.try_recv() {
+            match crate::frame::Frame::decode(&f).unwrap().body {
+                Some(crate::frame::Body::Data { seq, .. }) => seqs.push(seq),
+                other => panic!("not a data frame: {other:?}"),
+            }
+        }
+        assert_eq!(seqs, vec![0, 1, 2], "three records, in order");
+        stopped.cancel();
+        assert_eq!(s.send(b"late".to_vec().into()).await, Err(StreamClosed));
+        assert!(rx.try_recv().is_err(), "nothing queued after the stop");
+    }
+
+    #[tokio::test]
+    async fn a_send_dropped_half_way_stops_the_stream() {
+        // Room for one frame: the second waits, and the send is dropped there.
+        let (s, mut rx, stopped) = sender(1);
+        let r = crate::records::RECORD_PLAINTEXT_LEN;
+        let mut send = Box::pin(s.send(vec![1u8; 2 * r].into()));
+        let pending =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(send.as_mut().poll(cx).is_pending()))
+                .await;
+        assert!(pending, "the queue is full after the first frame");
+        assert!(!stopped.is_cancelled());
+        drop(send);
+        assert!(
+            stopped.is_cancelled(),
+            "a half-sent message stops the stream"
+        );
+        assert!(rx.try_recv().is_ok(), "the first frame was queued");
+        assert_eq!(s.send(b"x".to_vec().into()).await, Err(StreamClosed));
+    }
+
+    #[tokio::test]
+    async fn dropping_the_last_clone_tells_the_owner() {
+        let (half, _) = halves("s1", Transport::from_keys(&[1; 32], &[2; 32]));
+        let (tx, _rx) = mpsc::channel(4);
+        let (s, mut done) = StreamSender::new(half, tx, CancellationToken::new());
+        let clone = s.clone();
+        drop(s);
+        assert_eq!(done.try_recv(), Err(oneshot::error::TryRecvError::Empty));
+        drop(clone);
+        assert!(done.await.is_err(), "the owner learns the program is done");
+    }
+}
