@@ -11,6 +11,7 @@ use crate::random::OsRandom;
 use crate::registry_client::{RegistryClient, RegistryError};
 use crate::socket::{ClientReader as Source, ClientWriter as Sink, Message, Next, Outgoing};
 use crate::stream::{halves, Arrived, Channel, RecvHalf, StreamError, StreamSender};
+use crate::stream_send::FrameRoute;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -166,7 +167,8 @@ fn run_stream(
     let stopped = CancellationToken::new();
     // Nobody waits for the program to stop sending: the stream lasts until
     // it drops its receiver.
-    let (outbound, _done) = StreamSender::new(send, frame_tx.clone(), stopped.clone());
+    let (outbound, _done) =
+        StreamSender::new(send, FrameRoute::Queue(frame_tx.clone()), stopped.clone());
     // Writer: sealed frames, pongs and pings onto the socket.
     let writer = tokio::spawn(async move {
         let mut ping = tokio::time::interval(Duration::from_secs(30));

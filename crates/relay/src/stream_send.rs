@@ -1,6 +1,7 @@
 //! A stream's sending end for its program ([`StreamSender`]): each message is
-//! sealed into its frames and queued for the socket in the sender's own
-//! task.
+//! sealed into its frames and queued for the socket (a harness's), or
+//! written to it (an executor's, shared by its streams), in the sender's
+//! own task.
 //!
 //! Why no task of its own: a stream's messages used to pass through one (a
 //! channel to it, then the socket's queue), one more hand-over between tasks
@@ -9,6 +10,7 @@
 //! each hand-over may wake another worker to run the next step, and the
 //! message's buffers move to that worker's cache with it.
 
+use crate::executor::shared_writer::SharedWriter;
 use crate::socket::Outgoing;
 use crate::stream::{OutMessage, SendHalf};
 use std::sync::Arc;
@@ -32,28 +34,48 @@ pub struct StreamSender {
 }
 
 struct Shared {
-    half: tokio::sync::Mutex<SendHalf>,
-    /// The socket's queue of frames.
-    frames: mpsc::Sender<Outgoing>,
+    state: tokio::sync::Mutex<State>,
+    /// Where the frames go.
+    route: FrameRoute,
     /// Cancelled when the stream may carry no more: sends fail from then.
     stopped: CancellationToken,
     /// Dropped with the last clone: its receiver learns the program is done.
     _done: oneshot::Sender<()>,
 }
 
+struct State {
+    half: SendHalf,
+    /// A message's frames on their way to the socket (kept to reuse the
+    /// allocation).
+    batch: Vec<Outgoing>,
+}
+
+/// Where a stream's sealed frames go.
+pub(crate) enum FrameRoute {
+    /// Into the queue a writer task drains (a harness's socket, which has
+    /// pings and pongs to send beside).
+    Queue(mpsc::Sender<Outgoing>),
+    /// Straight onto a socket shared with other streams, each message in
+    /// one write (an executor's).
+    Socket(SharedWriter),
+}
+
 impl StreamSender {
-    /// A sender sealing with `half` into the socket queue `frames`, failing
-    /// once `stopped` is cancelled; the receiver completes (with an error)
-    /// when the last clone is dropped.
+    /// A sender sealing with `half` and sending the frames along `route`,
+    /// failing once `stopped` is cancelled; the receiver completes (with an
+    /// error) when the last clone is dropped.
     pub(crate) fn new(
         half: SendHalf,
-        frames: mpsc::Sender<Outgoing>,
+        route: FrameRoute,
         stopped: CancellationToken,
     ) -> (StreamSender, oneshot::Receiver<()>) {
         let (done, done_rx) = oneshot::channel();
         let shared = Shared {
-            half: tokio::sync::Mutex::new(half),
-            frames,
+            state: tokio::sync::Mutex::new(State {
+                half,
+                batch: Vec::new(),
+            }),
+            route,
             stopped,
             _done: done,
         };
@@ -65,16 +87,18 @@ impl StreamSender {
         )
     }
 
-    /// Seals `message` and queues its frames, waiting while the socket's
-    /// queue is full. Errors: [`StreamClosed`]. A send dropped before it
-    /// finishes (its frames partly queued) stops the stream, since the peer
-    /// would wait forever for the frames it never got.
+    /// Seals `message` and sends its frames, waiting while the socket's
+    /// queue is full or another message is being written. Errors:
+    /// [`StreamClosed`]. A send dropped before it finishes (its frames
+    /// partly queued) stops the stream, since the peer would wait forever
+    /// for the frames it never got.
     pub async fn send(&self, message: OutMessage) -> Result<(), StreamClosed> {
         let s = &self.shared;
         if s.stopped.is_cancelled() {
             return Err(StreamClosed);
         }
-        let mut half = s.half.lock().await;
+        let mut state = s.state.lock().await;
+        let State { half, batch } = &mut *state;
         let frames = match half.seal_message(&message) {
             Ok(frames) => frames,
             Err(e) => {
@@ -83,16 +107,28 @@ impl StreamSender {
                 return Err(StreamClosed);
             }
         };
+        // Sealed frames are numbered: unless all of them go, the stream
+        // stops (the guard fires on every early return and on a drop).
         let unfinished = s.stopped.clone().drop_guard();
-        for f in frames {
-            tokio::select! {
-                sent = s.frames.send(Outgoing::Binary(f.into())) => {
-                    if sent.is_err() {
-                        // The guard stops the stream.
-                        return Err(StreamClosed);
+        match &s.route {
+            FrameRoute::Queue(queue) => {
+                for f in frames {
+                    tokio::select! {
+                        sent = queue.send(Outgoing::Binary(f.into())) => {
+                            if sent.is_err() {
+                                return Err(StreamClosed);
+                            }
+                        }
+                        _ = s.stopped.cancelled() => return Err(StreamClosed),
                     }
                 }
-                _ = s.stopped.cancelled() => return Err(StreamClosed),
+            }
+            FrameRoute::Socket(socket) => {
+                batch.extend(frames.into_iter().map(|f| Outgoing::Binary(f.into())));
+                if socket.send(batch, &s.stopped).await.is_err() {
+                    batch.clear();
+                    return Err(StreamClosed);
+                }
             }
         }
         unfinished.disarm();
@@ -101,7 +137,11 @@ impl StreamSender {
 
     /// Whether sends fail from now on.
     pub fn is_closed(&self) -> bool {
-        self.shared.stopped.is_cancelled() || self.shared.frames.is_closed()
+        let gone = match &self.shared.route {
+            FrameRoute::Queue(queue) => queue.is_closed(),
+            FrameRoute::Socket(socket) => socket.failed().is_cancelled(),
+        };
+        self.shared.stopped.is_cancelled() || gone
     }
 }
 
@@ -124,7 +164,7 @@ mod tests {
         let (half, _) = halves("s1", Transport::from_keys(&[1; 32], &[2; 32]));
         let (tx, rx) = mpsc::channel(queue);
         let stopped = CancellationToken::new();
-        let (s, _done) = StreamSender::new(half, tx, stopped.clone());
+        let (s, _done) = StreamSender::new(half, FrameRoute::Queue(tx), stopped.clone());
         (s, rx, stopped)
     }
 
@@ -170,7 +210,8 @@ mod tests {
     async fn dropping_the_last_clone_tells_the_owner() {
         let (half, _) = halves("s1", Transport::from_keys(&[1; 32], &[2; 32]));
         let (tx, _rx) = mpsc::channel(4);
-        let (s, mut done) = StreamSender::new(half, tx, CancellationToken::new());
+        let (s, mut done) =
+            StreamSender::new(half, FrameRoute::Queue(tx), CancellationToken::new());
         let clone = s.clone();
         drop(s);
         assert_eq!(done.try_recv(), Err(oneshot::error::TryRecvError::Empty));

@@ -10,6 +10,7 @@
 //! node may have died; another node of the fleet answers the registration).
 
 pub mod mux;
+pub(crate) mod shared_writer;
 
 use crate::frame::MAX_FRAME_BYTES;
 use crate::keys::Identity;

@@ -4,6 +4,7 @@
 //! each handed to the program as a [`Channel`]. Every frame rule of the
 //! reference (REMOTE.md (g)) is applied here.
 
+use super::shared_writer::SharedWriter;
 use super::{Ctx, Disconnect, Observer};
 use crate::api::ValidateRequest;
 use crate::buffers::BufferPool;
@@ -13,6 +14,7 @@ use crate::noise::{PendingResponder, Transport};
 use crate::random::OsRandom;
 use crate::socket::{ClientSocket, Message, Outgoing};
 use crate::stream::{halves, Channel, RecvHalf, StreamSender};
+use crate::stream_send::FrameRoute;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,8 +34,9 @@ pub const HANDSHAKE_COOLDOWN: Duration = Duration::from_secs(10);
 pub const MAX_AUTHORIZATION_BYTES: usize = 4096;
 /// Time the registry has to answer `/validate`: 10 s.
 pub const VALIDATION_TIMEOUT: Duration = Duration::from_secs(10);
-/// Frames queued for the socket before stream writers wait.
-const WRITE_QUEUE: usize = 256;
+/// Control frames (pongs, resets) queued for the socket; past it they are
+/// dropped (a socket that far behind is stuck, and the watchdog ends it).
+const CONTROL_QUEUE: usize = 256;
 /// Messages queued towards one stream's program.
 const STREAM_QUEUE: usize = 64;
 /// Bytes a harness may send on a stream the registry has not admitted yet:
@@ -105,6 +108,8 @@ struct Mux<'a> {
     out: mpsc::Sender<Outgoing>,
     /// Frame buffers the socket's writer hands back to the streams' sealers.
     buffers: BufferPool,
+    /// The socket's write half, which the streams write to themselves.
+    socket: SharedWriter,
     events: mpsc::Sender<Event>,
     active: HashMap<String, Active>,
     /// Streams awaiting the registry's `/validate` (held).
@@ -251,7 +256,7 @@ impl Mux<'_> {
         let stopped = CancellationToken::new();
         let (outbound, done) = StreamSender::new(
             send.with_pool(self.buffers.clone()),
-            self.out.clone(),
+            FrameRoute::Socket(self.socket.clone()),
             stopped.clone(),
         );
         let events = self.events.clone();
@@ -350,26 +355,26 @@ impl Mux<'_> {
 /// Serves one socket until it fails; returns why it ended.
 pub(super) async fn serve((mut source, sink): ClientSocket, ctx: &Arc<Ctx>) -> Disconnect {
     let buffers = BufferPool::new();
-    let mut sink = sink.with_pool(buffers.clone());
-    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(WRITE_QUEUE);
+    let socket = SharedWriter::new(sink.with_pool(buffers.clone()));
+    // Streams write their messages themselves; this task writes the rest
+    // (pongs, resets, pings).
+    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(CONTROL_QUEUE);
     let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(64);
     let keepalive = ctx.keepalive;
+    let control = socket.clone();
     let writer = tokio::spawn(async move {
         let mut ping = tokio::time::interval(keepalive);
         ping.tick().await;
         let mut batch = Vec::with_capacity(crate::MAX_FRAMES_PER_FLUSH);
+        let never = CancellationToken::new();
         loop {
             let m = tokio::select! {
-                m = out_rx.recv() => match m { Some(m) => m, None => return Disconnect::LocalShutdown },
+                m = out_rx.recv() => match m { Some(m) => m, None => return },
                 _ = ping.tick() => Outgoing::Ping(bytes::Bytes::new()),
             };
-            // What is queued behind it goes out with it: one write, fewer
-            // and larger socket writes while a stream runs.
             crate::socket::gather(&mut batch, m, || out_rx.try_recv().ok());
-            let write = sink.send(&mut batch);
-            match tokio::time::timeout(Duration::from_secs(30), write).await {
-                Ok(Ok(())) => {}
-                _ => return Disconnect::WriteError,
+            if control.send(&mut batch, &never).await.is_err() {
+                return;
             }
         }
     });
@@ -377,6 +382,7 @@ pub(super) async fn serve((mut source, sink): ClientSocket, ctx: &Arc<Ctx>) -> D
         ctx,
         out: out_tx,
         buffers,
+        socket: socket.clone(),
         events: ev_tx,
         active: HashMap::new(),
         held: HashMap::new(),
@@ -440,12 +446,13 @@ pub(super) async fn serve((mut source, sink): ClientSocket, ctx: &Arc<Ctx>) -> D
                 if last_seen.elapsed() > keepalive + ctx.pong_timeout {
                     break Disconnect::PongTimeout;
                 }
-                if writer.is_finished() {
+                if socket.failed().is_cancelled() {
                     break Disconnect::WriteError;
                 }
             }
         }
     };
     writer.abort();
+    socket.close();
     reason
 }
