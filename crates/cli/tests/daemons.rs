@@ -185,9 +185,14 @@ async fn an_emptied_cgroup_serves_later_starts_and_one_a_daemon_holds_never_does
         later.iter().all(|cg| *cg != held),
         "the cgroup a daemon lives in served another start: {later:?}"
     );
+    // Emptied cgroups serve later starts: the one "plain" left, or one a
+    // later start left (which of them the pool hands out first depends on
+    // when each was seen empty).
+    let reused =
+        later.contains(&emptied) || (1..later.len()).any(|i| later[..i].contains(&later[i]));
     assert!(
-        later.contains(&emptied),
-        "the emptied cgroup {emptied} was not reused: {later:?}"
+        reused,
+        "no emptied cgroup ({emptied}, or one of these) was reused: {later:?}"
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
