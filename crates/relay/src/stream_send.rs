@@ -17,6 +17,12 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+/// Frames a stream writes to a shared socket in one turn: 32 (about 2 MiB).
+/// A message of up to 1 MiB (an output chunk) goes in one write; a longer
+/// one lets the other streams' messages through between its turns, so a
+/// large reply does not hold an interactive stream up for all its length.
+pub const FRAMES_PER_TURN: usize = 32;
+
 /// The stream can carry no more messages: the relay no longer routes it,
 /// its socket is gone, or sealing failed (its counters ran out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -124,10 +130,17 @@ impl StreamSender {
                 }
             }
             FrameRoute::Socket(socket) => {
-                batch.extend(frames.into_iter().map(|f| Outgoing::Binary(f.into())));
-                if socket.send(batch, &s.stopped).await.is_err() {
-                    batch.clear();
-                    return Err(StreamClosed);
+                let mut frames = frames.into_iter();
+                loop {
+                    let turn = frames.by_ref().take(FRAMES_PER_TURN);
+                    batch.extend(turn.map(|f| Outgoing::Binary(f.into())));
+                    if batch.is_empty() {
+                        break;
+                    }
+                    if socket.send(batch, &s.stopped).await.is_err() {
+                        batch.clear();
+                        return Err(StreamClosed);
+                    }
                 }
             }
         }
@@ -217,5 +230,54 @@ mod tests {
         assert_eq!(done.try_recv(), Err(oneshot::error::TryRecvError::Empty));
         drop(clone);
         assert!(done.await.is_err(), "the owner learns the program is done");
+    }
+
+    #[tokio::test]
+    async fn a_long_message_lets_another_streams_message_through_between_its_turns() {
+        use crate::socket::{Io, Message, Reader, Role, Writer};
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        let (_, w) = tokio::io::split(Box::new(near) as Box<dyn Io>);
+        let socket = SharedWriter::new(Writer::new(w, Role::Client));
+        let on_socket = |id: &str, key: u8| {
+            let (half, _) = halves(id, Transport::from_keys(&[key; 32], &[key + 1; 32]));
+            let route = FrameRoute::Socket(socket.clone());
+            StreamSender::new(half, route, CancellationToken::new()).0
+        };
+        let (long, short) = (on_socket("long", 1), on_socket("short", 3));
+        // Three turns' worth of records (the length prefix takes 4 bytes).
+        let records = 3 * FRAMES_PER_TURN;
+        let len = records * crate::records::RECORD_PLAINTEXT_LEN - 4;
+        let long_send = tokio::spawn(async move { long.send(vec![1u8; len].into()).await });
+        // Its first turn holds the socket: nobody reads the pipe yet.
+        while !socket.is_busy() {
+            tokio::task::yield_now().await;
+        }
+        let mut short_send = Box::pin(short.send(b"hi".to_vec().into()));
+        let pending = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(short_send.as_mut().poll(cx).is_pending())
+        })
+        .await;
+        assert!(pending, "the short message waits for its turn");
+        let reader = tokio::spawn(async move {
+            let mut r = Reader::new(far, Role::Server, crate::frame::MAX_FRAME_BYTES);
+            let mut order = Vec::new();
+            while order.len() < records + 1 {
+                let Ok(Some(Message::Binary(b))) = r.next().await else {
+                    break;
+                };
+                order.push(crate::frame::Frame::decode(&b).unwrap().stream_id);
+            }
+            order
+        });
+        assert_eq!(short_send.await, Ok(()));
+        assert_eq!(long_send.await.unwrap(), Ok(()));
+        let order = reader.await.unwrap();
+        assert_eq!(order.len(), records + 1);
+        let at = order.iter().position(|id| id == "short");
+        assert_eq!(
+            at,
+            Some(FRAMES_PER_TURN),
+            "right after the long one's first turn"
+        );
     }
 }

@@ -82,6 +82,12 @@ impl SharedWriter {
         }
     }
 
+    /// Whether a write is in progress now.
+    #[cfg(test)]
+    pub(crate) fn is_busy(&self) -> bool {
+        self.writer.try_lock().is_err()
+    }
+
     /// Cancelled once a write failed.
     pub(crate) fn failed(&self) -> &CancellationToken {
         &self.failed
@@ -146,7 +152,7 @@ mod tests {
             let mut batch = big_frame();
             busy.send(&mut batch, &never).await
         });
-        while socket.writer.try_lock().is_ok() {
+        while !socket.is_busy() {
             tokio::task::yield_now().await;
         }
         let stopped = CancellationToken::new();
