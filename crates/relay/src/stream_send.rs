@@ -61,8 +61,8 @@ pub(crate) enum FrameRoute {
     /// Into the queue a writer task drains (a harness's socket, which has
     /// pings and pongs to send beside).
     Queue(mpsc::Sender<Outgoing>),
-    /// Straight onto a socket shared with other streams, each message in
-    /// one write (an executor's).
+    /// Straight onto a socket shared with other streams, in turns of at
+    /// most [`FRAMES_PER_TURN`] frames, each turn one write (an executor's).
     Socket(SharedWriter),
 }
 
