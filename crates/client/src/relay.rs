@@ -113,11 +113,8 @@ impl transport::MessageSink for RelaySink {
         &mut self,
         head: bytes::Bytes,
         body: bytes::Bytes,
-    ) -> Result<(), transport::SinkClosed> {
+    ) -> Result<(), transport::Closed> {
         let message = OutMessage { head, body };
-        self.0
-            .send(message)
-            .await
-            .map_err(|_| transport::SinkClosed)
+        self.0.send(message).await.map_err(|_| transport::Closed)
     }
 }

@@ -258,25 +258,9 @@ impl CipherState {
     }
 
     fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        let mut out = Vec::with_capacity(plaintext.len() + TAG_LEN);
-        self.seal_with_tail(&mut out, 0, plaintext)?;
+        let mut out = vec![0; plaintext.len() + TAG_LEN];
+        self.seal_into(&mut out, 0, plaintext)?;
         Ok(out)
-    }
-
-    /// Seals the record whose plaintext is `buf[start..]` followed by
-    /// `tail`: the bytes in `buf` where they lie, `tail` read from where it
-    /// lies with its ciphertext appended to `buf`, then the tag.
-    fn seal_with_tail(
-        &mut self,
-        buf: &mut Vec<u8>,
-        start: usize,
-        tail: &[u8],
-    ) -> Result<(), NoiseError> {
-        if buf.len() < start {
-            return Err(NoiseError::Length);
-        }
-        buf.resize(buf.len() + tail.len() + TAG_LEN, 0);
-        self.seal_into(buf, start, tail)
     }
 
     /// Seals the record whose plaintext is `frame[start..end]` followed by
@@ -347,25 +331,13 @@ impl Sealer {
         self.0.encrypt(plaintext)
     }
 
-    /// Seals the next record, whose plaintext is `buf[start..]` followed by
-    /// `tail`: the bytes already in `buf` are encrypted where they lie, and
-    /// `tail`'s ciphertext (read from where it lies, no copy first) and the
-    /// tag are appended. The same record as [`Sealer::encrypt`] of the
-    /// joined plaintext. Errors as [`Transport::encrypt`].
-    pub fn seal_with_tail(
-        &mut self,
-        buf: &mut Vec<u8>,
-        start: usize,
-        tail: &[u8],
-    ) -> Result<(), NoiseError> {
-        self.0.seal_with_tail(buf, start, tail)
-    }
-
-    /// As [`Sealer::seal_with_tail`], into a frame already as long as the
-    /// record needs: the plaintext is `frame[start..end]` followed by
-    /// `tail`, where `end` is `tail.len()` plus the tag's length before
-    /// `frame`'s end, and those last bytes (whatever they held) become
-    /// `tail`'s ciphertext and the tag. Errors: [`NoiseError::Length`] when
+    /// Seals the next record into a frame already as long as the record
+    /// needs: the plaintext is `frame[start..end]` (encrypted where it
+    /// lies) followed by `tail` (read from where it lies, no copy first),
+    /// where `end` is `tail.len()` plus the tag's length before `frame`'s
+    /// end, and those last bytes (whatever they held) become `tail`'s
+    /// ciphertext and the tag. The same record as [`Sealer::encrypt`] of
+    /// the joined plaintext. Errors: [`NoiseError::Length`] when
     /// `frame` is shorter than that or the record too long; as
     /// [`Transport::encrypt`] otherwise.
     pub fn seal_into(

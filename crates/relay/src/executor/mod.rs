@@ -93,8 +93,6 @@ pub enum Disconnect {
     WriteError,
     /// Nothing heard for too long.
     PongTimeout,
-    /// We stopped.
-    LocalShutdown,
 }
 
 pub(crate) struct Ctx {

@@ -3,7 +3,7 @@
 //! without this crate knowing anything of the relay, and how an embedded
 //! server and its client in one process talk ([`channel_pair`]).
 
-use super::{binary_channel, Inbound};
+use super::{binary_channel, Closed, Inbound};
 use crate::{Connection, Outgoing};
 use exec_server_protocol::binary;
 use tokio::sync::mpsc;
@@ -85,28 +85,16 @@ where
     conn
 }
 
-/// The other end of a [`byte_channels`] connection is gone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SinkClosed;
-
-impl std::fmt::Display for SinkClosed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the message sink is closed")
-    }
-}
-
-impl std::error::Error for SinkClosed {}
-
 /// Where [`byte_channels`] sends a connection's messages, each as a head and
 /// a body (either may be empty) that the far end receives as one message.
 pub trait MessageSink: Send + 'static {
     /// Sends one message, waiting while the sink is full. Errors:
-    /// [`SinkClosed`] once the far end is gone (nothing more is sent).
+    /// [`Closed`] once the far end is gone (nothing more is sent).
     fn send_message(
         &mut self,
         head: bytes::Bytes,
         body: bytes::Bytes,
-    ) -> impl std::future::Future<Output = Result<(), SinkClosed>> + Send;
+    ) -> impl std::future::Future<Output = Result<(), Closed>> + Send;
 }
 
 /// A channel is a sink of anything made from a head and a body.
@@ -114,14 +102,8 @@ impl<O> MessageSink for mpsc::Sender<O>
 where
     O: From<(bytes::Bytes, bytes::Bytes)> + Send + 'static,
 {
-    async fn send_message(
-        &mut self,
-        head: bytes::Bytes,
-        body: bytes::Bytes,
-    ) -> Result<(), SinkClosed> {
-        self.send(O::from((head, body)))
-            .await
-            .map_err(|_| SinkClosed)
+    async fn send_message(&mut self, head: bytes::Bytes, body: bytes::Bytes) -> Result<(), Closed> {
+        self.send(O::from((head, body))).await.map_err(|_| Closed)
     }
 }
 

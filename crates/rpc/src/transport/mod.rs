@@ -11,7 +11,7 @@ mod byte_channels;
 mod lines;
 mod websocket;
 
-pub use byte_channels::{byte_channels, channel_pair, MessageSink, SinkClosed};
+pub use byte_channels::{byte_channels, channel_pair, MessageSink};
 pub use lines::{lines, lines_with_limit};
 pub use websocket::{websocket, Role};
 
