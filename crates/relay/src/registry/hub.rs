@@ -24,11 +24,12 @@ use super::close::{
     send_close, CloseWith, CLAIM_REFUSED, EXECUTOR_GONE, NO_EXECUTOR, NO_HANDSHAKE, SILENT,
     STREAM_RESET,
 };
+use super::harness_writer;
 use super::queue::{HarnessQueue, Pool, Refused, Scope};
 pub use super::queue::{DEFAULT_NODE_BUFFER_BYTES, ENVIRONMENT_BUFFER_BYTES, STREAM_BUFFER_BYTES};
-use super::relay_io::{classify, spawn_writer, Inbox, Read, PONG_QUEUE};
+use super::relay_io::{classify, spawn_writer, Read, PONG_QUEUE};
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
-use crate::socket::{CloseStatus, Message, Reader, Writer};
+use crate::socket::{CloseStatus, Message, Reader, Role, Writer};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -308,7 +309,7 @@ impl Hub {
         let close = CloseWith::default();
         let mut writer = spawn_writer(
             writer,
-            Inbox::Bounded(rx),
+            rx,
             pong_rx,
             (stop.clone(), close.clone()),
             ping_every,
@@ -375,7 +376,7 @@ impl Hub {
             else {
                 return;
             };
-            match target.queue.push(frame) {
+            match target.queue.send(frame) {
                 Ok(()) => {
                     self.counters.to_harness.inc_by(n);
                     match kind {
@@ -533,13 +534,9 @@ impl Hub {
             Err(why) => return send_close(writer, Some(why)).await,
         };
         let (pong_tx, pong_rx) = mpsc::channel(PONG_QUEUE);
-        let writer = spawn_writer(
-            writer,
-            Inbox::Counted(queue),
-            pong_rx,
-            (stop.clone(), close.clone()),
-            PING_INTERVAL,
-        );
+        queue.attach(Writer::new(Box::new(writer.into_inner()), Role::Server));
+        let writer =
+            harness_writer::spawn(queue, pong_rx, (stop.clone(), close.clone()), PING_INTERVAL);
         let mut ok = executor.send(first).await.is_ok();
         // The claim must lead to a handshake the executor answers: a socket
         // that only claims, or sends a msg1 the executor ignores, and

@@ -22,6 +22,7 @@
 mod close;
 pub use close::NO_EXECUTOR;
 pub mod fleet;
+mod harness_writer;
 pub mod hub;
 pub mod metrics;
 mod pending;

@@ -14,12 +14,25 @@
 //! that scope is reset (a stalled one, not the reader that happened to push
 //! next), and its frames are freed at once ([`HarnessQueue::forfeit`]), so
 //! the bytes counted are always the bytes held.
+//!
+//! A frame is not queued at all while the harness's socket keeps up: with
+//! nothing queued and the socket's writer idle, the executor's reader writes
+//! it through ([`HarnessQueue::send`]) as far as the socket takes it without
+//! waiting, from the core that just read it, and only what is left goes to
+//! the harness's writer task. That saves a hand-over between tasks (and
+//! often between cores) per frame on the relay's busiest path.
 
+use crate::socket::{Outgoing, Remainder, Writer, WrittenNow};
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Waker};
+use tokio::io::AsyncWrite;
 use tokio::sync::Notify;
+
+/// A harness socket's writer as the node holds it.
+pub type HarnessWriter = Writer<Box<dyn AsyncWrite + Unpin + Send>>;
 
 /// Bytes queued towards one harness before its stream is reset: 32 MiB,
 /// four times the output window an acknowledging client lets a process
@@ -90,6 +103,11 @@ impl Pool {
         true
     }
 
+    /// Takes `n` whatever the limit (for what cannot be refused any more).
+    fn force(&self, n: usize) {
+        self.held.fetch_add(n, Ordering::SeqCst);
+    }
+
     fn give(&self, n: usize) {
         self.held.fetch_sub(n, Ordering::SeqCst);
     }
@@ -100,6 +118,45 @@ struct Held {
     bytes: usize,
     /// No more frames are taken: the writer is gone or the stream was reset.
     closed: bool,
+    /// The harness socket's writer while nobody writes with it: `None`
+    /// before it is attached and while its task writes.
+    idle: Option<HarnessWriter>,
+    /// What a write-through left of its frame (written before anything
+    /// else), with its charge.
+    owed: Option<(Remainder, usize)>,
+    /// A write-through failed: the socket is unusable.
+    broken: bool,
+}
+
+/// How far [`HarnessQueue::write_through`] got with a frame.
+enum Through {
+    Written,
+    /// In part: the rest is owed.
+    Part,
+    /// Not at all: the frame is handed back.
+    Blocked(Bytes),
+    /// The socket failed.
+    Failed,
+}
+
+/// What the harness's writer task is to do next ([`HarnessQueue::take_turn`]).
+pub enum Turn {
+    /// Write the rest of a frame written through in part (if any), then
+    /// the batch, with this writer; then [`HarnessQueue::end_turn`] with
+    /// the charge given.
+    Write {
+        writer: HarnessWriter,
+        owed: Option<Remainder>,
+        charge: usize,
+    },
+    /// Nothing to write (yet).
+    Idle,
+    /// The queue is closed and written out: send the close frame with
+    /// this writer.
+    End(HarnessWriter),
+    /// A write-through failed (or the writer was never attached): drop
+    /// the socket without a close frame.
+    Broken,
 }
 
 /// Frames from an executor towards one harness socket, charged to the
@@ -122,6 +179,9 @@ impl HarnessQueue {
                 frames: VecDeque::new(),
                 bytes: 0,
                 closed: false,
+                idle: None,
+                owed: None,
+                broken: false,
             })),
             ready: Arc::new(Notify::new()),
             environment,
@@ -149,10 +209,103 @@ impl HarnessQueue {
         self.lock().frames.len()
     }
 
-    /// Queues `frame`, or says which budget it would pass (handing it back).
-    pub fn push(&self, frame: Bytes) -> Result<(), Refused> {
-        let n = charge(&frame);
+    /// Gives the queue the harness socket's writer, for write-throughs and
+    /// for its writer task ([`HarnessQueue::take_turn`]).
+    pub fn attach(&self, writer: HarnessWriter) {
+        self.lock().idle = Some(writer);
+    }
+
+    /// Writes `frame` through to the harness's socket when its writer is
+    /// idle: first what is queued, then `frame`, as far as the socket takes
+    /// them without waiting (from the core that just read them, with no
+    /// hand-over to the writer task). What is left is queued, `frame` as
+    /// [`HarnessQueue::push_locked`] does, the rest of a frame written in
+    /// part charged whatever the budgets (half a frame cannot be taken
+    /// back). Errors as `push_locked`; [`Refused::Gone`] too when the
+    /// socket failed.
+    pub fn send(&self, frame: Bytes) -> Result<(), Refused> {
         let mut held = self.lock();
+        if held.closed {
+            return Err(Refused::Gone);
+        }
+        let mut frame = Some(frame);
+        if held.idle.is_some() && held.owed.is_none() && !held.broken {
+            loop {
+                let (next, queued) = match held.frames.pop_front() {
+                    Some(f) => (f, true),
+                    None => match frame.take() {
+                        Some(f) => (f, false),
+                        None => break,
+                    },
+                };
+                let cost = if queued { charge(&next) } else { 0 };
+                match self.write_through(&mut held, next) {
+                    Through::Written => self.uncharge(&mut held, cost),
+                    Through::Part => {
+                        self.uncharge(&mut held, cost);
+                        break;
+                    }
+                    Through::Blocked(back) if queued => {
+                        held.frames.push_front(back);
+                        break;
+                    }
+                    Through::Blocked(back) => {
+                        frame = Some(back);
+                        break;
+                    }
+                    Through::Failed => {
+                        drop(held);
+                        self.ready.notify_one();
+                        return Err(Refused::Gone);
+                    }
+                }
+            }
+        }
+        if let Some(f) = frame {
+            self.push_locked(&mut held, f)?;
+        }
+        let for_task = !held.frames.is_empty() || held.owed.is_some();
+        drop(held);
+        if for_task {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    /// One frame written now, as far as the socket takes it.
+    fn write_through(&self, held: &mut Held, frame: Bytes) -> Through {
+        let Some(writer) = held.idle.as_mut() else {
+            return Through::Blocked(frame);
+        };
+        // The waker is not needed: whoever finishes the frame is woken by
+        // `ready` and then polls the socket with its own.
+        match writer.write_now(&mut Context::from_waker(Waker::noop()), frame) {
+            Ok(WrittenNow::All) => Through::Written,
+            Ok(WrittenNow::Nothing(frame)) => Through::Blocked(frame),
+            Ok(WrittenNow::Part(rest)) => {
+                let n = rest.len() + QUEUED_FRAME_OVERHEAD;
+                self.environment.force(n);
+                self.node.force(n);
+                held.bytes += n;
+                held.owed = Some((rest, n));
+                Through::Part
+            }
+            Err(_) => {
+                held.broken = true;
+                Through::Failed
+            }
+        }
+    }
+
+    /// A frame that was charged `n` is gone (written).
+    fn uncharge(&self, held: &mut Held, n: usize) {
+        held.bytes -= n;
+        self.environment.give(n);
+        self.node.give(n);
+    }
+
+    fn push_locked(&self, held: &mut Held, frame: Bytes) -> Result<(), Refused> {
+        let n = charge(&frame);
         if held.closed {
             return Err(Refused::Gone);
         }
@@ -168,36 +321,99 @@ impl HarnessQueue {
         }
         held.bytes += n;
         held.frames.push_back(frame);
-        drop(held);
-        self.ready.notify_one();
         Ok(())
     }
 
-    /// The next frame, waiting for one; `None` once the queue is closed and
-    /// empty.
-    pub async fn recv(&self) -> Option<Bytes> {
-        loop {
-            // Registered before the check, so a push in between is not lost.
-            let notified = self.ready.notified();
-            if let Some(frame) = self.try_recv() {
-                return Some(frame);
-            }
-            if self.lock().closed {
-                return None;
-            }
-            notified.await;
+    /// Waits until something may be there for [`HarnessQueue::take_turn`]
+    /// (a frame, the rest of one, the end); may wake with nothing.
+    pub async fn ready(&self) {
+        self.ready.notified().await
+    }
+
+    /// The writer task's next turn: `batch` (which may already hold pongs
+    /// and pings) gets up to [`crate::MAX_FRAMES_PER_FLUSH`] frames in all
+    /// from the queue, which stay charged until [`HarnessQueue::end_turn`];
+    /// the writer is the task's until then (nothing is written through
+    /// meanwhile: it would overtake what the task writes).
+    pub fn take_turn(&self, batch: &mut Vec<Outgoing>) -> Turn {
+        let mut held = self.lock();
+        if held.broken {
+            return Turn::Broken;
+        }
+        let mut charge_taken = 0;
+        while batch.len() < crate::MAX_FRAMES_PER_FLUSH {
+            let Some(frame) = held.frames.pop_front() else {
+                break;
+            };
+            charge_taken += self::charge(&frame);
+            batch.push(Outgoing::Binary(frame));
+        }
+        let owed = held.owed.take();
+        if let Some((_, n)) = &owed {
+            charge_taken += n;
+        }
+        let nothing = batch.is_empty() && owed.is_none();
+        if nothing && !held.closed {
+            return Turn::Idle;
+        }
+        let Some(writer) = held.idle.take() else {
+            held.broken = true;
+            return Turn::Broken;
+        };
+        if nothing {
+            return Turn::End(writer);
+        }
+        let owed = owed.map(|(rest, _)| rest);
+        Turn::Write {
+            writer,
+            owed,
+            charge: charge_taken,
         }
     }
 
-    /// A frame already queued, without waiting. It stays charged until
+    /// The writer task stops early (its stream reset, its socket failed):
+    /// the queue is closed and what it holds freed, as
+    /// [`HarnessQueue::forfeit`]; returns the idle writer, unless a
+    /// write-through broke it, with the rest of a frame it owes.
+    pub fn finish(&self) -> Option<(HarnessWriter, Option<Remainder>)> {
+        self.forfeit();
+        let mut held = self.lock();
+        let owed = held.owed.take().map(|(rest, n)| {
+            held.bytes -= n;
+            self.environment.give(n);
+            self.node.give(n);
+            rest
+        });
+        let broken = held.broken;
+        let writer = held.idle.take().filter(|_| !broken)?;
+        Some((writer, owed))
+    }
+
+    /// The writer task is done with its turn: what the turn took
+    /// (`charge`) is written or dropped, and the writer is idle again, or,
+    /// given `None` (its write failed or was abandoned half way), gone:
+    /// nothing is written through to that socket any more.
+    pub fn end_turn(&self, writer: Option<HarnessWriter>, charge: usize) {
+        let mut held = self.lock();
+        match writer {
+            Some(w) => held.idle = Some(w),
+            None => held.broken = true,
+        }
+        drop(held);
+        self.release(charge);
+    }
+
+    /// A frame already queued, without waiting, as a writer task's turn
+    /// takes it (tests stand in for the task). It stays charged until
     /// [`HarnessQueue::release`].
+    #[cfg(test)]
     pub fn try_recv(&self) -> Option<Bytes> {
         self.lock().frames.pop_front()
     }
 
     /// Frames taken off this queue, costing `n` ([`charge`]), are written or
     /// dropped: they no longer count.
-    pub fn release(&self, n: usize) {
+    pub(super) fn release(&self, n: usize) {
         let mut held = self.lock();
         let n = n.min(held.bytes);
         held.bytes -= n;
@@ -230,67 +446,5 @@ impl HarnessQueue {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_budget_refuses_with_its_scope_and_gives_the_frame_back() {
-        let frame = Bytes::from(vec![1u8; 1000]);
-        let cost = charge(&frame);
-        // Room for two frames in the environment, three on the node.
-        let environment = Pool::new(2 * cost);
-        let node = Pool::new(3 * cost);
-        let a = HarnessQueue::new(environment.clone(), node.clone());
-        let b = HarnessQueue::new(Pool::new(usize::MAX), node.clone());
-        assert!(a.push(frame.clone()).is_ok() && a.push(frame.clone()).is_ok());
-        match a.push(frame.clone()) {
-            Err(Refused::Over(Scope::Environment, back)) => assert_eq!(back, frame),
-            other => panic!("{other:?}"),
-        }
-        assert!(b.push(frame.clone()).is_ok());
-        assert!(matches!(
-            b.push(frame.clone()),
-            Err(Refused::Over(Scope::Node, _))
-        ));
-        // A refusal takes nothing.
-        assert_eq!((environment.held(), node.held()), (2 * cost, 3 * cost));
-        let big = Bytes::from(vec![0u8; STREAM_BUFFER_BYTES]);
-        let c = HarnessQueue::new(Pool::new(usize::MAX), Pool::new(usize::MAX));
-        assert!(matches!(c.push(big), Err(Refused::Over(Scope::Stream, _))));
-    }
-
-    #[tokio::test]
-    async fn taking_a_frame_or_forfeiting_frees_it_everywhere() {
-        let frame = Bytes::from(vec![1u8; 4096]);
-        let (environment, node) = (Pool::new(1 << 20), Pool::new(1 << 20));
-        let q = HarnessQueue::new(environment.clone(), node.clone());
-        for _ in 0..3 {
-            q.push(frame.clone()).unwrap();
-        }
-        assert_eq!(q.recv().await, Some(frame.clone()));
-        // Taken but not yet written: still counted.
-        assert_eq!(q.held(), 3 * charge(&frame));
-        q.release(charge(&frame));
-        assert_eq!(q.held(), 2 * charge(&frame));
-        assert_eq!((environment.held(), node.held()), (q.held(), q.held()));
-        assert_eq!(q.forfeit(), 2 * charge(&frame));
-        assert_eq!((q.held(), environment.held(), node.held()), (0, 0, 0));
-        assert!(matches!(q.push(frame), Err(Refused::Gone)));
-        assert_eq!(q.recv().await, None, "a forfeited queue gives nothing more");
-    }
-
-    #[tokio::test]
-    async fn a_closed_queue_gives_what_it_holds_then_ends() {
-        let q = HarnessQueue::new(Pool::new(1 << 20), Pool::new(1 << 20));
-        let waiting = {
-            let q = q.clone();
-            tokio::spawn(async move { q.recv().await })
-        };
-        q.push(Bytes::from_static(b"x")).unwrap();
-        assert_eq!(waiting.await.unwrap(), Some(Bytes::from_static(b"x")));
-        q.push(Bytes::from_static(b"y")).unwrap();
-        q.close();
-        assert_eq!(q.recv().await, Some(Bytes::from_static(b"y")));
-        assert_eq!(q.recv().await, None);
-    }
-}
+#[path = "queue_tests.rs"]
+mod tests;

@@ -1,62 +1,15 @@
 //! A relay socket's plumbing on a node: what its reader's reads mean
-//! ([`classify`]) and its writer task ([`spawn_writer`]), which takes frames
-//! from an executor's bounded queue or a harness's counted one ([`Inbox`]).
+//! ([`classify`]) and an executor socket's writer task ([`spawn_writer`]),
+//! which takes the frames harnesses send it from a bounded queue (a
+//! harness's socket has its own, [`super::harness_writer`]).
 
 use super::close::{send_close, CloseWith};
-use super::queue::HarnessQueue;
 use crate::socket::{gather, CloseStatus, Message, Outgoing, Writer, WsError};
 use bytes::Bytes;
 use std::time::Duration;
 use tokio::io::AsyncWrite;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-/// What a socket's writer takes frames from.
-pub(super) enum Inbox {
-    /// From harnesses to an executor: senders wait when it is full.
-    Bounded(mpsc::Receiver<Bytes>),
-    /// From an executor to one harness ([`HarnessQueue`]).
-    Counted(HarnessQueue),
-}
-
-impl Inbox {
-    pub(super) async fn recv(&mut self) -> Option<Bytes> {
-        match self {
-            Inbox::Bounded(rx) => rx.recv().await,
-            Inbox::Counted(queue) => queue.recv().await,
-        }
-    }
-
-    /// A frame already queued, without waiting.
-    pub(super) fn try_recv(&mut self) -> Option<Bytes> {
-        match self {
-            Inbox::Bounded(rx) => rx.try_recv().ok(),
-            Inbox::Counted(queue) => queue.try_recv(),
-        }
-    }
-
-    /// What `frame`, taken from this inbox, counts until it is released.
-    fn cost(&self, frame: &Bytes) -> usize {
-        match self {
-            Inbox::Bounded(_) => 0,
-            Inbox::Counted(_) => super::queue::charge(frame),
-        }
-    }
-
-    /// Frames taken from this inbox, costing `n`, are written or dropped.
-    fn release(&self, n: usize) {
-        if let Inbox::Counted(queue) = self {
-            queue.release(n);
-        }
-    }
-
-    /// The writer is done: what is still queued is freed at once.
-    pub(super) fn end(&mut self) {
-        if let Inbox::Counted(queue) = self {
-            queue.forfeit();
-        }
-    }
-}
 
 /// Pongs owed to a socket's peer, queued by its reader for its writer.
 pub(super) const PONG_QUEUE: usize = 4;
@@ -97,7 +50,7 @@ pub(super) fn classify(
 /// frame (it would land inside a frame half written).
 pub(super) fn spawn_writer<W>(
     mut writer: Writer<W>,
-    mut rx: Inbox,
+    mut rx: mpsc::Receiver<Bytes>,
     mut pongs: mpsc::Receiver<Bytes>,
     (stop, close): (CancellationToken, CloseWith),
     ping_every: Duration,
@@ -117,16 +70,10 @@ where
                 _ = ping.tick() => Outgoing::Ping(Bytes::new()),
                 _ = stop.cancelled() => break,
             };
-            let mut taken = match &first {
-                Outgoing::Binary(b) => rx.cost(b),
-                _ => 0,
-            };
             // What is queued behind it goes out with it: one vectored write,
             // fewer and larger socket writes while a stream runs.
             gather(&mut batch, first, || {
-                let b = rx.try_recv()?;
-                taken += rx.cost(&b);
-                Some(Outgoing::Binary(b))
+                rx.try_recv().ok().map(Outgoing::Binary)
             });
             let written = tokio::select! {
                 // A write that can finish finishes; only a blocked one is
@@ -141,14 +88,12 @@ where
                 }
             };
             batch.clear();
-            rx.release(taken);
             if !written {
                 break;
             }
         }
         // A socket that cannot be written to is dead, whatever it sends: its
-        // reader stops too, and an executor's environment is free again.
-        rx.end();
+        // reader stops too, and its environment is free again.
         stop.cancel();
         if !abandoned {
             send_close(writer, close.get()).await;

@@ -32,7 +32,7 @@ pub use connect::{
     UpgradedRead,
 };
 pub use read::Reader;
-pub use write::{gather, Outgoing, Writer};
+pub use write::{gather, Outgoing, Remainder, Writer, WrittenNow};
 
 /// Whether header values `values` (every line of one header) list `token`
 /// as one of their comma-separated elements, ignoring case and spaces

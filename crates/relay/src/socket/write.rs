@@ -9,6 +9,8 @@ use bytes::{Bytes, BytesMut};
 use exec_server_wsframe::frame::{header, HeaderBytes, OpCode};
 use exec_server_wsframe::mask::{append_masked, apply_mask, MaskKeys};
 use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 /// A frame to write. Each is sent as one final (unfragmented) frame.
@@ -35,6 +37,48 @@ impl Outgoing {
                 status.map_or_else(Bytes::new, |s| s.payload()),
             ),
         }
+    }
+}
+
+/// How far [`Writer::write_now`] got with a frame.
+#[derive(Debug)]
+pub enum WrittenNow {
+    /// All of it, flushed.
+    All,
+    /// None of it: the socket would block at once (or this writer masks
+    /// its frames). The payload is handed back.
+    Nothing(Bytes),
+    /// Part of it: the rest must be written ([`Writer::finish`]) before
+    /// anything else goes to the socket.
+    Part(Remainder),
+}
+
+/// The rest of a frame [`Writer::write_now`] started, then the flush owed.
+#[derive(Debug)]
+pub struct Remainder {
+    head: HeaderBytes,
+    /// Bytes of `head` already written.
+    head_written: usize,
+    /// The payload's bytes not yet written.
+    payload: Bytes,
+}
+
+impl Remainder {
+    /// Bytes still to write.
+    pub fn len(&self) -> usize {
+        self.head.as_slice().len() - self.head_written + self.payload.len()
+    }
+
+    /// Whether only the flush is owed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Marks `n` more bytes written.
+    fn advance(&mut self, n: usize) {
+        let in_head = n.min(self.head.as_slice().len() - self.head_written);
+        self.head_written += in_head;
+        bytes::Buf::advance(&mut self.payload, n - in_head);
     }
 }
 
@@ -105,6 +149,55 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
             _ => self.parts.clear(),
         }
         result?;
+        self.io.flush().await
+    }
+
+    /// Writes `payload` as one binary frame as far as the socket takes it
+    /// without waiting, then flushes, polling with `cx` (whose waker the
+    /// socket may keep; the caller that finishes a [`WrittenNow::Part`]
+    /// polls again with its own). For a server's writer only: a client's
+    /// frames are masked, and it gets [`WrittenNow::Nothing`]. Errors: the
+    /// socket's; the connection is unusable after one.
+    pub fn write_now(&mut self, cx: &mut Context<'_>, payload: Bytes) -> io::Result<WrittenNow> {
+        if self.role == Role::Client {
+            return Ok(WrittenNow::Nothing(payload));
+        }
+        let mut rest = Remainder {
+            head: header(true, OpCode::Binary, payload.len(), None),
+            head_written: 0,
+            payload,
+        };
+        while !rest.is_empty() {
+            let head = &rest.head.as_slice()[rest.head_written..];
+            let slices = [IoSlice::new(head), IoSlice::new(&rest.payload)];
+            match Pin::new(&mut self.io).poll_write_vectored(cx, &slices) {
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(n)) => rest.advance(n),
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending if rest.head_written == 0 => {
+                    return Ok(WrittenNow::Nothing(rest.payload));
+                }
+                Poll::Pending => return Ok(WrittenNow::Part(rest)),
+            }
+        }
+        match Pin::new(&mut self.io).poll_flush(cx) {
+            Poll::Ready(result) => result.map(|()| WrittenNow::All),
+            Poll::Pending => Ok(WrittenNow::Part(rest)),
+        }
+    }
+
+    /// Writes what [`Writer::write_now`] left of its frame, then flushes.
+    /// Errors as [`Writer::send`].
+    pub async fn finish(&mut self, mut rest: Remainder) -> io::Result<()> {
+        while !rest.is_empty() {
+            let head = &rest.head.as_slice()[rest.head_written..];
+            let slices = [IoSlice::new(head), IoSlice::new(&rest.payload)];
+            let n = self.io.write_vectored(&slices).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            rest.advance(n);
+        }
         self.io.flush().await
     }
 

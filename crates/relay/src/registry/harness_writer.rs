@@ -1,0 +1,116 @@
+//! A harness socket's writer task: writes what the executor's reader could
+//! not write through itself ([`HarnessQueue::send`]), the pongs the harness
+//! is owed and the node's pings; ends with a close frame.
+
+use super::close::{send_close, CloseWith};
+use super::queue::{HarnessQueue, HarnessWriter, Turn};
+use crate::socket::{Outgoing, Remainder};
+use bytes::Bytes;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Longest a turn's write may block before the harness counts as gone.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest the close frame (and the rest of a frame before it) may take.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves `queue`'s socket (whose writer it holds, [`HarnessQueue::attach`])
+/// until the queue is closed and written out, or `stop` fires, or a write
+/// fails; then sends a close frame (with the status `close` holds by then),
+/// unless a write was cut short (it would land inside a frame). What it
+/// leaves in the queue is freed.
+pub(super) fn spawn(
+    queue: HarnessQueue,
+    mut pongs: mpsc::Receiver<Bytes>,
+    (stop, close): (CancellationToken, CloseWith),
+    ping_every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ping = tokio::time::interval(ping_every);
+        ping.tick().await;
+        let mut batch = Vec::with_capacity(crate::MAX_FRAMES_PER_FLUSH);
+        // Whether the last turn wrote: the queue may hold more at once.
+        let mut more = false;
+        let mut usable = true;
+        loop {
+            batch.clear();
+            tokio::select! {
+                () = queue.ready(), if !more => {}
+                () = std::future::ready(()), if more => {}
+                Some(p) = pongs.recv() => batch.push(Outgoing::Pong(p)),
+                _ = ping.tick() => batch.push(Outgoing::Ping(Bytes::new())),
+                _ = stop.cancelled() => break,
+            }
+            let (mut writer, owed, charge) = match queue.take_turn(&mut batch) {
+                Turn::Write {
+                    writer,
+                    owed,
+                    charge,
+                } => (writer, owed, charge),
+                Turn::Idle => {
+                    more = false;
+                    continue;
+                }
+                Turn::End(writer) => {
+                    queue.end_turn(Some(writer), 0);
+                    break;
+                }
+                Turn::Broken => {
+                    usable = false;
+                    break;
+                }
+            };
+            let written = tokio::select! {
+                // A write that can finish finishes; only a blocked one is
+                // abandoned.
+                biased;
+                r = tokio::time::timeout(WRITE_TIMEOUT, write_turn(&mut writer, owed, &mut batch)) => {
+                    matches!(r, Ok(Ok(())))
+                }
+                _ = stop.cancelled() => false,
+            };
+            queue.end_turn(written.then_some(writer), charge);
+            if !written {
+                usable = false;
+                break;
+            }
+            more = true;
+        }
+        // A socket that cannot be written to is dead, whatever it sends: its
+        // reader stops too.
+        let rest = queue.finish();
+        stop.cancel();
+        if let Some((writer, owed)) = rest.filter(|_| usable) {
+            close_after(writer, owed, &close).await;
+        }
+    })
+}
+
+/// The rest of a frame written through in part, then the batch.
+async fn write_turn(
+    writer: &mut HarnessWriter,
+    owed: Option<Remainder>,
+    batch: &mut Vec<Outgoing>,
+) -> std::io::Result<()> {
+    if let Some(rest) = owed {
+        writer.finish(rest).await?;
+    }
+    if !batch.is_empty() {
+        writer.send(batch).await?;
+    }
+    Ok(())
+}
+
+/// The rest of a frame, if one is owed, then the close frame, within
+/// [`CLOSE_TIMEOUT`] in all.
+async fn close_after(mut writer: HarnessWriter, owed: Option<Remainder>, close: &CloseWith) {
+    if let Some(rest) = owed {
+        match tokio::time::timeout(CLOSE_TIMEOUT, writer.finish(rest)).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+    }
+    send_close(writer, close.get()).await;
+}

@@ -1,0 +1,200 @@
+use super::*;
+
+#[test]
+fn each_budget_refuses_with_its_scope_and_gives_the_frame_back() {
+    let frame = Bytes::from(vec![1u8; 1000]);
+    let cost = charge(&frame);
+    // Room for two frames in the environment, three on the node.
+    let environment = Pool::new(2 * cost);
+    let node = Pool::new(3 * cost);
+    let a = HarnessQueue::new(environment.clone(), node.clone());
+    let b = HarnessQueue::new(Pool::new(usize::MAX), node.clone());
+    assert!(a.send(frame.clone()).is_ok() && a.send(frame.clone()).is_ok());
+    match a.send(frame.clone()) {
+        Err(Refused::Over(Scope::Environment, back)) => assert_eq!(back, frame),
+        other => panic!("{other:?}"),
+    }
+    assert!(b.send(frame.clone()).is_ok());
+    assert!(matches!(
+        b.send(frame.clone()),
+        Err(Refused::Over(Scope::Node, _))
+    ));
+    // A refusal takes nothing.
+    assert_eq!((environment.held(), node.held()), (2 * cost, 3 * cost));
+    let big = Bytes::from(vec![0u8; STREAM_BUFFER_BYTES]);
+    let c = HarnessQueue::new(Pool::new(usize::MAX), Pool::new(usize::MAX));
+    assert!(matches!(c.send(big), Err(Refused::Over(Scope::Stream, _))));
+}
+
+#[tokio::test]
+async fn taking_a_frame_or_forfeiting_frees_it_everywhere() {
+    let frame = Bytes::from(vec![1u8; 4096]);
+    let (environment, node) = (Pool::new(1 << 20), Pool::new(1 << 20));
+    let q = HarnessQueue::new(environment.clone(), node.clone());
+    for _ in 0..3 {
+        q.send(frame.clone()).unwrap();
+    }
+    assert_eq!(q.try_recv(), Some(frame.clone()));
+    // Taken but not yet written: still counted.
+    assert_eq!(q.held(), 3 * charge(&frame));
+    q.release(charge(&frame));
+    assert_eq!(q.held(), 2 * charge(&frame));
+    assert_eq!((environment.held(), node.held()), (q.held(), q.held()));
+    assert_eq!(q.forfeit(), 2 * charge(&frame));
+    assert_eq!((q.held(), environment.held(), node.held()), (0, 0, 0));
+    assert!(matches!(q.send(frame), Err(Refused::Gone)));
+    assert_eq!(q.try_recv(), None, "a forfeited queue gives nothing more");
+}
+
+/// A queue whose harness socket is one end of an in-memory pipe of
+/// `capacity` bytes; the other end read as the harness would.
+fn attached(capacity: usize) -> (HarnessQueue, crate::socket::Reader<tokio::io::DuplexStream>) {
+    let (node, harness) = tokio::io::duplex(capacity);
+    let q = HarnessQueue::new(Pool::new(1 << 20), Pool::new(1 << 20));
+    q.attach(Writer::new(Box::new(node), crate::socket::Role::Server));
+    let peer = crate::socket::Reader::new(harness, crate::socket::Role::Client, 1 << 20);
+    (q, peer)
+}
+
+/// Starts `q`'s writer task; the stop token it watches.
+fn writer_task(
+    q: &HarnessQueue,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio_util::sync::CancellationToken,
+) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (_pong_tx, pongs) = tokio::sync::mpsc::channel(1);
+    let task = super::super::harness_writer::spawn(
+        q.clone(),
+        pongs,
+        (stop.clone(), Default::default()),
+        std::time::Duration::from_secs(3600),
+    );
+    (task, stop)
+}
+
+async fn next_binary(peer: &mut crate::socket::Reader<tokio::io::DuplexStream>) -> Bytes {
+    match peer.next().await {
+        Ok(Some(crate::socket::Message::Binary(b))) => b,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn frames_are_written_through_in_order_while_the_writer_is_idle() {
+    let (q, mut peer) = attached(1 << 20);
+    q.send(Bytes::from_static(b"a")).unwrap();
+    assert_eq!((q.queued_frames(), q.held()), (0, 0), "written through");
+    // While a turn holds the writer, frames queue (charged); once it is
+    // idle again, the next send writes them first, then its own.
+    let mut batch = vec![Outgoing::Ping(Bytes::new())];
+    let Turn::Write {
+        writer,
+        owed: None,
+        charge: 0,
+    } = q.take_turn(&mut batch)
+    else {
+        panic!("a turn for the ping");
+    };
+    q.send(Bytes::from_static(b"b")).unwrap();
+    q.send(Bytes::from_static(b"c")).unwrap();
+    assert_eq!(q.queued_frames(), 2);
+    assert_eq!(q.held(), 2 * charge(&Bytes::from_static(b"b")));
+    q.end_turn(Some(writer), 0);
+    q.send(Bytes::from_static(b"d")).unwrap();
+    assert_eq!((q.queued_frames(), q.held(), q.node.held()), (0, 0, 0));
+    let (task, _stop) = writer_task(&q);
+    q.close();
+    for want in [&b"a"[..], b"b", b"c", b"d"] {
+        assert_eq!(next_binary(&mut peer).await, want);
+    }
+    assert!(matches!(
+        peer.next().await,
+        Ok(Some(crate::socket::Message::Close(_)))
+    ));
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn the_rest_of_a_frame_written_through_in_part_goes_before_anything_else() {
+    // The pipe takes 1000 bytes: a 5000-byte frame goes through in part,
+    // its rest is charged, and the frame after it waits for that rest.
+    let (q, mut peer) = attached(1000);
+    let big = Bytes::from((0..5000u32).map(|i| i as u8).collect::<Vec<u8>>());
+    q.send(big.clone()).unwrap();
+    let rest = big.len() + 4 - 1000;
+    assert_eq!(q.held(), rest + QUEUED_FRAME_OVERHEAD);
+    assert_eq!(q.environment.held(), q.held());
+    q.send(Bytes::from_static(b"after")).unwrap();
+    assert_eq!(q.queued_frames(), 1, "queued behind the rest");
+    let (task, _stop) = writer_task(&q);
+    q.close();
+    assert_eq!(next_binary(&mut peer).await, big);
+    assert_eq!(next_binary(&mut peer).await, &b"after"[..]);
+    assert!(matches!(
+        peer.next().await,
+        Ok(Some(crate::socket::Message::Close(_)))
+    ));
+    task.await.unwrap();
+    assert_eq!((q.held(), q.environment.held(), q.node.held()), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_stream_reset_with_a_frame_half_written_frees_its_rest() {
+    let (q, _peer) = attached(1000);
+    q.send(Bytes::from(vec![9u8; 5000])).unwrap();
+    assert!(q.held() > 0);
+    let (writer, owed) = q.finish().expect("the writer is idle");
+    assert!(owed.is_some_and(|r| r.len() == 5004 - 1000));
+    assert_eq!((q.held(), q.environment.held(), q.node.held()), (0, 0, 0));
+    drop(writer);
+    assert!(matches!(
+        q.send(Bytes::from_static(b"x")),
+        Err(Refused::Gone)
+    ));
+}
+
+/// A socket whose every write fails.
+struct Broken;
+
+impl tokio::io::AsyncWrite for Broken {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_failed_write_through_ends_the_writer_without_a_close_frame() {
+    let q = HarnessQueue::new(Pool::new(1 << 20), Pool::new(1 << 20));
+    q.attach(Writer::new(Box::new(Broken), crate::socket::Role::Server));
+    assert!(matches!(
+        q.send(Bytes::from_static(b"x")),
+        Err(Refused::Gone)
+    ));
+    // Nothing more goes to that socket, and the task ends (its stop fired,
+    // so the harness's reader ends too).
+    let (task, stop) = writer_task(&q);
+    tokio::time::timeout(std::time::Duration::from_secs(10), task)
+        .await
+        .expect("the writer ends")
+        .unwrap();
+    assert!(stop.is_cancelled());
+    assert!(q.finish().is_none(), "a broken writer is not handed out");
+}
