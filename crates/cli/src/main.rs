@@ -183,7 +183,7 @@ fn main() {
     {
         std::process::exit(upgrade::check_state(args.get(2)));
     }
-    alloc::tune();
+    exec_server_sysio::malloc::tune();
     let cli = Cli::parse();
     let otlp = init_logging(cli.log_format, cli.otlp_endpoint.as_deref());
     // `run` and `shell` relay one command's output: on one thread, its

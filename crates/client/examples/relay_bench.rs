@@ -162,27 +162,11 @@ fn rss_kib(pid: u32) -> u64 {
         .expect("VmRSS")
 }
 
-/// glibc's malloc set as the `exec-server` program sets it (`cli/src/alloc.rs`:
-/// blocks up to 4 MiB from the heaps, 16 MiB free kept per heap), unless
-/// `GLIBC_TUNABLES` says otherwise: with glibc's defaults every message of an
-/// output chunk's size is mapped afresh and each of its pages faulted in and
-/// zeroed (a fifth of this client's time on a relay stream), which measures
-/// the allocator rather than the path.
-fn tune_malloc() {
-    if std::env::var_os("GLIBC_TUNABLES").is_some() {
-        return;
-    }
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt changes allocator parameters only; it is called before
-    // the program starts any thread.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 16 << 20);
-    }
-}
-
 fn main() {
-    tune_malloc();
+    // As the `exec-server` program does: with glibc's defaults every message
+    // of an output chunk's size is mapped afresh and its pages faulted in,
+    // which measures the allocator rather than the path.
+    exec_server_sysio::malloc::tune();
     tokio::runtime::Runtime::new()
         .expect("a tokio runtime")
         .block_on(bench());

@@ -8,13 +8,15 @@
 //! - [`procfs`]: a process's parent, group, session, CPU time and memory;
 //! - [`launch`]: a program started inside its cgroup (`clone3`), as cheaply
 //!   as `posix_spawn`;
-//! - [`signals`]: the signal state and descriptors a started program gets.
+//! - [`signals`]: the signal state and descriptors a started program gets;
+//! - [`malloc`]: glibc's malloc set for bulk bytes (a program's `main`).
 //!
 //! Linux only where it matters; elsewhere the advice is a no-op.
 
 pub mod fd_pass;
 pub mod huge_pages;
 pub mod launch;
+pub mod malloc;
 pub mod procfs;
 pub mod read_at;
 pub mod signals;
