@@ -53,10 +53,7 @@ pub(super) fn spawn(
                     more = false;
                     continue;
                 }
-                Turn::End(writer) => {
-                    queue.end_turn(Some(writer), 0);
-                    break;
-                }
+                Turn::End => break,
                 Turn::Broken => {
                     usable = false;
                     break;

@@ -140,6 +140,9 @@ enum Through {
 }
 
 /// What the harness's writer task is to do next ([`HarnessQueue::take_turn`]).
+// Returned by value once per turn and matched at once, never stored: the
+// size of `Write` costs nothing a box would save.
+#[allow(clippy::large_enum_variant)]
 pub enum Turn {
     /// Write the rest of a frame written through in part (if any), then
     /// the batch, with this writer; then [`HarnessQueue::end_turn`] with
@@ -151,9 +154,9 @@ pub enum Turn {
     },
     /// Nothing to write (yet).
     Idle,
-    /// The queue is closed and written out: send the close frame with
-    /// this writer.
-    End(HarnessWriter),
+    /// The queue is closed and written out: the writer stays idle for the
+    /// close frame ([`HarnessQueue::finish`]).
+    End,
     /// A write-through failed (or the writer was never attached): drop
     /// the socket without a close frame.
     Broken,
@@ -304,11 +307,10 @@ impl HarnessQueue {
         self.node.give(n);
     }
 
+    /// Queues `frame` in an open queue, or says which budget it would pass
+    /// (handing it back).
     fn push_locked(&self, held: &mut Held, frame: Bytes) -> Result<(), Refused> {
         let n = charge(&frame);
-        if held.closed {
-            return Err(Refused::Gone);
-        }
         if held.bytes + n > STREAM_BUFFER_BYTES {
             return Err(Refused::Over(Scope::Stream, frame));
         }
@@ -356,13 +358,13 @@ impl HarnessQueue {
         if nothing && !held.closed {
             return Turn::Idle;
         }
+        if nothing {
+            return Turn::End;
+        }
         let Some(writer) = held.idle.take() else {
             held.broken = true;
             return Turn::Broken;
         };
-        if nothing {
-            return Turn::End(writer);
-        }
         let owed = owed.map(|(rest, _)| rest);
         Turn::Write {
             writer,

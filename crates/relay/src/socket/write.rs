@@ -74,6 +74,14 @@ impl Remainder {
         self.len() == 0
     }
 
+    /// What is still to write: the header's rest, then the payload's.
+    fn slices(&self) -> [IoSlice<'_>; 2] {
+        [
+            IoSlice::new(&self.head.as_slice()[self.head_written..]),
+            IoSlice::new(&self.payload),
+        ]
+    }
+
     /// Marks `n` more bytes written.
     fn advance(&mut self, n: usize) {
         let in_head = n.min(self.head.as_slice().len() - self.head_written);
@@ -168,9 +176,7 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
             payload,
         };
         while !rest.is_empty() {
-            let head = &rest.head.as_slice()[rest.head_written..];
-            let slices = [IoSlice::new(head), IoSlice::new(&rest.payload)];
-            match Pin::new(&mut self.io).poll_write_vectored(cx, &slices) {
+            match Pin::new(&mut self.io).poll_write_vectored(cx, &rest.slices()) {
                 Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
                 Poll::Ready(Ok(n)) => rest.advance(n),
                 Poll::Ready(Err(e)) => return Err(e),
@@ -190,9 +196,7 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
     /// Errors as [`Writer::send`].
     pub async fn finish(&mut self, mut rest: Remainder) -> io::Result<()> {
         while !rest.is_empty() {
-            let head = &rest.head.as_slice()[rest.head_written..];
-            let slices = [IoSlice::new(head), IoSlice::new(&rest.payload)];
-            let n = self.io.write_vectored(&slices).await?;
+            let n = self.io.write_vectored(&rest.slices()).await?;
             if n == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
