@@ -168,6 +168,7 @@ pub fn prepare(
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
         observer: Arc::new(RelayMetrics),
+        transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
     };
     let running = async move {
         match executor::run(config, handler).await {

@@ -95,6 +95,7 @@ pub async fn run(args: ForwardArgs) -> i32 {
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
         observer: std::sync::Arc::new(executor::NoObserver),
+        transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
     };
     tokio::select! {
         r = executor::run(config, handler) => match r {

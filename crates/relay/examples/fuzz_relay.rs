@@ -8,7 +8,7 @@
 
 use exec_server_relay::frame::{Body, Frame};
 use exec_server_relay::keys::{prologue, Identity};
-use exec_server_relay::noise::{Initiator, PendingResponder};
+use exec_server_relay::noise::{Initiator, PendingResponder, TransportCipher};
 use exec_server_relay::random::SeededRandom;
 use exec_server_relay::stream::{halves, RecvHalf, SendHalf};
 use std::time::{Duration, Instant};
@@ -63,8 +63,8 @@ fn stream_pair() -> (SendHalf, RecvHalf) {
     let p = prologue("env", "reg", "s");
     let (init, msg1) = Initiator::start(&h, &e.public_key(), &p, b"auth", &mut rng).unwrap();
     let pending = PendingResponder::read_request(&e, &p, &msg1).unwrap();
-    let (exec_t, msg2) = pending.complete(&mut rng).unwrap();
-    let harness_t = init.finish(&msg2).unwrap();
+    let (exec_t, msg2) = pending.complete(&mut rng, TransportCipher::AesGcm).unwrap();
+    let harness_t = init.finish(&msg2, TransportCipher::AesGcm).unwrap();
     let (send, _) = halves("s", harness_t);
     let (_, recv) = halves("s", exec_t);
     (send, recv)

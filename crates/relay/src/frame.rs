@@ -79,7 +79,16 @@ pub struct Frame {
     pub traceparent: Option<String>,
     /// Field 12.
     pub tracestate: Option<String>,
+    /// Field 2001 (ours, absent from `relay.proto`; the reference skips it
+    /// as an unknown field): on a harness's handshake frame, the transport
+    /// cipher it offers besides AES-GCM; on an executor's, the one it took
+    /// (see `noise::TransportCipher`). Meaningless on other frames.
+    pub transport_cipher: Option<String>,
 }
+
+/// Field number of [`Frame::transport_cipher`]: far above the reference's
+/// numbers, so that a field it adds later cannot collide.
+pub const TRANSPORT_CIPHER_FIELD: u32 = 2001;
 
 /// Why bytes are not a frame, or a frame breaks a rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -118,6 +127,7 @@ impl Frame {
             ack: 0,
             ack_bits: 0,
             body: Some(body),
+            transport_cipher: None,
             traceparent: None,
             tracestate: None,
         }
@@ -154,6 +164,13 @@ impl Frame {
     /// A handshake frame.
     pub fn handshake(stream_id: &str, payload: Vec<u8>) -> Frame {
         Frame::new(stream_id, Body::Handshake { payload })
+    }
+
+    /// This frame naming `cipher` in [`Frame::transport_cipher`] (`None`
+    /// leaves the field out).
+    pub fn with_transport_cipher(mut self, cipher: Option<&str>) -> Frame {
+        self.transport_cipher = cipher.map(str::to_string);
+        self
     }
 
     /// Checks the rules of `RelayMessageFrame::validate` (and the older,
@@ -244,6 +261,9 @@ impl Frame {
         if let Some(t) = &self.tracestate {
             put_bytes(&mut out, 12, t.as_bytes(), true);
         }
+        if let Some(c) = &self.transport_cipher {
+            put_bytes(&mut out, TRANSPORT_CIPHER_FIELD, c.as_bytes(), true);
+        }
         out
     }
 
@@ -314,7 +334,9 @@ impl Frame {
             body: None,
             traceparent: None,
             tracestate: None,
+            transport_cipher: None,
         };
+        const CIPHER: u64 = TRANSPORT_CIPHER_FIELD as u64;
         let mut r = Reader(bytes);
         while let Some((field, value)) = r.field()? {
             match (field, value) {
@@ -357,8 +379,9 @@ impl Frame {
                 }
                 (11, Value::Bytes(b)) => f.traceparent = Some(utf8(b)?),
                 (12, Value::Bytes(b)) => f.tracestate = Some(utf8(b)?),
+                (CIPHER, Value::Bytes(b)) => f.transport_cipher = Some(utf8(b)?),
                 // A known field with the wrong wire type is not this message.
-                (1..=12, _) => return Err(FrameError::Malformed),
+                (1..=12 | CIPHER, _) => return Err(FrameError::Malformed),
                 _ => {} // unknown fields are skipped, as proto3 requires
             }
         }
@@ -547,6 +570,33 @@ mod tests {
         let f = Frame::decode(&b).unwrap();
         assert_eq!(f.body, Some(Body::Heartbeat));
         assert!(f.validate().is_ok());
+    }
+
+    /// Our transport cipher field: absent unless set (the reference's bytes
+    /// unchanged), field 2001 when set, read back, and skipped by a decoder
+    /// that does not know it (as the reference's prost does).
+    #[test]
+    fn transport_cipher_field_round_trips_and_is_ours_alone() {
+        let plain = Frame::handshake("s", vec![1; 4]);
+        assert_eq!(plain.transport_cipher, None);
+        let offered = plain.clone().with_transport_cipher(Some("AEGIS-256"));
+        let b = offered.encode();
+        // The plain frame's bytes, then tag (2001 << 3 | 2) as a varint and the value.
+        let mut want = plain.encode();
+        want.extend_from_slice(&[0x8a, 0x7d, 9]);
+        want.extend_from_slice(b"AEGIS-256");
+        assert_eq!(b, want);
+        assert_eq!(Frame::decode(&b).unwrap(), offered);
+        assert_eq!(
+            Frame::decode(&plain.encode()).unwrap().transport_cipher,
+            None
+        );
+        // A varint under our field number is not this message.
+        let mut bad = plain.encode();
+        bad.extend_from_slice(&[0x88, 0x7d, 1]);
+        assert_eq!(Frame::decode(&bad), Err(FrameError::Malformed));
+        // The stream id reader (the node's) ignores it.
+        assert_eq!(peek_stream_id(&b).unwrap(), "s");
     }
 
     #[test]

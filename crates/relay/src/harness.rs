@@ -6,7 +6,7 @@
 
 use crate::frame::{Body, Frame, MAX_FRAME_BYTES};
 use crate::keys::{prologue, Identity, PublicKey};
-use crate::noise::Initiator;
+use crate::noise::{Initiator, TransportCipher};
 use crate::random::OsRandom;
 use crate::registry_client::{RegistryClient, RegistryError};
 use crate::socket::{ClientReader as Source, ClientWriter as Sink, Message, Next, Outgoing};
@@ -66,11 +66,30 @@ fn refusal(reason: &str) -> String {
     }
 }
 
-/// Opens one stream to `environment_id`'s executor through the registry.
+/// Opens one stream to `environment_id`'s executor through the registry,
+/// offering the transport cipher of [`TransportCipher::preferred`].
 pub async fn connect(
     registry: &RegistryClient,
     environment_id: &str,
     identity: &Identity,
+) -> Result<Channel, HarnessError> {
+    connect_offering(
+        registry,
+        environment_id,
+        identity,
+        TransportCipher::preferred(),
+    )
+    .await
+}
+
+/// [`connect`] offering `offer` beside msg1 ([`TransportCipher::AesGcm`]:
+/// no offer, the reference's frames). The executor's msg2 frame says what
+/// the records use; one naming a cipher not offered fails the attempt.
+pub async fn connect_offering(
+    registry: &RegistryClient,
+    environment_id: &str,
+    identity: &Identity,
+    offer: TransportCipher,
 ) -> Result<Channel, HarnessError> {
     let bundle = registry
         .connect(environment_id, &identity.public_key())
@@ -92,25 +111,42 @@ pub async fn connect(
     // next attempt makes a fresh stream and handshake anyway.
     let mut opening = vec![
         Outgoing::Binary(Frame::resume(&stream_id).encode().into()),
-        Outgoing::Binary(Frame::handshake(&stream_id, msg1).encode().into()),
+        Outgoing::Binary(
+            Frame::handshake(&stream_id, msg1)
+                .with_transport_cipher(offer.wire())
+                .encode()
+                .into(),
+        ),
     ];
     let (mut source, sink) =
         crate::socket::connect_sending(bundle.url.as_str(), &[], MAX_FRAME_BYTES, &mut opening)
             .await
             .map_err(|e| HarnessError::Relay(e.to_string()))?;
-    let msg2 = tokio::time::timeout(HANDSHAKE_TIMEOUT, await_msg2(&mut source, &stream_id))
-        .await
-        .map_err(|_| HarnessError::Protocol("handshake timed out".into()))??;
+    let (msg2, taken) =
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, await_msg2(&mut source, &stream_id))
+            .await
+            .map_err(|_| HarnessError::Protocol("handshake timed out".into()))??;
+    let cipher = TransportCipher::from_wire(taken.as_deref());
+    if cipher != TransportCipher::AesGcm && cipher != offer {
+        return Err(HarnessError::Protocol(format!(
+            "the executor chose the transport cipher {} that was not offered",
+            taken.as_deref().unwrap_or_default()
+        )));
+    }
     let transport = init
-        .finish(&msg2)
+        .finish(&msg2, cipher)
         .map_err(|_| HarnessError::Authentication)?;
     Ok(run_stream(sink, source, stream_id, transport))
 }
 
-/// The executor's handshake answer (msg2) on `stream_id`; frames of other
-/// streams and undecodable ones are skipped. Errors: a reset (refused),
-/// data before the handshake, the socket closing.
-async fn await_msg2(source: &mut Source, stream_id: &str) -> Result<Vec<u8>, HarnessError> {
+/// The executor's handshake answer (msg2) on `stream_id`, with the
+/// transport cipher its frame names; frames of other streams and
+/// undecodable ones are skipped. Errors: a reset (refused), data before
+/// the handshake, the socket closing.
+async fn await_msg2(
+    source: &mut Source,
+    stream_id: &str,
+) -> Result<(Vec<u8>, Option<String>), HarnessError> {
     // Pings this early go unanswered: the relay's come every 30 s, and the
     // handshake is bounded well below that.
     while let Ok(Some(m)) = source.next().await {
@@ -136,7 +172,7 @@ async fn await_msg2(source: &mut Source, stream_id: &str) -> Result<Vec<u8>, Har
             continue;
         }
         match f.body {
-            Some(Body::Handshake { payload }) => return Ok(payload),
+            Some(Body::Handshake { payload }) => return Ok((payload, f.transport_cipher)),
             Some(Body::Reset { reason }) => return Err(HarnessError::Refused(reason)),
             Some(Body::Data { .. }) => {
                 return Err(HarnessError::Protocol(
@@ -161,6 +197,7 @@ fn run_stream(
     stream_id: String,
     transport: crate::noise::Transport,
 ) -> Channel {
+    let cipher = transport.cipher();
     let (send, mut recv) = halves(&stream_id, transport);
     let (in_tx, in_rx) = mpsc::channel::<bytes::Bytes>(QUEUE);
     let (frame_tx, mut frame_rx) = mpsc::channel::<Outgoing>(QUEUE);
@@ -243,6 +280,7 @@ fn run_stream(
         inbound: in_rx,
         outbound,
         peer: format!("relay stream {stream_id}"),
+        transport_cipher: cipher,
     }
 }
 

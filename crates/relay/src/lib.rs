@@ -32,5 +32,5 @@ pub mod tls;
 const MAX_FRAMES_PER_FLUSH: usize = 16;
 
 pub use keys::{Identity, PublicKey, WirePublicKey};
-pub use noise::{Initiator, NoiseError, PendingResponder, Transport};
+pub use noise::{Initiator, NoiseError, PendingResponder, Transport, TransportCipher};
 pub use random::{OsRandom, Randomness};

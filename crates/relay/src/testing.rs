@@ -201,3 +201,23 @@ pub fn echo_handler() -> crate::executor::StreamHandler {
         });
     })
 }
+
+/// A registry node on an in-memory store with the default config, served
+/// on a loopback port for the rest of the test's runtime; its base URL
+/// (`http://127.0.0.1:PORT`).
+pub async fn memory_registry() -> String {
+    use crate::registry::{store::MemoryStore, Config, Registry};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = l.local_addr().expect("bound address");
+    let reg = Registry::new(
+        Config::default(),
+        std::sync::Arc::new(MemoryStore::default()),
+        format!("ws://{addr}"),
+    )
+    .await
+    .expect("in-memory registry");
+    tokio::spawn(reg.serve(l));
+    format!("http://{addr}")
+}

@@ -47,6 +47,7 @@ async fn setup(env: &str) -> Setup {
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
         observer: std::sync::Arc::new(executor::NoObserver),
+        transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
     };
     tokio::spawn(executor::run(config, echo_handler()));
     let client = RegistryClient::new(&base, "harness", None, true).unwrap();
@@ -199,7 +200,9 @@ async fn another_harnesss_authorization_is_refused() {
         ..
     }) = f
     {
-        let transport = init.finish(&payload).unwrap();
+        let transport = init
+            .finish(&payload, exec_server_relay::TransportCipher::AesGcm)
+            .unwrap();
         let (mut send, _recv) = exec_server_relay::stream::halves(sid, transport);
         for frame in send.seal(b"steal").unwrap() {
             ws.send(Message::Binary(frame.into())).await.unwrap();
@@ -666,6 +669,7 @@ async fn our_executor_retries_a_registration_conflict_until_the_live_socket_is_g
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
         observer: Arc::new(RegistrationEvents(tx)),
+        transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
     };
     let ours = tokio::spawn(executor::run(config, echo_handler()));
     let event = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
@@ -774,7 +778,11 @@ async fn handshaken(
     else {
         panic!("no msg2");
     };
-    let (send, recv) = exec_server_relay::stream::halves(sid, init.finish(&payload).unwrap());
+    let (send, recv) = exec_server_relay::stream::halves(
+        sid,
+        init.finish(&payload, exec_server_relay::TransportCipher::AesGcm)
+            .unwrap(),
+    );
     (ws, send, recv)
 }
 
@@ -799,6 +807,7 @@ async fn a_stream_is_held_until_admitted_and_reset_past_its_budget() {
             keepalive: executor::KEEPALIVE,
             pong_timeout: executor::PONG_TIMEOUT,
             observer: Arc::new(executor::NoObserver),
+            transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
         },
         echo_handler(),
     ));

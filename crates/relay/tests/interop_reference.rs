@@ -6,11 +6,9 @@
 use exec_server_relay::harness;
 use exec_server_relay::keys::Identity;
 use exec_server_relay::random::OsRandom;
-use exec_server_relay::registry::{store::MemoryStore, Config, Registry};
 use exec_server_relay::registry_client::RegistryClient;
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn reference() -> Option<String> {
@@ -20,20 +18,6 @@ fn reference() -> Option<String> {
         .ok()?;
     let p = String::from_utf8(out.stdout).ok()?.trim().to_string();
     (!p.is_empty()).then_some(p)
-}
-
-async fn start_registry() -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let reg = Registry::new(
-        Config::default(),
-        Arc::new(MemoryStore::default()),
-        format!("ws://{addr}"),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(reg.serve(l));
-    format!("http://{addr}")
 }
 
 struct Kill(std::process::Child);
@@ -77,7 +61,7 @@ async fn reference_executor_through_our_registry_to_our_harness() {
         eprintln!("codex-ref not installed; skipping");
         return;
     };
-    let base = start_registry().await;
+    let base = exec_server_relay::testing::memory_registry().await;
     let mut child = Command::new(codex)
         .args([
             "exec-server",
@@ -104,7 +88,16 @@ async fn reference_executor_through_our_registry_to_our_harness() {
     let me = Identity::generate(&mut OsRandom);
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut ch = loop {
-        match harness::connect(&client, "interop-env", &me).await {
+        // Offering AEGIS-256 as our harness does by default: the reference
+        // skips the unknown field and the records stay AES-256-GCM.
+        match harness::connect_offering(
+            &client,
+            "interop-env",
+            &me,
+            exec_server_relay::TransportCipher::Aegis256,
+        )
+        .await
+        {
             Ok(ch) => break ch,
             Err(e) => {
                 assert!(Instant::now() < deadline, "no connection in 30 s: {e}");
@@ -112,6 +105,10 @@ async fn reference_executor_through_our_registry_to_our_harness() {
             }
         }
     };
+    assert_eq!(
+        ch.transport_cipher,
+        exec_server_relay::TransportCipher::AesGcm
+    );
     let init = roundtrip(
         &mut ch,
         serde_json::json!({"id": 1, "method": "initialize", "params": {"clientName": "interop"}}),

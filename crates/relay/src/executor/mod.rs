@@ -14,6 +14,7 @@ pub(crate) mod shared_writer;
 
 use crate::frame::MAX_FRAME_BYTES;
 use crate::keys::Identity;
+pub use crate::noise::TransportCipher;
 use crate::random::{OsRandom, Randomness};
 use crate::registry_client::{RegistryClient, RegistryError};
 use crate::socket::ConnectError;
@@ -56,6 +57,10 @@ pub struct Config {
     /// Told of streams and handshake failures (for metrics); [`NoObserver`]
     /// when nobody counts.
     pub observer: Arc<dyn Observer>,
+    /// Taken when a harness offers it (see [`TransportCipher`]);
+    /// [`TransportCipher::AesGcm`] keeps every stream on the reference's
+    /// records. Usually [`TransportCipher::preferred`].
+    pub transport_cipher: TransportCipher,
 }
 
 /// What an executor tells its owner as it works, e.g. to count it in
@@ -104,6 +109,7 @@ pub(crate) struct Ctx {
     pub keepalive: Duration,
     pub pong_timeout: Duration,
     pub observer: Arc<dyn Observer>,
+    pub transport_cipher: TransportCipher,
 }
 
 /// A fatal executor error (registration refused or malformed).
@@ -200,6 +206,7 @@ pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorE
                     keepalive: config.keepalive,
                     pong_timeout: config.pong_timeout,
                     observer: config.observer.clone(),
+                    transport_cipher: config.transport_cipher,
                 });
                 let began = std::time::Instant::now();
                 let why = mux::serve(ws, &ctx).await;

@@ -10,7 +10,7 @@ use crate::api::ValidateRequest;
 use crate::buffers::BufferPool;
 use crate::frame::{Body, Frame, RESET_EXECUTOR_BUSY, RESET_PROTOCOL_ERROR};
 use crate::keys::prologue;
-use crate::noise::{PendingResponder, Transport};
+use crate::noise::{PendingResponder, Transport, TransportCipher};
 use crate::random::OsRandom;
 use crate::socket::{ClientSocket, Message, Outgoing};
 use crate::stream::{halves, Channel, RecvHalf, StreamSender};
@@ -154,7 +154,9 @@ impl Mux<'_> {
     /// key to the harness and gives it session keys, nothing more; nothing
     /// the harness sends is acted on, and nothing is sent to it, before the
     /// registry has agreed, and a refusal resets the stream.
-    fn handshake(&mut self, stream_id: String, msg1: Vec<u8>) {
+    /// msg1 on `stream_id`, its frame offering `offered` (see
+    /// [`TransportCipher`]).
+    fn handshake(&mut self, stream_id: String, msg1: Vec<u8>, offered: Option<String>) {
         if self.held.contains_key(&stream_id) {
             // A second msg1 while the first is judged: neither goes on.
             self.forget(&stream_id);
@@ -194,11 +196,22 @@ impl Mux<'_> {
             harness_public_key: pending.initiator_key().to_wire(),
             harness_key_authorization: authorization,
         };
-        let Ok((transport, msg2)) = pending.complete(&mut OsRandom) else {
+        // The offer is unauthenticated: a node that drops it gets AES-GCM
+        // (the reference's records); one that forges it gets records the
+        // harness cannot open, which it could cause anyway.
+        let cipher = match TransportCipher::from_wire(offered.as_deref()) {
+            TransportCipher::Aegis256 if self.ctx.transport_cipher == TransportCipher::Aegis256 => {
+                TransportCipher::Aegis256
+            }
+            _ => TransportCipher::AesGcm,
+        };
+        let Ok((transport, msg2)) = pending.complete(&mut OsRandom, cipher) else {
             self.reset(&stream_id);
             return self.charge();
         };
-        let f = Frame::handshake(&stream_id, msg2).encode();
+        let f = Frame::handshake(&stream_id, msg2)
+            .with_transport_cipher(cipher.wire())
+            .encode();
         if self.out.try_send(Outgoing::Binary(f.into())).is_err() {
             // The socket is stuck; the watchdog will end it.
             return;
@@ -251,6 +264,7 @@ impl Mux<'_> {
     /// A stream's routing entry and the program's end of it, whose sends
     /// seal and queue their frames themselves.
     fn open(&self, stream_id: &str, id: u64, transport: Transport) -> (Active, Channel) {
+        let cipher = transport.cipher();
         let (send, recv) = halves(stream_id, transport);
         let (in_tx, in_rx) = mpsc::channel(STREAM_QUEUE);
         let stopped = CancellationToken::new();
@@ -279,6 +293,7 @@ impl Mux<'_> {
             inbound: in_rx,
             outbound,
             peer: format!("relay stream {stream_id}"),
+            transport_cipher: cipher,
         };
         (active, channel)
     }
@@ -336,7 +351,8 @@ impl Mux<'_> {
     }
 
     /// Decodes and checks a message; a data payload shares its buffer.
-    fn frame(&mut self, bytes: &bytes::Bytes) -> Option<(String, Body)> {
+    /// A valid frame's stream id, body and transport cipher field.
+    fn frame(&mut self, bytes: &bytes::Bytes) -> Option<(String, Body, Option<String>)> {
         let f = match Frame::decode_shared(bytes) {
             Ok(f) => f,
             Err(e) => {
@@ -348,7 +364,7 @@ impl Mux<'_> {
             tracing::warn!("dropping an invalid relay frame: {e}");
             return None;
         }
-        Some((f.stream_id, f.body?))
+        Some((f.stream_id, f.body?, f.transport_cipher))
     }
 }
 
@@ -420,11 +436,11 @@ pub(super) async fn serve((mut source, sink): ClientSocket, ctx: &Arc<Ctx>) -> D
                     }
                     Ok(Some(Message::Pong)) => continue,
                 };
-                let Some((stream_id, body)) = mux.frame(&bytes) else { continue };
+                let Some((stream_id, body, cipher)) = mux.frame(&bytes) else { continue };
                 // The payload is then its buffer's only handle: opened in place.
                 drop(bytes);
                 match body {
-                    Body::Handshake { payload } => mux.handshake(stream_id, payload),
+                    Body::Handshake { payload } => mux.handshake(stream_id, payload, cipher),
                     Body::Data { seq, payload, .. } => mux.data(stream_id, seq, payload).await,
                     Body::Reset { .. } => {
                         // The reason is unauthenticated: never logged.

@@ -6,8 +6,6 @@ use crate::executor::{self, StreamHandler};
 use crate::harness;
 use crate::keys::Identity;
 use crate::random::OsRandom;
-use crate::registry::store::MemoryStore;
-use crate::registry::{Config, Registry};
 use crate::registry_client::RegistryClient;
 use crate::stream::Channel;
 use std::sync::Arc;
@@ -69,23 +67,14 @@ async fn harness_stream(client: &RegistryClient, env: &str) -> Channel {
 /// receive several budgets' worth while the other is stalled and after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_harness_does_not_hold_the_executors_other_streams() {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let reg = Registry::new(
-        Config::default(),
-        Arc::new(MemoryStore::default()),
-        format!("ws://{addr}"),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(reg.serve(l));
-    let base = format!("http://{addr}");
+    let base = crate::testing::memory_registry().await;
     let config = executor::Config {
         registry: RegistryClient::new(&base, "exec", None, true).unwrap(),
         environment_id: "flood".into(),
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
         observer: Arc::new(executor::NoObserver),
+        transport_cipher: crate::noise::TransportCipher::preferred(),
     };
     let exec = tokio::spawn(executor::run(config, flood_handler()));
     let client = RegistryClient::new(&base, "harness", None, true).unwrap();
@@ -596,4 +585,75 @@ async fn an_executor_reset_closes_the_harness_socket_after_it() {
         "{got:?}"
     );
     assert!(!hub.lock()["env"].streams.contains_key("s1"));
+}
+
+/// Answers with the cipher its end of the stream uses, then echoes.
+fn cipher_echo_handler() -> StreamHandler {
+    Arc::new(|mut ch: Channel| {
+        tokio::spawn(async move {
+            let mine = format!("{:?}", ch.transport_cipher).into_bytes();
+            if ch.outbound.send(mine.into()).await.is_err() {
+                return;
+            }
+            while let Some(m) = ch.inbound.recv().await {
+                if ch.outbound.send(m.into()).await.is_err() {
+                    return;
+                }
+            }
+        });
+    })
+}
+
+/// Our harness and our executor seal with AEGIS-256 when the harness
+/// offers it and the executor takes it; either end keeping AES-GCM keeps
+/// the reference's records. Both ends report the same cipher, and a
+/// 100 kB message (two records) comes back exact every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_ends_agree_on_aegis_unless_either_keeps_aes_gcm() {
+    use crate::noise::TransportCipher::{Aegis256, AesGcm};
+    let base = crate::testing::memory_registry().await;
+    let client = RegistryClient::new(&base, "harness", None, true).unwrap();
+    let me = Identity::generate(&mut OsRandom);
+    let message: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    for (n, (takes, offer, agreed)) in [
+        (Aegis256, Aegis256, Aegis256),
+        (Aegis256, AesGcm, AesGcm),
+        (AesGcm, Aegis256, AesGcm),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let env = format!("cipher-{n}");
+        let config = executor::Config {
+            registry: RegistryClient::new(&base, "exec", None, true).unwrap(),
+            environment_id: env.clone(),
+            keepalive: executor::KEEPALIVE,
+            pong_timeout: executor::PONG_TIMEOUT,
+            observer: Arc::new(executor::NoObserver),
+            transport_cipher: takes,
+        };
+        let exec = tokio::spawn(executor::run(config, cipher_echo_handler()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut ch = loop {
+            match harness::connect_offering(&client, &env, &me, offer).await {
+                Ok(ch) => break ch,
+                Err(e) => assert!(Instant::now() < deadline, "executor never attached: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(ch.transport_cipher, agreed, "harness, case {n}");
+        let theirs = ch.inbound.recv().await.unwrap();
+        assert_eq!(
+            theirs,
+            format!("{agreed:?}").as_bytes(),
+            "executor, case {n}"
+        );
+        ch.outbound.send(message.clone().into()).await.unwrap();
+        let back = tokio::time::timeout(Duration::from_secs(10), ch.inbound.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(back == message, "echo differs, case {n}");
+        exec.abort();
+    }
 }

@@ -263,6 +263,7 @@ async fn a_database_restart_breaks_no_stream_and_new_connections_wait() {
             keepalive: executor::KEEPALIVE,
             pong_timeout: executor::PONG_TIMEOUT,
             observer: Arc::new(executor::NoObserver),
+            transport_cipher: crate::noise::TransportCipher::preferred(),
         },
         echo,
     ));

@@ -13,16 +13,16 @@
 //! msg1 into a [`PendingResponder`] (the initiator's static key is then known
 //! and authenticated), asks the registry whether that key may connect, and only
 //! then writes msg2 with [`PendingResponder::complete`]. Both ends then hold a
-//! [`Transport`]: AES-256-GCM records with implicit nonces 0, 1, 2… per direction.
+//! [`Transport`]: records with implicit nonces 0, 1, 2… per direction, in
+//! AES-256-GCM (the reference's) or, when our harness offered it and our
+//! executor took it, AEGIS-256 (`transport.rs`, [`TransportCipher`]).
 //!
 //! This module checks every length before handing bytes to Clatter, because
 //! Clatter panics (rather than failing) on oversized messages and short records.
 
 use crate::keys::{Identity, PublicKey, KEM_CIPHERTEXT_LEN, KEM_PUBLIC_KEY_LEN};
 use crate::random::{drawn, Randomness};
-use aws_lc_rs::aead;
 use clatter::bytearray::{ByteArray, HeapArray};
-use clatter::cipherstate::CipherState as ClatterCipher;
 use clatter::crypto::cipher::AesGcm;
 use clatter::crypto::dh::X25519;
 use clatter::crypto::hash::Sha256;
@@ -31,6 +31,10 @@ use clatter::error::HandshakeError;
 use clatter::handshakepattern::noise_hybrid_ik;
 use clatter::traits::Handshaker;
 use clatter::{HybridHandshakeCore, HybridHandshakeParams};
+
+mod transport;
+use transport::transport;
+pub use transport::{CipherState, Opener, Sealer, Transport, TransportCipher, AEGIS256_KEY_INFO};
 
 /// The protocol name hashed into the initial state (note `25519`, not `X25519`).
 pub const PROTOCOL_NAME: &str = "Noise_hybridIK_25519+MLKEM768_AESGCM_SHA256";
@@ -138,20 +142,22 @@ impl Initiator {
         Ok((Initiator { hs }, out))
     }
 
-    /// Reads msg2 and enters transport mode. Errors: [`NoiseError::Length`],
+    /// Reads msg2 and enters transport mode with records in `cipher` (what
+    /// the executor's msg2 frame named). Errors: [`NoiseError::Length`],
     /// [`NoiseError::Decrypt`] (not the pinned executor, or tampered),
     /// [`NoiseError::NonEmptyResponse`].
-    pub fn finish(mut self, msg2: &[u8]) -> Result<Transport, NoiseError> {
+    pub fn finish(mut self, msg2: &[u8], cipher: TransportCipher) -> Result<Transport, NoiseError> {
         // A msg2 with a payload is longer than MSG2_LEN; v1 never sends one.
         if msg2.len() != MSG2_LEN {
             return Err(NoiseError::Length);
         }
         self.hs.read_message(msg2, &mut [])?;
         let states = self.hs.finalize()?.take();
-        Ok(Transport {
-            send: CipherState::from_handshake(states.initiator_to_responder)?,
-            recv: CipherState::from_handshake(states.responder_to_initiator)?,
-        })
+        transport(
+            states.initiator_to_responder,
+            states.responder_to_initiator,
+            cipher,
+        )
     }
 }
 
@@ -201,201 +207,26 @@ impl PendingResponder {
         &self.payload
     }
 
-    /// Writes msg2 (empty payload) and enters transport mode. Errors:
+    /// Writes msg2 (empty payload) and enters transport mode with records
+    /// in `cipher` (what the msg2 frame will name). Errors:
     /// [`NoiseError::InvalidKey`] when the initiator's KEM keys are malformed.
     pub fn complete(
         mut self,
         rng: &mut dyn Randomness,
+        cipher: TransportCipher,
     ) -> Result<(Transport, Vec<u8>), NoiseError> {
         let mut out = vec![0u8; MSG2_LEN];
         let n = drawn::with(rng, MSG2_RANDOM, || self.hs.write_message(&[], &mut out))?;
         out.truncate(n);
         let states = self.hs.finalize()?.take();
         Ok((
-            Transport {
-                send: CipherState::from_handshake(states.responder_to_initiator)?,
-                recv: CipherState::from_handshake(states.initiator_to_responder)?,
-            },
+            transport(
+                states.responder_to_initiator,
+                states.initiator_to_responder,
+                cipher,
+            )?,
             out,
         ))
-    }
-}
-
-/// One direction's AES-256-GCM key and nonce counter, for the transport
-/// phase. The handshake runs in Clatter; its split keys then go to
-/// aws-lc-rs, whose AES-GCM (AVX-512 VAES where the CPU has it) seals and
-/// opens records several times faster than the handshake's cipher, and can
-/// seal a record's bulk from where it lies into the frame (one pass instead
-/// of a copy and an in-place pass). The records are the same: Noise's AESGCM
-/// nonce is 4 zero bytes and the counter big-endian, the associated data
-/// empty.
-pub struct CipherState {
-    key: aead::LessSafeKey,
-    nonce: u64,
-}
-
-impl CipherState {
-    /// Takes over one direction of a finished handshake. Errors:
-    /// [`NoiseError::InvalidKey`] when the key is not 32 bytes.
-    fn from_handshake(state: ClatterCipher<AesGcm>) -> Result<CipherState, NoiseError> {
-        use clatter::bytearray::ByteArray;
-        let (key, nonce) = state.take();
-        let key = aead::UnboundKey::new(&aead::AES_256_GCM, key.as_slice())
-            .map_err(|_| NoiseError::InvalidKey)?;
-        Ok(CipherState {
-            key: aead::LessSafeKey::new(key),
-            nonce,
-        })
-    }
-
-    fn next_nonce(&self) -> Result<aead::Nonce, NoiseError> {
-        if self.nonce >= MAX_RECORDS_PER_DIRECTION {
-            return Err(NoiseError::Exhausted);
-        }
-        let mut n = [0u8; aead::NONCE_LEN];
-        n[4..].copy_from_slice(&self.nonce.to_be_bytes());
-        Ok(aead::Nonce::assume_unique_for_key(n))
-    }
-
-    fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        let mut out = vec![0; plaintext.len() + TAG_LEN];
-        self.seal_into(&mut out, 0, plaintext)?;
-        Ok(out)
-    }
-
-    /// Seals the record whose plaintext is `frame[start..end]` followed by
-    /// `tail`, where `end` leaves room for `tail`'s ciphertext and the tag
-    /// at the end of `frame`: those bytes are all overwritten, whatever
-    /// they held.
-    fn seal_into(&mut self, frame: &mut [u8], start: usize, tail: &[u8]) -> Result<(), NoiseError> {
-        let end = frame
-            .len()
-            .checked_sub(tail.len() + TAG_LEN)
-            .filter(|end| *end >= start)
-            .ok_or(NoiseError::Length)?;
-        if end - start + tail.len() + TAG_LEN > MAX_MESSAGE_LEN {
-            return Err(NoiseError::Length);
-        }
-        let nonce = self.next_nonce()?;
-        let (head, tail_out) = frame[start..].split_at_mut(end - start);
-        self.key
-            .seal_in_place_scatter(nonce, aead::Aad::empty(), head, tail, tail_out)
-            .map_err(|_| NoiseError::Length)?;
-        self.nonce += 1;
-        Ok(())
-    }
-
-    fn decrypt(&mut self, ciphertext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        self.open_owned(ciphertext.to_vec())
-    }
-
-    fn open_owned(&mut self, mut buf: Vec<u8>) -> Result<Vec<u8>, NoiseError> {
-        let n = self.open_within(&mut buf, 0)?;
-        buf.truncate(n);
-        Ok(buf)
-    }
-
-    /// Decrypts `buf[src..]` into `buf[..]`, in one pass; returns the
-    /// plaintext's length (the bytes after it are left as they were).
-    fn open_within(&mut self, buf: &mut [u8], src: usize) -> Result<usize, NoiseError> {
-        let len = buf.len().saturating_sub(src);
-        if !(TAG_LEN..=MAX_MESSAGE_LEN).contains(&len) {
-            return Err(NoiseError::Length);
-        }
-        let nonce = self.next_nonce()?;
-        let n = self
-            .key
-            .open_within(nonce, aead::Aad::empty(), buf, src..)
-            .map_err(|_| NoiseError::Decrypt)?
-            .len();
-        self.nonce += 1;
-        Ok(n)
-    }
-}
-
-/// An established channel: records encrypted in order, decrypted in order.
-/// Callers must present received records in sequence (see [`crate::ordered`]).
-pub struct Transport {
-    send: CipherState,
-    recv: CipherState,
-}
-
-/// The sending half of a [`Transport`] (see [`Transport::split`]).
-pub struct Sealer(CipherState);
-/// The receiving half of a [`Transport`].
-pub struct Opener(CipherState);
-
-impl Sealer {
-    /// As [`Transport::encrypt`].
-    pub fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        self.0.encrypt(plaintext)
-    }
-
-    /// Seals the next record into a frame already as long as the record
-    /// needs: the plaintext is `frame[start..end]` (encrypted where it
-    /// lies) followed by `tail` (read from where it lies, no copy first),
-    /// where `end` is `tail.len()` plus the tag's length before `frame`'s
-    /// end, and those last bytes (whatever they held) become `tail`'s
-    /// ciphertext and the tag. The same record as [`Sealer::encrypt`] of
-    /// the joined plaintext. Errors: [`NoiseError::Length`] when
-    /// `frame` is shorter than that or the record too long; as
-    /// [`Transport::encrypt`] otherwise.
-    pub fn seal_into(
-        &mut self,
-        frame: &mut [u8],
-        start: usize,
-        tail: &[u8],
-    ) -> Result<(), NoiseError> {
-        self.0.seal_into(frame, start, tail)
-    }
-}
-
-impl Opener {
-    /// As [`Transport::decrypt`], decrypting `record` where it lies and
-    /// leaving the plaintext in it.
-    pub fn decrypt_in_place(&mut self, record: &mut bytes::BytesMut) -> Result<(), NoiseError> {
-        let n = self.0.open_within(record, 0)?;
-        record.truncate(n);
-        Ok(())
-    }
-
-    /// Decrypts the record at `buf[src..]` and leaves its plaintext at
-    /// `buf[..]`, moved while decrypted (no separate copy); returns the
-    /// plaintext's length. Errors as [`Transport::decrypt`].
-    pub fn decrypt_within(&mut self, buf: &mut [u8], src: usize) -> Result<usize, NoiseError> {
-        self.0.open_within(buf, src)
-    }
-}
-
-impl Transport {
-    /// A transport whose send and receive keys are `send` and `recv` (from
-    /// nonce 0), for tests that need two identical ones.
-    #[cfg(test)]
-    pub(crate) fn from_keys(send: &[u8; 32], recv: &[u8; 32]) -> Transport {
-        let state = |k: &[u8; 32]| {
-            CipherState::from_handshake(ClatterCipher::new(k, 0)).unwrap_or_else(|_| unreachable!())
-        };
-        Transport {
-            send: state(send),
-            recv: state(recv),
-        }
-    }
-
-    /// Separates the directions so a writer task and a reader task can each own one.
-    pub fn split(self) -> (Sealer, Opener) {
-        (Sealer(self.send), Opener(self.recv))
-    }
-
-    /// Encrypts one record (plaintext ≤ 65 519 bytes). Errors:
-    /// [`NoiseError::Length`], [`NoiseError::Exhausted`].
-    pub fn encrypt(&mut self, plaintext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        self.send.encrypt(plaintext)
-    }
-
-    /// Decrypts the next record. A failed record leaves the counter where it
-    /// was, but the stream should be torn down (the peer is broken or hostile).
-    pub fn decrypt(&mut self, ciphertext: &[u8]) -> Result<Vec<u8>, NoiseError> {
-        self.recv.decrypt(ciphertext)
     }
 }
 
@@ -404,43 +235,6 @@ mod tests {
     use super::*;
     use crate::keys::prologue;
     use crate::random::SeededRandom;
-
-    /// ring's records are Clatter's records: each side opens what the other
-    /// sealed, nonce after nonce, and a flipped bit or a skipped record fails.
-    #[test]
-    fn transport_records_match_clatters_cipher_both_ways() {
-        let key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
-        let mut ours = CipherState::from_handshake(ClatterCipher::new(&key, 0)).unwrap();
-        let mut theirs = ClatterCipher::<AesGcm>::new(&key, 0);
-        for len in [0usize, 1, 15, 16, 17, 4096, 60 * 1024] {
-            let plain: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
-            let sealed = ours.encrypt(&plain).unwrap();
-            let mut opened = vec![0u8; len];
-            theirs.decrypt_with_ad(&[], &sealed, &mut opened).unwrap();
-            assert_eq!(opened, plain, "ours → clatter, {len} bytes");
-        }
-        let mut ours = CipherState::from_handshake(ClatterCipher::new(&key, 0)).unwrap();
-        let mut theirs = ClatterCipher::<AesGcm>::new(&key, 0);
-        for len in [3usize, 65_535 - TAG_LEN] {
-            let plain = vec![9u8; len];
-            let mut sealed = vec![0u8; len + TAG_LEN];
-            theirs.encrypt_with_ad(&[], &plain, &mut sealed).unwrap();
-            assert_eq!(ours.decrypt(&sealed).unwrap(), plain, "clatter → ours");
-        }
-        let mut sealed = vec![0u8; 8 + TAG_LEN];
-        theirs
-            .encrypt_with_ad(&[], b"tampered", &mut sealed)
-            .unwrap();
-        sealed[2] ^= 1;
-        assert!(matches!(ours.decrypt(&sealed), Err(NoiseError::Decrypt)));
-        // The failure left the counter: the next record is still expected.
-        let mut next = vec![0u8; 4 + TAG_LEN];
-        theirs.encrypt_with_ad(&[], b"next", &mut next).unwrap();
-        assert!(
-            matches!(ours.decrypt(&next), Err(NoiseError::Decrypt)),
-            "a skipped record fails"
-        );
-    }
 
     fn sha256(parts: &[&[u8]]) -> [u8; 32] {
         let mut c = ring::digest::Context::new(&ring::digest::SHA256);
@@ -470,9 +264,9 @@ mod tests {
         let pending = PendingResponder::read_request(&executor, &p, &msg1).unwrap();
         assert_eq!(pending.payload(), auth);
         assert_eq!(pending.initiator_key(), &harness.public_key());
-        let (mut exec_t, msg2) = pending.complete(&mut rng).unwrap();
+        let (mut exec_t, msg2) = pending.complete(&mut rng, TransportCipher::AesGcm).unwrap();
         assert_eq!(msg2.len(), 3424);
-        let mut harness_t = init.finish(&msg2).unwrap();
+        let mut harness_t = init.finish(&msg2, TransportCipher::AesGcm).unwrap();
         for i in 0..3 {
             let c = harness_t.encrypt(format!("ping {i}").as_bytes()).unwrap();
             assert_eq!(c.len(), 6 + 16);
@@ -523,13 +317,13 @@ mod tests {
         let (init, msg1) =
             Initiator::start(&harness, &executor.public_key(), &p, b"x", &mut rng).unwrap();
         let pending = PendingResponder::read_request(&executor, &p, &msg1).unwrap();
-        let (mut exec_t, msg2) = pending.complete(&mut rng).unwrap();
+        let (mut exec_t, msg2) = pending.complete(&mut rng, TransportCipher::AesGcm).unwrap();
         let mut bad = msg2.clone();
         bad[3000] ^= 1;
         let (init2, _) =
             Initiator::start(&harness, &executor.public_key(), &p, b"x", &mut rng).unwrap();
-        assert!(init2.finish(&bad).is_err());
-        let mut t = init.finish(&msg2).unwrap();
+        assert!(init2.finish(&bad, TransportCipher::AesGcm).is_err());
+        let mut t = init.finish(&msg2, TransportCipher::AesGcm).unwrap();
         let c0 = t.encrypt(b"zero").unwrap();
         let c1 = t.encrypt(b"one").unwrap();
         assert_eq!(exec_t.decrypt(&c0).unwrap(), b"zero");
@@ -538,6 +332,38 @@ mod tests {
         assert_eq!(exec_t.decrypt(&c0), Err(NoiseError::Decrypt));
         assert_eq!(exec_t.decrypt(&c1).unwrap(), b"one");
         assert_eq!(exec_t.decrypt(&[0u8; 5]), Err(NoiseError::Length));
+    }
+
+    /// Both ends agreeing on AEGIS-256 talk; an end that keeps AES-GCM
+    /// cannot open what the other seals (the mismatch fails closed).
+    #[test]
+    fn an_aegis_handshake_talks_and_a_mismatch_fails() {
+        let (harness, executor, mut rng) = pair(b"aegis");
+        let p = prologue("env", "reg-1", "s");
+        for (h, e, talks) in [
+            (TransportCipher::Aegis256, TransportCipher::Aegis256, true),
+            (TransportCipher::AesGcm, TransportCipher::Aegis256, false),
+            (TransportCipher::Aegis256, TransportCipher::AesGcm, false),
+        ] {
+            let (init, msg1) =
+                Initiator::start(&harness, &executor.public_key(), &p, b"x", &mut rng).unwrap();
+            let pending = PendingResponder::read_request(&executor, &p, &msg1).unwrap();
+            let (mut exec_t, msg2) = pending.complete(&mut rng, e).unwrap();
+            assert_eq!(msg2.len(), MSG2_LEN, "msg2 is the reference's either way");
+            let mut harness_t = init.finish(&msg2, h).unwrap();
+            assert_eq!((harness_t.cipher(), exec_t.cipher()), (h, e));
+            let c = harness_t.encrypt(b"ping").unwrap();
+            assert_eq!(c.len(), 4 + TAG_LEN);
+            let got = exec_t.decrypt(&c);
+            let back = exec_t.encrypt(b"pong").map(|c| harness_t.decrypt(&c));
+            if talks {
+                assert_eq!(got.unwrap(), b"ping");
+                assert_eq!(back.unwrap().unwrap(), b"pong");
+            } else {
+                assert_eq!(got, Err(NoiseError::Decrypt));
+                assert_eq!(back.unwrap(), Err(NoiseError::Decrypt));
+            }
+        }
     }
 
     /// Pins the handshake bytes under fixed keys and randomness, so a change in
@@ -559,8 +385,8 @@ mod tests {
         )
         .unwrap();
         let pending = PendingResponder::read_request(&executor, &p, &msg1).unwrap();
-        let (mut exec_t, msg2) = pending.complete(&mut rng).unwrap();
-        let mut harness_t = init.finish(&msg2).unwrap();
+        let (mut exec_t, msg2) = pending.complete(&mut rng, TransportCipher::AesGcm).unwrap();
+        let mut harness_t = init.finish(&msg2, TransportCipher::AesGcm).unwrap();
         let record = harness_t.encrypt(b"{\"id\":1}").unwrap();
         assert_eq!(exec_t.decrypt(&record).unwrap(), b"{\"id\":1}");
         let hex = |b: &[u8]| -> String { b.iter().map(|x| format!("{x:02x}")).collect() };
