@@ -153,6 +153,7 @@ pub fn prepare(
     let handler: StreamHandler = Arc::new(move |ch| {
         let state = state.clone();
         let peer = ch.peer.clone();
+        tracing::debug!(%peer, cipher = ?ch.transport_cipher, "relay stream opened");
         let conn = exec_server_client::relay::connection_from_channel(ch);
         // A relay stream is a network peer: the same handshake deadline applies.
         tokio::spawn(exec_server::connection::serve(
@@ -168,7 +169,7 @@ pub fn prepare(
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
         observer: Arc::new(RelayMetrics),
-        transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
+        transport_cipher: exec_server_relay::TransportCipher::preferred(),
     };
     let running = async move {
         match executor::run(config, handler).await {

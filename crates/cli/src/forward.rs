@@ -95,7 +95,7 @@ pub async fn run(args: ForwardArgs) -> i32 {
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
         observer: std::sync::Arc::new(executor::NoObserver),
-        transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
+        transport_cipher: exec_server_relay::TransportCipher::preferred(),
     };
     tokio::select! {
         r = executor::run(config, handler) => match r {

@@ -8,15 +8,17 @@
 //! Prints spawn latency p50/p99 (`process/start` of `true` until its exit event,
 //! on an established connection), stream throughput (`head -c 256 MiB
 //! /dev/zero`, bytes delivered to the caller per second: best of three per
-//! path, then five rounds alternating direct and relay, each round's ratio and
-//! their median, so that a machine that slows down for a while slows both
-//! paths alike), and the executor's RSS growth per idle relay stream (IDLE
+//! path, then five rounds alternating direct, relay and relay with
+//! AES-256-GCM records instead of AEGIS-256, each round's ratios and their
+//! medians, so that a machine that slows down for a while slows every path
+//! alike), and the executor's RSS growth per idle relay stream (IDLE
 //! connected clients). See
 //! BENCHMARKS.md for the command that starts the three processes.
 
 use exec_server_client::relay::RelaySource;
 use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
 use exec_server_protocol::types::ExecParams;
+use exec_server_relay::TransportCipher;
 use std::time::{Duration, Instant};
 
 const STREAM_BYTES: usize = 256 * 1024 * 1024;
@@ -89,24 +91,29 @@ async fn best_stream(c: &ExecServerClient, tag: &str) -> f64 {
     best
 }
 
-/// Rounds of one direct stream then one relay stream: each round's
-/// relay/direct ratio, and their median.
-async fn interleaved(direct: &ExecServerClient, relay: &ExecServerClient) {
-    let mut ratios = Vec::new();
+/// Rounds of one direct stream, one relay stream with our records
+/// (AEGIS-256) and one with the reference's (AES-256-GCM): each round's
+/// relay/direct ratios, and their medians.
+async fn interleaved(direct: &ExecServerClient, relay: &ExecServerClient, aes: &ExecServerClient) {
+    let (mut ratios, mut aes_ratios) = (Vec::new(), Vec::new());
     let mut line = String::new();
     for i in 0..5 {
         let d = stream(direct, &format!("id-{i}")).await;
         let r = stream(relay, &format!("ir-{i}")).await;
+        let g = stream(aes, &format!("ig-{i}")).await;
         ratios.push(r / d);
-        line.push_str(&format!(" {r:.0}/{d:.0}"));
+        aes_ratios.push(g / d);
+        line.push_str(&format!(" {r:.0}|{g:.0}/{d:.0}"));
     }
-    let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-    let median = pct(&mut ratios, 0.5);
-    println!("interleaved relay/direct MiB/s:{line}");
-    println!(
-        "relay/direct stream ratio: median {median:.2} of rounds {}",
-        shown.join(" ")
-    );
+    println!("interleaved relay (AEGIS-256 | AES-256-GCM) / direct MiB/s:{line}");
+    for (name, mut ratios) in [("", ratios), (" with AES-256-GCM records", aes_ratios)] {
+        let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        let median = pct(&mut ratios, 0.5);
+        println!(
+            "relay/direct stream ratio{name}: median {median:.2} of rounds {}",
+            shown.join(" ")
+        );
+    }
 }
 
 async fn measure(name: &str, c: &ExecServerClient, spawns: usize) -> f64 {
@@ -187,10 +194,17 @@ async fn bench() {
         || Source::relay(RelaySource::new(&a[2], &a[3], "bench", None).expect("relay source"));
     let direct = client(Source::from_url(&a[1], None).expect("direct url")).await;
     let through = client(relay()).await;
+    let aes = client(Source::relay(
+        RelaySource::new(&a[2], &a[3], "bench", None)
+            .expect("relay source")
+            .with_transport_cipher(TransportCipher::AesGcm),
+    ))
+    .await;
     let d = measure("direct", &direct, spawns).await;
     let r = measure("relay", &through, spawns).await;
     println!("relay adds {:.3} ms to the spawn p50", r - d);
-    interleaved(&direct, &through).await;
+    interleaved(&direct, &through, &aes).await;
+    drop(aes);
     // One stream beside a stalled one on the same executor.
     let stalled = stalled_neighbour(&a[2], &a[3]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;

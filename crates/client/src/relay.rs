@@ -10,7 +10,7 @@ use crate::error::{ConfigError, ConnectionError, ConnectionErrorKind};
 use exec_server_relay::harness::{self, HarnessError};
 use exec_server_relay::registry_client::RegistryClient;
 use exec_server_relay::stream::{Channel, OutMessage, StreamSender};
-use exec_server_relay::{Identity, OsRandom};
+use exec_server_relay::{Identity, OsRandom, TransportCipher};
 use exec_server_rpc::transport;
 use exec_server_rpc::Connection;
 
@@ -29,6 +29,7 @@ pub struct RelaySource {
     registry: RegistryClient,
     environment_id: String,
     identity: Identity,
+    offer: TransportCipher,
 }
 
 impl std::fmt::Debug for RelaySource {
@@ -61,7 +62,18 @@ impl RelaySource {
             registry,
             environment_id: environment_id.to_string(),
             identity: Identity::generate(&mut OsRandom),
+            offer: TransportCipher::preferred(),
         })
+    }
+
+    /// This source offering `offer` to the executor on each connection:
+    /// [`TransportCipher::Aegis256`] (the default unless
+    /// `EXEC_SERVER_RELAY_CIPHER=aes-256-gcm`) is taken by our executor and
+    /// ignored by the reference's; [`TransportCipher::AesGcm`] offers
+    /// nothing, so every record is AES-256-GCM.
+    pub fn with_transport_cipher(mut self, offer: TransportCipher) -> RelaySource {
+        self.offer = offer;
+        self
     }
 
     /// From the reference's variables: `None` when none is set; an error when
@@ -85,8 +97,13 @@ impl RelaySource {
 
     /// One attempt: a fresh stream to the executor.
     pub(crate) async fn connect(&self) -> Result<Connection, ConnectionError> {
-        let why = match harness::connect(&self.registry, &self.environment_id, &self.identity).await
-        {
+        let attempt = harness::connect_offering(
+            &self.registry,
+            &self.environment_id,
+            &self.identity,
+            self.offer,
+        );
+        let why = match attempt.await {
             Ok(ch) => return Ok(connection_from_channel(ch)),
             Err(e @ HarnessError::Authentication) => format!(
                 "environment {}: {e} (not the executor the registry named)",

@@ -62,7 +62,7 @@ async fn main() {
             keepalive: executor::KEEPALIVE,
             pong_timeout: executor::PONG_TIMEOUT,
             observer: Arc::new(executor::NoObserver),
-            transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
+            transport_cipher: exec_server_relay::TransportCipher::preferred(),
         };
         tokio::spawn(executor::run(config, handler.clone()))
     };

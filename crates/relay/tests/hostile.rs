@@ -47,7 +47,7 @@ async fn setup(env: &str) -> Setup {
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
         observer: std::sync::Arc::new(executor::NoObserver),
-        transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
+        transport_cipher: exec_server_relay::TransportCipher::preferred(),
     };
     tokio::spawn(executor::run(config, echo_handler()));
     let client = RegistryClient::new(&base, "harness", None, true).unwrap();
@@ -669,7 +669,7 @@ async fn our_executor_retries_a_registration_conflict_until_the_live_socket_is_g
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
         observer: Arc::new(RegistrationEvents(tx)),
-        transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
+        transport_cipher: exec_server_relay::TransportCipher::preferred(),
     };
     let ours = tokio::spawn(executor::run(config, echo_handler()));
     let event = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
@@ -807,7 +807,7 @@ async fn a_stream_is_held_until_admitted_and_reset_past_its_budget() {
             keepalive: executor::KEEPALIVE,
             pong_timeout: executor::PONG_TIMEOUT,
             observer: Arc::new(executor::NoObserver),
-            transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
+            transport_cipher: exec_server_relay::TransportCipher::preferred(),
         },
         echo_handler(),
     ));

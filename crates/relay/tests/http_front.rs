@@ -261,7 +261,7 @@ async fn metrics_count_sockets_streams_and_bytes() {
         keepalive: executor::KEEPALIVE,
         pong_timeout: executor::PONG_TIMEOUT,
         observer: Arc::new(executor::NoObserver),
-        transport_cipher: exec_server_relay::noise::TransportCipher::preferred(),
+        transport_cipher: exec_server_relay::TransportCipher::preferred(),
     };
     let exec = tokio::spawn(executor::run(config, echo_handler()));
     let client = RegistryClient::new(&base, "harness", None, true).unwrap();
