@@ -9,7 +9,7 @@
 //! on an established connection), stream throughput (`head -c 256 MiB
 //! /dev/zero`, bytes delivered to the caller per second: best of three per
 //! path, then five rounds alternating direct, relay and relay with
-//! AES-256-GCM records instead of AEGIS-256, each round's ratios and their
+//! AES-256-GCM records instead of AEGIS-256X2, each round's ratios and their
 //! medians, so that a machine that slows down for a while slows every path
 //! alike), and the executor's RSS growth per idle relay stream (IDLE
 //! connected clients). See
@@ -92,7 +92,7 @@ async fn best_stream(c: &ExecServerClient, tag: &str) -> f64 {
 }
 
 /// Rounds of one direct stream, one relay stream with our records
-/// (AEGIS-256) and one with the reference's (AES-256-GCM): each round's
+/// (AEGIS-256X2) and one with the reference's (AES-256-GCM): each round's
 /// relay/direct ratios, and their medians.
 async fn interleaved(direct: &ExecServerClient, relay: &ExecServerClient, aes: &ExecServerClient) {
     let (mut ratios, mut aes_ratios) = (Vec::new(), Vec::new());
@@ -105,7 +105,7 @@ async fn interleaved(direct: &ExecServerClient, relay: &ExecServerClient, aes: &
         aes_ratios.push(g / d);
         line.push_str(&format!(" {r:.0}|{g:.0}/{d:.0}"));
     }
-    println!("interleaved relay (AEGIS-256 | AES-256-GCM) / direct MiB/s:{line}");
+    println!("interleaved relay (AEGIS-256X2 | AES-256-GCM) / direct MiB/s:{line}");
     for (name, mut ratios) in [("", ratios), (" with AES-256-GCM records", aes_ratios)] {
         let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
         let median = pct(&mut ratios, 0.5);

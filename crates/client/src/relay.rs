@@ -67,7 +67,7 @@ impl RelaySource {
     }
 
     /// This source offering `offer` to the executor on each connection:
-    /// [`TransportCipher::Aegis256`] (the default unless
+    /// [`TransportCipher::Aegis256X2`] (the default unless
     /// `EXEC_SERVER_RELAY_CIPHER=aes-256-gcm`) is taken by our executor and
     /// ignored by the reference's; [`TransportCipher::AesGcm`] offers
     /// nothing, so every record is AES-256-GCM.

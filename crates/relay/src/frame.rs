@@ -579,12 +579,12 @@ mod tests {
     fn transport_cipher_field_round_trips_and_is_ours_alone() {
         let plain = Frame::handshake("s", vec![1; 4]);
         assert_eq!(plain.transport_cipher, None);
-        let offered = plain.clone().with_transport_cipher(Some("AEGIS-256"));
+        let offered = plain.clone().with_transport_cipher(Some("AEGIS-256X2"));
         let b = offered.encode();
         // The plain frame's bytes, then tag (2001 << 3 | 2) as a varint and the value.
         let mut want = plain.encode();
-        want.extend_from_slice(&[0x8a, 0x7d, 9]);
-        want.extend_from_slice(b"AEGIS-256");
+        want.extend_from_slice(&[0x8a, 0x7d, 11]);
+        want.extend_from_slice(b"AEGIS-256X2");
         assert_eq!(b, want);
         assert_eq!(Frame::decode(&b).unwrap(), offered);
         assert_eq!(

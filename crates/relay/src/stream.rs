@@ -287,7 +287,7 @@ pub struct Channel {
     /// Description, e.g. `relay stream 1b4e…`.
     pub peer: String,
     /// The cipher of the stream's records (AES-256-GCM with the reference,
-    /// AEGIS-256 when both ends are ours, see
+    /// AEGIS-256X2 when both ends are ours, see
     /// [`crate::noise::TransportCipher`]).
     pub transport_cipher: crate::noise::TransportCipher,
 }

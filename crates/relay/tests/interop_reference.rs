@@ -88,13 +88,13 @@ async fn reference_executor_through_our_registry_to_our_harness() {
     let me = Identity::generate(&mut OsRandom);
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut ch = loop {
-        // Offering AEGIS-256 as our harness does by default: the reference
+        // Offering AEGIS-256X2 as our harness does by default: the reference
         // skips the unknown field and the records stay AES-256-GCM.
         match harness::connect_offering(
             &client,
             "interop-env",
             &me,
-            exec_server_relay::TransportCipher::Aegis256,
+            exec_server_relay::TransportCipher::Aegis256X2,
         )
         .await
         {

@@ -200,8 +200,10 @@ impl Mux<'_> {
         // (the reference's records); one that forges it gets records the
         // harness cannot open, which it could cause anyway.
         let cipher = match TransportCipher::from_wire(offered.as_deref()) {
-            TransportCipher::Aegis256 if self.ctx.transport_cipher == TransportCipher::Aegis256 => {
-                TransportCipher::Aegis256
+            TransportCipher::Aegis256X2
+                if self.ctx.transport_cipher == TransportCipher::Aegis256X2 =>
+            {
+                TransportCipher::Aegis256X2
             }
             _ => TransportCipher::AesGcm,
         };

@@ -15,7 +15,7 @@
 //! then writes msg2 with [`PendingResponder::complete`]. Both ends then hold a
 //! [`Transport`]: records with implicit nonces 0, 1, 2… per direction, in
 //! AES-256-GCM (the reference's) or, when our harness offered it and our
-//! executor took it, AEGIS-256 (`transport.rs`, [`TransportCipher`]).
+//! executor took it, AEGIS-256X2 (`transport.rs`, [`TransportCipher`]).
 //!
 //! This module checks every length before handing bytes to Clatter, because
 //! Clatter panics (rather than failing) on oversized messages and short records.
@@ -34,7 +34,7 @@ use clatter::{HybridHandshakeCore, HybridHandshakeParams};
 
 mod transport;
 use transport::transport;
-pub use transport::{CipherState, Opener, Sealer, Transport, TransportCipher, AEGIS256_KEY_INFO};
+pub use transport::{CipherState, Opener, Sealer, Transport, TransportCipher, AEGIS256X2_KEY_INFO};
 
 /// The protocol name hashed into the initial state (note `25519`, not `X25519`).
 pub const PROTOCOL_NAME: &str = "Noise_hybridIK_25519+MLKEM768_AESGCM_SHA256";
@@ -334,16 +334,20 @@ mod tests {
         assert_eq!(exec_t.decrypt(&[0u8; 5]), Err(NoiseError::Length));
     }
 
-    /// Both ends agreeing on AEGIS-256 talk; an end that keeps AES-GCM
+    /// Both ends agreeing on AEGIS-256X2 talk; an end that keeps AES-GCM
     /// cannot open what the other seals (the mismatch fails closed).
     #[test]
     fn an_aegis_handshake_talks_and_a_mismatch_fails() {
         let (harness, executor, mut rng) = pair(b"aegis");
         let p = prologue("env", "reg-1", "s");
         for (h, e, talks) in [
-            (TransportCipher::Aegis256, TransportCipher::Aegis256, true),
-            (TransportCipher::AesGcm, TransportCipher::Aegis256, false),
-            (TransportCipher::Aegis256, TransportCipher::AesGcm, false),
+            (
+                TransportCipher::Aegis256X2,
+                TransportCipher::Aegis256X2,
+                true,
+            ),
+            (TransportCipher::AesGcm, TransportCipher::Aegis256X2, false),
+            (TransportCipher::Aegis256X2, TransportCipher::AesGcm, false),
         ] {
             let (init, msg1) =
                 Initiator::start(&harness, &executor.public_key(), &p, b"x", &mut rng).unwrap();

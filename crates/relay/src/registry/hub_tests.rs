@@ -604,21 +604,21 @@ fn cipher_echo_handler() -> StreamHandler {
     })
 }
 
-/// Our harness and our executor seal with AEGIS-256 when the harness
+/// Our harness and our executor seal with AEGIS-256X2 when the harness
 /// offers it and the executor takes it; either end keeping AES-GCM keeps
 /// the reference's records. Both ends report the same cipher, and a
 /// 100 kB message (two records) comes back exact every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_ends_agree_on_aegis_unless_either_keeps_aes_gcm() {
-    use crate::noise::TransportCipher::{Aegis256, AesGcm};
+    use crate::noise::TransportCipher::{Aegis256X2, AesGcm};
     let base = crate::testing::memory_registry().await;
     let client = RegistryClient::new(&base, "harness", None, true).unwrap();
     let me = Identity::generate(&mut OsRandom);
     let message: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     for (n, (takes, offer, agreed)) in [
-        (Aegis256, Aegis256, Aegis256),
-        (Aegis256, AesGcm, AesGcm),
-        (AesGcm, Aegis256, AesGcm),
+        (Aegis256X2, Aegis256X2, Aegis256X2),
+        (Aegis256X2, AesGcm, AesGcm),
+        (AesGcm, Aegis256X2, AesGcm),
     ]
     .into_iter()
     .enumerate()
