@@ -379,9 +379,15 @@ impl Frame {
                 }
                 (11, Value::Bytes(b)) => f.traceparent = Some(utf8(b)?),
                 (12, Value::Bytes(b)) => f.tracestate = Some(utf8(b)?),
-                (CIPHER, Value::Bytes(b)) => f.transport_cipher = Some(utf8(b)?),
+                // Ours, and only a preference: a value that is not UTF-8
+                // text is no offer (AES-GCM), never a reason to drop the
+                // handshake and leave the peer waiting.
+                (CIPHER, Value::Bytes(b)) => {
+                    f.transport_cipher = std::str::from_utf8(b).ok().map(str::to_string)
+                }
+                (CIPHER, _) => f.transport_cipher = None,
                 // A known field with the wrong wire type is not this message.
-                (1..=12 | CIPHER, _) => return Err(FrameError::Malformed),
+                (1..=12, _) => return Err(FrameError::Malformed),
                 _ => {} // unknown fields are skipped, as proto3 requires
             }
         }
@@ -591,10 +597,13 @@ mod tests {
             Frame::decode(&plain.encode()).unwrap().transport_cipher,
             None
         );
-        // A varint under our field number is not this message.
-        let mut bad = plain.encode();
-        bad.extend_from_slice(&[0x88, 0x7d, 1]);
-        assert_eq!(Frame::decode(&bad), Err(FrameError::Malformed));
+        // A varint or bytes that are not UTF-8 under our field number are
+        // no offer: the frame still decodes (its handshake goes on in AES-GCM).
+        for junk in [&[0x88, 0x7d, 1][..], &[0x8a, 0x7d, 2, 0xff, 0x41][..]] {
+            let mut odd = offered.encode();
+            odd.extend_from_slice(junk);
+            assert_eq!(Frame::decode(&odd).unwrap(), plain, "{junk:?}");
+        }
         // The stream id reader (the node's) ignores it.
         assert_eq!(peek_stream_id(&b).unwrap(), "s");
     }

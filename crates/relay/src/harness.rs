@@ -265,6 +265,18 @@ fn run_stream(
                 }
                 Ok(Arrived::Other(Body::Reset { .. })) => break,
                 Ok(Arrived::Other(_)) | Ok(Arrived::Skipped) => {}
+                Err(StreamError::Noise(crate::NoiseError::Decrypt)) => {
+                    // The client then only sees its connection close: say
+                    // here what a failed record means.
+                    tracing::warn!(
+                        stream = %sid,
+                        cipher = ?cipher,
+                        "a record from the executor failed to authenticate: frames were \
+                         altered on the way, or the two ends disagree on the transport cipher \
+                         (EXEC_SERVER_RELAY_CIPHER); the stream is closed"
+                    );
+                    break;
+                }
                 Err(e) => {
                     tracing::debug!("relay stream failed: {e}");
                     break;

@@ -50,11 +50,12 @@ impl TransportCipher {
     pub const ENV: &'static str = "EXEC_SERVER_RELAY_CIPHER";
 
     /// What this process offers or takes: AEGIS-256X2 unless
-    /// [`TransportCipher::ENV`] says `aes-256-gcm`. Any other value than
-    /// `aegis-256x2` also keeps AES-GCM (the reference's), with a warning.
+    /// [`TransportCipher::ENV`] says `aes-256-gcm` (unset, empty or
+    /// `aegis-256x2`: AEGIS-256X2). Any other value also keeps AES-GCM
+    /// (the reference's), with a warning.
     pub fn preferred() -> TransportCipher {
         match std::env::var(Self::ENV).as_deref() {
-            Err(_) | Ok("aegis-256x2") => TransportCipher::Aegis256X2,
+            Err(_) | Ok("" | "aegis-256x2") => TransportCipher::Aegis256X2,
             Ok("aes-256-gcm") => TransportCipher::AesGcm,
             Ok(other) => {
                 tracing::warn!(

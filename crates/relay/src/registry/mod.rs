@@ -350,9 +350,11 @@ impl Registry {
                 pending::Over::Node => "in all",
             };
             let message = format!(
-                "registry node {} has {} connect answers {scope} still unused; try again shortly",
+                "registry node {} has given {} connect answers {scope} within the last {} s \
+                 (each counts until its authorizations expire, used or not); try again shortly",
                 self.node_id,
                 over.bound(),
+                AUTHORIZATION_TTL.max(HARNESS_URL_TTL).as_secs(),
             );
             let mut reply = Reply::error(429, "too_many_connects", &message);
             reply.headers.push(("retry-after", "5".into()));
