@@ -87,6 +87,7 @@ pub async fn run(args: ForwardArgs) -> i32 {
     };
     let target = args.connect.clone();
     let handler: StreamHandler = Arc::new(move |ch| {
+        tracing::debug!(peer = %ch.peer, cipher = ?ch.transport_cipher, "relay stream opened");
         tokio::spawn(bridge(ch, target.clone()));
     });
     let config = Config {
