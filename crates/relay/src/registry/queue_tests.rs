@@ -198,3 +198,40 @@ async fn a_failed_write_through_ends_the_writer_without_a_close_frame() {
     assert!(stop.is_cancelled());
     assert!(q.finish().is_none(), "a broken writer is not handed out");
 }
+
+/// A queue is draining while its harness's socket took bytes recently (a
+/// write-through, a turn done), and a waiter in `drained` wakes when a
+/// turn ends or the queue closes.
+#[tokio::test]
+async fn a_socket_that_takes_bytes_is_draining_and_wakes_a_waiter() {
+    let (q, _peer) = attached(1 << 20);
+    let long = std::time::Duration::from_secs(3600);
+    assert!(!q.draining(long), "nothing written yet");
+    q.send(Bytes::from_static(b"a")).unwrap();
+    assert!(q.draining(long), "written through");
+    let mut batch = vec![Outgoing::Ping(Bytes::new())];
+    let Turn::Write { writer, .. } = q.take_turn(&mut batch) else {
+        panic!("a turn for the ping");
+    };
+    let waiting = tokio::spawn({
+        let q = q.clone();
+        async move { q.drained().await }
+    });
+    q.end_turn(Some(writer), 0);
+    tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("a turn done wakes the waiter")
+        .unwrap();
+    // The turn's wake-up was taken above; this waiter is registered (one
+    // thread: the yield runs it) before the close.
+    let waiting = tokio::spawn({
+        let q = q.clone();
+        async move { q.drained().await }
+    });
+    tokio::task::yield_now().await;
+    q.close();
+    tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("closing wakes the waiter")
+        .unwrap();
+}
