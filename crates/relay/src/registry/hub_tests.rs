@@ -65,10 +65,7 @@ async fn flood_executor(
         transport_cipher: crate::noise::TransportCipher::preferred(),
     };
     let exec = tokio::spawn(executor::run(config, flood_handler()));
-    (
-        exec,
-        RegistryClient::new(&base, "harness", None, true).unwrap(),
-    )
+    (exec, RegistryClient::new(&base, "harness", None, true).unwrap())
 }
 
 async fn harness_stream(client: &RegistryClient, env: &str) -> Channel {
