@@ -3,19 +3,14 @@
 //!
 //! Backpressure: frames from harnesses wait for room in their executor's
 //! bounded queue, so a slow executor slows its harnesses down. Frames from an
-//! executor never wait for a harness that stopped reading: each stream has
-//! its own queue, bounded at [`STREAM_BUFFER_BYTES`], past which that stream
-//! alone is reset (its client resumes the session on a new stream), and all
-//! the streams of an environment, and of the node, have budgets of their own
-//! (`queue.rs`). So a harness that stops reading holds at most its own
-//! budget, and its executor's other streams keep flowing. Our executor's
-//! server bounds what a process may have in flight anyway (its output
-//! window), so a client that reads, however slowly, stays below the budget.
-//! An executor without windows (the reference's) can fill the budget of a
-//! client that reads more slowly than its process writes: that stream is
-//! waited for while its socket keeps taking bytes ([`SLOW_HARNESS_PROGRESS`],
-//! [`SLOW_HARNESS_WAIT`]), holding the executor's socket to its pace, rather
-//! than reset past what that executor retains for a resume.
+//! executor never wait for a harness: each stream has its own queue, bounded
+//! at [`STREAM_BUFFER_BYTES`], past which that stream alone is reset (its
+//! client resumes the session on a new stream), and all the streams of an
+//! environment, and of the node, have budgets of their own (`queue.rs`). So a
+//! harness that stops reading holds at most its own budget, and its
+//! executor's other streams keep flowing. The executor's server bounds what
+//! a process may have in flight anyway (its output window), so a client that
+//! reads, however slowly, stays far below the budget.
 //!
 //! Liveness: an environment whose executor socket is attached is *live*, and
 //! a new registration for it is refused ([`Hub::unless_executor_live`]) so it
@@ -66,13 +61,6 @@ pub const EXECUTOR_SILENCE_TIMEOUT: Duration = Duration::from_secs(60);
 /// gone without a close (its host asleep, its link cut) then stops holding
 /// its connection slot and its stream.
 pub const HARNESS_SILENCE_TIMEOUT: Duration = Duration::from_secs(120);
-/// A harness whose socket took bytes of its stream this recently still
-/// reads: at its stream's budget it is waited for, not reset: 100 ms.
-pub const SLOW_HARNESS_PROGRESS: Duration = Duration::from_millis(100);
-/// How long an executor's reader waits for a slow harness's socket to take
-/// more before counting it as stopped and resetting its stream: 250 ms
-/// (what that executor's other streams may lose to one harness that stops).
-pub const SLOW_HARNESS_WAIT: Duration = Duration::from_millis(250);
 
 struct ExecutorLink {
     id: u64,
@@ -356,20 +344,7 @@ impl Hub {
                 Some(Body::Reset { .. }) => Kind::Reset,
                 _ => Kind::Other,
             };
-            let mut waiting = self.route_to_harness(&link.env, &head.stream_id, bytes, kind);
-            // A harness that reads more slowly than its executor sends: wait
-            // for it while its socket keeps taking bytes.
-            while let Some((queue, frame)) = waiting.take() {
-                let drained = tokio::select! {
-                    r = tokio::time::timeout(SLOW_HARNESS_WAIT, queue.drained()) => r.is_ok(),
-                    _ = stop.cancelled() => break,
-                };
-                if !drained {
-                    self.reset_stream(&link.env, &head.stream_id, Scope::Stream);
-                    break;
-                }
-                waiting = self.route_to_harness(&link.env, &head.stream_id, frame, kind);
-            }
+            self.route_to_harness(&link.env, &head.stream_id, bytes, kind);
         }
         // Not live any more before the socket closes: whoever sees it close
         // may register at once.
@@ -386,27 +361,21 @@ impl Hub {
     }
 
     /// Queues `frame` for `stream_id`'s harness, if that stream is open. Past
-    /// the stream's own budget the stream is reset, unless its harness still
-    /// reads ([`SLOW_HARNESS_PROGRESS`]): then its queue and the frame are
-    /// handed back, for the caller to wait until the harness takes more and
-    /// route the frame again. Past its environment's or the node's budget,
-    /// the stream holding the most in that scope is reset (freeing what it
-    /// held) and the frame tried again.
-    fn route_to_harness(
-        &self,
-        env: &str,
-        stream_id: &str,
-        frame: Bytes,
-        kind: Kind,
-    ) -> Option<(HarnessQueue, Bytes)> {
+    /// the stream's own budget the stream is reset; past its environment's or
+    /// the node's, the stream holding the most in that scope is reset (freeing
+    /// what it held) and the frame tried again.
+    fn route_to_harness(&self, env: &str, stream_id: &str, frame: Bytes, kind: Kind) {
         let n = frame.len() as u64;
         let mut frame = frame;
         // Each turn resets one stream, so this ends; bounded anyway.
         for _ in 0..64 {
-            let target = self
+            let Some(target) = self
                 .lock()
                 .get(env)
-                .and_then(|r| r.streams.get(stream_id).cloned())?;
+                .and_then(|r| r.streams.get(stream_id).cloned())
+            else {
+                return;
+            };
             match target.queue.send(frame) {
                 Ok(()) => {
                     self.counters.to_harness.inc_by(n);
@@ -419,27 +388,24 @@ impl Hub {
                         Kind::Reset => self.end_stream(env, stream_id, &target),
                         Kind::Other => {}
                     }
-                    return None;
+                    return;
                 }
-                Err(Refused::Gone) => return None,
-                Err(Refused::Over(Scope::Stream, back)) => {
-                    if target.queue.draining(SLOW_HARNESS_PROGRESS) {
-                        return Some((target.queue, back));
-                    }
-                    self.reset_stream(env, stream_id, Scope::Stream);
-                    return None;
+                Err(Refused::Gone) => return,
+                Err(Refused::Over(Scope::Stream, _)) => {
+                    return self.reset_stream(env, stream_id, Scope::Stream)
                 }
                 Err(Refused::Over(scope, back)) => {
-                    let (victim_env, victim) = self.largest_stream(scope, env)?;
+                    let Some((victim_env, victim)) = self.largest_stream(scope, env) else {
+                        return;
+                    };
                     self.reset_stream(&victim_env, &victim, scope);
                     if victim_env == env && victim == stream_id {
-                        return None;
+                        return;
                     }
                     frame = back;
                 }
             }
         }
-        None
     }
 
     /// Ends `stream_id` of `env` after what is queued for it (the executor

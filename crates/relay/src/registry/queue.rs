@@ -1,24 +1,14 @@
 //! Frames a node holds for harnesses, and the budgets that bound them.
 //!
-//! An executor's reader never waits for a harness that stopped reading (it
-//! must not hold its executor's other streams), so what a harness does not
-//! read piles up on the node. Three budgets bound it, each counted
+//! An executor's reader never waits for a harness (one harness that stops
+//! reading must not hold its executor's other streams), so what a harness
+//! does not read piles up on the node. Three budgets bound it, each counted
 //! in what the frames hold in memory ([`charge`]):
 //! - a stream: [`STREAM_BUFFER_BYTES`], past which that stream is reset;
 //! - an environment: [`ENVIRONMENT_BUFFER_BYTES`], so one tenant's stalled
 //!   streams cannot take the node's memory, however many it opens;
 //! - the node: [`DEFAULT_NODE_BUFFER_BYTES`] unless configured, so many
 //!   environments together cannot either.
-//!
-//! A stream at its own budget whose harness still reads, only more slowly
-//! than its executor sends (its socket took bytes within the last
-//! [`super::hub::SLOW_HARNESS_PROGRESS`]), is not reset: the executor's reader
-//! waits for it ([`HarnessQueue::drained`]), which holds that executor's
-//! socket, and so its other streams, to the slow reader's pace. Only an
-//! executor without output windows (the reference's) gets there; ours stops
-//! a process at its client's window first. A harness whose socket takes
-//! nothing for [`super::hub::SLOW_HARNESS_WAIT`] has stopped, and its stream
-//! is reset.
 //!
 //! Past an environment's or the node's budget, the stream holding the most in
 //! that scope is reset (a stalled one, not the reader that happened to push
@@ -38,10 +28,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Waker};
-use std::time::Duration;
 use tokio::io::AsyncWrite;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 /// A harness socket's writer as the node holds it.
 pub type HarnessWriter = Writer<Box<dyn AsyncWrite + Unpin + Send>>;
@@ -138,10 +126,6 @@ struct Held {
     owed: Option<(Remainder, usize)>,
     /// A write-through failed: the socket is unusable.
     broken: bool,
-    /// When the harness's socket last took bytes of this stream (a write
-    /// through, or a writer task's turn done): how a slow reader is told
-    /// from one that stopped.
-    last_drained: Option<Instant>,
 }
 
 /// How far [`HarnessQueue::write_through`] got with a frame.
@@ -186,8 +170,6 @@ pub enum Turn {
 pub struct HarnessQueue {
     held: Arc<Mutex<Held>>,
     ready: Arc<Notify>,
-    /// Told when the harness's socket took bytes, or the queue closed.
-    drained: Arc<Notify>,
     environment: Pool,
     node: Pool,
 }
@@ -203,10 +185,8 @@ impl HarnessQueue {
                 idle: None,
                 owed: None,
                 broken: false,
-                last_drained: None,
             })),
             ready: Arc::new(Notify::new()),
-            drained: Arc::new(Notify::new()),
             environment,
             node,
         }
@@ -302,11 +282,7 @@ impl HarnessQueue {
         };
         // The waker is not needed: whoever finishes the frame is woken by
         // `ready` and then polls the socket with its own.
-        let written = writer.write_now(&mut Context::from_waker(Waker::noop()), frame);
-        if matches!(written, Ok(WrittenNow::All | WrittenNow::Part(_))) {
-            held.last_drained = Some(Instant::now());
-        }
-        match written {
+        match writer.write_now(&mut Context::from_waker(Waker::noop()), frame) {
             Ok(WrittenNow::All) => Through::Written,
             Ok(WrittenNow::Nothing(frame)) => Through::Blocked(frame),
             Ok(WrittenNow::Part(rest)) => {
@@ -422,30 +398,11 @@ impl HarnessQueue {
     pub fn end_turn(&self, writer: Option<HarnessWriter>, charge: usize) {
         let mut held = self.lock();
         match writer {
-            Some(w) => {
-                held.idle = Some(w);
-                held.last_drained = Some(Instant::now());
-            }
+            Some(w) => held.idle = Some(w),
             None => held.broken = true,
         }
         drop(held);
         self.release(charge);
-        self.drained.notify_one();
-    }
-
-    /// Whether the harness's socket took bytes of this stream within the
-    /// last `within`: it reads, however slowly.
-    pub fn draining(&self, within: Duration) -> bool {
-        self.lock()
-            .last_drained
-            .is_some_and(|t| t.elapsed() <= within)
-    }
-
-    /// Waits until the harness's socket takes bytes of this stream (a
-    /// writer task's turn done) or the queue closes; may wake for an
-    /// earlier one.
-    pub async fn drained(&self) {
-        self.drained.notified().await
     }
 
     /// A frame already queued, without waiting, as a writer task's turn
@@ -480,7 +437,6 @@ impl HarnessQueue {
         self.environment.give(freed);
         self.node.give(freed);
         self.ready.notify_one();
-        self.drained.notify_one();
         freed
     }
 
@@ -488,7 +444,6 @@ impl HarnessQueue {
     pub fn close(&self) {
         self.lock().closed = true;
         self.ready.notify_one();
-        self.drained.notify_one();
     }
 }
 
