@@ -84,18 +84,36 @@ async fn library_stream_through_random_cuts_is_exact() {
             ))
             .await
             .unwrap();
+        let events = record_connection_events(&c);
         let mut got = Vec::with_capacity(want.len());
         let mut exit = None;
         loop {
-            let ev = tokio::time::timeout(Duration::from_secs(60), p.next_event())
-                .await
-                .unwrap_or_else(|_| {
-                    panic!(
-                        "{cuts} cuts: stalled at {} of {} bytes",
-                        got.len(),
-                        want.len()
-                    )
-                });
+            let Ok(ev) = tokio::time::timeout(Duration::from_secs(60), p.next_event()).await else {
+                // What each side holds, so that a stall says where it is.
+                let server = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    c.call::<_, serde_json::Value>(
+                        "process/read",
+                        &json!({"processId": format!("cuts{cuts}"), "afterSeq": 0, "maxBytes": 1, "waitMs": 0}),
+                        false,
+                    ),
+                )
+                .await;
+                panic!(
+                    "{cuts} cuts: stalled at {} of {} bytes; {} cuts made, {} recoveries, \
+                     {} bytes queued; connection events {:?}; the server's process/read: {:?}",
+                    got.len(),
+                    want.len(),
+                    proxy.cuts(),
+                    c.recoveries(),
+                    p.queued_output_bytes(),
+                    events.lock().unwrap(),
+                    server.map(|r| r.map(|mut v| {
+                        v["chunks"] = json!("…");
+                        v
+                    })),
+                )
+            };
             match ev {
                 Some(ProcessEvent::Output { data, .. }) => got.extend_from_slice(&data),
                 Some(ProcessEvent::Exited { code, .. }) => exit = Some(code),
@@ -119,9 +137,19 @@ async fn library_stream_through_random_cuts_is_exact() {
     }
 }
 
-/// Sessions left to expire, with PTY and pipe processes still running: the
-/// processes die and the server's descriptors and threads return to what
-/// they were.
+/// Every connection event of `c` from now on, as text, in order.
+fn record_connection_events(c: &ExecServerClient) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut rx = c.connection_events();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok(ev) = rx.recv().await {
+            log.lock().unwrap().push(format!("{ev:?}"));
+        }
+    });
+    seen
+}
+
 /// `exec-server fs put` of a file through aborted connections: the upload
 /// starts over on the resumed session (its file handle ended with the
 /// connection) and the file on the server is byte-identical.

@@ -559,20 +559,27 @@ async fn emit_one(
         data.payload().len() as u64,
         std::sync::atomic::Ordering::Relaxed,
     );
-    let out = link.outbound();
-    // Raw bytes in a binary frame when the client agreed to them: the frame
-    // and the log share the bytes. Otherwise base64 in a notification.
-    let binary = out.as_ref().is_some_and(|o| o.binary_frames());
-    let (seq, push) = {
+    let (out, seq, push) = {
         let mut st = lock(&proc.state);
+        // The connection is looked up under the log's lock, with the seq
+        // taken: a client that resumes reads the log (under this lock)
+        // after attaching, so each chunk is either in that read or pushed
+        // on the new connection. Looked up before the lock, a chunk could
+        // miss both (a detached link seen, then the resume and its read,
+        // then the seq): a gap the client waits on for ever.
+        let out = link.outbound();
+        // Raw bytes in a binary frame when the client agreed to them: the frame
+        // and the log share the bytes. Otherwise base64 in a notification.
+        let binary = out.as_ref().is_some_and(|o| o.binary_frames());
         if binary {
             let seq = st.log.next_seq();
             let head = notify::output_frame_head(&proc.id, seq, stream);
             let (frame, payload) = data.into_frame(binary::Kind::ParamsChunk, &head);
-            (st.log.push_output(stream, payload), Push::Frame(frame))
+            (out, st.log.push_output(stream, payload), Push::Frame(frame))
         } else {
             let payload = data.into_payload();
             (
+                out,
                 st.log.push_output(stream, payload.clone()),
                 Push::Json(payload),
             )
