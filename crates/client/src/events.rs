@@ -275,6 +275,14 @@ impl OrderedEvents {
         RoomWaiter(self.tx.0.clone())
     }
 
+    /// True when events beyond the next one are held back, waiting for
+    /// it: on one connection the server pushes in seq order, so a later
+    /// event pushed first means the next one was not pushed, and only a
+    /// `process/read` brings it.
+    pub fn waits_on_gap(&self) -> bool {
+        !self.pending.is_empty() && !self.is_finished()
+    }
+
     /// True once `Closed` or `Failed` was released.
     pub fn is_finished(&self) -> bool {
         self.closed || self.failed

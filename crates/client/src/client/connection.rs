@@ -2,7 +2,7 @@
 //! session), resuming the session after a drop, and catching every
 //! unfinished process stream up from its last released event.
 
-use super::{lock, ConnectionEvent, ExecServerClient, Inner, RECOVERY_RETRY_INTERVAL};
+use super::{lock, ConnectionEvent, ExecServerClient, Inner, ProcEntry, RECOVERY_RETRY_INTERVAL};
 use crate::error::{ClientError, ConnectionError, ConnectionErrorKind};
 use crate::events::{FailureReason, StreamFailure};
 use exec_server_protocol::methods as m;
@@ -26,7 +26,64 @@ const CATCH_UP_MORE_BYTES: usize = 1024 * 1024;
 ///
 /// A process the server does not know fails its stream only once its start
 /// was confirmed; either way the answer is [`CatchUp::Unknown`].
-pub(super) async fn catch_up(inner: &Inner, peer: &RpcPeer, id: &str) -> CatchUp {
+pub(super) async fn catch_up(inner: &Arc<Inner>, peer: &RpcPeer, id: &str) -> CatchUp {
+    let _counted = match lock(&inner.procs).get_mut(id) {
+        Some(e) => CatchingUp::count(inner, id, e),
+        None => return CatchUp::Done,
+    };
+    read_pages(inner, peer, id).await
+}
+
+/// A pushed event of process `id` (whose entry is `entry`) left a gap: the
+/// event before it was not pushed on this connection (a server that
+/// dropped it). Unless a catch-up of that process is already under way,
+/// reads from the last released event on a task of its own, so the stream
+/// goes on (or fails, when the server no longer holds the event) instead
+/// of waiting for ever.
+pub(super) fn fill_gap(inner: &Arc<Inner>, peer: &RpcPeer, id: &str, entry: &mut ProcEntry) {
+    if entry.catching_up > 0 || !entry.events.waits_on_gap() {
+        return;
+    }
+    tracing::warn!(
+        process_id = id,
+        after_seq = entry.events.last_published(),
+        "an event of the process was not pushed; reading it"
+    );
+    let counted = CatchingUp::count(inner, id, entry);
+    let (inner, peer, id) = (inner.clone(), peer.clone(), id.to_string());
+    tokio::spawn(async move {
+        read_pages(&inner, &peer, &id).await;
+        drop(counted);
+    });
+}
+
+/// A catch-up of one process under way, counted in its entry
+/// ([`ProcEntry::catching_up`]) while this lives.
+pub(super) struct CatchingUp {
+    inner: Arc<Inner>,
+    id: String,
+}
+
+impl CatchingUp {
+    fn count(inner: &Arc<Inner>, id: &str, entry: &mut ProcEntry) -> CatchingUp {
+        entry.catching_up += 1;
+        CatchingUp {
+            inner: inner.clone(),
+            id: id.to_string(),
+        }
+    }
+}
+
+impl Drop for CatchingUp {
+    fn drop(&mut self) {
+        if let Some(e) = lock(&self.inner.procs).get_mut(&self.id) {
+            e.catching_up = e.catching_up.saturating_sub(1);
+        }
+    }
+}
+
+/// [`catch_up`]'s pages.
+async fn read_pages(inner: &Inner, peer: &RpcPeer, id: &str) -> CatchUp {
     for _ in 0..MAX_CATCH_UP_PAGES {
         let (after, room) = match lock(&inner.procs).get(id) {
             Some(e) if !e.events.is_finished() => (e.events.last_published(), e.events.room()),
@@ -130,6 +187,12 @@ impl ExecServerClient {
             );
             self.announce(ConnectionEvent::Lost);
         }
+        // Counted before the new connection can push anything: a push that
+        // comes before the replay's read shows a gap the replay fills.
+        let counted = match resume {
+            Some(_) => self.count_unfinished(),
+            None => Vec::new(),
+        };
         let deadline = tokio::time::Instant::now() + self.inner.opts.recovery_timeout;
         loop {
             match self.connect_once(resume.clone()).await {
@@ -144,7 +207,7 @@ impl ExecServerClient {
                         // it held the lock).
                         let (client, peer) = (self.clone(), peer.clone());
                         tokio::spawn(async move {
-                            client.replay(&peer).await;
+                            client.replay(&peer, counted).await;
                             client.watches_recovered();
                             client.announce(ConnectionEvent::Recovered {
                                 session_id: client.session_id().unwrap_or_default(),
@@ -271,15 +334,20 @@ impl ExecServerClient {
         Ok(())
     }
 
-    /// After a resume, read each unfinished process from its last released seq.
-    async fn replay(&self, peer: &RpcPeer) {
-        let todo: Vec<String> = lock(&self.inner.procs)
-            .iter()
+    /// Each unfinished process, counted as catching up.
+    fn count_unfinished(&self) -> Vec<CatchingUp> {
+        lock(&self.inner.procs)
+            .iter_mut()
             .filter(|(_, e)| !e.events.is_finished())
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in todo {
-            catch_up(&self.inner, peer, &id).await;
+            .map(|(id, e)| CatchingUp::count(&self.inner, id, e))
+            .collect()
+    }
+
+    /// After a resume, reads each process `counted` from its last released
+    /// seq.
+    async fn replay(&self, peer: &RpcPeer, counted: Vec<CatchingUp>) {
+        for c in counted {
+            read_pages(&self.inner, peer, &c.id).await;
         }
     }
 }

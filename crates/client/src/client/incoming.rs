@@ -1,6 +1,7 @@
 //! What the server sends unasked: notifications routed to process streams and
 //! HTTP body streams, and the end of a connection, which starts recovery.
 
+use super::connection::fill_gap;
 use super::{lock, Inner};
 use crate::events::{FailureReason, ProcessEvent, StreamFailure};
 use exec_server_protocol::types::*;
@@ -34,11 +35,11 @@ pub(super) async fn dispatch(
                         drop(inner);
                         room.wait().await;
                         let Some(again) = weak.upgrade() else { return };
-                        on_notification(&again, &method, params, payload);
+                        on_notification(&again, &peer, &method, params, payload);
                         continue;
                     }
                 }
-                on_notification(&inner, &method, params, payload)
+                on_notification(&inner, &peer, &method, params, payload)
             }
             Incoming::Request {
                 id,
@@ -88,8 +89,15 @@ pub(super) async fn dispatch(
     }
 }
 
-/// `payload`: the raw `params.chunk` of a notification that came as a binary frame.
-fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Option<bytes::Bytes>) {
+/// `payload`: the raw `params.chunk` of a notification that came as a binary
+/// frame; `peer`: the connection it came on.
+fn on_notification(
+    inner: &Arc<Inner>,
+    peer: &RpcPeer,
+    method: &str,
+    params: Value,
+    payload: Option<bytes::Bytes>,
+) {
     match method {
         m::PROCESS_OUTPUT => {
             let Ok(n) = super::with_chunk::<ProcessOutputNotification>(method, (params, payload))
@@ -105,6 +113,7 @@ fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Opt
                 stream: n.stream,
                 data: n.chunk.0,
             });
+            fill_gap(inner, peer, &n.process_id, e);
         }
         m::PROCESS_EXITED => {
             let Ok(n) = serde_json::from_value::<ProcessExitedNotification>(params) else {
@@ -117,6 +126,7 @@ fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Opt
                     limit: n.limit,
                     signal: n.signal,
                 });
+                fill_gap(inner, peer, &n.process_id, e);
             }
         }
         m::PROCESS_CLOSED => {
@@ -125,6 +135,7 @@ fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, payload: Opt
             };
             if let Some(e) = lock(&inner.procs).get_mut(&n.process_id) {
                 e.events.add(ProcessEvent::Closed { seq: n.seq });
+                fill_gap(inner, peer, &n.process_id, e);
             }
         }
         m::HTTP_REQUEST_BODY_DELTA => {

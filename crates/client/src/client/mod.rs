@@ -153,6 +153,9 @@ struct ProcEntry {
     /// start may not have reached the server yet, and its own outcome
     /// (or retry) decides.
     confirmed: bool,
+    /// Catch-ups of this process under way ([`connection::CatchingUp`]): a
+    /// gap in its pushed events waits for them instead of starting another.
+    catching_up: u32,
 }
 
 #[derive(Default)]
@@ -289,7 +292,12 @@ impl ExecServerClient {
     pub async fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
         let mut slot = self.inner.slot.lock().await;
-        slot.peer = None;
+        // Closed, not only let go: the connection's reader holds the peer
+        // too, and would keep the socket (and the server's attachment of
+        // the session) open until the server ended it.
+        if let Some(p) = slot.peer.take() {
+            p.close();
+        }
         slot.failed = Some(ConnectionError::new(
             ConnectionErrorKind::Closed,
             "client closed",

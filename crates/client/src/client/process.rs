@@ -127,6 +127,7 @@ impl ExecServerClient {
                 ProcEntry {
                     events: OrderedEvents::new(tx),
                     confirmed: false,
+                    catching_up: 0,
                 },
             );
         }
