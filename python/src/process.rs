@@ -161,8 +161,8 @@ impl Process {
         })
     }
 
-    /// Writes `data` to stdin (retried once with the same write id after a
-    /// dropped connection, applied once). Resolves to the status's wire name
+    /// Writes `data` to stdin (retried with the same write id after a
+    /// dropped connection, up to 5 times, applied once). Resolves to the status's wire name
     /// (`accepted`, `stdinClosed`, `unknownProcess`, `starting`).
     fn write<'py>(&self, py: Python<'py>, data: Vec<u8>) -> PyResult<Bound<'py, PyAny>> {
         let (client, id) = (self.client.clone(), self.id.clone());

@@ -283,6 +283,11 @@ impl OrderedEvents {
         !self.pending.is_empty() && !self.is_finished()
     }
 
+    /// The lowest seq held back behind a gap, if any.
+    pub fn first_held(&self) -> Option<u64> {
+        self.pending.keys().next().copied()
+    }
+
     /// True once `Closed` or `Failed` was released.
     pub fn is_finished(&self) -> bool {
         self.closed || self.failed
@@ -383,9 +388,16 @@ impl OrderedEvents {
         let missing: Vec<u64> = (self.last_published + 1..=target)
             .filter(|s| !self.pending.contains_key(s))
             .collect();
+        // A read carries the exit as a flag, not at its seq: the one seq it
+        // leaves out is the exit's, unless the exit is already here (pushed
+        // ahead of the gap), and then that seq is lost output.
+        let exit_pending = self
+            .pending
+            .values()
+            .any(|e| matches!(e, ProcessEvent::Exited { .. }));
         match (
             missing.as_slice(),
-            r.exited && !self.exit_published,
+            r.exited && !self.exit_published && !exit_pending,
             r.exit_code,
         ) {
             ([], _, _) => {}
@@ -595,6 +607,34 @@ mod tests {
                     signal: None,
                 },
                 ProcessEvent::Closed { seq: 4 }
+            ]
+        );
+    }
+
+    /// A gap behind a pushed exit is not taken for the exit: a read that
+    /// does not hold the missing seq loses output, and says so.
+    #[test]
+    fn a_missing_seq_behind_a_pushed_exit_is_lost_output() {
+        let (tx, mut rx) = event_queue(None);
+        let mut o = OrderedEvents::new(tx);
+        o.add(out(1, "a"));
+        o.add(out(3, "c"));
+        o.add(ProcessEvent::Exited {
+            seq: 4,
+            code: 0,
+            limit: None,
+            signal: None,
+        });
+        o.recover(page(&[(3, "c")], 5, true, Some(0), false));
+        let got: Vec<_> = drain(&mut rx).collect();
+        assert_eq!(
+            got,
+            vec![
+                out(1, "a"),
+                ProcessEvent::Failed(StreamFailure::new(
+                    FailureReason::EventsLost,
+                    "process events are no longer retained while recovering through sequence 4"
+                ))
             ]
         );
     }

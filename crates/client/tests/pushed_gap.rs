@@ -4,9 +4,9 @@
 //! events after it for ever. The server is a script on a Unix socket (one
 //! JSON message per line), so the missing push is certain.
 
-use exec_server_client::{ClientOptions, ExecServerClient, ProcessEvent, Source};
-use exec_server_protocol::types::ExecParams;
-use exec_server_protocol::PathUri;
+mod scripted;
+
+use exec_server_client::{ExecServerClient, ProcessEvent};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -17,8 +17,10 @@ const CHUNKS: [(u64, &str); 3] = [(1, "b25lCg=="), (2, "dHdvCg=="), (3, "dGhyZWU
 
 /// Serves one connection: pushes output 1 and 3 after the start (not 2),
 /// answers `process/read` with what follows `afterSeq`, then pushes the
-/// exit and the close. Returns the `afterSeq` of every read.
-async fn serve(listener: UnixListener) -> Vec<u64> {
+/// exit and the close; or, `contradicting`, answers that the process has
+/// nothing after seq 1 and pushes nothing more. Returns the `afterSeq` of
+/// every read.
+async fn serve(listener: UnixListener, contradicting: bool) -> Vec<u64> {
     let (sock, _) = listener.accept().await.unwrap();
     let (r, mut w) = sock.into_split();
     let mut lines = BufReader::new(r).lines();
@@ -39,6 +41,11 @@ async fn serve(listener: UnixListener) -> Vec<u64> {
                     out.push(json!({"method": "process/output", "params": {
                         "processId": process_id, "seq": seq, "stream": "stdout", "chunk": chunk}}));
                 }
+            }
+            Some("process/read") if contradicting => {
+                reads.push(msg["params"]["afterSeq"].as_u64().unwrap_or(0));
+                out.push(json!({"id": id, "result": {"chunks": [], "nextSeq": 2,
+                    "exited": false, "exitCode": null, "closed": false, "failure": null}}));
             }
             Some("process/read") => {
                 let after = msg["params"]["afterSeq"].as_u64().unwrap_or(0);
@@ -68,29 +75,29 @@ async fn serve(listener: UnixListener) -> Vec<u64> {
     reads
 }
 
+/// A client of a scripted server on a socket in a fresh directory, and the
+/// process `p1` started there. Returns the directory too (to remove).
+async fn start(
+    tag: &str,
+    contradicting: bool,
+) -> (
+    ExecServerClient,
+    exec_server_client::ProcessHandle,
+    tokio::task::JoinHandle<Vec<u64>>,
+    std::path::PathBuf,
+) {
+    let (dir, listener, client) = scripted::socket(tag);
+    let server = tokio::spawn(serve(listener, contradicting));
+    let p = client.start_process(scripted::p1()).await.unwrap();
+    (client, p, server, dir)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_the_server_did_not_push_is_read_and_the_stream_goes_on_in_order() {
-    let dir = std::env::temp_dir().join(format!("esc-gap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("server.sock");
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).unwrap();
-    let server = tokio::spawn(serve(listener));
-
-    let url = format!("unix://{}", path.display());
-    let client = ExecServerClient::new(ClientOptions::new(Source::from_url(&url, None).unwrap()));
-    let params = ExecParams::new(
-        "p1",
-        vec!["true".into()],
-        PathUri::parse("file:///").unwrap(),
-        Default::default(),
-    );
-    let mut p = client.start_process(params).await.unwrap();
+    let (client, mut p, server, dir) = start("gap", false).await;
     let mut events = Vec::new();
     loop {
-        let ev = tokio::time::timeout(Duration::from_secs(10), p.next_event())
-            .await
-            .unwrap_or_else(|_| panic!("stalled after {events:?}"));
+        let ev = scripted::next_event(&mut p, &events).await;
         match ev {
             Some(ProcessEvent::Output { seq, data, .. }) => {
                 events.push(format!("{seq}:{}", String::from_utf8_lossy(&data).trim()))
@@ -116,5 +123,34 @@ async fn an_event_the_server_did_not_push_is_read_and_the_stream_goes_on_in_orde
         .expect("the server's connection ended")
         .unwrap();
     assert_eq!(reads, [1], "one read, from the last event released");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server whose read ends before what it pushed contradicts itself: the
+/// stream fails, after one read, instead of waiting for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_ends_before_what_was_pushed_fails_the_stream() {
+    let (client, mut p, server, dir) = start("gap-contradicting", true).await;
+    let mut events = Vec::new();
+    let failure = loop {
+        let ev = scripted::next_event(&mut p, &events).await;
+        match ev {
+            Some(ProcessEvent::Output { seq, .. }) => events.push(seq),
+            Some(ProcessEvent::Failed(f)) => break f,
+            other => panic!("unexpected {other:?} after {events:?}"),
+        }
+    };
+    assert_eq!(events, [1]);
+    assert_eq!(
+        failure.reason,
+        exec_server_client::FailureReason::Protocol,
+        "{failure}"
+    );
+    client.close().await;
+    let reads = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server's connection ended")
+        .unwrap();
+    assert_eq!(reads, [1], "one read: it did not move the stream on");
     let _ = std::fs::remove_dir_all(&dir);
 }

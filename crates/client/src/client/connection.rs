@@ -18,6 +18,12 @@ const MAX_CATCH_UP_PAGES: usize = 10_000;
 /// A catch-up page with at least this much output may have been cut short
 /// (a server's disk-spool pages hold up to 4 MiB): read on. 1 MiB.
 const CATCH_UP_MORE_BYTES: usize = 1024 * 1024;
+/// How long a catch-up's `process/read` (which waits for nothing) may go
+/// unanswered before the stream fails: 60 s.
+const CATCH_UP_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Reads one gap in the pushed events may take while each still moves the
+/// stream on: 8.
+const MAX_GAP_READS: usize = 8;
 
 /// Reads process `id` from its last released seq (`process/read`s that wait
 /// for nothing) until the server has nothing older to give: a page served from
@@ -52,7 +58,31 @@ pub(super) fn fill_gap(inner: &Arc<Inner>, peer: &RpcPeer, id: &str, entry: &mut
     let counted = CatchingUp::count(inner, id, entry);
     let (inner, peer, id) = (inner.clone(), peer.clone(), id.to_string());
     tokio::spawn(async move {
-        read_pages(&inner, &peer, &id).await;
+        for _ in 0..MAX_GAP_READS {
+            let before = match lock(&inner.procs).get(&id) {
+                Some(e) => e.events.last_published(),
+                None => break,
+            };
+            if read_pages(&inner, &peer, &id).await != CatchUp::Done {
+                break;
+            }
+            let mut procs = lock(&inner.procs);
+            let Some(e) = procs.get_mut(&id) else { break };
+            let Some(held) = e.events.first_held().filter(|_| e.events.waits_on_gap()) else {
+                break;
+            };
+            if e.events.last_published() == before {
+                // The server's own read ends before what it pushed.
+                e.events.fail(StreamFailure::new(
+                    FailureReason::Protocol,
+                    format!(
+                        "the server pushed seq {held}, but its process/read ends before seq {}",
+                        before + 1
+                    ),
+                ));
+                break;
+            }
+        }
         drop(counted);
     });
 }
@@ -100,7 +130,7 @@ async fn read_pages(inner: &Inner, peer: &RpcPeer, id: &str) -> CatchUp {
             .call(
                 m::PROCESS_READ,
                 serde_json::to_value(&params).unwrap_or_default(),
-                None,
+                Some(CATCH_UP_READ_TIMEOUT),
             )
             .await;
         let mut procs = lock(&inner.procs);
@@ -124,6 +154,16 @@ async fn read_pages(inner: &Inner, peer: &RpcPeer, id: &str) -> CatchUp {
                     ));
                 }
                 return CatchUp::Unknown;
+            }
+            Err(CallError::TimedOut) => {
+                e.events.fail(StreamFailure::new(
+                    FailureReason::RecoveryFailed,
+                    format!(
+                        "the server did not answer process/read within {} s",
+                        CATCH_UP_READ_TIMEOUT.as_secs()
+                    ),
+                ));
+                return CatchUp::Done;
             }
             // The connection dropped again: the next recovery goes on.
             Err(_) => return CatchUp::ConnectionLost,
@@ -168,6 +208,11 @@ impl ExecServerClient {
         if let Some(f) = &slot.failed {
             return Err(ClientError::Connection(f.clone()));
         }
+        // A pipelined `initialize` on the connection that ended may have
+        // been answered, its answer not yet taken: its outcome (a session
+        // to resume, or none) decides, or a start cut off by the drop would
+        // go again in a new session while the first may run in the old.
+        let _ = self.initialized().await;
         let resume = self.session_id();
         if resume.is_some() && !self.inner.opts.source.is_reconnectable() {
             let why = ConnectionError::new(

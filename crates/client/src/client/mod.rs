@@ -47,6 +47,11 @@ pub const RELAY_OUTPUT_WINDOW_BYTES: u64 = 32 * 1024 * 1024;
 /// (49 999 undelivered chunks, 8 MiB), and a terminal sends one chunk per
 /// line, so 50 000 short lines fill it long before 1 MiB of bytes.
 pub const ACK_EVERY_CHUNKS: usize = 4096;
+/// How often a call cut off by a dropped connection goes again on the
+/// resumed session (calls safe to repeat, and `process/start`, whose
+/// repeat checks whether the first one started the process): 5. A link
+/// that drops again while the session is being resumed costs one each.
+pub(crate) const RETRIES_AFTER_DROP: u32 = 5;
 /// How often a request the server answered `upgrading` (it hands over to
 /// a new binary and did nothing) is sent again: 100 times, every 50 ms
 /// (the handover takes milliseconds; a refused one, up to 20 s).
@@ -363,7 +368,8 @@ impl ExecServerClient {
     }
 
     /// Calls `method`; with `retry`, a call cut by a dropped connection is sent
-    /// again once after recovery (only for calls that are safe to repeat).
+    /// again after recovery, up to [`RETRIES_AFTER_DROP`] times (only for
+    /// calls that are safe to repeat).
     pub async fn call<P: Serialize, R: DeserializeOwned>(
         &self,
         method: &str,
@@ -398,7 +404,7 @@ impl ExecServerClient {
                 Ok(v) => {
                     return serde_json::from_value(v).map_err(|e| ClientError::protocol(method, e))
                 }
-                Err(CallError::Closed) if retry && attempt == 0 => attempt += 1,
+                Err(CallError::Closed) if retry && attempt < RETRIES_AFTER_DROP => attempt += 1,
                 Err(e) if upgrading(&e) && upgrades < UPGRADE_RETRIES => {
                     upgrades += 1;
                     tokio::time::sleep(UPGRADE_RETRY_PAUSE).await;
@@ -434,7 +440,7 @@ impl ExecServerClient {
                 .await
             {
                 Ok(v) => return Ok(v),
-                Err(CallError::Closed) if retry && attempt == 0 => attempt += 1,
+                Err(CallError::Closed) if retry && attempt < RETRIES_AFTER_DROP => attempt += 1,
                 Err(e) if upgrading(&e) && upgrades < UPGRADE_RETRIES => {
                     upgrades += 1;
                     tokio::time::sleep(UPGRADE_RETRY_PAUSE).await;

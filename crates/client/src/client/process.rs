@@ -142,10 +142,14 @@ impl ExecServerClient {
             return Err(e);
         }
         let mut pid = None;
-        if matches!(&outcome, Err(ClientError::Connection(_))) {
+        let mut retries = 0;
+        while matches!(&outcome, Err(ClientError::Connection(_)))
+            && retries < super::RETRIES_AFTER_DROP
+        {
+            retries += 1;
             // The request may or may not have reached the server before the drop.
-            // Retry once; if the server refuses the retry, ask it whether the
-            // process exists (the first attempt started it) rather than guess
+            // Retry; if the server refuses the retry, ask it whether the
+            // process exists (an earlier attempt started it) rather than guess
             // from the refusal's text. A live duplicate in this session was
             // refused locally above.
             outcome = match self
