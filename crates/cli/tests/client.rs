@@ -616,3 +616,99 @@ async fn a_write_refused_during_an_upgrade_is_sent_again_with_its_write_id() {
     assert_eq!(ids.len(), 2, "{ids:?}");
     assert_eq!(ids[0], ids[1], "the same writeId both times");
 }
+
+/// A scripted server that starts a process and then answers nothing more
+/// (not `process/terminate`, never the end). Returns its URL, and the
+/// methods it receives after the start's answer, as they come.
+async fn silent_server() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    use futures_util::SinkExt;
+    use serde_json::json;
+    use tokio_tungstenite::tungstenite::Message;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", l.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let (sock, _) = l.accept().await.unwrap();
+        let mut ws = tokio_tungstenite::accept_async(sock).await.unwrap();
+        let mut started = false;
+        // Bounded: `next_text` gives up after 2 s of silence.
+        for _ in 0..100 {
+            let Some(v) = next_text(&mut ws).await else {
+                if started {
+                    continue;
+                }
+                break;
+            };
+            let method = v["method"].as_str().unwrap_or_default().to_string();
+            let answer = match method.as_str() {
+                "initialize" => json!({"result": {"sessionId": "s1", "environmentInfo": {
+                    "shell": {"name": "sh", "path": "/bin/sh"}, "cwd": "file:///tmp",
+                    "capabilities": {}}}}),
+                "process/start" => json!({"result": {"processId": v["params"]["processId"],
+                    "sandboxType": "none"}}),
+                _ => {
+                    let _ = tx.send(method);
+                    continue;
+                }
+            };
+            let mut m = answer;
+            m["id"] = v["id"].clone();
+            if ws.send(Message::Text(m.to_string().into())).await.is_err() {
+                break;
+            }
+            started |= method == "process/start";
+        }
+    });
+    (url, rx)
+}
+
+/// Waits up to 10 s for `what` among the methods `seen` reports.
+async fn heard(seen: &mut tokio::sync::mpsc::UnboundedReceiver<String>, what: &str) {
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(m) = seen.recv().await {
+            if m == what {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        found,
+        Ok(true),
+        "the server heard {what} from run within 10 s"
+    );
+}
+
+/// `exec-server run` against a server that never reports the end of a
+/// killed command: SIGTERM asks for the kill, one more SIGTERM leaves
+/// (exit 143) instead of waiting for ever.
+#[tokio::test]
+async fn run_leaves_a_server_that_never_reports_the_end_at_a_second_sigterm() {
+    let (url, mut seen) = silent_server().await;
+    let child = tokio::process::Command::from(server_command(BIN))
+        .args(["run", "--connect", &url, "--", "sleep", "100"])
+        .kill_on_drop(true)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    // A signal while the start is on its way ends `run` at once; its
+    // stdin's end (empty) is sent once the start was answered.
+    heard(&mut seen, "process/closeStdin").await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    heard(&mut seen, "process/terminate").await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("run left within 10 s")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    assert!(
+        stderr.contains("leaving without the command's end"),
+        "{stderr}"
+    );
+}

@@ -112,7 +112,22 @@ pub async fn execute(client: ExecServerClient, spec: Spec) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    let mut proc = match start(&client, params).await {
+    // Taken before the start: a signal that comes once the command runs
+    // must reach it, not end this process by its default action.
+    let mut signals = Signals::take();
+    let started = match signals.as_mut() {
+        // Ctrl-C or SIGTERM while the start is on its way ends `run` (a
+        // start that reached the server ends with the session).
+        Some(s) => tokio::select! {
+            started = start(&client, params) => started,
+            code = s.stop() => {
+                client.close().await;
+                return code;
+            }
+        },
+        None => start(&client, params).await,
+    };
+    let mut proc = match started {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -122,8 +137,25 @@ pub async fn execute(client: ExecServerClient, spec: Spec) -> i32 {
         RawMode::none()
     };
     let stdin_task = tokio::spawn(forward_stdin(client.clone(), proc.id.clone()));
-    let signal_task = tokio::spawn(forward_signals(client.clone(), proc.id.clone(), spec.tty));
-    let outcome = relay_output(&mut proc).await;
+    let mut signal_task = tokio::spawn(forward_signals(
+        client.clone(),
+        proc.id.clone(),
+        spec.tty,
+        signals,
+    ));
+    let outcome = tokio::select! {
+        outcome = relay_output(&mut proc) => outcome,
+        gave_up = &mut signal_task => {
+            stdin_task.abort();
+            drop(raw);
+            eprintln!(
+                "exec-server: leaving without the command's end: it was killed, and the \
+                 server has not reported its end"
+            );
+            client.close().await;
+            return gave_up.unwrap_or(1);
+        }
+    };
     stdin_task.abort();
     signal_task.abort();
     drop(raw);
@@ -248,29 +280,81 @@ async fn forward_stdin(client: ExecServerClient, id: String) {
     let _ = client.close_stdin(&id).await;
 }
 
+/// The signals `run` forwards to its command, caught from [`Signals::take`] on.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    winch: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// The exit code for the next SIGINT (130) or SIGTERM (143).
+    async fn stop(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.int.recv() => 128 + libc::SIGINT,
+            _ = self.term.recv() => 128 + libc::SIGTERM,
+        }
+    }
+
+    /// SIGINT, SIGWINCH and SIGTERM caught; `None` if the runtime cannot.
+    fn take() -> Option<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Some(Signals {
+            int: signal(SignalKind::interrupt()).ok()?,
+            winch: signal(SignalKind::window_change()).ok()?,
+            term: signal(SignalKind::terminate()).ok()?,
+        })
+    }
+}
+
 /// Ctrl-C → interrupt (a second one kills); SIGTERM → kill; window size
-/// changes → resize (on a terminal).
-async fn forward_signals(client: ExecServerClient, id: String, tty: bool) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut winch), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::window_change()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return;
+/// changes → resize (on a terminal). A Ctrl-C or SIGTERM after the kill was
+/// asked for gives up waiting for the command's end (a server that does
+/// not report it): returns the exit code for that signal (130, 143).
+async fn forward_signals(
+    client: ExecServerClient,
+    id: String,
+    tty: bool,
+    signals: Option<Signals>,
+) -> i32 {
+    let Some(Signals {
+        mut int,
+        mut winch,
+        mut term,
+    }) = signals
+    else {
+        return std::future::pending().await;
     };
     let mut interrupts = 0;
+    let mut killed = false;
+    // Sent on tasks of their own: a server that does not answer must not
+    // keep the next signal from being seen.
+    let send = |kill: bool| {
+        let (client, id) = (client.clone(), id.clone());
+        tokio::spawn(async move {
+            let _ = match kill {
+                true => client.terminate(&id).await.map(|_| ()),
+                false => client.signal(&id, ProcessSignal::Interrupt).await,
+            };
+        });
+    };
     loop {
         tokio::select! {
             _ = int.recv() => {
-                interrupts += 1;
-                if interrupts == 1 {
-                    let _ = client.signal(&id, ProcessSignal::Interrupt).await;
-                } else {
-                    let _ = client.terminate(&id).await;
+                if killed {
+                    return 128 + libc::SIGINT;
                 }
+                interrupts += 1;
+                killed = interrupts > 1;
+                send(killed);
             }
-            _ = term.recv() => { let _ = client.terminate(&id).await; }
+            _ = term.recv() => {
+                if killed {
+                    return 128 + libc::SIGTERM;
+                }
+                killed = true;
+                send(true);
+            }
             _ = winch.recv() => {
                 if let Some(s) = terminal_size().filter(|_| tty) {
                     let _ = client.resize(&id, s.cols, s.rows).await;
