@@ -275,15 +275,10 @@ impl OrderedEvents {
         RoomWaiter(self.tx.0.clone())
     }
 
-    /// True when events beyond the next one are held back, waiting for
-    /// it: on one connection the server pushes in seq order, so a later
-    /// event pushed first means the next one was not pushed, and only a
-    /// `process/read` brings it.
-    pub fn waits_on_gap(&self) -> bool {
-        !self.pending.is_empty() && !self.is_finished()
-    }
-
-    /// The lowest seq held back behind a gap, if any.
+    /// The lowest seq held back behind a gap, if any (none once finished:
+    /// the end clears what is held). On one connection the server pushes
+    /// in seq order, so a later event pushed first means the next one was
+    /// not pushed, and only a `process/read` brings it.
     pub fn first_held(&self) -> Option<u64> {
         self.pending.keys().next().copied()
     }

@@ -83,13 +83,8 @@ async fn a_start_survives_a_second_drop_during_the_resume() {
     }
     assert_eq!(events, [b"hi\n".to_vec(), b"exit 0".to_vec()]);
     assert_eq!(client.recoveries(), 2);
-    client.close().await;
-    let seen = tokio::time::timeout(Duration::from_secs(10), server)
-        .await
-        .expect("the server's connections ended")
-        .unwrap();
+    let seen = scripted::finish(client, server, dir).await;
     assert_eq!(seen[0], ["initialize", "initialized", "process/start"]);
     assert_eq!(&seen[1][..2], ["initialize", "initialized"]);
     assert!(seen[2].iter().any(|m| m == "process/start"), "{seen:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -8,7 +8,6 @@ mod scripted;
 
 use exec_server_client::{ExecServerClient, ProcessEvent};
 use serde_json::{json, Value};
-use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 
@@ -117,13 +116,8 @@ async fn an_event_the_server_did_not_push_is_read_and_the_stream_goes_on_in_orde
         ["1:one", "2:two", "3:three", "4:exit 0", "5:closed"],
         "every event, once, in seq order"
     );
-    client.close().await;
-    let reads = tokio::time::timeout(Duration::from_secs(10), server)
-        .await
-        .expect("the server's connection ended")
-        .unwrap();
+    let reads = scripted::finish(client, server, dir).await;
     assert_eq!(reads, [1], "one read, from the last event released");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A server whose read ends before what it pushed contradicts itself: the
@@ -146,11 +140,6 @@ async fn a_read_that_ends_before_what_was_pushed_fails_the_stream() {
         exec_server_client::FailureReason::Protocol,
         "{failure}"
     );
-    client.close().await;
-    let reads = tokio::time::timeout(Duration::from_secs(10), server)
-        .await
-        .expect("the server's connection ended")
-        .unwrap();
+    let reads = scripted::finish(client, server, dir).await;
     assert_eq!(reads, [1], "one read: it did not move the stream on");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -143,29 +143,28 @@ pub async fn execute(client: ExecServerClient, spec: Spec) -> i32 {
         spec.tty,
         signals,
     ));
+    // `Err`: the code `run` leaves with before the command's end.
     let outcome = tokio::select! {
-        outcome = relay_output(&mut proc) => outcome,
-        gave_up = &mut signal_task => {
-            stdin_task.abort();
-            drop(raw);
-            eprintln!(
-                "exec-server: leaving without the command's end: it was killed, and the \
-                 server has not reported its end"
-            );
-            client.close().await;
-            return gave_up.unwrap_or(1);
-        }
+        outcome = relay_output(&mut proc) => Ok(outcome),
+        gave_up = &mut signal_task => Err(gave_up.unwrap_or(1)),
     };
     stdin_task.abort();
     signal_task.abort();
     drop(raw);
     let code = match outcome {
-        Ok((Some(code), Some(limit))) => {
+        Err(code) => {
+            eprintln!(
+                "exec-server: leaving without the command's end: it was killed, and the \
+                 server has not reported its end"
+            );
+            code
+        }
+        Ok(Ok((Some(code), Some(limit)))) => {
             eprintln!("exec-server: {}", super::limits::describe(limit));
             super::limits::exit_code(limit, code)
         }
-        Ok((code, _)) => code.unwrap_or(1),
-        Err(why) => {
+        Ok(Ok((code, _))) => code.unwrap_or(1),
+        Ok(Err(why)) => {
             let _ = proc.terminate().await;
             fail(why)
         }

@@ -47,7 +47,7 @@ pub(super) async fn catch_up(inner: &Arc<Inner>, peer: &RpcPeer, id: &str) -> Ca
 /// goes on (or fails, when the server no longer holds the event) instead
 /// of waiting for ever.
 pub(super) fn fill_gap(inner: &Arc<Inner>, peer: &RpcPeer, id: &str, entry: &mut ProcEntry) {
-    if entry.catching_up > 0 || !entry.events.waits_on_gap() {
+    if entry.catching_up > 0 || entry.events.first_held().is_none() {
         return;
     }
     tracing::warn!(
@@ -68,7 +68,7 @@ pub(super) fn fill_gap(inner: &Arc<Inner>, peer: &RpcPeer, id: &str, entry: &mut
             }
             let mut procs = lock(&inner.procs);
             let Some(e) = procs.get_mut(&id) else { break };
-            let Some(held) = e.events.first_held().filter(|_| e.events.waits_on_gap()) else {
+            let Some(held) = e.events.first_held() else {
                 break;
             };
             if e.events.last_published() == before {

@@ -40,3 +40,19 @@ pub async fn next_event(
         .await
         .unwrap_or_else(|_| panic!("stalled after {so_far:?}"))
 }
+
+/// Closes `client`, then waits up to 10 s for the script `server` to see
+/// its connections end, and returns what it recorded; removes `dir`.
+pub async fn finish<T>(
+    client: ExecServerClient,
+    server: tokio::task::JoinHandle<T>,
+    dir: PathBuf,
+) -> T {
+    client.close().await;
+    let recorded = tokio::time::timeout(std::time::Duration::from_secs(10), server)
+        .await
+        .expect("the server's connections ended")
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    recorded
+}
