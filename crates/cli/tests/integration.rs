@@ -8,6 +8,7 @@ mod caps;
 mod chaos;
 mod cli;
 mod client;
+mod client_scripted;
 mod daemons;
 mod field_cases;
 mod field_cases_exit;

@@ -308,6 +308,16 @@ impl RpcPeer {
         self.outbound.close();
     }
 
+    /// Closes the connection as [`RpcPeer::close`] does, then waits until
+    /// its writer has stopped (a WebSocket's close frame written and the
+    /// socket shut down), at most `bound`: a program that exits right after
+    /// would otherwise end the connection without its close frame, which
+    /// the server sees as an abnormal closure (1006).
+    pub async fn close_and_flush(&self, bound: std::time::Duration) {
+        self.outbound.close();
+        let _ = tokio::time::timeout(bound, self.outbound.closed()).await;
+    }
+
     /// True once the connection has closed.
     pub fn is_closed(&self) -> bool {
         *self.closed.borrow() || self.outbound.is_closed()

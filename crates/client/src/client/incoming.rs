@@ -100,8 +100,8 @@ fn on_notification(
 ) {
     match method {
         m::PROCESS_OUTPUT => {
-            let Ok(n) = super::with_chunk::<ProcessOutputNotification>(method, (params, payload))
-            else {
+            let decoded = super::with_chunk::<ProcessOutputNotification>(method, (params, payload));
+            let Some(n) = well_formed(inner, method, decoded) else {
                 return;
             };
             let mut procs = lock(&inner.procs);
@@ -116,7 +116,8 @@ fn on_notification(
             fill_gap(inner, peer, &n.process_id, e);
         }
         m::PROCESS_EXITED => {
-            let Ok(n) = serde_json::from_value::<ProcessExitedNotification>(params) else {
+            let decoded = serde_json::from_value::<ProcessExitedNotification>(params);
+            let Some(n) = well_formed(inner, method, decoded) else {
                 return;
             };
             if let Some(e) = lock(&inner.procs).get_mut(&n.process_id) {
@@ -130,7 +131,8 @@ fn on_notification(
             }
         }
         m::PROCESS_CLOSED => {
-            let Ok(n) = serde_json::from_value::<ProcessClosedNotification>(params) else {
+            let decoded = serde_json::from_value::<ProcessClosedNotification>(params);
+            let Some(n) = well_formed(inner, method, decoded) else {
                 return;
             };
             if let Some(e) = lock(&inner.procs).get_mut(&n.process_id) {
@@ -139,7 +141,8 @@ fn on_notification(
             }
         }
         m::HTTP_REQUEST_BODY_DELTA => {
-            let Ok(d) = serde_json::from_value::<HttpBodyDelta>(params) else {
+            let decoded = serde_json::from_value::<HttpBodyDelta>(params);
+            let Some(d) = well_formed(inner, method, decoded) else {
                 return;
             };
             let mut streams = lock(&inner.http_streams);
@@ -155,5 +158,34 @@ fn on_notification(
         m::FS_CHANGED => super::watch::on_changed(inner, params),
         m::FS_WATCH_ENDED => super::watch::on_ended(inner, params),
         _ => {}
+    }
+}
+
+/// Malformed notifications a client logs; past that, one line says the
+/// rest go unlogged (a broken or hostile server cannot flood the log).
+pub(super) const MALFORMED_LOGGED: u32 = 8;
+
+/// The decoded notification, or `None` after a warning naming `method` and
+/// why (the first [`MALFORMED_LOGGED`] of a client): a notification that
+/// does not decode is ignored, as the reference's client does, but not
+/// silently.
+fn well_formed<T, E: std::fmt::Display>(
+    inner: &Inner,
+    method: &str,
+    decoded: Result<T, E>,
+) -> Option<T> {
+    match decoded {
+        Ok(n) => Some(n),
+        Err(e) => {
+            let seen = inner.malformed.fetch_add(1, Ordering::Relaxed);
+            if seen < MALFORMED_LOGGED {
+                tracing::warn!("ignored a malformed {method} notification from the server: {e}");
+            } else if seen == MALFORMED_LOGGED {
+                tracing::warn!(
+                    "the server keeps sending malformed notifications; no longer logged"
+                );
+            }
+            None
+        }
     }
 }

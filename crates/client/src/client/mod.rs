@@ -150,6 +150,11 @@ pub enum ConnectionEvent {
 /// reader before the oldest are dropped: 64.
 const CONNECTION_EVENT_BACKLOG: usize = 64;
 
+/// How long [`ExecServerClient::close`] waits for the connection's close
+/// frame to be written: a socket that takes nothing for that long is
+/// dropped without one.
+const CLOSE_FLUSH: Duration = Duration::from_millis(500);
+
 struct ProcEntry {
     events: OrderedEvents,
     /// The server said it started the process (its `process/start` was
@@ -185,6 +190,9 @@ struct Inner {
     next_process: AtomicU64,
     write_prefix: String,
     recoveries: AtomicU64,
+    /// Notifications from the server that did not decode (see
+    /// `incoming::well_formed`).
+    malformed: std::sync::atomic::AtomicU32,
     conn_events: tokio::sync::broadcast::Sender<ConnectionEvent>,
     /// Tells the recovery task that a connection ended with work outstanding.
     lost: mpsc::UnboundedSender<()>,
@@ -230,6 +238,7 @@ impl ExecServerClient {
                 next_process: AtomicU64::new(1),
                 write_prefix: format!("w{:x}{:x}", std::process::id(), n),
                 recoveries: AtomicU64::new(0),
+                malformed: Default::default(),
                 conn_events: tokio::sync::broadcast::channel(CONNECTION_EVENT_BACKLOG).0,
                 lost,
             }),
@@ -293,20 +302,26 @@ impl ExecServerClient {
         let _ = self.inner.conn_events.send(ev);
     }
 
-    /// Closes the connection for good (the server keeps the session for its TTL).
+    /// Closes the connection for good (the server keeps the session for its
+    /// TTL): on a WebSocket with a close frame (1000), waiting at most
+    /// 500 ms for it to be written.
     pub async fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
-        let mut slot = self.inner.slot.lock().await;
+        let peer = {
+            let mut slot = self.inner.slot.lock().await;
+            slot.failed = Some(ConnectionError::new(
+                ConnectionErrorKind::Closed,
+                "client closed",
+            ));
+            slot.peer.take()
+        };
         // Closed, not only let go: the connection's reader holds the peer
         // too, and would keep the socket (and the server's attachment of
-        // the session) open until the server ended it.
-        if let Some(p) = slot.peer.take() {
-            p.close();
+        // the session) open until the server ended it. Flushed, so that a
+        // program exiting next still says goodbye with a close frame.
+        if let Some(p) = peer {
+            p.close_and_flush(CLOSE_FLUSH).await;
         }
-        slot.failed = Some(ConnectionError::new(
-            ConnectionErrorKind::Closed,
-            "client closed",
-        ));
     }
 
     /// Drops the current connection without closing the client, as a network
