@@ -102,6 +102,29 @@ fn err(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::new(format!("PostgreSQL {what}: {e}"))
 }
 
+/// [`err`] with `e`'s causes too ([`chain`]).
+fn db_err(what: &str, e: impl std::error::Error + 'static) -> StoreError {
+    err(what, chain(&e))
+}
+
+/// `e` and its causes, "a: b: c", each said once: tokio-postgres says only
+/// "db error" of what the server answered (`database "x" does not exist`)
+/// and "error connecting to server" of why the socket failed, and deadpool
+/// wraps both; the operator needs the cause.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// A store shared by every node on the same database.
 pub struct PostgresStore {
     pool: Pool,
@@ -123,7 +146,7 @@ impl PostgresStore {
     /// (`disable`, `prefer` and `require` are), the database unreachable,
     /// or a migration failing (each names the step).
     pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| err("URL", e))?;
+        let config: tokio_postgres::Config = url.parse().map_err(|e| db_err("URL", e))?;
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
@@ -140,14 +163,14 @@ impl PostgresStore {
             .create_timeout(Some(CONNECT_TIMEOUT))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
-            .map_err(|e| err("pool", e))?;
+            .map_err(|e| db_err("pool", e))?;
         let store = PostgresStore { pool };
         store.migrate().await?;
         Ok(store)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.pool.get().await.map_err(|e| err("connection", e))
+        self.pool.get().await.map_err(|e| db_err("connection", e))
     }
 
     /// Runs `op` on a pooled connection. While the database is unreachable
@@ -180,13 +203,13 @@ impl PostgresStore {
             let failure = match self.pool.get().await {
                 Ok(c) => match op(c).await {
                     Ok(v) => return Ok(v),
-                    Err(e) if unreachable(&e) => e.to_string(),
-                    Err(e) => return Err(err(what, e)),
+                    Err(e) if unreachable(&e) => chain(&e),
+                    Err(e) => return Err(db_err(what, e)),
                 },
                 Err(deadpool_postgres::PoolError::Backend(e)) if !unreachable(&e) => {
-                    return Err(err("connection", e))
+                    return Err(db_err("connection", e))
                 }
-                Err(e) => e.to_string(),
+                Err(e) => chain(&e),
             };
             if tokio::time::Instant::now() + pause > deadline {
                 return Err(StoreError::unreachable(format!(
@@ -201,44 +224,64 @@ impl PostgresStore {
     }
 
     /// Applies the migrations not yet recorded, one transaction each, under
-    /// an advisory lock.
+    /// an advisory lock; the table recording them is created under it too
+    /// (`CREATE TABLE IF NOT EXISTS` is not safe against itself: nodes
+    /// started together on an empty database failed with a duplicate key
+    /// in `pg_type`).
     async fn migrate(&self) -> Result<(), StoreError> {
         let mut c = self.client().await?;
-        c.batch_execute(
-            "CREATE TABLE IF NOT EXISTS exec_server_schema (
-                 version    INTEGER PRIMARY KEY,
-                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
-             )",
-        )
-        .await
-        .map_err(|e| err("migration table", e))?;
+        let tx = c
+            .transaction()
+            .await
+            .map_err(|e| db_err("migration table", e))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(|e| db_err("migration lock", e))?;
+        let exists: bool = tx
+            .query_one("SELECT to_regclass('exec_server_schema') IS NOT NULL", &[])
+            .await
+            .map_err(|e| db_err("migration table", e))?
+            .get(0);
+        if !exists {
+            tx.batch_execute(
+                "CREATE TABLE exec_server_schema (
+                     version    INTEGER PRIMARY KEY,
+                     applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+                 )",
+            )
+            .await
+            .map_err(|e| db_err("migration table", e))?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| db_err("migration table", e))?;
         for (version, sql) in MIGRATIONS {
-            let tx = c.transaction().await.map_err(|e| err("migration", e))?;
+            let tx = c.transaction().await.map_err(|e| db_err("migration", e))?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
                 .await
-                .map_err(|e| err("migration lock", e))?;
+                .map_err(|e| db_err("migration lock", e))?;
             let done = tx
                 .query_opt(
                     "SELECT 1 FROM exec_server_schema WHERE version = $1",
                     &[version],
                 )
                 .await
-                .map_err(|e| err("migration", e))?
+                .map_err(|e| db_err("migration", e))?
                 .is_some();
             if !done {
                 tx.batch_execute(sql)
                     .await
-                    .map_err(|e| err(&format!("migration {version}"), e))?;
+                    .map_err(|e| db_err(&format!("migration {version}"), e))?;
                 tx.execute(
                     "INSERT INTO exec_server_schema (version) VALUES ($1)",
                     &[version],
                 )
                 .await
-                .map_err(|e| err(&format!("migration {version}"), e))?;
+                .map_err(|e| db_err(&format!("migration {version}"), e))?;
             }
             tx.commit()
                 .await
-                .map_err(|e| err(&format!("migration {version}"), e))?;
+                .map_err(|e| db_err(&format!("migration {version}"), e))?;
         }
         Ok(())
     }
@@ -252,7 +295,7 @@ impl PostgresStore {
                 &[],
             )
             .await
-            .map_err(|e| err("schema version", e))?;
+            .map_err(|e| db_err("schema version", e))?;
         Ok(row.get(0))
     }
 }
@@ -264,18 +307,18 @@ fn tls_connector() -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreErro
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| err("TLS", e))?
+        .map_err(|e| db_err("TLS", e))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
 fn key_json(k: &WirePublicKey) -> Result<String, StoreError> {
-    serde_json::to_string(k).map_err(|e| err("key", e))
+    serde_json::to_string(k).map_err(|e| db_err("key", e))
 }
 
 fn key_from(text: &str) -> Result<WirePublicKey, StoreError> {
-    serde_json::from_str(text).map_err(|e| err("stored key", e))
+    serde_json::from_str(text).map_err(|e| db_err("stored key", e))
 }
 
 fn unix(v: u64) -> i64 {

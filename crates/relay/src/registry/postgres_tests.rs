@@ -76,6 +76,25 @@ async fn two_nodes_share_one_state() {
     }
 }
 
+/// Nodes started together on an empty database all come up: the table
+/// recording migrations is created under the migrations' lock (before, two
+/// of three nodes started at once failed with "migration table: db error").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_started_together_on_an_empty_database_all_migrate() {
+    let db = TestDb::start();
+    let url = db.url();
+    let starts = (0..4).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move { PostgresStore::connect(&url).await })
+    });
+    for start in starts.collect::<Vec<_>>() {
+        match start.await.unwrap() {
+            Ok(s) => assert_eq!(s.schema_version().await.unwrap(), MIGRATIONS.len() as i32),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_bad_url_or_an_absent_server_is_a_clear_error() {
     let e = PostgresStore::connect("postgres://x:y@host:notaport/db")
@@ -87,6 +106,16 @@ async fn a_bad_url_or_an_absent_server_is_a_clear_error() {
     let url = format!("postgresql:///postgres?host={}&port=1", dir.display());
     let e = PostgresStore::connect(&url).await.err().unwrap();
     assert!(e.to_string().contains("PostgreSQL connection"), "{e}");
+    // Why, not only that: the server's own words, the socket's failure.
+    assert!(e.to_string().contains("No such file or directory"), "{e}");
+    let db = TestDb::start();
+    let url = db.url().replace("///postgres?", "///nosuchdb?");
+    let e = PostgresStore::connect(&url).await.err().unwrap();
+    assert!(
+        e.to_string()
+            .contains(r#"database "nosuchdb" does not exist"#),
+        "{e}"
+    );
 }
 
 /// Which node holds an environment's executor: seen only while that node
