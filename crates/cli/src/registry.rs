@@ -39,8 +39,10 @@ pub struct RegistryArgs {
     /// Without it they live in memory.
     #[arg(long, value_name = "URL|PATH")]
     pub db: Option<String>,
-    /// Executors' bearer tokens: one a line, `TOKEN` or `sha256:HEX`, optionally
-    /// preceded by `ENV_ID ` to allow one environment only.
+    /// Executors' bearer tokens: one a line, `TOKEN`, `sha256:HEX` (of a
+    /// token), or `hs256:SECRET [iss=I] [aud=A] [skew=S]` (HS256 JWTs
+    /// signed with SECRET, with the claims named), each optionally preceded
+    /// by `ENV_ID ` to allow one environment only; `#` starts a comment.
     #[arg(long, value_name = "FILE")]
     pub executor_tokens: Option<PathBuf>,
     /// Harnesses' (clients') bearer tokens, same format.

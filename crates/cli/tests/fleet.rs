@@ -197,3 +197,42 @@ fn an_executor_outlives_three_node_losses_without_growing_waits() {
         "found again after {waits:?}"
     );
 }
+
+/// An executor started before its registry (a machine behind NAT that
+/// boots before the network or the registry is up) waits for it, saying
+/// why on stderr, instead of exiting at the first refused connection; then
+/// clients reach it.
+#[test]
+fn an_executor_started_before_its_registry_waits_for_it() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::Duration;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let args = ["--remote", &url, "--environment-id", "early"];
+    let mut child = crate::remote_mode::spawn_with_bearer(&args, "exec-token", Stdio::piped());
+    let pipe = child.stderr.take().unwrap();
+    let _executor = crate::remote_mode::Proc(child);
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let said = loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the executor said nothing about the absent registry");
+        if line.contains("cannot register yet") {
+            break line;
+        }
+    };
+    assert!(said.contains("Connection refused"), "{said}");
+    let (_registry, url) = start_registry(&["--listen", &format!("127.0.0.1:{port}")]);
+    wait_ready(&url, "early", "harness-token");
+    let out = run_cli(&url, "early", "harness-token", &["echo", "late registry"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "late registry\n");
+}

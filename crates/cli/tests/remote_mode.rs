@@ -45,23 +45,24 @@ pub(crate) fn start_executor(url: &str, env: &str, token: &str) -> Proc {
 
 /// As [`start_executor`], with `extra` flags.
 fn start_executor_with(url: &str, env: &str, token: &str, extra: &[&str]) -> Proc {
+    let mut args = vec!["--remote", url, "--environment-id", env];
+    args.extend_from_slice(extra);
+    Proc(spawn_with_bearer(&args, token, Stdio::inherit()))
+}
+
+/// `exec-server ARGS --registration-bearer-stdin` with `bearer` written to
+/// its stdin (then closed), its stdout discarded and its stderr to `stderr`.
+pub(crate) fn spawn_with_bearer(args: &[&str], bearer: &str, stderr: Stdio) -> Child {
     let mut child = crate::common::server_command(BIN)
-        .args([
-            "--remote",
-            url,
-            "--environment-id",
-            env,
-            "--registration-bearer-stdin",
-        ])
-        .args(extra)
+        .args(args)
+        .arg("--registration-bearer-stdin")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
-        .expect("start executor");
-    let mut stdin = child.stdin.take().unwrap();
-    writeln!(stdin, "{token}").unwrap();
-    Proc(child)
+        .expect("start exec-server");
+    writeln!(child.stdin.take().unwrap(), "{bearer}").unwrap();
+    child
 }
 
 /// `exec-server run --registry … -- argv` with the harness token in the environment.
@@ -434,24 +435,16 @@ fn forward_bridges_a_listening_server() {
     for (i, target) in targets.iter().enumerate() {
         let (_reg, url) = start_registry(&[]);
         let env = format!("fwd{i}");
-        let mut child = crate::common::server_command(BIN)
-            .args([
-                "forward",
-                "--connect",
-                &target.url,
-                "--remote",
-                &url,
-                "--environment-id",
-                &env,
-            ])
-            .arg("--registration-bearer-stdin")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        writeln!(child.stdin.take().unwrap(), "t").unwrap();
-        let _fwd = Proc(child);
+        let args = [
+            "forward",
+            "--connect",
+            &target.url,
+            "--remote",
+            &url,
+            "--environment-id",
+            &env,
+        ];
+        let _fwd = Proc(spawn_with_bearer(&args, "t", Stdio::inherit()));
         wait_ready(&url, &env, "h");
         let out = run_cli(&url, &env, "h", &["sh", "-c", "echo forwarded; exit 3"]);
         assert_eq!(

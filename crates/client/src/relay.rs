@@ -36,8 +36,9 @@ impl std::fmt::Debug for RelaySource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "environment {} via {:?}",
-            self.environment_id, self.registry
+            "environment {} via registry {}",
+            self.environment_id,
+            self.registry.bases().join(",")
         )
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod buffers;
+pub mod causes;
 pub mod environment_id;
 pub mod executor;
 pub mod frame;

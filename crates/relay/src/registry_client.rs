@@ -78,6 +78,13 @@ impl std::fmt::Debug for RegistryClient {
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+/// The `error.code` of a registry's error body, if it has one.
+fn error_code(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<ErrorBody>(body)
+        .ok()
+        .map(|e| e.error.code)
+}
+
 /// Checks one registry base URL (trimmed, trailing `/` removed): https, or
 /// http on a loopback host.
 fn check_base(base: &str) -> Result<String, ConfigError> {
@@ -180,26 +187,36 @@ impl RegistryClient {
             if let (Some(a), "connect") = (&self.account_id, action) {
                 req = req.header("chatgpt-account-id", a);
             }
-            match req.send().await {
+            let sent = match req.send().await {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    r.bytes().await.map(|b| (status, b))
+                }
+                Err(e) => Err(e),
+            };
+            match sent {
                 // A node at its connection limit (or not ready) answers
-                // 503: the next node may serve.
-                Ok(r)
-                    if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE
-                        && i + 1 < self.bases.len() =>
+                // 503: the next node may serve. Not when its database is
+                // unreachable: the nodes share it, and each would wait for
+                // it in turn.
+                Ok((503, bytes))
+                    if i + 1 < self.bases.len()
+                        && error_code(&bytes).as_deref() != Some("store_unavailable") =>
                 {
-                    tracing::warn!(registry = %self.bases[at], "registry node answered 503; trying the next");
-                    failures.push(format!("{}: 503", self.bases[at]));
+                    let code = error_code(&bytes).unwrap_or_default();
+                    tracing::warn!(registry = %self.bases[at], "registry node answered 503 {code}; trying the next");
+                    failures.push(format!("{}: 503 {code}", self.bases[at]));
                     // Kept: if no node serves, this answer (its code, e.g.
                     // `registration_conflict`) is the one to report.
-                    busy = Some(r);
+                    busy = Some((503, bytes));
                 }
-                Ok(r) => {
+                Ok(answer) => {
                     self.current.store(at, Ordering::Relaxed);
-                    answered = Some(r);
+                    answered = Some(answer);
                     break;
                 }
                 Err(e) => {
-                    let why = e.without_url().to_string();
+                    let why = crate::causes::chain(&e.without_url());
                     if self.bases.len() > 1 {
                         tracing::warn!(registry = %self.bases[at], "registry node unreachable: {why}");
                     }
@@ -207,14 +224,9 @@ impl RegistryClient {
                 }
             }
         }
-        let Some(resp) = answered.or(busy) else {
+        let Some((status, bytes)) = answered.or(busy) else {
             return Err(RegistryError::Transport(failures.join("; ")));
         };
-        let status = resp.status().as_u16();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| RegistryError::Transport(e.without_url().to_string()))?;
         if (200..300).contains(&status) {
             return serde_json::from_slice(&bytes)
                 .map_err(|_| RegistryError::Protocol(format!("invalid {action} response")));
@@ -321,5 +333,88 @@ impl RegistryClient {
             .post(env, "validate", req, Some((STREAM_ID_HEADER, stream_id)))
             .await?;
         Ok(r.valid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::random::OsRandom;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A node that answers every request with `status` and the error body
+    /// `code`; its base URL and how many requests it took.
+    async fn node(status: u16, code: &'static str) -> (String, Arc<AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", l.local_addr().unwrap());
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counted = hits.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 8192];
+                let _ = s.read(&mut buf).await;
+                counted.fetch_add(1, Ordering::SeqCst);
+                let body = format!(r#"{{"error":{{"code":"{code}","message":"m"}}}}"#);
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            }
+        });
+        (base, hits)
+    }
+
+    fn key() -> PublicKey {
+        crate::keys::Identity::generate(&mut OsRandom).public_key()
+    }
+
+    /// A node that cannot reach the database the nodes share answers for
+    /// all of them (the next would wait for it too: with three URLs the
+    /// caller's timeout hid the clear 503 behind its own); a node not ready
+    /// is passed over for the next.
+    #[tokio::test]
+    async fn a_shared_database_down_is_reported_at_once_and_a_node_not_ready_passed_over() {
+        let (next, next_hits) = node(404, "environment_not_found").await;
+        let (down, _) = node(503, "store_unavailable").await;
+        let c = RegistryClient::new(&format!("{down},{next}"), "t", None, true).unwrap();
+        match c.connect("env", &key()).await {
+            Err(RegistryError::Http {
+                status: 503, code, ..
+            }) => {
+                assert_eq!(code, "store_unavailable")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            next_hits.load(Ordering::SeqCst),
+            0,
+            "the next node was asked"
+        );
+        let (busy, _) = node(503, "not_ready").await;
+        let c = RegistryClient::new(&format!("{busy},{next}"), "t", None, true).unwrap();
+        match c.connect("env", &key()).await {
+            Err(RegistryError::Http { status: 404, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(next_hits.load(Ordering::SeqCst), 1);
+    }
+
+    /// An unreachable node's error says why (reqwest alone says "error
+    /// sending request").
+    #[tokio::test]
+    async fn an_unreachable_registry_says_why() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", l.local_addr().unwrap());
+        drop(l);
+        let c = RegistryClient::new(&base, "t", None, true).unwrap();
+        match c.connect("env", &key()).await {
+            Err(RegistryError::Transport(why)) => {
+                assert!(why.contains("Connection refused"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -104,6 +104,42 @@ async fn one_connection_serves_several_requests() {
     assert!(body.contains("invalid_environment_id"), "{body}");
 }
 
+/// HEAD of a probe or of `/metrics` answers as GET does, without the body
+/// (it was 404); `/metrics` says it is OpenMetrics text, as it is.
+#[tokio::test]
+async fn head_asks_probes_and_metrics_for_their_status() {
+    let addr = start_registry().await;
+    let mut conn = BufReader::new(TcpStream::connect(&addr).await.unwrap());
+    for path in ["/livez", "/metrics"] {
+        let req = format!("HEAD {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+        conn.get_mut().write_all(req.as_bytes()).await.unwrap();
+        let mut line = String::new();
+        conn.read_line(&mut line).await.unwrap();
+        assert!(line.starts_with("HTTP/1.1 200"), "{path}: {line}");
+        let mut head = String::new();
+        loop {
+            let mut h = String::new();
+            conn.read_line(&mut h).await.unwrap();
+            if h == "\r\n" || h.is_empty() {
+                break;
+            }
+            head.push_str(&h.to_ascii_lowercase());
+        }
+        if path == "/metrics" {
+            assert!(
+                head.contains("content-type: application/openmetrics-text"),
+                "{head}"
+            );
+        }
+    }
+    // No body came: the next answer on the connection is the next request's.
+    let req = format!("GET /livez HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    conn.get_mut().write_all(req.as_bytes()).await.unwrap();
+    let (status, body) = read_response(&mut conn).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"node\""), "{body}");
+}
+
 /// A body over 64 KiB is refused with 413 before it is read; a head over
 /// 16 KiB is refused (431) and the connection closed.
 #[tokio::test]

@@ -141,6 +141,53 @@ fn is_conflict(e: &RegistryError) -> bool {
         if code == "registration_conflict" || code == "store_unavailable")
 }
 
+/// What a refusal [`is_conflict`] means, for the log.
+fn refusal(e: &RegistryError) -> &'static str {
+    match e {
+        RegistryError::Http { code, .. } if code == "store_unavailable" => {
+            "the registry node cannot reach its database"
+        }
+        // Not only another executor: this one's own socket on a node that
+        // died holds the environment until that node's heartbeat expires.
+        _ => {
+            "the environment is held by another executor socket (another executor, \
+              or this one's on a registry node that is gone, until that node's heartbeat expires)"
+        }
+    }
+}
+
+/// The first registration: a registry that cannot be reached or answers
+/// 5xx or 429 (other than `registration_conflict`, which [`register`]
+/// retries and then gives up on) is tried again, 1 s doubling to 30 s,
+/// jittered, for as long as it takes: an executor may start before its
+/// network or its registry. A refusal (a bad token, an unknown profile)
+/// ends the executor at once.
+async fn first_registration(
+    config: &Config,
+    identity: &Identity,
+) -> Result<crate::api::RegisterResponse, RegistryError> {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        match register(config, identity).await {
+            Err(e) if e.is_retryable() && !held_by_another(&e) => {
+                let delay = jitter(backoff);
+                tracing::warn!(
+                    retry_in_ms = delay.as_millis() as u64,
+                    "cannot register yet: {e}; trying again"
+                );
+                tokio::time::sleep(delay).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `503 registration_conflict`: another executor holds the environment.
+fn held_by_another(e: &RegistryError) -> bool {
+    matches!(e, RegistryError::Http { code, .. } if code == "registration_conflict")
+}
+
 /// Registers, retrying (as the reference does) only `503 registration_conflict`,
 /// after a growing jittered delay so that competing executors do not retry
 /// in lock-step; the last refusal is returned when the delays run out.
@@ -163,7 +210,8 @@ async fn register(
                 let delay = jitter(delay);
                 tracing::warn!(
                     retry_in_ms = delay.as_millis() as u64,
-                    "another executor is connected for this environment; registering again later"
+                    "{}; registering again later",
+                    refusal(&e)
                 );
                 tokio::time::sleep(delay).await;
             }
@@ -176,7 +224,7 @@ async fn register(
 /// called with the registration id after each successful registration.
 pub async fn run(config: Config, handler: StreamHandler) -> Result<(), ExecutorError> {
     let identity = Identity::generate(&mut OsRandom);
-    let mut reg = register(&config, &identity).await?;
+    let mut reg = first_registration(&config, &identity).await?;
     config.observer.registered();
     tracing::info!(environment = %config.environment_id, "registered with the environment registry");
     let mut backoff = Duration::from_secs(1);

@@ -152,8 +152,11 @@ async fn route(
 ) -> Response<Body> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
+    // HEAD is GET without the body (hyper leaves it out), for probes that
+    // ask only for the status.
+    let get = method == Method::GET || method == Method::HEAD;
     // Probes are answered even past the limit: a busy node is alive.
-    if method == Method::GET && (path == "/livez" || path == "/readyz") {
+    if get && (path == "/livez" || path == "/readyz") {
         return respond(match (path.as_str(), registry.ready()) {
             ("/livez", _) | (_, Ok(())) => Reply::json(&serde_json::json!({
                 "status": "ok", "node": registry.node_id()
@@ -167,11 +170,12 @@ async fn route(
     if method == Method::GET && path == "/relay" {
         return upgrade(registry, req, slot).await;
     }
-    if method == Method::GET && path == "/metrics" {
+    if get && path == "/metrics" {
         let mut r = Response::new(Full::new(Bytes::from(registry.render_metrics())));
+        // What prometheus-client writes (`# EOF`, `_total` counters).
         r.headers_mut().insert(
             CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
         );
         return r;
     }

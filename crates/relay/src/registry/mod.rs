@@ -46,6 +46,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use store::{Attachment, Authorization, Registration, Store};
 use tokens::Tokens;
 
+/// A 401's message for an executor's bearer that no token line accepts.
+const BAD_EXECUTOR_TOKEN: &str =
+    "invalid executor token (unknown, expired, or for another environment)";
+/// The same for a harness's bearer.
+const BAD_HARNESS_TOKEN: &str =
+    "invalid harness token (unknown, expired, or for another environment)";
+
 /// How long an executor's relay URL stays valid: 10 minutes (then the executor
 /// is refused with `expired` and registers again).
 pub const EXECUTOR_URL_TTL: Duration = Duration::from_secs(600);
@@ -261,7 +268,7 @@ impl Registry {
         body: &[u8],
     ) -> Result<Reply, store::StoreError> {
         if !Self::authorized(&self.config.executor_tokens, bearer, env) {
-            return Ok(Reply::error(401, "unauthorized", "invalid executor token"));
+            return Ok(Reply::error(401, "unauthorized", BAD_EXECUTOR_TOKEN));
         }
         let Ok(req) = serde_json::from_slice::<RegisterRequest>(body) else {
             return Ok(Reply::error(400, "bad_request", "invalid register request"));
@@ -327,7 +334,7 @@ impl Registry {
         body: &[u8],
     ) -> Result<Reply, store::StoreError> {
         if !Self::authorized(&self.config.harness_tokens, bearer, env) {
-            return Ok(Reply::error(401, "unauthorized", "invalid harness token"));
+            return Ok(Reply::error(401, "unauthorized", BAD_HARNESS_TOKEN));
         }
         let Ok(req) = serde_json::from_slice::<ConnectRequest>(body) else {
             return Ok(Reply::error(400, "bad_request", "invalid connect request"));
@@ -410,7 +417,7 @@ impl Registry {
         body: &[u8],
     ) -> Result<Reply, store::StoreError> {
         if !Self::authorized(&self.config.executor_tokens, bearer, env) {
-            return Ok(Reply::error(401, "unauthorized", "invalid executor token"));
+            return Ok(Reply::error(401, "unauthorized", BAD_EXECUTOR_TOKEN));
         }
         let Ok(req) = serde_json::from_slice::<ValidateRequest>(body) else {
             return Ok(Reply::error(400, "bad_request", "invalid validate request"));

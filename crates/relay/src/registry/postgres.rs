@@ -11,6 +11,7 @@
 //! node signs with the same key.
 
 use super::store::{Attachment, Authorization, Registration, Store, StoreError};
+use crate::causes::chain;
 use crate::keys::WirePublicKey;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::config::SslMode;
@@ -105,24 +106,6 @@ fn err(what: &str, e: impl std::fmt::Display) -> StoreError {
 /// [`err`] with `e`'s causes too ([`chain`]).
 fn db_err(what: &str, e: impl std::error::Error + 'static) -> StoreError {
     err(what, chain(&e))
-}
-
-/// `e` and its causes, "a: b: c", each said once: tokio-postgres says only
-/// "db error" of what the server answered (`database "x" does not exist`)
-/// and "error connecting to server" of why the socket failed, and deadpool
-/// wraps both; the operator needs the cause.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let said = c.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = c.source();
-    }
-    text
 }
 
 /// A store shared by every node on the same database.
