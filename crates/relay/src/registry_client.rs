@@ -78,6 +78,28 @@ impl std::fmt::Debug for RegistryClient {
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+/// Largest registry answer read: 1 MiB (a registration, a connect or a
+/// validation is well under 4 KiB; a hostile or broken registry must not
+/// make an executor or a client hold gigabytes).
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// `r`'s body, or `None` once it passes [`MAX_ANSWER_BYTES`].
+async fn read_bounded(mut r: reqwest::Response) -> Result<Option<bytes::Bytes>, reqwest::Error> {
+    if r.content_length()
+        .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+    {
+        return Ok(None);
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = r.chunk().await? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(body.freeze()))
+}
+
 /// The `error.code` of a registry's error body, if it has one.
 fn error_code(body: &[u8]) -> Option<String> {
     serde_json::from_slice::<ErrorBody>(body)
@@ -190,7 +212,16 @@ impl RegistryClient {
             let sent = match req.send().await {
                 Ok(r) => {
                     let status = r.status().as_u16();
-                    r.bytes().await.map(|b| (status, b))
+                    match read_bounded(r).await {
+                        Ok(Some(b)) => Ok((status, b)),
+                        Ok(None) => {
+                            return Err(RegistryError::Protocol(format!(
+                                "{}: an answer over {MAX_ANSWER_BYTES} bytes",
+                                self.bases[at]
+                            )))
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
                 Err(e) => Err(e),
             };
@@ -400,6 +431,39 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(next_hits.load(Ordering::SeqCst), 1);
+    }
+
+    /// An answer over 1 MiB is refused as it comes, not read whole (a
+    /// hostile registry's 1.5 GiB answer took an executor to 3 GiB).
+    #[tokio::test]
+    async fn an_oversized_answer_is_refused_unread() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", l.local_addr().unwrap());
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counted = sent.clone();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 8192];
+            let _ = s.read(&mut buf).await;
+            // No length: the body runs until the connection ends.
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n";
+            s.write_all(head.as_bytes()).await.unwrap();
+            let block = vec![b' '; 64 << 10];
+            for _ in 0..(64 << 20) / block.len() {
+                if s.write_all(&block).await.is_err() {
+                    return;
+                }
+                counted.fetch_add(block.len(), Ordering::SeqCst);
+            }
+        });
+        let c = RegistryClient::new(&base, "t", None, true).unwrap();
+        match c.connect("env", &key()).await {
+            Err(RegistryError::Protocol(m)) => assert!(m.contains("over 1048576 bytes"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let sent = sent.load(Ordering::SeqCst);
+        assert!(sent < 16 << 20, "{sent} bytes were taken");
     }
 
     /// An unreachable node's error says why (reqwest alone says "error

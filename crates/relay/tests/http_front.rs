@@ -140,6 +140,32 @@ async fn head_asks_probes_and_metrics_for_their_status() {
     assert!(body.contains("\"node\""), "{body}");
 }
 
+/// A POST whose bearer no token accepts is refused on its head, its body
+/// never waited for (a node held 64 KiB for 10 s for anyone who asked).
+#[tokio::test]
+async fn a_post_with_a_bad_bearer_is_refused_before_its_body() {
+    use exec_server_relay::registry::tokens::Tokens;
+    let addr = start_registry_with(Config {
+        executor_tokens: Some(Tokens::parse("exec-secret\n").unwrap()),
+        harness_tokens: Some(Tokens::parse("harness-secret\n").unwrap()),
+        ..Config::default()
+    })
+    .await;
+    for (action, who) in [("register", "executor"), ("connect", "harness")] {
+        let mut conn = BufReader::new(TcpStream::connect(&addr).await.unwrap());
+        // The body is announced and never sent.
+        let req = format!(
+            "POST /cloud/environment/env/{action} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer wrong\r\nContent-Length: 60000\r\n\r\n"
+        );
+        conn.get_mut().write_all(req.as_bytes()).await.unwrap();
+        let (status, body) = tokio::time::timeout(Duration::from_secs(5), read_response(&mut conn))
+            .await
+            .expect("refused without waiting for the body");
+        assert_eq!(status, 401, "{body}");
+        assert!(body.contains(&format!("invalid {who} token")), "{body}");
+    }
+}
+
 /// A body over 64 KiB is refused with 413 before it is read; a head over
 /// 16 KiB is refused (431) and the connection closed.
 #[tokio::test]

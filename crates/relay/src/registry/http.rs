@@ -198,6 +198,9 @@ async fn route(
         return respond(too_large());
     }
     let bearer = bearer(&req);
+    if let Some(refused) = registry.refuse_by_head(env, action, bearer.as_deref()) {
+        return respond(refused);
+    }
     let body = match tokio::time::timeout(
         HEAD_TIMEOUT,
         Limited::new(req.into_body(), MAX_BODY).collect(),

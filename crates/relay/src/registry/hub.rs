@@ -471,11 +471,7 @@ impl Hub {
         stream.close.set(Some(STREAM_RESET));
         stream.stop.cancel();
         if let Some(executor) = executor {
-            let _ = executor.try_send(
-                Frame::reset(stream_id, RESET_HARNESS_DISCONNECTED)
-                    .encode()
-                    .into(),
-            );
+            tell_executor(&executor, stream_id);
         }
     }
 
@@ -601,13 +597,32 @@ impl Hub {
                 .is_some()
         };
         if still_ours {
-            let reset = Frame::reset(&stream_id, RESET_HARNESS_DISCONNECTED)
-                .encode()
-                .into();
-            let _ = executor.try_send(reset);
+            tell_executor(&executor, &stream_id);
         }
         stop.cancel();
         let _ = writer.await;
+    }
+}
+
+/// Tells the executor that `stream_id` is gone (`Reset`, harness
+/// disconnected), behind what is queued for it. Never dropped: it was
+/// dropped when the executor's queue was full, and the executor then kept
+/// the stream (and its session attached to it) for ever. A full queue gets
+/// it from a task of its own, waiting as long as the node lets a silent
+/// executor live; at most one a stream, and stream claims are bounded.
+fn tell_executor(executor: &mpsc::Sender<Bytes>, stream_id: &str) {
+    let reset: Bytes = Frame::reset(stream_id, RESET_HARNESS_DISCONNECTED)
+        .encode()
+        .into();
+    if let Err(mpsc::error::TrySendError::Full(reset)) = executor.try_send(reset) {
+        // The hub runs on the node's runtime; nothing to wait on without one.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let executor = executor.clone();
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(EXECUTOR_SILENCE_TIMEOUT, executor.send(reset)).await;
+        });
     }
 }
 

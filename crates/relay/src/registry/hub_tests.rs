@@ -216,6 +216,30 @@ fn told_reset(attached: &mut super::ExecutorAttachment, stream: &str) -> bool {
     reset
 }
 
+/// A stream reset while the executor's queue is full is still told to the
+/// executor once it reads again (the reset was dropped: the executor kept
+/// the stream, and the session on it stayed attached).
+#[tokio::test]
+async fn a_reset_behind_a_full_executor_queue_is_not_lost() {
+    let (hub, mut attached) = hub_with_executor().await;
+    let _stream = open_stream(&hub, "env", "s1");
+    let executor = hub.lock()["env"].executor.as_ref().unwrap().tx.clone();
+    let filler = crate::frame::Frame::data("other", 0, vec![1; 16]).encode();
+    while executor.try_send(filler.clone().into()).is_ok() {}
+    hub.reset_stream("env", "s1", super::Scope::Stream);
+    let told = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(frame) = attached.rx.recv().await {
+            let f = crate::frame::Frame::decode(&frame).unwrap();
+            if f.stream_id == "s1" && matches!(f.body, Some(crate::frame::Body::Reset { .. })) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(told, Ok(true), "the executor was never told of the reset");
+}
+
 /// A harness socket served by `hub` for `env`/`registration` over an
 /// in-memory connection: the node's task, and the harness's reader and raw
 /// write half.

@@ -223,6 +223,27 @@ impl Registry {
         }
     }
 
+    /// The refusal of a POST that its head alone decides (an invalid id, an
+    /// unknown action, a bearer no token line accepts), so that its body is
+    /// never read: anyone could make a node hold 64 KiB a connection for
+    /// 10 s before the bearer was looked at.
+    pub(crate) fn refuse_by_head(
+        &self,
+        env: &str,
+        action: &str,
+        bearer: Option<&str>,
+    ) -> Option<Reply> {
+        if let Err(e) = environment_id::validate(env) {
+            return Some(Reply::error(400, "invalid_environment_id", &e.to_string()));
+        }
+        let (tokens, refusal) = match action {
+            "register" | "validate" => (&self.config.executor_tokens, BAD_EXECUTOR_TOKEN),
+            "connect" => (&self.config.harness_tokens, BAD_HARNESS_TOKEN),
+            _ => return Some(Reply::error(404, "not_found", "no such endpoint")),
+        };
+        (!Self::authorized(tokens, bearer, env)).then(|| Reply::error(401, "unauthorized", refusal))
+    }
+
     pub(crate) async fn handle_post(
         &self,
         env: &str,
@@ -230,15 +251,14 @@ impl Registry {
         bearer: Option<&str>,
         body: &[u8],
     ) -> Reply {
-        // The message is fixed text: the id itself is never echoed.
-        if let Err(e) = environment_id::validate(env) {
-            return Reply::error(400, "invalid_environment_id", &e.to_string());
+        // The id, the action and the bearer (the id is never echoed).
+        if let Some(refused) = self.refuse_by_head(env, action, bearer) {
+            return refused;
         }
         let result = match action {
-            "register" => self.register(env, bearer, body).await,
+            "register" => self.register(env, body).await,
             "connect" => self.connect(env, bearer, body).await,
-            "validate" => self.validate(env, bearer, body).await,
-            _ => return Reply::error(404, "not_found", "no such endpoint"),
+            _ => self.validate(env, body).await,
         };
         result.unwrap_or_else(|e| {
             tracing::warn!(node = %self.node_id, "registry store failed: {e}");
@@ -261,15 +281,8 @@ impl Registry {
         })
     }
 
-    async fn register(
-        &self,
-        env: &str,
-        bearer: Option<&str>,
-        body: &[u8],
-    ) -> Result<Reply, store::StoreError> {
-        if !Self::authorized(&self.config.executor_tokens, bearer, env) {
-            return Ok(Reply::error(401, "unauthorized", BAD_EXECUTOR_TOKEN));
-        }
+    /// `POST …/register`, its bearer already accepted ([`Self::refuse_by_head`]).
+    async fn register(&self, env: &str, body: &[u8]) -> Result<Reply, store::StoreError> {
         let Ok(req) = serde_json::from_slice::<RegisterRequest>(body) else {
             return Ok(Reply::error(400, "bad_request", "invalid register request"));
         };
@@ -327,15 +340,14 @@ impl Registry {
         }))
     }
 
+    /// `POST …/connect`, its bearer already accepted ([`Self::refuse_by_head`]);
+    /// the bearer counts the connects it asks for.
     async fn connect(
         &self,
         env: &str,
         bearer: Option<&str>,
         body: &[u8],
     ) -> Result<Reply, store::StoreError> {
-        if !Self::authorized(&self.config.harness_tokens, bearer, env) {
-            return Ok(Reply::error(401, "unauthorized", BAD_HARNESS_TOKEN));
-        }
         let Ok(req) = serde_json::from_slice::<ConnectRequest>(body) else {
             return Ok(Reply::error(400, "bad_request", "invalid connect request"));
         };
@@ -410,15 +422,8 @@ impl Registry {
         }))
     }
 
-    async fn validate(
-        &self,
-        env: &str,
-        bearer: Option<&str>,
-        body: &[u8],
-    ) -> Result<Reply, store::StoreError> {
-        if !Self::authorized(&self.config.executor_tokens, bearer, env) {
-            return Ok(Reply::error(401, "unauthorized", BAD_EXECUTOR_TOKEN));
-        }
+    /// `POST …/validate`, its bearer already accepted ([`Self::refuse_by_head`]).
+    async fn validate(&self, env: &str, body: &[u8]) -> Result<Reply, store::StoreError> {
         let Ok(req) = serde_json::from_slice::<ValidateRequest>(body) else {
             return Ok(Reply::error(400, "bad_request", "invalid validate request"));
         };
@@ -508,12 +513,37 @@ impl Registry {
                     ws_base: self.ws_base.clone(),
                     attach_id: format!("{}-{}", self.node_id, attachment.id()),
                 };
-                if let Err(e) = self.store.attach(&record).await {
+                // The record is written by a task of its own, which takes
+                // it back if this upgrade is abandoned meanwhile (a client
+                // that resets the connection drops this future): a record
+                // of a socket nobody serves sent every other node's
+                // harnesses here and refused the executor's registration
+                // elsewhere for as long as this node lived.
+                let (done, written) = tokio::sync::oneshot::channel();
+                let store = self.store.clone();
+                let node = self.node_id.clone();
+                let rec = record.clone();
+                tokio::spawn(async move {
+                    let result = store.attach(&rec).await;
+                    if done.send(result).is_err() {
+                        detach(&*store, &node, &rec).await;
+                    }
+                });
+                match written.await {
+                    Ok(Ok(())) => {}
                     // Served here all the same; other nodes send harnesses
                     // here once a later attach or heartbeat gets through.
-                    tracing::warn!(node = %self.node_id, "cannot record the executor's attachment: {e}");
+                    Ok(Err(e)) => {
+                        tracing::warn!(node = %self.node_id, "cannot record the executor's attachment: {e}")
+                    }
+                    Err(_) => return Err("route_unavailable"),
                 }
-                Ok(Admitted::Executor(attachment, record))
+                let recorded = Recorded {
+                    store: self.store.clone(),
+                    node_id: self.node_id.clone(),
+                    record: Some(record),
+                };
+                Ok(Admitted::Executor(attachment, recorded))
             }
         }
     }
@@ -527,14 +557,10 @@ impl Registry {
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         match admitted {
-            Admitted::Executor(attachment, record) => {
+            Admitted::Executor(attachment, mut recorded) => {
                 self.hub.serve_executor(ws, attachment).await;
-                if let Err(e) = self
-                    .store
-                    .detach(&record.environment_id, &record.attach_id)
-                    .await
-                {
-                    tracing::warn!(node = %self.node_id, "cannot record the executor's detachment: {e}");
+                if let Some(record) = recorded.record.take() {
+                    detach(&*self.store, &self.node_id, &record).await;
                 }
             }
             Admitted::Harness(grant) => {
@@ -546,11 +572,43 @@ impl Registry {
     }
 }
 
+/// Takes an executor socket's record out of the store, logging a failure.
+async fn detach(store: &dyn Store, node_id: &str, record: &Attachment) {
+    if let Err(e) = store
+        .detach(&record.environment_id, &record.attach_id)
+        .await
+    {
+        tracing::warn!(node = %node_id, "cannot record the executor's detachment: {e}");
+    }
+}
+
+/// An executor socket's record in the store, taken out when its socket is
+/// done, or when this is dropped first (the upgrade failed after its
+/// admission, or was abandoned).
+pub(crate) struct Recorded {
+    store: Arc<dyn Store>,
+    node_id: String,
+    record: Option<Attachment>,
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        let Some(record) = self.record.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, node) = (self.store.clone(), self.node_id.clone());
+        runtime.spawn(async move { detach(&*store, &node, &record).await });
+    }
+}
+
 /// A relay upgrade that passed its checks.
 pub(crate) enum Admitted {
     /// An executor socket, already attached to its environment's route, and
     /// its record in the store.
-    Executor(hub::ExecutorAttachment, Attachment),
+    Executor(hub::ExecutorAttachment, Recorded),
     /// A harness socket for this grant.
     Harness(Grant),
 }

@@ -111,6 +111,8 @@ fn db_err(what: &str, e: impl std::error::Error + 'static) -> StoreError {
 /// A store shared by every node on the same database.
 pub struct PostgresStore {
     pool: Pool,
+    /// Authorizations this node put, for [`super::store::sweeps`].
+    puts: std::sync::atomic::AtomicUsize,
 }
 
 /// Whether `db` names a PostgreSQL database (`postgres://` or `postgresql://`)
@@ -147,7 +149,10 @@ impl PostgresStore {
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| db_err("pool", e))?;
-        let store = PostgresStore { pool };
+        let store = PostgresStore {
+            pool,
+            puts: Default::default(),
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -352,7 +357,15 @@ impl Store for PostgresStore {
     async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
         let key = key_json(&a.harness_key)?;
         let (a, key, expires) = (&a, &key, unix(a.expires_unix));
+        let sweep = super::store::sweeps(&self.puts).then(|| unix(super::now_unix()));
         self.with_client("authorization", |c| async move {
+            if let Some(now) = sweep {
+                c.execute(
+                    "DELETE FROM authorizations WHERE expires_unix < $1",
+                    &[&now],
+                )
+                .await?;
+            }
             c.execute(
                 "INSERT INTO authorizations
                      (token, environment_id, registration_id, harness_key, expires_unix)

@@ -118,6 +118,36 @@ async fn a_bad_url_or_an_absent_server_is_a_clear_error() {
     );
 }
 
+/// An executor socket's record whose socket is never served (its upgrade
+/// failed after the admission wrote it) is taken out again: it stayed, and
+/// sent every node's harnesses to a socket nobody served.
+#[tokio::test]
+async fn an_executor_record_nobody_serves_is_taken_out() {
+    let db = TestDb::start();
+    let s: Arc<dyn Store> = Arc::new(store(&db).await);
+    let fresh = Duration::from_secs(5);
+    s.node_heartbeat("n1", "ws://n1").await.unwrap();
+    let record = Attachment {
+        environment_id: "env".into(),
+        registration_id: "reg".into(),
+        node_id: "n1".into(),
+        ws_base: "ws://n1".into(),
+        attach_id: "n1-1".into(),
+    };
+    s.attach(&record).await.unwrap();
+    assert!(s.attachment("env", fresh).await.unwrap().is_some());
+    drop(crate::registry::Recorded {
+        store: s.clone(),
+        node_id: "n1".into(),
+        record: Some(record),
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.attachment("env", fresh).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the record stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Which node holds an environment's executor: seen only while that node
 /// is heard from; a newer attachment wins over an older one's detach; a node
 /// leaving takes its attachments with it.

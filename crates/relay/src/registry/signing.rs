@@ -5,6 +5,7 @@
 //! has none, since the executor reconnects with the same URL.
 //! A refusal names one of the reference's rejection reasons.
 
+use hex::FromHex;
 use ring::hmac;
 
 /// Version of the URL format (`v`).
@@ -116,9 +117,9 @@ pub fn verify(key: &[u8; 32], query: &str, now_unix: u64) -> Result<Grant, &'sta
         _ => return Err("invalid_role"),
     };
     let expires: u64 = exp_s.parse().map_err(|_| "invalid_expiry")?;
-    let sig_bytes: Vec<u8> = (0..sig.len() / 2)
-        .filter_map(|i| u8::from_str_radix(sig.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect();
+    // Strict: one spelling per signature (pairs that did not parse were
+    // skipped, so `zz` or a stray digit anywhere still verified).
+    let sig_bytes = <[u8; 32]>::from_hex(&sig).map_err(|_| "invalid_signature")?;
     let k = hmac::Key::new(hmac::HMAC_SHA256, key);
     let signed = mac_input(&role_s, &env, &reg, &exp_s, nonce.as_deref());
     hmac::verify(&k, &signed, &sig_bytes).map_err(|_| "invalid_signature")?;
@@ -157,6 +158,19 @@ mod tests {
             Err("extra_query_param")
         );
         assert_eq!(verify(&key, "", 10), Err("missing_role"));
+        // A signature has one spelling: pairs that were not hex digits, a
+        // stray digit or a sign were skipped before, and the URL opened.
+        let (head, sig) = q.split_once("sig=").unwrap();
+        let (sig, tail) = sig.split_at(64);
+        for other in [
+            format!("zz{sig}"),
+            format!("{sig}f"),
+            format!("{}ZZ{}", &sig[..10], &sig[10..]),
+            format!("+{}", &sig[1..]),
+        ] {
+            let q = format!("{head}sig={other}{tail}");
+            assert_eq!(verify(&key, &q, 999), Err("invalid_signature"), "{other}");
+        }
     }
 
     #[test]

@@ -14,6 +14,8 @@ use std::sync::Mutex;
 /// Registrations and authorizations in SQLite.
 pub struct SqliteStore {
     conn: Mutex<Connection>,
+    /// Authorizations put, for [`super::store::sweeps`].
+    puts: std::sync::atomic::AtomicUsize,
 }
 
 fn err(e: impl std::fmt::Display) -> StoreError {
@@ -76,6 +78,7 @@ impl SqliteStore {
         conn.execute_batch(SCHEMA).map_err(err)?;
         Ok(SqliteStore {
             conn: Mutex::new(conn),
+            puts: Default::default(),
         })
     }
 
@@ -141,7 +144,14 @@ impl Store for SqliteStore {
     }
 
     async fn put_authorization(&self, token: &str, a: Authorization) -> Result<(), StoreError> {
+        let sweep = super::store::sweeps(&self.puts).then(|| super::now_unix() as i64);
         self.with(|c| {
+            if let Some(now) = sweep {
+                c.execute(
+                    "DELETE FROM authorizations WHERE expires_unix < ?1",
+                    params![now],
+                )?;
+            }
             c.execute(
                 "INSERT OR REPLACE INTO authorizations
                  (token, environment_id, registration_id, harness_key, expires_unix)
@@ -215,6 +225,39 @@ impl Store for SqliteStore {
 mod tests {
     use super::*;
     use crate::registry::store::tests::{contract, key};
+
+    /// Authorizations nobody takes do not pile up: every 256th put deletes
+    /// the expired ones (they were deleted only when one was taken).
+    #[tokio::test]
+    async fn expired_authorizations_go_as_more_are_put() {
+        let dir = std::env::temp_dir().join(format!("relay-sqlite-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = SqliteStore::open(&dir.join("registry.db")).unwrap();
+        let expired = Authorization {
+            environment_id: "e".into(),
+            registration_id: "r".into(),
+            harness_key: key(),
+            expires_unix: 1,
+        };
+        let rows = |s: &SqliteStore| {
+            s.with(|c| {
+                c.query_row("SELECT count(*) FROM authorizations", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+            })
+            .unwrap()
+        };
+        for i in 0..3 * super::super::store::SWEEP_EVERY_PUTS {
+            s.put_authorization(&format!("t{i}"), expired.clone())
+                .await
+                .unwrap();
+            assert!(
+                rows(&s) <= super::super::store::SWEEP_EVERY_PUTS as i64,
+                "{i}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[tokio::test]
     async fn sqlite_store_contract_wal_and_restart() {

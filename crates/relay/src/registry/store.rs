@@ -150,6 +150,16 @@ struct Data {
     sweep_at: usize,
 }
 
+/// A database store deletes expired authorizations at every this many
+/// puts (256), not only when one is taken: a registry whose authorizations
+/// were never used kept every one of them.
+pub(crate) const SWEEP_EVERY_PUTS: usize = 256;
+
+/// Whether the put counted by `puts` is one that sweeps.
+pub(crate) fn sweeps(puts: &std::sync::atomic::AtomicUsize) -> bool {
+    (puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1).is_multiple_of(SWEEP_EVERY_PUTS)
+}
+
 /// Authorizations kept before the first sweep of expired ones: 1 024.
 const SWEEP_AT_LEAST: usize = 1024;
 
@@ -171,14 +181,7 @@ impl Data {
 }
 
 fn hex_decode(h: &str) -> Option<[u8; 32]> {
-    if h.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
+    hex::FromHex::from_hex(h).ok()
 }
 
 /// Keeps everything in memory.

@@ -14,6 +14,7 @@
 //! one `aud` member required when given. Digests compare in constant time.
 
 use exec_server_auth::{Digest, JwtRules};
+use hex::FromHex;
 
 /// Smallest accepted HS256 secret: 32 bytes (as the listener).
 pub const MIN_JWT_SECRET_BYTES: usize = exec_server_auth::MIN_SHARED_SECRET_BYTES;
@@ -59,15 +60,10 @@ impl Tokens {
                 return Err(format!("line {}: iss=/aud=/skew= go with hs256:", n + 1));
             }
             let digest = match tok.strip_prefix("sha256:") {
-                Some(hex) => {
-                    let b: Vec<u8> = (0..hex.len() / 2)
-                        .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
-                        .collect();
-                    Digest(
-                        b.try_into()
-                            .map_err(|_| format!("line {}: sha256: needs 64 hex digits", n + 1))?,
-                    )
-                }
+                Some(hex) => Digest(
+                    <[u8; 32]>::from_hex(hex)
+                        .map_err(|_| format!("line {}: sha256: needs 64 hex digits", n + 1))?,
+                ),
                 None => Digest::of(tok),
             };
             entries.push((env, Check::Digest(digest)));
