@@ -30,8 +30,9 @@ const MAX_GAP_READS: usize = 8;
 /// a disk spool may end early, and the server pushes only what is new. Waits
 /// for room in the consumer's queue between pages.
 ///
-/// A process the server does not know fails its stream only once its start
-/// was confirmed; either way the answer is [`CatchUp::Unknown`].
+/// A process the server does not know fails its stream only if its start
+/// was confirmed before the read was sent; either way the answer is
+/// [`CatchUp::Unknown`].
 pub(super) async fn catch_up(inner: &Arc<Inner>, peer: &RpcPeer, id: &str) -> CatchUp {
     let _counted = match lock(&inner.procs).get_mut(id) {
         Some(e) => CatchingUp::count(inner, id, e),
@@ -120,6 +121,15 @@ async fn read_pages(inner: &Inner, peer: &RpcPeer, id: &str) -> CatchUp {
             _ => return CatchUp::Done,
         };
         room.wait().await;
+        // Whether the server had taken the start before it is asked: only
+        // then does "unknown process" mean the process is lost. A start
+        // answered while the read is on its way was taken after the read
+        // (one connection answers in order), and CI saw such a start's
+        // stream failed by the read's "unknown process".
+        let confirmed_before = match lock(&inner.procs).get(id) {
+            Some(e) => e.confirmed,
+            None => return CatchUp::Done,
+        };
         let params = ReadParams {
             process_id: id.to_string(),
             after_seq: Some(after),
@@ -147,7 +157,7 @@ async fn read_pages(inner: &Inner, peer: &RpcPeer, id: &str) -> CatchUp {
                 return CatchUp::Done;
             }
             Err(CallError::Server(err)) => {
-                if e.confirmed {
+                if confirmed_before {
                     e.events.fail(StreamFailure::new(
                         FailureReason::RecoveryFailed,
                         format!("process lost while recovering: {}", err.message),
