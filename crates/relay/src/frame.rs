@@ -16,6 +16,12 @@ pub const MAX_STREAM_ID_BYTES: usize = 128;
 pub const MAX_RESET_REASON_BYTES: usize = 256;
 /// Largest relay WebSocket message: 256 KiB (`MAX_NOISE_RELAY_WEBSOCKET_MESSAGE_SIZE`).
 pub const MAX_FRAME_BYTES: usize = 256 * 1024;
+/// Largest WebSocket message a node reads from a harness: 68 KiB, one
+/// Noise message (at most 65 535 bytes) and its frame's head, which is all
+/// any harness sends in one (the reference's included). A half-sent message
+/// is held until it is whole, by anyone holding a client relay URL: at
+/// 256 KiB, 1 900 such sockets took a node from 15 MB to 530 MB.
+pub const MAX_HARNESS_FRAME_BYTES: usize = 68 * 1024;
 /// Reset reason the executor sends on any stream error (wire text).
 pub const RESET_PROTOCOL_ERROR: &str = "noise_relay_protocol_error";
 /// Reset reason our executor sends a harness it cannot serve now: it has

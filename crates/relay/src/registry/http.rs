@@ -280,8 +280,12 @@ async fn upgrade(
         // Framed by our own reader and writer: a node forwards payloads
         // without copying them (see `socket`).
         let (r, w) = tokio::io::split(TokioIo::new(io));
-        let reader = Reader::new(r, Role::Server, crate::frame::MAX_FRAME_BYTES)
-            .with_message_timeout(super::hub::MESSAGE_TIMEOUT);
+        let limit = match admitted {
+            super::Admitted::Executor(..) => crate::frame::MAX_FRAME_BYTES,
+            super::Admitted::Harness(_) => crate::frame::MAX_HARNESS_FRAME_BYTES,
+        };
+        let reader =
+            Reader::new(r, Role::Server, limit).with_message_timeout(super::hub::MESSAGE_TIMEOUT);
         registry
             .serve_socket((reader, Writer::new(w, Role::Server)), admitted)
             .await;
