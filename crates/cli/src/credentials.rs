@@ -93,7 +93,7 @@ pub fn operator_token_from(path: Option<&std::path::Path>) -> Result<Option<Stri
 }
 
 /// Warns when a secret file is open to group or others.
-fn check_permissions(path: &std::path::Path) {
+pub(crate) fn check_permissions(path: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(m) = std::fs::metadata(path) {
         if m.permissions().mode() & 0o077 != 0 {

@@ -86,7 +86,8 @@ enum Command {
     Kill(commands::kill::KillArgs),
     /// Run an environment registry and rendezvous relay (remote mode).
     Registry(registry::RegistryArgs),
-    /// Bridge a listening exec-server into a registry, stream by stream.
+    /// Bridge a listening exec-server into a registry, stream by stream
+    /// (needs --connect, --remote and --environment-id).
     Forward(forward::ForwardArgs),
     /// Upgrade a running server to a new binary without stopping what it
     /// runs: sessions, processes, terminals and output are handed over.

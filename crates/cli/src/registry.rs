@@ -105,6 +105,8 @@ fn connection_limit(asked: Option<usize>) -> usize {
 
 fn tokens(path: &Option<PathBuf>) -> Result<Option<Tokens>, String> {
     let Some(p) = path else { return Ok(None) };
+    // Plain tokens and HS256 secrets are secrets.
+    crate::credentials::check_permissions(p);
     let text =
         std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
     Tokens::parse(&text)
