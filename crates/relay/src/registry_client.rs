@@ -23,7 +23,7 @@ pub enum RegistryError {
         message: String,
     },
     /// Any other non-2xx.
-    #[error("environment registry error {status} {code}: {message}")]
+    #[error("environment registry error {status}{}: {message}", spaced(code))]
     Http {
         /// HTTP status.
         status: u16,
@@ -38,6 +38,15 @@ pub enum RegistryError {
     /// The answer breaks the protocol (wrong environment, profile, missing fields).
     #[error("environment registry protocol error: {0}")]
     Protocol(String),
+}
+
+/// ` CODE`, or nothing for an answer that named none.
+fn spaced(code: &str) -> String {
+    if code.is_empty() {
+        String::new()
+    } else {
+        format!(" {code}")
+    }
 }
 
 impl RegistryError {

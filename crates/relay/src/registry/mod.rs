@@ -513,36 +513,34 @@ impl Registry {
                     ws_base: self.ws_base.clone(),
                     attach_id: format!("{}-{}", self.node_id, attachment.id()),
                 };
-                // The record is written by a task of its own, which takes
-                // it back if this upgrade is abandoned meanwhile (a client
-                // that resets the connection drops this future): a record
-                // of a socket nobody serves sent every other node's
-                // harnesses here and refused the executor's registration
-                // elsewhere for as long as this node lived.
-                let (done, written) = tokio::sync::oneshot::channel();
+                // The record is written by a task of its own, and the guard
+                // that takes it out exists before the write is waited for:
+                // a client that resets the connection drops this future at
+                // any await, and a record of a socket nobody serves sent
+                // every other node's harnesses here and refused the
+                // executor's registration elsewhere for as long as this
+                // node lived.
                 let store = self.store.clone();
-                let node = self.node_id.clone();
                 let rec = record.clone();
-                tokio::spawn(async move {
-                    let result = store.attach(&rec).await;
-                    if done.send(result).is_err() {
-                        detach(&*store, &node, &rec).await;
-                    }
-                });
-                match written.await {
-                    Ok(Ok(())) => {}
-                    // Served here all the same; other nodes send harnesses
-                    // here once a later attach or heartbeat gets through.
-                    Ok(Err(e)) => {
-                        tracing::warn!(node = %self.node_id, "cannot record the executor's attachment: {e}")
-                    }
-                    Err(_) => return Err("route_unavailable"),
-                }
-                let recorded = Recorded {
+                let mut recorded = Recorded {
                     store: self.store.clone(),
                     node_id: self.node_id.clone(),
                     record: Some(record),
+                    write: Some(tokio::spawn(async move { store.attach(&rec).await })),
                 };
+                if let Some(write) = recorded.write.as_mut() {
+                    match write.await {
+                        Ok(Ok(())) => {}
+                        // Served here all the same; other nodes send
+                        // harnesses here once a later attach or heartbeat
+                        // gets through.
+                        Ok(Err(e)) => {
+                            tracing::warn!(node = %self.node_id, "cannot record the executor's attachment: {e}")
+                        }
+                        Err(_) => return Err("route_unavailable"),
+                    }
+                }
+                recorded.write = None;
                 Ok(Admitted::Executor(attachment, recorded))
             }
         }
@@ -589,6 +587,8 @@ pub(crate) struct Recorded {
     store: Arc<dyn Store>,
     node_id: String,
     record: Option<Attachment>,
+    /// The record's write, while it is still waited for.
+    write: Option<tokio::task::JoinHandle<Result<(), store::StoreError>>>,
 }
 
 impl Drop for Recorded {
@@ -599,8 +599,14 @@ impl Drop for Recorded {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (store, node) = (self.store.clone(), self.node_id.clone());
-        runtime.spawn(async move { detach(&*store, &node, &record).await });
+        let (store, node, write) = (self.store.clone(), self.node_id.clone(), self.write.take());
+        runtime.spawn(async move {
+            // After the write, or the record would land after its removal.
+            if let Some(write) = write {
+                let _ = write.await;
+            }
+            detach(&*store, &node, &record).await
+        });
     }
 }
 

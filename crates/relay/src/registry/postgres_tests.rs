@@ -139,8 +139,32 @@ async fn an_executor_record_nobody_serves_is_taken_out() {
     drop(crate::registry::Recorded {
         store: s.clone(),
         node_id: "n1".into(),
-        record: Some(record),
+        record: Some(record.clone()),
+        write: None,
     });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.attachment("env", fresh).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the record stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Abandoned while its write is still on its way: taken out after the
+    // write lands, not before (the write would then leave it for good).
+    let store = s.clone();
+    let rec = record.clone();
+    let (landed, written) = tokio::sync::oneshot::channel();
+    drop(crate::registry::Recorded {
+        store: s.clone(),
+        node_id: "n1".into(),
+        record: Some(record),
+        // A slow write: the guard is dropped well before it lands.
+        write: Some(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let r = store.attach(&rec).await;
+            let _ = landed.send(());
+            r
+        })),
+    });
+    written.await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while s.attachment("env", fresh).await.unwrap().is_some() {
         assert!(Instant::now() < deadline, "the record stayed");
