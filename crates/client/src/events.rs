@@ -433,6 +433,15 @@ mod tests {
         std::mem::take(&mut st.events).into_iter()
     }
 
+    fn exited(seq: u64, code: i32) -> ProcessEvent {
+        ProcessEvent::Exited {
+            seq,
+            code,
+            limit: None,
+            signal: None,
+        }
+    }
+
     fn out(seq: u64, s: &str) -> ProcessEvent {
         ProcessEvent::Output {
             seq,
@@ -532,12 +541,7 @@ mod tests {
         assert_eq!(rx.queued_output_bytes(), 0, "held until seq 1 arrives");
         o.add(out(1, "a"));
         o.add(out(1, "a"));
-        o.add(ProcessEvent::Exited {
-            seq: 3,
-            code: 0,
-            limit: None,
-            signal: None,
-        });
+        o.add(exited(3, 0));
         o.add(ProcessEvent::Closed { seq: 4 });
         let got: Vec<_> = drain(&mut rx).collect();
         assert_eq!(
@@ -545,12 +549,7 @@ mod tests {
             vec![
                 out(1, "a"),
                 out(2, "b"),
-                ProcessEvent::Exited {
-                    seq: 3,
-                    code: 0,
-                    limit: None,
-                    signal: None,
-                },
+                exited(3, 0),
                 ProcessEvent::Closed { seq: 4 }
             ]
         );
@@ -595,12 +594,7 @@ mod tests {
             vec![
                 out(1, "a"),
                 out(2, "b"),
-                ProcessEvent::Exited {
-                    seq: 3,
-                    code: 3,
-                    limit: None,
-                    signal: None,
-                },
+                exited(3, 3),
                 ProcessEvent::Closed { seq: 4 }
             ]
         );
@@ -614,12 +608,7 @@ mod tests {
         let mut o = OrderedEvents::new(tx);
         o.add(out(1, "a"));
         o.add(out(3, "c"));
-        o.add(ProcessEvent::Exited {
-            seq: 4,
-            code: 0,
-            limit: None,
-            signal: None,
-        });
+        o.add(exited(4, 0));
         o.recover(page(&[(3, "c")], 5, true, Some(0), false));
         let got: Vec<_> = drain(&mut rx).collect();
         assert_eq!(

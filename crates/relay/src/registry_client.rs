@@ -218,28 +218,24 @@ impl RegistryClient {
             if let (Some(a), "connect") = (&self.account_id, action) {
                 req = req.header("chatgpt-account-id", a);
             }
-            let sent = match req.send().await {
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    match read_bounded(r).await {
-                        Ok(Some(b)) => Ok((status, b)),
-                        Ok(None) => {
-                            return Err(RegistryError::Protocol(format!(
-                                "{}: an answer over {MAX_ANSWER_BYTES} bytes",
-                                self.bases[at]
-                            )))
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                Err(e) => Err(e),
-            };
+            let sent: Result<_, reqwest::Error> = async {
+                let r = req.send().await?;
+                let status = r.status().as_u16();
+                Ok((status, read_bounded(r).await?))
+            }
+            .await;
             match sent {
+                Ok((_, None)) => {
+                    return Err(RegistryError::Protocol(format!(
+                        "{}: an answer over {MAX_ANSWER_BYTES} bytes",
+                        self.bases[at]
+                    )))
+                }
                 // A node at its connection limit (or not ready) answers
                 // 503: the next node may serve. Not when its database is
                 // unreachable: the nodes share it, and each would wait for
                 // it in turn.
-                Ok((503, bytes))
+                Ok((503, Some(bytes)))
                     if i + 1 < self.bases.len()
                         && error_code(&bytes).as_deref() != Some("store_unavailable") =>
                 {
@@ -250,9 +246,9 @@ impl RegistryClient {
                     // `registration_conflict`) is the one to report.
                     busy = Some((503, bytes));
                 }
-                Ok(answer) => {
+                Ok((status, Some(bytes))) => {
                     self.current.store(at, Ordering::Relaxed);
-                    answered = Some(answer);
+                    answered = Some((status, bytes));
                     break;
                 }
                 Err(e) => {

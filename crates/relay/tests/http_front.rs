@@ -41,24 +41,31 @@ async fn start_registry_with(config: Config) -> String {
     addr.to_string()
 }
 
-/// Reads one response: its status and body (by `content-length`).
-async fn read_response(r: &mut BufReader<TcpStream>) -> (u16, String) {
+/// Reads one response's head: its status, its header lines (lowercased)
+/// and its `content-length` (0 when absent).
+async fn read_head(r: &mut BufReader<TcpStream>) -> (u16, String, usize) {
     let mut line = String::new();
     r.read_line(&mut line).await.unwrap();
     let status = line.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let mut len = 0;
+    let (mut head, mut len) = (String::new(), 0);
     loop {
         let mut h = String::new();
         r.read_line(&mut h).await.unwrap();
         if h == "\r\n" || h.is_empty() {
             break;
         }
-        if let Some((k, v)) = h.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().unwrap();
-            }
+        let h = h.to_ascii_lowercase();
+        if let Some(v) = h.strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap();
         }
+        head.push_str(&h);
     }
+    (status, head, len)
+}
+
+/// Reads one response: its status and body (by `content-length`).
+async fn read_response(r: &mut BufReader<TcpStream>) -> (u16, String) {
+    let (status, _, len) = read_head(r).await;
     let mut body = vec![0; len];
     r.read_exact(&mut body).await.unwrap();
     (status, String::from_utf8(body).unwrap())
@@ -113,18 +120,8 @@ async fn head_asks_probes_and_metrics_for_their_status() {
     for path in ["/livez", "/metrics"] {
         let req = format!("HEAD {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
         conn.get_mut().write_all(req.as_bytes()).await.unwrap();
-        let mut line = String::new();
-        conn.read_line(&mut line).await.unwrap();
-        assert!(line.starts_with("HTTP/1.1 200"), "{path}: {line}");
-        let mut head = String::new();
-        loop {
-            let mut h = String::new();
-            conn.read_line(&mut h).await.unwrap();
-            if h == "\r\n" || h.is_empty() {
-                break;
-            }
-            head.push_str(&h.to_ascii_lowercase());
-        }
+        let (status, head, _) = read_head(&mut conn).await;
+        assert_eq!(status, 200, "{path}: {head}");
         if path == "/metrics" {
             assert!(
                 head.contains("content-type: application/openmetrics-text"),

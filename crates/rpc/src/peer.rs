@@ -314,7 +314,7 @@ impl RpcPeer {
     /// would otherwise end the connection without its close frame, which
     /// the server sees as an abnormal closure (1006).
     pub async fn close_and_flush(&self, bound: std::time::Duration) {
-        self.outbound.close();
+        self.close();
         let _ = tokio::time::timeout(bound, self.outbound.closed()).await;
     }
 

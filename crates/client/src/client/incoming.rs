@@ -163,7 +163,7 @@ fn on_notification(
 
 /// Malformed notifications a client logs; past that, one line says the
 /// rest go unlogged (a broken or hostile server cannot flood the log).
-pub(super) const MALFORMED_LOGGED: u32 = 8;
+const MALFORMED_LOGGED: u32 = 8;
 
 /// The decoded notification, or `None` after a warning naming `method` and
 /// why (the first [`MALFORMED_LOGGED`] of a client): a notification that

@@ -133,26 +133,26 @@ fn conflict_delays() -> impl Iterator<Item = Duration> {
     .take(MAX_CONFLICT_RETRIES as usize)
 }
 
-/// A refusal worth registering again for: another executor holds the
-/// environment (`registration_conflict`, retried as the reference does), or
-/// the node cannot reach its database for now (`store_unavailable`, ours).
-fn is_conflict(e: &RegistryError) -> bool {
-    matches!(e, RegistryError::Http { status: 503, code, .. }
-        if code == "registration_conflict" || code == "store_unavailable")
-}
-
-/// What a refusal [`is_conflict`] means, for the log.
-fn refusal(e: &RegistryError) -> &'static str {
-    match e {
-        RegistryError::Http { code, .. } if code == "store_unavailable" => {
-            "the registry node cannot reach its database"
-        }
+/// A refusal worth registering again for, and what it means (for the log):
+/// another executor socket holds the environment (`registration_conflict`,
+/// retried as the reference does), or the node cannot reach its database
+/// for now (`store_unavailable`, ours).
+fn conflict(e: &RegistryError) -> Option<&'static str> {
+    let RegistryError::Http {
+        status: 503, code, ..
+    } = e
+    else {
+        return None;
+    };
+    match code.as_str() {
         // Not only another executor: this one's own socket on a node that
         // died holds the environment until that node's heartbeat expires.
-        _ => {
+        "registration_conflict" => Some(
             "the environment is held by another executor socket (another executor, \
-              or this one's on a registry node that is gone, until that node's heartbeat expires)"
-        }
+             or this one's on a registry node that is gone, until that node's heartbeat expires)",
+        ),
+        "store_unavailable" => Some("the registry node cannot reach its database"),
+        _ => None,
     }
 }
 
@@ -201,22 +201,23 @@ async fn register(
             .registry
             .register(&config.environment_id, &identity.public_key())
             .await;
-        match result {
-            Err(e) if is_conflict(&e) => {
-                config.observer.registration_conflict();
-                let Some(delay) = delays.next() else {
-                    return Err(e);
-                };
-                let delay = jitter(delay);
-                tracing::warn!(
-                    retry_in_ms = delay.as_millis() as u64,
-                    "{}; registering again later",
-                    refusal(&e)
-                );
-                tokio::time::sleep(delay).await;
-            }
-            other => return other,
-        }
+        let e = match result {
+            Err(e) => e,
+            ok => return ok,
+        };
+        let Some(why) = conflict(&e) else {
+            return Err(e);
+        };
+        config.observer.registration_conflict();
+        let Some(delay) = delays.next() else {
+            return Err(e);
+        };
+        let delay = jitter(delay);
+        tracing::warn!(
+            retry_in_ms = delay.as_millis() as u64,
+            "{why}; registering again later"
+        );
+        tokio::time::sleep(delay).await;
     }
 }
 

@@ -198,9 +198,10 @@ async fn route(
         return respond(too_large());
     }
     let bearer = bearer(&req);
-    if let Some(refused) = registry.refuse_by_head(env, action, bearer.as_deref()) {
-        return respond(refused);
-    }
+    let post = match registry.admit_post(env, action, bearer.as_deref()) {
+        Ok(post) => post,
+        Err(refused) => return respond(refused),
+    };
     let body = match tokio::time::timeout(
         HEAD_TIMEOUT,
         Limited::new(req.into_body(), MAX_BODY).collect(),
@@ -214,10 +215,7 @@ async fn route(
             return respond(Reply::error(408, "timeout", "request body too slow"));
         }
     };
-    let reply = registry
-        .handle_post(env, action, bearer.as_deref(), &body)
-        .await;
-    respond(reply)
+    respond(registry.handle_post(post, &body).await)
 }
 
 fn too_large() -> Reply {

@@ -223,42 +223,59 @@ impl Registry {
         }
     }
 
-    /// The refusal of a POST that its head alone decides (an invalid id, an
-    /// unknown action, a bearer no token line accepts), so that its body is
-    /// never read: anyone could make a node hold 64 KiB a connection for
-    /// 10 s before the bearer was looked at.
-    pub(crate) fn refuse_by_head(
+    /// Admits a POST by its head alone (a valid id, a known action, a
+    /// bearer a token line accepts), so that a refused one's body is never
+    /// read: anyone could make a node hold 64 KiB a connection for 10 s
+    /// before the bearer was looked at. Errors: the refusal to answer.
+    pub(crate) fn admit_post<'a>(
         &self,
-        env: &str,
+        env: &'a str,
         action: &str,
-        bearer: Option<&str>,
-    ) -> Option<Reply> {
+        bearer: Option<&'a str>,
+    ) -> Result<AdmittedPost<'a>, Reply> {
+        // The message is fixed text: the id itself is never echoed.
         if let Err(e) = environment_id::validate(env) {
-            return Some(Reply::error(400, "invalid_environment_id", &e.to_string()));
+            return Err(Reply::error(400, "invalid_environment_id", &e.to_string()));
         }
-        let (tokens, refusal) = match action {
-            "register" | "validate" => (&self.config.executor_tokens, BAD_EXECUTOR_TOKEN),
-            "connect" => (&self.config.harness_tokens, BAD_HARNESS_TOKEN),
-            _ => return Some(Reply::error(404, "not_found", "no such endpoint")),
+        let (action, tokens, refusal) = match action {
+            "register" => (
+                PostAction::Register,
+                &self.config.executor_tokens,
+                BAD_EXECUTOR_TOKEN,
+            ),
+            "validate" => (
+                PostAction::Validate,
+                &self.config.executor_tokens,
+                BAD_EXECUTOR_TOKEN,
+            ),
+            "connect" => (
+                PostAction::Connect,
+                &self.config.harness_tokens,
+                BAD_HARNESS_TOKEN,
+            ),
+            _ => return Err(Reply::error(404, "not_found", "no such endpoint")),
         };
-        (!Self::authorized(tokens, bearer, env)).then(|| Reply::error(401, "unauthorized", refusal))
+        if !Self::authorized(tokens, bearer, env) {
+            return Err(Reply::error(401, "unauthorized", refusal));
+        }
+        Ok(AdmittedPost {
+            env,
+            action,
+            bearer,
+        })
     }
 
-    pub(crate) async fn handle_post(
-        &self,
-        env: &str,
-        action: &str,
-        bearer: Option<&str>,
-        body: &[u8],
-    ) -> Reply {
-        // The id, the action and the bearer (the id is never echoed).
-        if let Some(refused) = self.refuse_by_head(env, action, bearer) {
-            return refused;
-        }
+    /// Answers an admitted POST with its `body`.
+    pub(crate) async fn handle_post(&self, post: AdmittedPost<'_>, body: &[u8]) -> Reply {
+        let AdmittedPost {
+            env,
+            action,
+            bearer,
+        } = post;
         let result = match action {
-            "register" => self.register(env, body).await,
-            "connect" => self.connect(env, bearer, body).await,
-            _ => self.validate(env, body).await,
+            PostAction::Register => self.register(env, body).await,
+            PostAction::Connect => self.connect(env, bearer, body).await,
+            PostAction::Validate => self.validate(env, body).await,
         };
         result.unwrap_or_else(|e| {
             tracing::warn!(node = %self.node_id, "registry store failed: {e}");
@@ -281,7 +298,7 @@ impl Registry {
         })
     }
 
-    /// `POST …/register`, its bearer already accepted ([`Self::refuse_by_head`]).
+    /// `POST …/register`, its bearer already accepted ([`Self::admit_post`]).
     async fn register(&self, env: &str, body: &[u8]) -> Result<Reply, store::StoreError> {
         let Ok(req) = serde_json::from_slice::<RegisterRequest>(body) else {
             return Ok(Reply::error(400, "bad_request", "invalid register request"));
@@ -340,7 +357,7 @@ impl Registry {
         }))
     }
 
-    /// `POST …/connect`, its bearer already accepted ([`Self::refuse_by_head`]);
+    /// `POST …/connect`, its bearer already accepted ([`Self::admit_post`]);
     /// the bearer counts the connects it asks for.
     async fn connect(
         &self,
@@ -422,7 +439,7 @@ impl Registry {
         }))
     }
 
-    /// `POST …/validate`, its bearer already accepted ([`Self::refuse_by_head`]).
+    /// `POST …/validate`, its bearer already accepted ([`Self::admit_post`]).
     async fn validate(&self, env: &str, body: &[u8]) -> Result<Reply, store::StoreError> {
         let Ok(req) = serde_json::from_slice::<ValidateRequest>(body) else {
             return Ok(Reply::error(400, "bad_request", "invalid validate request"));
@@ -568,6 +585,20 @@ impl Registry {
             }
         }
     }
+}
+
+/// A registry POST admitted by its head ([`Registry::admit_post`]).
+pub(crate) struct AdmittedPost<'a> {
+    env: &'a str,
+    action: PostAction,
+    bearer: Option<&'a str>,
+}
+
+/// What a registry POST asks (`/cloud/environment/{id}/{action}`).
+enum PostAction {
+    Register,
+    Connect,
+    Validate,
 }
 
 /// Takes an executor socket's record out of the store, logging a failure.
