@@ -89,3 +89,11 @@ pub struct ErrorDetail {
 pub const STREAM_ID_HEADER: &str = "x-codex-noise-stream-id";
 /// Header carrying why the relay refused an upgrade.
 pub const REJECTION_HEADER: &str = "x-codex-rendezvous-rejection-reason";
+
+/// A harness's relay upgrade request header (value `1`) saying it takes
+/// masked frames from the node (RFC 6455 has servers send unmasked ones),
+/// and the node's 101 answer header saying it may send them: frames passed
+/// on exactly as the executor masked them, which a node forwards without
+/// copying them (`socket/splice.rs`). Ours only; a harness that does not
+/// ask gets unmasked frames as before.
+pub const MASKED_FRAMES_HEADER: &str = "x-exec-server-masked-frames";

@@ -546,6 +546,9 @@ impl<'a> Reader<'a> {
     }
 }
 
+mod route;
+pub use route::data_stream_id;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,7 @@
 //! msg2 arrives the stream is a [`Channel`] of messages. Reconnecting means
 //! calling [`connect`] again (the session layer above resumes its session).
 
+use crate::api::MASKED_FRAMES_HEADER;
 use crate::frame::{Body, Frame, MAX_FRAME_BYTES};
 use crate::keys::{prologue, Identity, PublicKey};
 use crate::noise::{Initiator, TransportCipher};
@@ -118,8 +119,11 @@ pub async fn connect_offering(
                 .into(),
         ),
     ];
+    // Frames as the executor masked them, which a node of ours passes on
+    // without copying them.
+    let masked = [(MASKED_FRAMES_HEADER, "1".to_string())];
     let (mut source, sink) =
-        crate::socket::connect_sending(bundle.url.as_str(), &[], MAX_FRAME_BYTES, &mut opening)
+        crate::socket::connect_sending(bundle.url.as_str(), &masked, MAX_FRAME_BYTES, &mut opening)
             .await
             .map_err(|e| HarnessError::Relay(e.to_string()))?;
     let (msg2, taken) =

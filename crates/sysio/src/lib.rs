@@ -9,7 +9,9 @@
 //! - [`launch`]: a program started inside its cgroup (`clone3`), as cheaply
 //!   as `posix_spawn`;
 //! - [`signals`]: the signal state and descriptors a started program gets;
-//! - [`malloc`]: glibc's malloc set for bulk bytes (a program's `main`).
+//! - [`malloc`]: glibc's malloc set for bulk bytes (a program's `main`);
+//! - [`shared_tcp`]: one TCP socket read, written and spliced by several
+//!   users (a relay node).
 //!
 //! Linux only where it matters; elsewhere the advice is a no-op.
 
@@ -19,4 +21,5 @@ pub mod launch;
 pub mod malloc;
 pub mod procfs;
 pub mod read_at;
+pub mod shared_tcp;
 pub mod signals;

@@ -3,9 +3,11 @@
 //! is owed and the node's pings; ends with a close frame.
 
 use super::close::{send_close, CloseWith};
-use super::queue::{HarnessQueue, HarnessWriter, Turn};
+use super::queue::{HarnessQueue, HarnessWriter, Splicing, Turn};
+use crate::socket::splice::splice_out;
 use crate::socket::{Outgoing, Remainder};
 use bytes::Bytes;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -43,12 +45,13 @@ pub(super) fn spawn(
                 _ = ping.tick() => batch.push(Outgoing::Ping(Bytes::new())),
                 _ = stop.cancelled() => break,
             }
-            let (mut writer, owed, charge) = match queue.take_turn(&mut batch) {
+            let (mut writer, owed, charge, piped) = match queue.take_turn(&mut batch) {
                 Turn::Write {
                     writer,
                     owed,
                     charge,
-                } => (writer, owed, charge),
+                    piped,
+                } => (writer, owed, charge, piped),
                 Turn::Idle => {
                     more = false;
                     continue;
@@ -63,7 +66,7 @@ pub(super) fn spawn(
                 // A write that can finish finishes; only a blocked one is
                 // abandoned.
                 biased;
-                r = tokio::time::timeout(WRITE_TIMEOUT, write_turn(&mut writer, owed, &mut batch)) => {
+                r = tokio::time::timeout(WRITE_TIMEOUT, write_turn(&mut writer, owed, &mut batch, piped)) => {
                     matches!(r, Ok(Ok(())))
                 }
                 _ = stop.cancelled() => false,
@@ -85,17 +88,25 @@ pub(super) fn spawn(
     })
 }
 
-/// The rest of a frame written through in part, then the batch.
+/// The rest of a frame written through in part, then the batch, then the
+/// piped bytes (spliced to the socket the writer writes to).
 async fn write_turn(
     writer: &mut HarnessWriter,
     owed: Option<Remainder>,
     batch: &mut Vec<Outgoing>,
+    piped: Option<(Arc<Splicing>, usize)>,
 ) -> std::io::Result<()> {
     if let Some(rest) = owed {
         writer.finish(rest).await?;
     }
     if !batch.is_empty() {
         writer.send(batch).await?;
+    }
+    if let Some((splicing, len)) = piped {
+        let Some(pipe) = splicing.pipe() else {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        };
+        splice_out(pipe, splicing.tcp.tcp(), len).await?;
     }
     Ok(())
 }

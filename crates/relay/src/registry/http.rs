@@ -7,7 +7,8 @@
 
 use super::write_deadline::WriteDeadline;
 use super::{Registry, Reply};
-use crate::api::REJECTION_HEADER;
+use crate::api::{MASKED_FRAMES_HEADER, REJECTION_HEADER};
+use crate::socket::splice::SharedTcp;
 use crate::socket::{Reader, Role, Writer};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -257,6 +258,12 @@ async fn upgrade(
             "expected a WebSocket upgrade",
         ));
     };
+    // A harness that takes masked frames, on a node that can splice to it
+    // (TLS is not spliced through).
+    let masked_ok = headers
+        .get(MASKED_FRAMES_HEADER)
+        .is_some_and(|v| v.as_bytes() == b"1")
+        && registry.config.tls.is_none();
     let query = req.uri().query().unwrap_or("").to_string();
     let admitted = match registry.admit_upgrade(&query).await {
         Ok(a) => a,
@@ -277,15 +284,20 @@ async fn upgrade(
         };
         // Framed by our own reader and writer: a node forwards payloads
         // without copying them (see `socket`).
-        let (r, w) = tokio::io::split(TokioIo::new(io));
-        let limit = match admitted {
-            super::Admitted::Executor(..) => crate::frame::MAX_FRAME_BYTES,
-            super::Admitted::Harness(_) => crate::frame::MAX_HARNESS_FRAME_BYTES,
+        let (r, w, tcp, nothing_ahead) = relay_halves(io);
+        let (limit, tcp) = match admitted {
+            super::Admitted::Executor(..) => {
+                (crate::frame::MAX_FRAME_BYTES, tcp.filter(|_| nothing_ahead))
+            }
+            super::Admitted::Harness(_) => (
+                crate::frame::MAX_HARNESS_FRAME_BYTES,
+                tcp.filter(|_| masked_ok),
+            ),
         };
         let reader =
             Reader::new(r, Role::Server, limit).with_message_timeout(super::hub::MESSAGE_TIMEOUT);
         registry
-            .serve_socket((reader, Writer::new(w, Role::Server)), admitted)
+            .serve_socket((reader, Writer::new(w, Role::Server)), admitted, tcp)
             .await;
         drop(slot);
     });
@@ -304,5 +316,47 @@ async fn upgrade(
     if let Ok(v) = HeaderValue::from_str(&accept) {
         h.insert(hyper::header::SEC_WEBSOCKET_ACCEPT, v);
     }
+    if masked_ok {
+        h.insert(MASKED_FRAMES_HEADER, HeaderValue::from_static("1"));
+    }
     r
 }
+
+/// An upgraded relay connection's read and write halves, and its TCP
+/// socket when frames may be spliced to it (a plain connection; TLS is not
+/// spliced through) and whether they may be spliced from it too (nothing
+/// read ahead by the HTTP server).
+fn relay_halves(
+    io: hyper::upgrade::Upgraded,
+) -> (
+    Box<dyn RelayRead>,
+    Box<dyn RelayWrite>,
+    Option<SharedTcp>,
+    bool,
+) {
+    type Plain = TokioIo<WriteDeadline<tokio::net::TcpStream>>;
+    match io.downcast::<Plain>() {
+        Ok(parts) => {
+            let tcp = SharedTcp::new(parts.io.into_inner().into_inner());
+            let w = Box::new(WriteDeadline::new(tcp.clone(), WRITE_TIMEOUT));
+            if parts.read_buf.is_empty() {
+                (Box::new(tcp.clone()), w, Some(tcp), true)
+            } else {
+                let ahead = std::io::Cursor::new(parts.read_buf);
+                let r = tokio::io::AsyncReadExt::chain(ahead, tcp.clone());
+                (Box::new(r), w, Some(tcp), false)
+            }
+        }
+        Err(io) => {
+            let (r, w) = tokio::io::split(TokioIo::new(io));
+            (Box::new(r), Box::new(w), None, false)
+        }
+    }
+}
+
+/// A relay connection's read half, as a node holds it.
+trait RelayRead: AsyncRead + Unpin + Send {}
+impl<T: AsyncRead + Unpin + Send> RelayRead for T {}
+/// A relay connection's write half, as a node holds it.
+trait RelayWrite: AsyncWrite + Unpin + Send {}
+impl<T: AsyncWrite + Unpin + Send> RelayWrite for T {}

@@ -25,10 +25,12 @@ use super::close::{
     STREAM_RESET,
 };
 use super::harness_writer;
-use super::queue::{HarnessQueue, Pool, Refused, Scope};
+use super::queue::{HarnessQueue, Pool, Refused, Scope, Splicing};
 pub use super::queue::{DEFAULT_NODE_BUFFER_BYTES, ENVIRONMENT_BUFFER_BYTES, STREAM_BUFFER_BYTES};
 use super::relay_io::{classify, spawn_writer, Read, PONG_QUEUE};
+use super::splice_route::FromExecutor;
 use crate::frame::{self, Body, Frame, RESET_HARNESS_DISCONNECTED};
+use crate::socket::splice::SharedTcp;
 use crate::socket::{CloseStatus, Message, Reader, Role, Writer};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -294,10 +296,13 @@ impl Hub {
 
     /// Serves an attached executor's socket until it closes, stays silent for
     /// the silence timeout, or another socket replaces it; then detaches it.
+    /// `tcp`: the socket under `reader`, when data frames may be spliced
+    /// from it (`splice_route.rs`).
     pub async fn serve_executor<R, W>(
         &self,
         (mut reader, writer): (Reader<R>, Writer<W>),
         attachment: ExecutorAttachment,
+        tcp: Option<SharedTcp>,
     ) where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -317,9 +322,11 @@ impl Hub {
         loop {
             // Every other branch ends the loop, so a frame half read when
             // one of them wins is never needed.
+            let next = self.next_from_executor(&link.env, &mut reader, tcp.as_ref());
             let msg = tokio::select! {
-                m = tokio::time::timeout(self.executor_silence, reader.next()) => match m {
-                    Ok(m) => m,
+                m = tokio::time::timeout(self.executor_silence, next) => match m {
+                    Ok(FromExecutor::Read(m)) => m,
+                    Ok(FromExecutor::Spliced) => continue,
                     Err(_) => {
                         tracing::info!(environment = %link.env, "executor socket silent too long; dropping it");
                         close.set(Some(SILENT));
@@ -358,6 +365,12 @@ impl Hub {
             writer.abort();
         }
         drop(reader);
+    }
+
+    /// The queue of `stream_id`'s harness, if that stream is open.
+    pub(super) fn stream_queue(&self, env: &str, stream_id: &str) -> Option<HarnessQueue> {
+        let routes = self.lock();
+        Some(routes.get(env)?.streams.get(stream_id)?.queue.clone())
     }
 
     /// Queues `frame` for `stream_id`'s harness, if that stream is open. Past
@@ -477,11 +490,13 @@ impl Hub {
 
     /// Serves one harness socket: it must claim a stream with `Resume` first;
     /// then its frames for that stream go to the executor and back.
+    /// `splice_to`: the socket under `writer`, when the harness agreed to
+    /// masked frames and data frames may be spliced to it.
     pub async fn serve_harness<R, W>(
         &self,
         (mut reader, writer): (Reader<R>, Writer<W>),
-        env: String,
-        registration_id: String,
+        (env, registration_id): (String, String),
+        splice_to: Option<SharedTcp>,
     ) where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -503,7 +518,10 @@ impl Hub {
         let (queue, executor) = {
             let mut routes = self.lock();
             let route = routes.entry(env.clone()).or_default();
-            let queue = HarnessQueue::new(route.buffered.clone(), self.buffered.clone());
+            let mut queue = HarnessQueue::new(route.buffered.clone(), self.buffered.clone());
+            if let Some(tcp) = splice_to {
+                queue = queue.with_splicing(Splicing::new(tcp));
+            }
             let stream = StreamLink {
                 queue: queue.clone(),
                 stop: stop.clone(),

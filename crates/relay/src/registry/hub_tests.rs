@@ -259,8 +259,8 @@ fn harness_socket<'a>(
             Reader::new(r, Role::Server, 1 << 20),
             Writer::new(w, Role::Server),
         ),
-        "env".into(),
-        registration.into(),
+        ("env".into(), registration.into()),
+        None,
     );
     let (hr, hw) = tokio::io::split(harness);
     (serving, Reader::new(hr, Role::Client, 1 << 20), hw)

@@ -6,6 +6,10 @@
 //! - `streams_open` (gauge): harness streams on this node;
 //! - `relayed_bytes_to_executor_total`, `relayed_bytes_to_harness_total`
 //!   (counters): frame bytes routed (never opened);
+//! - `spliced_bytes_to_harness_total` (counter): of those to harnesses, the
+//!   bytes moved without a copy through the node (`splice(2)`: our harness,
+//!   a plain TCP node), and `spliced_fallback_bytes_total`, the bytes of
+//!   such frames read instead because their harness's pipe was full;
 //! - `relay_buffered_bytes` (gauge): bytes held for harnesses that have not
 //!   read them yet, against the node's budget (`--relay-buffer-bytes`);
 //! - `stalled_stream_resets_total` (counter): streams reset because their
@@ -31,6 +35,10 @@ pub(crate) struct Counters {
     pub to_executor: Counter,
     /// Frame bytes from executors to harnesses.
     pub to_harness: Counter,
+    /// Of those, bytes spliced (never copied through the node).
+    pub spliced: Counter,
+    /// Bytes of frames being spliced that were read instead (pipe full).
+    pub splice_fallback: Counter,
     /// Streams reset for a harness that stopped reading.
     pub stalled_resets: Counter,
     /// `/connect` answers naming another node's relay.
@@ -73,6 +81,16 @@ impl NodeMetrics {
             "relayed_bytes_to_executor",
             "Frame bytes routed from harnesses to executors",
             counters.to_executor.clone(),
+        );
+        prom.register(
+            "spliced_bytes_to_harness",
+            "Frame bytes moved from executors to harnesses without a copy",
+            counters.spliced.clone(),
+        );
+        prom.register(
+            "spliced_fallback_bytes",
+            "Bytes of spliced frames read instead because the harness's pipe was full",
+            counters.splice_fallback.clone(),
         );
         prom.register(
             "relayed_bytes_to_harness",

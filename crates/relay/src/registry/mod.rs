@@ -30,6 +30,7 @@ pub mod postgres;
 mod queue;
 mod relay_io;
 pub mod signing;
+mod splice_route;
 pub mod sqlite;
 pub mod store;
 pub mod tokens;
@@ -563,24 +564,27 @@ impl Registry {
         }
     }
 
+    /// `tcp`: the socket under `ws`, when frames may be spliced from it (an
+    /// executor's) or to it (a harness's that agreed to masked frames).
     pub(crate) async fn serve_socket<R, W>(
         &self,
         ws: (crate::socket::Reader<R>, crate::socket::Writer<W>),
         admitted: Admitted,
+        tcp: Option<crate::socket::splice::SharedTcp>,
     ) where
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         match admitted {
             Admitted::Executor(attachment, mut recorded) => {
-                self.hub.serve_executor(ws, attachment).await;
+                self.hub.serve_executor(ws, attachment, tcp).await;
                 if let Some(record) = recorded.record.take() {
                     detach(&*self.store, &self.node_id, &record).await;
                 }
             }
             Admitted::Harness(grant) => {
                 self.hub
-                    .serve_harness(ws, grant.environment_id, grant.registration_id)
+                    .serve_harness(ws, (grant.environment_id, grant.registration_id), tcp)
                     .await
             }
         }

@@ -21,12 +21,19 @@
 //! waiting, from the core that just read it, and only what is left goes to
 //! the harness's writer task. That saves a hand-over between tasks (and
 //! often between cores) per frame on the relay's busiest path.
+//!
+//! A harness that agreed to masked frames, on a socket the node can splice
+//! to, may also be sent frames exactly as its executor sent them, which the
+//! executor's reader moves into this queue's pipe without copying them
+//! ([`Item::Piped`], `splice_route.rs`); they take their turn among the
+//! other frames, charged as they are.
 
+use crate::socket::splice::{splice_out_now, Pipe, SharedTcp};
 use crate::socket::{Outgoing, Remainder, Writer, WrittenNow};
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Waker};
 use tokio::io::AsyncWrite;
 use tokio::sync::Notify;
@@ -47,11 +54,70 @@ pub const DEFAULT_NODE_BUFFER_BYTES: usize = 512 << 20;
 /// What a queued frame costs beyond its bytes (its allocation's header, its
 /// handle, its slot in the queue), charged to the budgets so that a flood
 /// of tiny frames is bounded by memory, not by payload: 128 bytes.
-const QUEUED_FRAME_OVERHEAD: usize = 128;
+pub(super) const QUEUED_FRAME_OVERHEAD: usize = 128;
 
 /// What `frame` costs the budgets while it is queued or being written.
 pub fn charge(frame: &Bytes) -> usize {
     frame.len() + QUEUED_FRAME_OVERHEAD
+}
+
+/// What a queue holds for its harness, in order.
+#[derive(Debug)]
+pub enum Item {
+    /// A frame's payload: the writer adds its header.
+    Frame(Bytes),
+    /// This many bytes of whole frames, headers and masked payloads as the
+    /// executor sent them, waiting in the queue's pipe.
+    Piped(usize),
+    /// Bytes of a frame as the executor sent it, read because the pipe was
+    /// full: the rest of the frame whose start is the [`Item::Piped`]
+    /// before it. Written as they are.
+    Raw(Bytes),
+}
+
+impl Item {
+    /// What it costs the budgets while queued or being written.
+    pub fn charge(&self) -> usize {
+        let len = match self {
+            Item::Frame(b) | Item::Raw(b) => b.len(),
+            Item::Piped(n) => *n,
+        };
+        len + QUEUED_FRAME_OVERHEAD
+    }
+}
+
+/// A harness socket a node may splice frames to, and the pipe they go
+/// through (made at its first use: a harness that never gets a large frame
+/// costs no pipe).
+#[derive(Debug)]
+pub struct Splicing {
+    /// The harness's socket.
+    pub tcp: SharedTcp,
+    pipe: OnceLock<Option<Pipe>>,
+}
+
+impl Splicing {
+    /// Frames for `tcp` may go through a pipe.
+    pub fn new(tcp: SharedTcp) -> Splicing {
+        Splicing {
+            tcp,
+            pipe: OnceLock::new(),
+        }
+    }
+
+    /// The pipe, made now if it was not yet; `None` if it cannot be (out of
+    /// file descriptors): frames are then read as usual.
+    pub fn pipe(&self) -> Option<&Pipe> {
+        self.pipe
+            .get_or_init(|| match Pipe::new() {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::debug!("no pipe for a harness socket: {e}");
+                    None
+                }
+            })
+            .as_ref()
+    }
 }
 
 /// Which budget a frame would pass.
@@ -114,7 +180,7 @@ impl Pool {
 }
 
 struct Held {
-    frames: VecDeque<Bytes>,
+    frames: VecDeque<Item>,
     bytes: usize,
     /// No more frames are taken: the writer is gone or the stream was reset.
     closed: bool,
@@ -128,13 +194,16 @@ struct Held {
     broken: bool,
 }
 
-/// How far [`HarnessQueue::write_through`] got with a frame.
+/// How far [`HarnessQueue::write_through`] got with an item.
 enum Through {
     Written,
-    /// In part: the rest is owed.
-    Part,
-    /// Not at all: the frame is handed back.
-    Blocked(Bytes),
+    /// In part: the rest is owed (a frame's) or back at the queue's front
+    /// (piped bytes', with `n` bytes of their charge given back).
+    Part {
+        n: usize,
+    },
+    /// Not at all: the item is handed back.
+    Blocked(Item),
     /// The socket failed.
     Failed,
 }
@@ -151,6 +220,8 @@ pub enum Turn {
         writer: HarnessWriter,
         owed: Option<Remainder>,
         charge: usize,
+        /// Bytes to splice from this pipe to the socket after the batch.
+        piped: Option<(Arc<Splicing>, usize)>,
     },
     /// Nothing to write (yet).
     Idle,
@@ -172,6 +243,23 @@ pub struct HarnessQueue {
     ready: Arc<Notify>,
     environment: Pool,
     node: Pool,
+    splicing: Option<Arc<Splicing>>,
+}
+
+/// Budget taken for a frame on its way into a queue
+/// ([`HarnessQueue::reserve`]); given back when dropped unless the frame
+/// was queued with it.
+pub struct Reserved {
+    queue: HarnessQueue,
+    n: usize,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if self.n > 0 {
+            self.queue.release(self.n);
+        }
+    }
 }
 
 impl HarnessQueue {
@@ -189,7 +277,31 @@ impl HarnessQueue {
             ready: Arc::new(Notify::new()),
             environment,
             node,
+            splicing: None,
         }
+    }
+
+    /// Frames for this queue's harness may be spliced to its socket
+    /// through a pipe (the harness agreed to masked frames).
+    pub fn with_splicing(mut self, splicing: Splicing) -> HarnessQueue {
+        self.splicing = Some(Arc::new(splicing));
+        self
+    }
+
+    /// Where frames for this harness may be spliced, while the queue is
+    /// open and the harness takes them.
+    pub fn splicing(&self) -> Option<&Arc<Splicing>> {
+        self.splicing.as_ref().filter(|_| !self.lock().closed)
+    }
+
+    /// Takes `n` bytes of the budgets for a frame that is to be queued with
+    /// [`HarnessQueue::send_reserved`], or says which budget it would pass.
+    pub fn reserve(&self, n: usize) -> Result<Reserved, Scope> {
+        self.take_budget(&mut self.lock(), n)?;
+        Ok(Reserved {
+            queue: self.clone(),
+            n,
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -231,67 +343,154 @@ impl HarnessQueue {
         if held.closed {
             return Err(Refused::Gone);
         }
-        let mut frame = Some(frame);
-        if held.idle.is_some() && held.owed.is_none() && !held.broken {
-            loop {
-                let (next, queued) = match held.frames.pop_front() {
-                    Some(f) => (f, true),
-                    None => match frame.take() {
-                        Some(f) => (f, false),
-                        None => break,
-                    },
-                };
-                let cost = if queued { charge(&next) } else { 0 };
-                match self.write_through(&mut held, next) {
-                    Through::Written => self.uncharge(&mut held, cost),
-                    Through::Part => {
-                        self.uncharge(&mut held, cost);
-                        break;
-                    }
-                    Through::Blocked(back) if queued => {
-                        held.frames.push_front(back);
-                        break;
-                    }
-                    Through::Blocked(back) => {
-                        frame = Some(back);
-                        break;
-                    }
-                    Through::Failed => {
-                        drop(held);
-                        self.ready.notify_one();
-                        return Err(Refused::Gone);
-                    }
-                }
-            }
-        }
-        if let Some(f) = frame {
+        let mut incoming = VecDeque::from([Item::Frame(frame)]);
+        self.write_through_all(&mut held, &mut incoming, false)?;
+        if let Some(Item::Frame(f)) = incoming.pop_front() {
             self.push_locked(&mut held, f)?;
         }
+        self.wake_task(held);
+        Ok(())
+    }
+
+    /// Queues `items` (one frame as its executor sent it: piped, then the
+    /// rest read, if any) with the budget `reserved` took for them,
+    /// writing them through as [`HarnessQueue::send`] does. Their charges
+    /// may pass `reserved` by [`QUEUED_FRAME_OVERHEAD`] per item after the
+    /// first (taken whatever the budgets). Errors: [`Refused::Gone`].
+    pub fn send_reserved(&self, items: Vec<Item>, mut reserved: Reserved) -> Result<(), Refused> {
+        let mut held = self.lock();
+        if held.closed {
+            // Unlocked first: the reservation's drop takes the lock.
+            drop(held);
+            drop(reserved);
+            return Err(Refused::Gone);
+        }
+        // The reservation's charge is the items' from here on (given back
+        // here, not by its drop, which would take the lock held now).
+        let total: usize = items.iter().map(Item::charge).sum();
+        let taken = std::mem::take(&mut reserved.n);
+        if total >= taken {
+            let extra = total - taken;
+            self.environment.force(extra);
+            self.node.force(extra);
+            held.bytes += extra;
+        } else {
+            self.uncharge(&mut held, taken - total);
+        }
+        let mut incoming = VecDeque::from(items);
+        self.write_through_all(&mut held, &mut incoming, true)?;
+        held.frames.extend(incoming);
+        self.wake_task(held);
+        Ok(())
+    }
+
+    /// Wakes the writer task if anything is left for it.
+    fn wake_task(&self, held: std::sync::MutexGuard<'_, Held>) {
         let for_task = !held.frames.is_empty() || held.owed.is_some();
         drop(held);
         if for_task {
             self.ready.notify_one();
         }
-        Ok(())
     }
 
-    /// One frame written now, as far as the socket takes it.
-    fn write_through(&self, held: &mut Held, frame: Bytes) -> Through {
+    /// Writes what is queued, then `incoming`, through to the harness's
+    /// socket while its writer is idle and the socket takes each item whole
+    /// without waiting; leaves the rest of `incoming` in it. `charged`:
+    /// whether `incoming`'s items are charged already. Errors:
+    /// [`Refused::Gone`] when the socket failed.
+    fn write_through_all(
+        &self,
+        held: &mut Held,
+        incoming: &mut VecDeque<Item>,
+        charged: bool,
+    ) -> Result<(), Refused> {
+        if held.idle.is_none() || held.owed.is_some() || held.broken {
+            return Ok(());
+        }
+        loop {
+            // Whether it came off the queue (else from `incoming`).
+            let (next, from_queue) = match held.frames.pop_front() {
+                Some(f) => (f, true),
+                None => match incoming.pop_front() {
+                    Some(f) => (f, false),
+                    None => return Ok(()),
+                },
+            };
+            let cost = if from_queue || charged {
+                next.charge()
+            } else {
+                0
+            };
+            match self.write_through(held, next) {
+                Through::Written => self.uncharge(held, cost),
+                Through::Part { n } => {
+                    self.uncharge(held, n.min(cost));
+                    return Ok(());
+                }
+                Through::Blocked(back) if from_queue => {
+                    held.frames.push_front(back);
+                    return Ok(());
+                }
+                Through::Blocked(back) => {
+                    incoming.push_front(back);
+                    return Ok(());
+                }
+                Through::Failed => {
+                    self.ready.notify_one();
+                    return Err(Refused::Gone);
+                }
+            }
+        }
+    }
+
+    /// One item written now, as far as the socket takes it.
+    fn write_through(&self, held: &mut Held, item: Item) -> Through {
         let Some(writer) = held.idle.as_mut() else {
-            return Through::Blocked(frame);
+            return Through::Blocked(item);
+        };
+        let frame = match item {
+            Item::Frame(f) => f,
+            Item::Piped(len) => return self.splice_through(held, len),
+            // Rare (the pipe was full): left to the writer task.
+            raw @ Item::Raw(_) => return Through::Blocked(raw),
         };
         // The waker is not needed: whoever finishes the frame is woken by
         // `ready` and then polls the socket with its own.
         match writer.write_now(&mut Context::from_waker(Waker::noop()), frame) {
             Ok(WrittenNow::All) => Through::Written,
-            Ok(WrittenNow::Nothing(frame)) => Through::Blocked(frame),
+            Ok(WrittenNow::Nothing(frame)) => Through::Blocked(Item::Frame(frame)),
             Ok(WrittenNow::Part(rest)) => {
                 let n = rest.len() + QUEUED_FRAME_OVERHEAD;
                 self.environment.force(n);
                 self.node.force(n);
                 held.bytes += n;
                 held.owed = Some((rest, n));
-                Through::Part
+                Through::Part { n: usize::MAX }
+            }
+            Err(_) => {
+                held.broken = true;
+                Through::Failed
+            }
+        }
+    }
+
+    /// `len` piped bytes spliced to the socket now, as far as it takes them;
+    /// what is left goes back to the queue's front.
+    fn splice_through(&self, held: &mut Held, len: usize) -> Through {
+        let Some(splicing) = self.splicing.as_ref() else {
+            held.broken = true;
+            return Through::Failed;
+        };
+        let Some(pipe) = splicing.pipe() else {
+            held.broken = true;
+            return Through::Failed;
+        };
+        match splice_out_now(pipe, splicing.tcp.tcp(), len) {
+            Ok(0) => Through::Blocked(Item::Piped(len)),
+            Ok(n) if n >= len => Through::Written,
+            Ok(n) => {
+                held.frames.push_front(Item::Piped(len - n));
+                Through::Part { n }
             }
             Err(_) => {
                 held.broken = true;
@@ -310,19 +509,27 @@ impl HarnessQueue {
     /// Queues `frame` in an open queue, or says which budget it would pass
     /// (handing it back).
     fn push_locked(&self, held: &mut Held, frame: Bytes) -> Result<(), Refused> {
-        let n = charge(&frame);
+        if let Err(scope) = self.take_budget(held, charge(&frame)) {
+            return Err(Refused::Over(scope, frame));
+        }
+        held.frames.push_back(Item::Frame(frame));
+        Ok(())
+    }
+
+    /// Charges `n` bytes to the stream, its environment and the node, or
+    /// says which budget they would pass (taking nothing).
+    fn take_budget(&self, held: &mut Held, n: usize) -> Result<(), Scope> {
         if held.bytes + n > STREAM_BUFFER_BYTES {
-            return Err(Refused::Over(Scope::Stream, frame));
+            return Err(Scope::Stream);
         }
         if !self.environment.take(n) {
-            return Err(Refused::Over(Scope::Environment, frame));
+            return Err(Scope::Environment);
         }
         if !self.node.take(n) {
             self.environment.give(n);
-            return Err(Refused::Over(Scope::Node, frame));
+            return Err(Scope::Node);
         }
         held.bytes += n;
-        held.frames.push_back(frame);
         Ok(())
     }
 
@@ -343,18 +550,45 @@ impl HarnessQueue {
             return Turn::Broken;
         }
         let mut charge_taken = 0;
+        // Piped bytes make a turn of their own (after the pongs and pings
+        // in `batch`), so that every frame goes out in its order.
+        let mut piped = None;
+        let mut frames = 0;
         while batch.len() < crate::MAX_FRAMES_PER_FLUSH {
-            let Some(frame) = held.frames.pop_front() else {
+            let Some(item) = held.frames.pop_front() else {
                 break;
             };
-            charge_taken += self::charge(&frame);
-            batch.push(Outgoing::Binary(frame));
+            match item {
+                Item::Piped(n) if frames == 0 => {
+                    let Some(splicing) = self.splicing.clone() else {
+                        held.broken = true;
+                        return Turn::Broken;
+                    };
+                    charge_taken += item.charge();
+                    piped = Some((splicing, n));
+                    break;
+                }
+                Item::Piped(_) => {
+                    held.frames.push_front(item);
+                    break;
+                }
+                Item::Frame(b) => {
+                    charge_taken += charge(&b);
+                    frames += 1;
+                    batch.push(Outgoing::Binary(b));
+                }
+                Item::Raw(b) => {
+                    charge_taken += charge(&b);
+                    frames += 1;
+                    batch.push(Outgoing::Raw(b));
+                }
+            }
         }
         let owed = held.owed.take();
         if let Some((_, n)) = &owed {
             charge_taken += n;
         }
-        let nothing = batch.is_empty() && owed.is_none();
+        let nothing = batch.is_empty() && owed.is_none() && piped.is_none();
         if nothing && !held.closed {
             return Turn::Idle;
         }
@@ -370,6 +604,7 @@ impl HarnessQueue {
             writer,
             owed,
             charge: charge_taken,
+            piped,
         }
     }
 
@@ -410,7 +645,10 @@ impl HarnessQueue {
     /// [`HarnessQueue::release`].
     #[cfg(test)]
     pub fn try_recv(&self) -> Option<Bytes> {
-        self.lock().frames.pop_front()
+        match self.lock().frames.pop_front()? {
+            Item::Frame(b) | Item::Raw(b) => Some(b),
+            Item::Piped(_) => None,
+        }
     }
 
     /// Frames taken off this queue, costing `n` ([`charge`]), are written or
@@ -431,7 +669,7 @@ impl HarnessQueue {
     pub fn forfeit(&self) -> usize {
         let mut held = self.lock();
         held.closed = true;
-        let freed: usize = held.frames.drain(..).map(|f| charge(&f)).sum();
+        let freed: usize = held.frames.drain(..).map(|i| i.charge()).sum();
         held.bytes -= freed;
         drop(held);
         self.environment.give(freed);

@@ -93,6 +93,7 @@ async fn frames_are_written_through_in_order_while_the_writer_is_idle() {
         writer,
         owed: None,
         charge: 0,
+        piped: None,
     } = q.take_turn(&mut batch)
     else {
         panic!("a turn for the ping");
@@ -197,4 +198,85 @@ async fn a_failed_write_through_ends_the_writer_without_a_close_frame() {
         .unwrap();
     assert!(stop.is_cancelled());
     assert!(q.finish().is_none(), "a broken writer is not handed out");
+}
+
+/// `payload` as one binary frame masked with `key`, as an executor sends it.
+fn masked_frame(payload: &[u8], key: [u8; 4]) -> Vec<u8> {
+    let head = exec_server_wsframe::frame::header(
+        true,
+        exec_server_wsframe::frame::OpCode::Binary,
+        payload.len(),
+        Some(key),
+    );
+    let mut frame = head.as_slice().to_vec();
+    let at = frame.len();
+    frame.extend_from_slice(payload);
+    exec_server_wsframe::mask::apply_mask(&mut frame[at..], key, 0);
+    frame
+}
+
+#[tokio::test]
+async fn frames_passed_on_as_sent_reach_a_harness_that_takes_masked_frames() {
+    let (node, harness) = tokio::io::duplex(1 << 20);
+    let q = HarnessQueue::new(Pool::new(1 << 20), Pool::new(1 << 20));
+    q.attach(Writer::new(Box::new(node), crate::socket::Role::Server));
+    let mut peer =
+        crate::socket::Reader::new(harness, crate::socket::Role::Client, 1 << 20).accept_masked();
+    // A frame as the executor masked it, in two raw pieces (as when the
+    // pipe filled part way), between two frames the node framed itself.
+    let payload: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
+    let raw = masked_frame(&payload, [9, 8, 7, 6]);
+    q.send(Bytes::from_static(b"before")).unwrap();
+    let n = raw.len() + QUEUED_FRAME_OVERHEAD;
+    let reserved = q.reserve(n).unwrap();
+    assert_eq!(q.held(), n);
+    let items = vec![
+        Item::Raw(Bytes::copy_from_slice(&raw[..1000])),
+        Item::Raw(Bytes::copy_from_slice(&raw[1000..])),
+    ];
+    q.send_reserved(items, reserved).unwrap();
+    // Raw bytes wait for the writer task, charged as they are (the second
+    // piece's overhead on top of the reservation).
+    assert_eq!(q.held(), raw.len() + 2 * QUEUED_FRAME_OVERHEAD);
+    q.send(Bytes::from_static(b"after")).unwrap();
+    let (task, _stop) = writer_task(&q);
+    q.close();
+    assert_eq!(next_binary(&mut peer).await, &b"before"[..]);
+    assert_eq!(next_binary(&mut peer).await, payload);
+    assert_eq!(next_binary(&mut peer).await, &b"after"[..]);
+    task.await.unwrap();
+    assert_eq!((q.held(), q.environment.held(), q.node.held()), (0, 0, 0));
+}
+
+#[test]
+fn a_reservation_not_used_is_given_back() {
+    let (environment, node) = (Pool::new(1 << 20), Pool::new(1 << 20));
+    let q = HarnessQueue::new(environment.clone(), node.clone());
+    let reserved = q.reserve(5000).unwrap();
+    assert_eq!(
+        (q.held(), environment.held(), node.held()),
+        (5000, 5000, 5000)
+    );
+    drop(reserved);
+    assert_eq!((q.held(), environment.held(), node.held()), (0, 0, 0));
+    // Past a budget: refused with its scope, nothing taken.
+    assert_eq!(
+        q.reserve(STREAM_BUFFER_BYTES + 1).err(),
+        Some(Scope::Stream)
+    );
+    assert_eq!(
+        HarnessQueue::new(Pool::new(10), node.clone())
+            .reserve(11)
+            .err(),
+        Some(Scope::Environment)
+    );
+    assert_eq!(node.held(), 0);
+    // A queue closed meanwhile takes nothing and keeps nothing.
+    let reserved = q.reserve(5000).unwrap();
+    q.forfeit();
+    assert!(matches!(
+        q.send_reserved(vec![Item::Raw(Bytes::from_static(b"x"))], reserved),
+        Err(Refused::Gone)
+    ));
+    assert_eq!((q.held(), environment.held(), node.held()), (0, 0, 0));
 }

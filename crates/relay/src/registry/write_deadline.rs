@@ -29,6 +29,11 @@ impl<S> WriteDeadline<S> {
         }
     }
 
+    /// The connection wrapped.
+    pub(crate) fn into_inner(self) -> S {
+        self.io
+    }
+
     /// The outcome of a write that `poll` found blocked: still waiting, or
     /// the error once it has been blocked for `limit`.
     fn blocked<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {

@@ -12,7 +12,7 @@
 //! then never read as WebSocket frames by anyone.
 
 use super::{Outgoing, Reader, Role, Writer};
-use crate::api::REJECTION_HEADER;
+use crate::api::{MASKED_FRAMES_HEADER, REJECTION_HEADER};
 use std::io::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
@@ -170,11 +170,16 @@ async fn open(
     w.write_all(&first).await.map_err(failed)?;
     w.flush().await.map_err(failed)?;
     let writer = Writer::new(w, Role::Client);
-    let rest = read_answer(&mut r, &key).await?;
-    Ok((
-        Reader::new(Cursor::new(rest).chain(r), Role::Client, limit),
-        writer,
-    ))
+    let (rest, masked_answered) = read_answer(&mut r, &key).await?;
+    let mut reader = Reader::new(Cursor::new(rest).chain(r), Role::Client, limit);
+    // Masked frames only when we asked for them and the node agreed.
+    let masked_asked = headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case(MASKED_FRAMES_HEADER) && v == "1");
+    if masked_asked && masked_answered {
+        reader = reader.accept_masked();
+    }
+    Ok((reader, writer))
 }
 
 /// The upgrade request's head. Errors: a header name or value that would
@@ -203,10 +208,14 @@ fn request_head(
 }
 
 /// Reads the upgrade's answer; returns the bytes read past its head (the
-/// first frames). Errors: not 101 ([`ConnectError::Refused`]), a wrong
+/// first frames), and whether it says the node may send masked frames
+/// ([`MASKED_FRAMES_HEADER`]). Errors: not 101 ([`ConnectError::Refused`]), a wrong
 /// `Sec-WebSocket-Accept`, a malformed or oversized head, the connection
 /// closing first.
-async fn read_answer(r: &mut ReadHalf<Box<dyn Io>>, key: &str) -> Result<Vec<u8>, ConnectError> {
+async fn read_answer(
+    r: &mut ReadHalf<Box<dyn Io>>,
+    key: &str,
+) -> Result<(Vec<u8>, bool), ConnectError> {
     let mut buf = vec![0u8; MAX_ANSWER_HEAD_BYTES];
     let mut filled = 0;
     loop {
@@ -259,7 +268,8 @@ async fn read_answer(r: &mut ReadHalf<Box<dyn Io>>, key: &str) -> Result<Vec<u8>
                 "the server's Sec-WebSocket-Accept does not match the key",
             ));
         }
-        return Ok(buf[head_len..filled].to_vec());
+        let masked = header(MASKED_FRAMES_HEADER) == Some(b"1");
+        return Ok((buf[head_len..filled].to_vec(), masked));
     }
 }
 

@@ -25,6 +25,7 @@
 
 mod connect;
 mod read;
+pub mod splice;
 mod write;
 
 pub use connect::{

@@ -16,13 +16,15 @@ pub const READ_AHEAD: usize = 8 * 1024;
 
 /// Parses the frame header at the start of `buf` and checks its masking
 /// against `role`; `None` until all of it has arrived.
-fn parse(buf: &[u8], role: Role) -> Result<Option<Header>, WsError> {
+/// `masked_ok`: a client that agreed to masked frames from its server
+/// ([`Reader::accept_masked`]).
+fn parse(buf: &[u8], role: Role, masked_ok: bool) -> Result<Option<Header>, WsError> {
     let Some(h) = parse_header(buf).map_err(|v| WsError::Protocol(v.0))? else {
         return Ok(None);
     };
     match (role, h.mask.is_some()) {
         (Role::Server, false) => Err(WsError::Protocol("unmasked frame from a client")),
-        (Role::Client, true) => Err(WsError::Protocol("masked frame from a server")),
+        (Role::Client, true) if !masked_ok => Err(WsError::Protocol("masked frame from a server")),
         _ => Ok(Some(h)),
     }
 }
@@ -43,6 +45,10 @@ pub struct Reader<R> {
     message_timeout: Option<Duration>,
     /// When the first byte of the message now arriving came.
     message_started: Option<Instant>,
+    /// A client that takes masked frames from its server too.
+    masked_ok: bool,
+    /// Most bytes the next read looking for a frame may take, once.
+    next_read_cap: Option<usize>,
 }
 
 /// Where a frame's payload is being read to.
@@ -66,7 +72,37 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             pending: None,
             message_timeout: None,
             message_started: None,
+            masked_ok: false,
+            next_read_cap: None,
         }
+    }
+
+    /// For a client: masked frames from the server are taken (and
+    /// unmasked) as well as unmasked ones. A relay node may send a harness
+    /// that agreed to them frames exactly as the executor masked them, which
+    /// it can forward without copying them ([`super::splice`]).
+    pub fn accept_masked(mut self) -> Reader<R> {
+        self.masked_ok = true;
+        self
+    }
+
+    /// Whether nothing of the connection is read but not yet handed over:
+    /// no byte read ahead, no frame or message half read. Only then may
+    /// someone else read the connection's next frame.
+    pub fn between_frames(&self) -> bool {
+        self.ahead.is_empty() && self.pending.is_none() && self.partial.is_none()
+    }
+
+    /// The next read looking for a frame takes at most `n` bytes (then
+    /// reads are as large as usual again): a caller that knows where the
+    /// next frame ends keeps the reader from reading past it.
+    pub fn cap_next_read(&mut self, n: usize) {
+        self.next_read_cap = Some(n.max(1));
+    }
+
+    /// The connection read from.
+    pub fn get_ref(&self) -> &R {
+        &self.io
     }
 
     /// Bounds the time from a message's first byte to its last: a peer that
@@ -180,13 +216,14 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     ) -> Result<Option<(Header, Dest)>, WsError> {
         if self.pending.is_none() {
             let header = loop {
-                if let Some(h) = parse(&self.ahead, self.role)? {
+                if let Some(h) = parse(&self.ahead, self.role, self.masked_ok)? {
                     break h;
                 }
                 self.ahead.reserve(READ_AHEAD);
                 let started = !self.ahead.is_empty() || self.partial.is_some();
                 let deadline = self.deadline(started);
-                if read_by(&mut self.io, &mut self.ahead, deadline).await? == 0 {
+                let cap = self.next_read_cap.take().unwrap_or(usize::MAX);
+                if read_by(&mut self.io, &mut (&mut self.ahead).limit(cap), deadline).await? == 0 {
                     if self.ahead.is_empty() {
                         return Ok(None);
                     }

@@ -24,11 +24,18 @@ pub enum Outgoing {
     Pong(Bytes),
     /// A close frame, with a status or none (the connection ends after it).
     Close(Option<CloseStatus>),
+    /// Bytes written as they are, no header added and never masked: (part
+    /// of) a frame as another socket's peer sent it, which a relay node
+    /// passes on to a harness that agreed to masked frames
+    /// ([`super::splice`]).
+    Raw(Bytes),
 }
 
 impl Outgoing {
-    fn into_parts(self) -> (OpCode, Bytes) {
-        match self {
+    /// Its opcode (none for raw bytes) and payload.
+    fn into_parts(self) -> (Option<OpCode>, Bytes) {
+        let (opcode, payload) = match self {
+            Outgoing::Raw(b) => return (None, b),
             Outgoing::Binary(b) => (OpCode::Binary, b),
             Outgoing::Ping(b) => (OpCode::Ping, b),
             Outgoing::Pong(b) => (OpCode::Pong, b),
@@ -36,7 +43,8 @@ impl Outgoing {
                 OpCode::Close,
                 status.map_or_else(Bytes::new, |s| s.payload()),
             ),
-        }
+        };
+        (Some(opcode), payload)
     }
 }
 
@@ -97,7 +105,7 @@ pub struct Writer<W> {
     keys: MaskKeys,
     /// The batch being written, headers and payloads (kept to reuse the
     /// allocation).
-    parts: Vec<(HeaderBytes, Bytes)>,
+    parts: Vec<(Option<HeaderBytes>, Bytes)>,
     /// Where payloads go once written, if recycled.
     pool: Option<BufferPool>,
 }
@@ -128,6 +136,10 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         self.parts.clear();
         for f in batch.drain(..) {
             let (opcode, payload) = f.into_parts();
+            let Some(opcode) = opcode else {
+                self.parts.push((None, payload));
+                continue;
+            };
             let (mask, payload) = match self.role {
                 Role::Server => (None, payload),
                 Role::Client => {
@@ -136,14 +148,14 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
                 }
             };
             self.parts
-                .push((header(true, opcode, payload.len(), mask), payload));
+                .push((Some(header(true, opcode, payload.len(), mask)), payload));
         }
         let result = if self.io.is_write_vectored() {
             self.write_vectored().await
         } else {
             let mut joined = Vec::new();
             for (h, p) in &self.parts {
-                joined.extend_from_slice(h.as_slice());
+                joined.extend_from_slice(h.as_ref().map_or(&[][..], HeaderBytes::as_slice));
                 joined.extend_from_slice(p);
             }
             self.io.write_all(&joined).await
@@ -220,7 +232,9 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
     async fn write_vectored(&mut self) -> io::Result<()> {
         let mut slices = Vec::with_capacity(2 * self.parts.len());
         for (h, p) in &self.parts {
-            slices.push(IoSlice::new(h.as_slice()));
+            if let Some(h) = h {
+                slices.push(IoSlice::new(h.as_slice()));
+            }
             if !p.is_empty() {
                 slices.push(IoSlice::new(p));
             }
