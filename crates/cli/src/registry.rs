@@ -3,6 +3,7 @@
 //! or --public-url) as the only stdout line.
 
 use clap::Args;
+use exec_server_relay::registry::hub::DEFAULT_SPLICE_PIPES;
 use exec_server_relay::registry::postgres::{self, PostgresStore};
 use exec_server_relay::registry::sqlite::SqliteStore;
 use exec_server_relay::registry::store::{MemoryStore, Store};
@@ -53,7 +54,8 @@ pub struct RegistryArgs {
     /// new connection gets `503 node_at_connection_limit` and is closed, so
     /// the node keeps file descriptors for its database and its listener.
     /// Default: the open-file limit (raised at start to its hard limit)
-    /// less 256, at least 64.
+    /// less 256 and less two per pipe the node may splice frames through
+    /// (an eighth of the limit, at most 1 024), at least 64.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
     /// Most bytes the node holds for harnesses that do not read, across all
@@ -84,12 +86,27 @@ fn raise_open_file_limit() -> u64 {
     soft
 }
 
-/// `--max-connections`, or what the open-file limit allows.
-fn connection_limit(asked: Option<usize>) -> usize {
-    let files = raise_open_file_limit();
-    let fits = usize::try_from(files.saturating_sub(FD_RESERVE))
+/// `--max-connections`, or what the open-file limit allows, and the pipes
+/// the node may splice through (an eighth of the limit's descriptors, at
+/// most [`DEFAULT_SPLICE_PIPES`]; two descriptors each, left out of the
+/// connections' room).
+fn fd_limits(asked: Option<usize>) -> (usize, usize) {
+    limits_within(raise_open_file_limit(), asked)
+}
+
+/// [`fd_limits`] for an open-file limit of `files`.
+fn limits_within(files: u64, asked: Option<usize>) -> (usize, usize) {
+    let pipes = (files / 8).min(DEFAULT_SPLICE_PIPES as u64);
+    let fits = usize::try_from(files.saturating_sub(FD_RESERVE + 2 * pipes))
         .unwrap_or(usize::MAX)
         .max(64);
+    let pipes = usize::try_from(pipes).unwrap_or(DEFAULT_SPLICE_PIPES);
+    (connection_limit(asked, files, fits), pipes)
+}
+
+/// `--max-connections`, or the `fits` connections the open-file limit
+/// (`files`) leaves room for.
+fn connection_limit(asked: Option<usize>, files: u64, fits: usize) -> usize {
     match asked {
         Some(n) => {
             if n > fits {
@@ -178,11 +195,13 @@ pub async fn run(args: RegistryArgs) -> i32 {
         Some(("http", rest)) => format!("ws://{rest}"),
         _ => return fail(format!("`{base}` is not an http(s) URL")),
     };
+    let (max_connections, splice_pipes) = fd_limits(args.max_connections);
     let config = Config {
         executor_tokens,
         harness_tokens,
         tls,
-        max_connections: connection_limit(args.max_connections),
+        max_connections,
+        splice_pipes,
         relay_buffer_bytes: usize::try_from(args.relay_buffer_bytes).unwrap_or(usize::MAX),
         ..Config::default()
     };
@@ -210,4 +229,25 @@ pub async fn run(args: RegistryArgs) -> i32 {
         tracing::warn!(node = registry.node_id(), "cannot leave the fleet: {e}");
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_and_pipes_fit_the_open_file_limit_together() {
+        for files in [1024u64, 65_536, 1 << 20] {
+            let (connections, pipes) = limits_within(files, None);
+            let used = connections as u64 + 2 * pipes as u64 + FD_RESERVE;
+            assert_eq!(
+                used, files,
+                "{files}: {connections} + 2 x {pipes} + reserve"
+            );
+        }
+        assert_eq!(limits_within(1 << 20, None).1, DEFAULT_SPLICE_PIPES);
+        assert_eq!(limits_within(1024, None), (512, 128));
+        // Asked for: kept as asked.
+        assert_eq!(limits_within(1024, Some(5000)).0, 5000);
+    }
 }

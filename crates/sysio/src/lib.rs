@@ -21,5 +21,6 @@ pub mod launch;
 pub mod malloc;
 pub mod procfs;
 pub mod read_at;
+#[cfg(feature = "shared-tcp")]
 pub mod shared_tcp;
 pub mod signals;

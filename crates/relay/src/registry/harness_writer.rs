@@ -3,7 +3,7 @@
 //! is owed and the node's pings; ends with a close frame.
 
 use super::close::{send_close, CloseWith};
-use super::queue::{HarnessQueue, HarnessWriter, Splicing, Turn};
+use super::queue::{HarnessQueue, HarnessWriter, Lead, Splicing, Turn};
 use crate::socket::splice::splice_out;
 use crate::socket::{Outgoing, Remainder};
 use bytes::Bytes;
@@ -45,13 +45,14 @@ pub(super) fn spawn(
                 _ = ping.tick() => batch.push(Outgoing::Ping(Bytes::new())),
                 _ = stop.cancelled() => break,
             }
-            let (mut writer, owed, charge, piped) = match queue.take_turn(&mut batch) {
+            let (mut writer, owed, charge, lead, piped) = match queue.take_turn(&mut batch) {
                 Turn::Write {
                     writer,
                     owed,
                     charge,
+                    lead,
                     piped,
-                } => (writer, owed, charge, piped),
+                } => (writer, owed, charge, lead, piped),
                 Turn::Idle => {
                     more = false;
                     continue;
@@ -66,7 +67,7 @@ pub(super) fn spawn(
                 // A write that can finish finishes; only a blocked one is
                 // abandoned.
                 biased;
-                r = tokio::time::timeout(WRITE_TIMEOUT, write_turn(&mut writer, owed, &mut batch, piped)) => {
+                r = tokio::time::timeout(WRITE_TIMEOUT, write_turn(&mut writer, (owed, lead), &mut batch, piped)) => {
                     matches!(r, Ok(Ok(())))
                 }
                 _ = stop.cancelled() => false,
@@ -88,27 +89,38 @@ pub(super) fn spawn(
     })
 }
 
-/// The rest of a frame written through in part, then the batch, then the
-/// piped bytes (spliced to the socket the writer writes to).
+/// The rest of a frame written through in part, or the rest of a piped
+/// one, then the batch, then the piped bytes (spliced to the socket the
+/// writer writes to).
 async fn write_turn(
     writer: &mut HarnessWriter,
-    owed: Option<Remainder>,
+    (owed, lead): (Option<Remainder>, Option<Lead>),
     batch: &mut Vec<Outgoing>,
     piped: Option<(Arc<Splicing>, usize)>,
 ) -> std::io::Result<()> {
     if let Some(rest) = owed {
         writer.finish(rest).await?;
     }
+    match lead {
+        Some(Lead::Raw(b)) => writer.send(&mut vec![Outgoing::Raw(b)]).await?,
+        Some(Lead::Piped(splicing, len)) => spliced(&splicing, len).await?,
+        None => {}
+    }
     if !batch.is_empty() {
         writer.send(batch).await?;
     }
     if let Some((splicing, len)) = piped {
-        let Some(pipe) = splicing.pipe() else {
-            return Err(std::io::ErrorKind::BrokenPipe.into());
-        };
-        splice_out(pipe, splicing.tcp.tcp(), len).await?;
+        spliced(&splicing, len).await?;
     }
     Ok(())
+}
+
+/// `len` bytes from `splicing`'s pipe to its socket.
+async fn spliced(splicing: &Splicing, len: usize) -> std::io::Result<()> {
+    let Some(pipe) = splicing.pipe() else {
+        return Err(std::io::ErrorKind::BrokenPipe.into());
+    };
+    splice_out(pipe, splicing.tcp.tcp(), len).await
 }
 
 /// The rest of a frame, if one is owed, then the close frame, within

@@ -25,7 +25,7 @@ use super::close::{
     STREAM_RESET,
 };
 use super::harness_writer;
-use super::queue::{HarnessQueue, Pool, Refused, Scope, Splicing};
+use super::queue::{HarnessQueue, PipeBudget, Pool, Refused, Scope, Splicing};
 pub use super::queue::{DEFAULT_NODE_BUFFER_BYTES, ENVIRONMENT_BUFFER_BYTES, STREAM_BUFFER_BYTES};
 use super::relay_io::{classify, spawn_writer, Read, PONG_QUEUE};
 use super::splice_route::FromExecutor;
@@ -40,6 +40,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+/// Harness pipes a node holds at once unless configured: 1 024 (2 048 file
+/// descriptors).
+pub const DEFAULT_SPLICE_PIPES: usize = 1024;
 
 /// Frames queued towards an executor socket before its harnesses wait.
 pub const QUEUE_FRAMES: usize = 64;
@@ -139,6 +143,8 @@ pub struct Hub {
     buffered: Pool,
     /// Bytes routed and streams reset, for the node's metrics.
     pub(crate) counters: super::metrics::Counters,
+    /// The harness pipes this node holds at once.
+    pipes: Arc<PipeBudget>,
 }
 
 impl Default for Hub {
@@ -208,7 +214,20 @@ impl Hub {
             executor_silence,
             buffered: Pool::new(node_buffer_bytes),
             counters: super::metrics::Counters::default(),
+            pipes: Arc::new(PipeBudget::new(DEFAULT_SPLICE_PIPES)),
         }
+    }
+
+    /// This hub, holding at most `n` harness pipes at once (two file
+    /// descriptors each; a stream past it is read and routed as usual).
+    pub fn with_splice_pipes(mut self, n: usize) -> Hub {
+        self.pipes = Arc::new(PipeBudget::new(n));
+        self
+    }
+
+    /// Harness pipes open on this node now.
+    pub fn splice_pipes_open(&self) -> usize {
+        self.pipes.open()
     }
 
     /// Bytes queued towards harnesses on this node now.
@@ -520,7 +539,7 @@ impl Hub {
             let route = routes.entry(env.clone()).or_default();
             let mut queue = HarnessQueue::new(route.buffered.clone(), self.buffered.clone());
             if let Some(tcp) = splice_to {
-                queue = queue.with_splicing(Splicing::new(tcp));
+                queue = queue.with_splicing(Splicing::new(tcp, self.pipes.clone()));
             }
             let stream = StreamLink {
                 queue: queue.clone(),

@@ -93,6 +93,11 @@ pub struct Config {
     /// ([`hub::STREAM_BUFFER_BYTES`], [`hub::ENVIRONMENT_BUFFER_BYTES`]).
     /// Default [`hub::DEFAULT_NODE_BUFFER_BYTES`].
     pub relay_buffer_bytes: usize,
+    /// Most pipes the node holds at once to splice frames to harnesses
+    /// (two file descriptors each, on top of `max_connections`' one per
+    /// connection); a stream past it is read and routed as usual. Default
+    /// [`hub::DEFAULT_SPLICE_PIPES`].
+    pub splice_pipes: usize,
 }
 
 /// Connections a node serves at once unless configured: 16 384.
@@ -108,6 +113,7 @@ impl Default for Config {
             tls: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             relay_buffer_bytes: hub::DEFAULT_NODE_BUFFER_BYTES,
+            splice_pipes: hub::DEFAULT_SPLICE_PIPES,
         }
     }
 }
@@ -180,7 +186,8 @@ impl Registry {
             inner: store,
             seconds: store_seconds.clone(),
         });
-        let hub = hub::Hub::with_buffer(config.executor_silence_timeout, config.relay_buffer_bytes);
+        let hub = hub::Hub::with_buffer(config.executor_silence_timeout, config.relay_buffer_bytes)
+            .with_splice_pipes(config.splice_pipes);
         let metrics = metrics::NodeMetrics::new(&hub.counters, &store_seconds);
         Ok(Arc::new(Registry {
             signing_key: store.signing_key().await?,

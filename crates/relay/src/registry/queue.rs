@@ -66,12 +66,16 @@ pub fn charge(frame: &Bytes) -> usize {
 pub enum Item {
     /// A frame's payload: the writer adds its header.
     Frame(Bytes),
-    /// This many bytes of whole frames, headers and masked payloads as the
-    /// executor sent them, waiting in the queue's pipe.
+    /// This many bytes of a frame, header and masked payload as the
+    /// executor sent them, waiting in the queue's pipe (the whole frame, or
+    /// its start if a [`Item::Raw`] follows).
     Piped(usize),
+    /// The rest of a piped frame that the socket took only part of: it
+    /// must follow that part at once, before any pong or ping.
+    PipedRest(usize),
     /// Bytes of a frame as the executor sent it, read because the pipe was
     /// full: the rest of the frame whose start is the [`Item::Piped`]
-    /// before it. Written as they are.
+    /// before it, written as they are, at once after it.
     Raw(Bytes),
 }
 
@@ -80,43 +84,116 @@ impl Item {
     pub fn charge(&self) -> usize {
         let len = match self {
             Item::Frame(b) | Item::Raw(b) => b.len(),
-            Item::Piped(n) => *n,
+            Item::Piped(n) | Item::PipedRest(n) => *n,
         };
         len + QUEUED_FRAME_OVERHEAD
+    }
+
+    /// Whether it continues a frame whose start went out before it.
+    fn continues_a_frame(&self) -> bool {
+        matches!(self, Item::PipedRest(_) | Item::Raw(_))
+    }
+}
+
+/// The rest of a frame a turn writes before anything else.
+pub enum Lead {
+    /// Bytes read as they are.
+    Raw(Bytes),
+    /// Bytes in this pipe.
+    Piped(Arc<Splicing>, usize),
+}
+
+/// How many harness pipes a node holds at once: each takes two file
+/// descriptors, which the node's connection limit must leave room for.
+#[derive(Debug)]
+pub struct PipeBudget {
+    open: AtomicUsize,
+    limit: usize,
+}
+
+impl PipeBudget {
+    /// At most `limit` pipes at once.
+    pub fn new(limit: usize) -> PipeBudget {
+        PipeBudget {
+            open: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Pipes open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    fn take(&self) -> bool {
+        if self.open.fetch_add(1, Ordering::SeqCst) >= self.limit {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    fn give(&self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 /// A harness socket a node may splice frames to, and the pipe they go
-/// through (made at its first use: a harness that never gets a large frame
-/// costs no pipe).
+/// through: made at its first use (a harness that never gets a large
+/// frame costs no pipe) while the node's [`PipeBudget`] has room, kept
+/// until the stream ends.
 #[derive(Debug)]
 pub struct Splicing {
     /// The harness's socket.
     pub tcp: SharedTcp,
-    pipe: OnceLock<Option<Pipe>>,
+    pipe: OnceLock<Pipe>,
+    budget: Arc<PipeBudget>,
 }
 
 impl Splicing {
-    /// Frames for `tcp` may go through a pipe.
-    pub fn new(tcp: SharedTcp) -> Splicing {
+    /// Frames for `tcp` may go through a pipe counted in `budget`.
+    pub fn new(tcp: SharedTcp, budget: Arc<PipeBudget>) -> Splicing {
         Splicing {
             tcp,
             pipe: OnceLock::new(),
+            budget,
         }
     }
 
-    /// The pipe, made now if it was not yet; `None` if it cannot be (out of
-    /// file descriptors): frames are then read as usual.
+    /// The pipe, made now if it was not yet; `None` while the node holds
+    /// as many pipes as its budget allows or none can be made (out of file
+    /// descriptors): frames are then read as usual.
     pub fn pipe(&self) -> Option<&Pipe> {
-        self.pipe
-            .get_or_init(|| match Pipe::new() {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    tracing::debug!("no pipe for a harness socket: {e}");
-                    None
+        if let Some(p) = self.pipe.get() {
+            return Some(p);
+        }
+        if !self.budget.take() {
+            return None;
+        }
+        match Pipe::new() {
+            // Only one task asks before the pipe exists (the executor's
+            // reader), so this is the first.
+            Ok(p) => {
+                if let Err(p) = self.pipe.set(p) {
+                    drop(p);
+                    self.budget.give();
                 }
-            })
-            .as_ref()
+                self.pipe.get()
+            }
+            Err(e) => {
+                self.budget.give();
+                tracing::debug!("no pipe for a harness socket: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Splicing {
+    fn drop(&mut self) {
+        if self.pipe.get().is_some() {
+            self.budget.give();
+        }
     }
 }
 
@@ -220,6 +297,8 @@ pub enum Turn {
         writer: HarnessWriter,
         owed: Option<Remainder>,
         charge: usize,
+        /// The rest of a frame to write after `owed`, before the batch.
+        lead: Option<Lead>,
         /// Bytes to splice from this pipe to the socket after the batch.
         piped: Option<(Arc<Splicing>, usize)>,
     },
@@ -450,7 +529,8 @@ impl HarnessQueue {
         };
         let frame = match item {
             Item::Frame(f) => f,
-            Item::Piped(len) => return self.splice_through(held, len),
+            Item::Piped(len) => return self.splice_through(held, len, false),
+            Item::PipedRest(len) => return self.splice_through(held, len, true),
             // Rare (the pipe was full): left to the writer task.
             raw @ Item::Raw(_) => return Through::Blocked(raw),
         };
@@ -474,9 +554,10 @@ impl HarnessQueue {
         }
     }
 
-    /// `len` piped bytes spliced to the socket now, as far as it takes them;
-    /// what is left goes back to the queue's front.
-    fn splice_through(&self, held: &mut Held, len: usize) -> Through {
+    /// `len` piped bytes (`rest`: the rest of a frame) spliced to the socket
+    /// now, as far as it takes them; what is left goes back to the queue's
+    /// front.
+    fn splice_through(&self, held: &mut Held, len: usize, rest: bool) -> Through {
         let Some(splicing) = self.splicing.as_ref() else {
             held.broken = true;
             return Through::Failed;
@@ -486,10 +567,11 @@ impl HarnessQueue {
             return Through::Failed;
         };
         match splice_out_now(pipe, splicing.tcp.tcp(), len) {
+            Ok(0) if rest => Through::Blocked(Item::PipedRest(len)),
             Ok(0) => Through::Blocked(Item::Piped(len)),
             Ok(n) if n >= len => Through::Written,
             Ok(n) => {
-                held.frames.push_front(Item::Piped(len - n));
+                held.frames.push_front(Item::PipedRest(len - n));
                 Through::Part { n }
             }
             Err(_) => {
@@ -550,6 +632,26 @@ impl HarnessQueue {
             return Turn::Broken;
         }
         let mut charge_taken = 0;
+        // The rest of a frame half written goes first, before the pongs
+        // and pings already in `batch`.
+        let mut lead = None;
+        if held.frames.front().is_some_and(Item::continues_a_frame) {
+            let Some(item) = held.frames.pop_front() else {
+                return Turn::Broken;
+            };
+            charge_taken += item.charge();
+            lead = match item {
+                Item::Raw(b) => Some(Lead::Raw(b)),
+                Item::PipedRest(n) => match self.splicing.clone() {
+                    Some(splicing) => Some(Lead::Piped(splicing, n)),
+                    None => {
+                        held.broken = true;
+                        return Turn::Broken;
+                    }
+                },
+                _ => None,
+            };
+        }
         // Piped bytes make a turn of their own (after the pongs and pings
         // in `batch`), so that every frame goes out in its order.
         let mut piped = None;
@@ -568,7 +670,9 @@ impl HarnessQueue {
                     piped = Some((splicing, n));
                     break;
                 }
-                Item::Piped(_) => {
+                // Piped after frames, or the rest of a frame started by the
+                // piped bytes just taken: the next turn's.
+                Item::Piped(_) | Item::PipedRest(_) | Item::Raw(_) => {
                     held.frames.push_front(item);
                     break;
                 }
@@ -577,18 +681,13 @@ impl HarnessQueue {
                     frames += 1;
                     batch.push(Outgoing::Binary(b));
                 }
-                Item::Raw(b) => {
-                    charge_taken += charge(&b);
-                    frames += 1;
-                    batch.push(Outgoing::Raw(b));
-                }
             }
         }
         let owed = held.owed.take();
         if let Some((_, n)) = &owed {
             charge_taken += n;
         }
-        let nothing = batch.is_empty() && owed.is_none() && piped.is_none();
+        let nothing = batch.is_empty() && owed.is_none() && piped.is_none() && lead.is_none();
         if nothing && !held.closed {
             return Turn::Idle;
         }
@@ -604,6 +703,7 @@ impl HarnessQueue {
             writer,
             owed,
             charge: charge_taken,
+            lead,
             piped,
         }
     }
@@ -613,6 +713,13 @@ impl HarnessQueue {
     /// [`HarnessQueue::forfeit`]; returns the idle writer, unless a
     /// write-through broke it, with the rest of a frame it owes.
     pub fn finish(&self) -> Option<(HarnessWriter, Option<Remainder>)> {
+        // A frame half written whose rest is queued: a close frame would
+        // land inside it, so the socket is dropped without one.
+        let mid_frame = self
+            .lock()
+            .frames
+            .front()
+            .is_some_and(Item::continues_a_frame);
         self.forfeit();
         let mut held = self.lock();
         let owed = held.owed.take().map(|(rest, n)| {
@@ -621,7 +728,7 @@ impl HarnessQueue {
             self.node.give(n);
             rest
         });
-        let broken = held.broken;
+        let broken = held.broken || mid_frame;
         let writer = held.idle.take().filter(|_| !broken)?;
         Some((writer, owed))
     }
@@ -647,7 +754,7 @@ impl HarnessQueue {
     pub fn try_recv(&self) -> Option<Bytes> {
         match self.lock().frames.pop_front()? {
             Item::Frame(b) | Item::Raw(b) => Some(b),
-            Item::Piped(_) => None,
+            Item::Piped(_) | Item::PipedRest(_) => None,
         }
     }
 

@@ -93,6 +93,7 @@ async fn frames_are_written_through_in_order_while_the_writer_is_idle() {
         writer,
         owed: None,
         charge: 0,
+        lead: None,
         piped: None,
     } = q.take_turn(&mut batch)
     else {
@@ -279,4 +280,116 @@ fn a_reservation_not_used_is_given_back() {
         Err(Refused::Gone)
     ));
     assert_eq!((q.held(), environment.held(), node.held()), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn pipes_are_made_within_the_nodes_budget_and_given_back_with_their_stream() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp = || async {
+        let s = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        crate::socket::splice::SharedTcp::new(s)
+    };
+    let budget = Arc::new(PipeBudget::new(1));
+    let a = Splicing::new(tcp().await, budget.clone());
+    let b = Splicing::new(tcp().await, budget.clone());
+    assert_eq!(budget.open(), 0, "no pipe before one is needed");
+    assert!(a.pipe().is_some() && a.pipe().is_some());
+    assert_eq!(budget.open(), 1);
+    assert!(b.pipe().is_none(), "past the budget: read as usual");
+    drop(a);
+    assert_eq!(budget.open(), 0);
+    assert!(b.pipe().is_some(), "a stream that ended gave its pipe back");
+    assert_eq!(budget.open(), 1);
+}
+
+/// A connected loopback pair.
+async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+        .await
+        .unwrap();
+    (a, l.accept().await.unwrap().0)
+}
+
+/// A queue splicing to a loopback socket (its other end returned) that
+/// holds the rest of a frame, read, after the frame's start went through
+/// its pipe (as when the pipe filled half way); the frame's payload.
+async fn half_piped_frame(round: u8) -> (HarnessQueue, tokio::net::TcpStream, Vec<u8>) {
+    use crate::socket::splice::{read_exact, splice_in, SharedTcp, SplicedIn};
+    use tokio::io::AsyncWriteExt;
+    let (node_end, harness_end) = tcp_pair().await;
+    let (mut executor, executor_end) = tcp_pair().await;
+    let node_end = SharedTcp::new(node_end);
+    let splicing = Splicing::new(node_end.clone(), Arc::new(PipeBudget::new(1)));
+    let q = HarnessQueue::new(Pool::new(1 << 20), Pool::new(1 << 20)).with_splicing(splicing);
+    q.attach(Writer::new(Box::new(node_end), crate::socket::Role::Server));
+    let payload: Vec<u8> = (0..20_000u32).map(|i| (i as u8) ^ round).collect();
+    let frame = masked_frame(&payload, [1, 2, 3, round]);
+    executor.write_all(&frame).await.unwrap();
+    let splicing = q.splicing().unwrap().clone();
+    let pipe = splicing.pipe().unwrap();
+    let mut moved = 0;
+    while moved < 5000 {
+        match splice_in(&executor_end, pipe, 5000 - moved).await.unwrap() {
+            SplicedIn::Moved(n) => moved += n,
+            other => panic!("{other:?}"),
+        }
+    }
+    let rest = read_exact(&executor_end, frame.len() - moved)
+        .await
+        .unwrap();
+    let reserved = q.reserve(frame.len() + QUEUED_FRAME_OVERHEAD).unwrap();
+    // The piped start is written through at once; the rest waits.
+    q.send_reserved(vec![Item::Piped(moved), Item::Raw(rest.freeze())], reserved)
+        .unwrap();
+    (q, harness_end, payload)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pong_never_lands_inside_a_frame_whose_rest_was_read() {
+    use crate::socket::{Message, Reader, Role};
+    // The writer task may take the pong or the frame's rest first (its
+    // select is not biased): many rounds, so a pong written between the
+    // two parts of the frame would show.
+    for round in 0..20u8 {
+        let (q, harness_end, payload) = half_piped_frame(round).await;
+        let (pong_tx, pongs) = tokio::sync::mpsc::channel(1);
+        pong_tx.send(Bytes::from_static(b"P")).await.unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = super::super::harness_writer::spawn(
+            q.clone(),
+            pongs,
+            (stop.clone(), Default::default()),
+            std::time::Duration::from_secs(3600),
+        );
+        let mut harness = Reader::new(harness_end, Role::Client, 1 << 20).accept_masked();
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            match tokio::time::timeout(std::time::Duration::from_secs(10), harness.next())
+                .await
+                .unwrap()
+            {
+                Ok(Some(Message::Binary(b))) => got.push(Some(b)),
+                Ok(Some(Message::Pong)) => got.push(None),
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert!(
+            got.contains(&Some(Bytes::from(payload))) && got.contains(&None),
+            "round {round}: the frame whole and the pong"
+        );
+        stop.cancel();
+        let _ = task.await;
+    }
+}
+
+#[tokio::test]
+async fn a_stream_ended_inside_a_frame_gets_no_close_frame() {
+    let (q, _harness_end, _) = half_piped_frame(0).await;
+    // Reset with the frame's rest unwritten: a close frame would land
+    // inside the frame, so the writer gets no socket to send one on.
+    assert!(q.finish().is_none());
+    assert_eq!((q.held(), q.environment.held(), q.node.held()), (0, 0, 0));
 }
