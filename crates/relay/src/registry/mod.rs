@@ -26,6 +26,7 @@ mod harness_writer;
 pub mod hub;
 pub mod metrics;
 mod pending;
+mod pipes;
 pub mod postgres;
 mod queue;
 mod relay_io;

@@ -28,12 +28,13 @@
 //! ([`Item::Piped`], `splice_route.rs`); they take their turn among the
 //! other frames, charged as they are.
 
-use crate::socket::splice::{splice_out_now, Pipe, SharedTcp};
+pub use super::pipes::{PipeBudget, Splicing};
+use crate::socket::splice::splice_out_now;
 use crate::socket::{Outgoing, Remainder, Writer, WrittenNow};
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Waker};
 use tokio::io::AsyncWrite;
 use tokio::sync::Notify;
@@ -101,100 +102,6 @@ pub enum Lead {
     Raw(Bytes),
     /// Bytes in this pipe.
     Piped(Arc<Splicing>, usize),
-}
-
-/// How many harness pipes a node holds at once: each takes two file
-/// descriptors, which the node's connection limit must leave room for.
-#[derive(Debug)]
-pub struct PipeBudget {
-    open: AtomicUsize,
-    limit: usize,
-}
-
-impl PipeBudget {
-    /// At most `limit` pipes at once.
-    pub fn new(limit: usize) -> PipeBudget {
-        PipeBudget {
-            open: AtomicUsize::new(0),
-            limit,
-        }
-    }
-
-    /// Pipes open now.
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::SeqCst)
-    }
-
-    fn take(&self) -> bool {
-        if self.open.fetch_add(1, Ordering::SeqCst) >= self.limit {
-            self.open.fetch_sub(1, Ordering::SeqCst);
-            return false;
-        }
-        true
-    }
-
-    fn give(&self) {
-        self.open.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A harness socket a node may splice frames to, and the pipe they go
-/// through: made at its first use (a harness that never gets a large
-/// frame costs no pipe) while the node's [`PipeBudget`] has room, kept
-/// until the stream ends.
-#[derive(Debug)]
-pub struct Splicing {
-    /// The harness's socket.
-    pub tcp: SharedTcp,
-    pipe: OnceLock<Pipe>,
-    budget: Arc<PipeBudget>,
-}
-
-impl Splicing {
-    /// Frames for `tcp` may go through a pipe counted in `budget`.
-    pub fn new(tcp: SharedTcp, budget: Arc<PipeBudget>) -> Splicing {
-        Splicing {
-            tcp,
-            pipe: OnceLock::new(),
-            budget,
-        }
-    }
-
-    /// The pipe, made now if it was not yet; `None` while the node holds
-    /// as many pipes as its budget allows or none can be made (out of file
-    /// descriptors): frames are then read as usual.
-    pub fn pipe(&self) -> Option<&Pipe> {
-        if let Some(p) = self.pipe.get() {
-            return Some(p);
-        }
-        if !self.budget.take() {
-            return None;
-        }
-        match Pipe::new() {
-            // Only one task asks before the pipe exists (the executor's
-            // reader), so this is the first.
-            Ok(p) => {
-                if let Err(p) = self.pipe.set(p) {
-                    drop(p);
-                    self.budget.give();
-                }
-                self.pipe.get()
-            }
-            Err(e) => {
-                self.budget.give();
-                tracing::debug!("no pipe for a harness socket: {e}");
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Splicing {
-    fn drop(&mut self) {
-        if self.pipe.get().is_some() {
-            self.budget.give();
-        }
-    }
 }
 
 /// Which budget a frame would pass.
@@ -325,22 +232,6 @@ pub struct HarnessQueue {
     splicing: Option<Arc<Splicing>>,
 }
 
-/// Budget taken for a frame on its way into a queue
-/// ([`HarnessQueue::reserve`]); given back when dropped unless the frame
-/// was queued with it.
-pub struct Reserved {
-    queue: HarnessQueue,
-    n: usize,
-}
-
-impl Drop for Reserved {
-    fn drop(&mut self) {
-        if self.n > 0 {
-            self.queue.release(self.n);
-        }
-    }
-}
-
 impl HarnessQueue {
     /// An empty queue counted against `environment` and `node`.
     pub fn new(environment: Pool, node: Pool) -> HarnessQueue {
@@ -371,16 +262,6 @@ impl HarnessQueue {
     /// open and the harness takes them.
     pub fn splicing(&self) -> Option<&Arc<Splicing>> {
         self.splicing.as_ref().filter(|_| !self.lock().closed)
-    }
-
-    /// Takes `n` bytes of the budgets for a frame that is to be queued with
-    /// [`HarnessQueue::send_reserved`], or says which budget it would pass.
-    pub fn reserve(&self, n: usize) -> Result<Reserved, Scope> {
-        self.take_budget(&mut self.lock(), n)?;
-        Ok(Reserved {
-            queue: self.clone(),
-            n,
-        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -427,38 +308,6 @@ impl HarnessQueue {
         if let Some(Item::Frame(f)) = incoming.pop_front() {
             self.push_locked(&mut held, f)?;
         }
-        self.wake_task(held);
-        Ok(())
-    }
-
-    /// Queues `items` (one frame as its executor sent it: piped, then the
-    /// rest read, if any) with the budget `reserved` took for them,
-    /// writing them through as [`HarnessQueue::send`] does. Their charges
-    /// may pass `reserved` by [`QUEUED_FRAME_OVERHEAD`] per item after the
-    /// first (taken whatever the budgets). Errors: [`Refused::Gone`].
-    pub fn send_reserved(&self, items: Vec<Item>, mut reserved: Reserved) -> Result<(), Refused> {
-        let mut held = self.lock();
-        if held.closed {
-            // Unlocked first: the reservation's drop takes the lock.
-            drop(held);
-            drop(reserved);
-            return Err(Refused::Gone);
-        }
-        // The reservation's charge is the items' from here on (given back
-        // here, not by its drop, which would take the lock held now).
-        let total: usize = items.iter().map(Item::charge).sum();
-        let taken = std::mem::take(&mut reserved.n);
-        if total >= taken {
-            let extra = total - taken;
-            self.environment.force(extra);
-            self.node.force(extra);
-            held.bytes += extra;
-        } else {
-            self.uncharge(&mut held, taken - total);
-        }
-        let mut incoming = VecDeque::from(items);
-        self.write_through_all(&mut held, &mut incoming, true)?;
-        held.frames.extend(incoming);
         self.wake_task(held);
         Ok(())
     }
@@ -791,6 +640,8 @@ impl HarnessQueue {
         self.ready.notify_one();
     }
 }
+
+mod reserved;
 
 #[cfg(test)]
 #[path = "queue_tests.rs"]
