@@ -1,7 +1,7 @@
 //! Routing a data frame from its first bytes, for a node that forwards the
 //! rest without reading it (`registry/splice_route.rs`).
 
-use super::{Reader, Value};
+use super::Reader;
 
 /// The stream id of the encoded frame of `frame_len` bytes that `prefix`
 /// starts, if `prefix` shows it to be a data frame (`RelayData`, field 5)
@@ -20,10 +20,7 @@ pub fn data_stream_id(prefix: &[u8], frame_len: usize) -> Option<&str> {
             (1 | 3 | 4, 0) => {
                 r.varint().ok()?;
             }
-            (2, 2) => match r.field_bytes()? {
-                Value::Bytes(b) => stream_id = Some(std::str::from_utf8(b).ok()?),
-                _ => return None,
-            },
+            (2, 2) => stream_id = Some(std::str::from_utf8(r.field_bytes()?).ok()?),
             (5, 2) => {
                 let len = usize::try_from(r.varint().ok()?).ok()?;
                 // Where the data's bytes start, in the prefix and so in
@@ -40,9 +37,9 @@ pub fn data_stream_id(prefix: &[u8], frame_len: usize) -> Option<&str> {
 
 impl<'a> Reader<'a> {
     /// A length-delimited value whose key was just read.
-    fn field_bytes(&mut self) -> Option<Value<'a>> {
+    fn field_bytes(&mut self) -> Option<&'a [u8]> {
         let len = usize::try_from(self.varint().ok()?).ok()?;
-        Some(Value::Bytes(self.skip(len).ok()?))
+        self.skip(len).ok()
     }
 }
 

@@ -67,7 +67,7 @@ pub(super) fn spawn(
                 // A write that can finish finishes; only a blocked one is
                 // abandoned.
                 biased;
-                r = tokio::time::timeout(WRITE_TIMEOUT, write_turn(&mut writer, (owed, lead), &mut batch, piped)) => {
+                r = tokio::time::timeout(WRITE_TIMEOUT, write_turn(&mut writer, owed, lead, &mut batch, piped)) => {
                     matches!(r, Ok(Ok(())))
                 }
                 _ = stop.cancelled() => false,
@@ -94,7 +94,8 @@ pub(super) fn spawn(
 /// writer writes to).
 async fn write_turn(
     writer: &mut HarnessWriter,
-    (owed, lead): (Option<Remainder>, Option<Lead>),
+    owed: Option<Remainder>,
+    lead: Option<Lead>,
     batch: &mut Vec<Outgoing>,
     piped: Option<(Arc<Splicing>, usize)>,
 ) -> std::io::Result<()> {

@@ -225,11 +225,6 @@ impl Hub {
         self
     }
 
-    /// Harness pipes open on this node now.
-    pub fn splice_pipes_open(&self) -> usize {
-        self.pipes.open()
-    }
-
     /// Bytes queued towards harnesses on this node now.
     pub fn buffered_bytes(&self) -> usize {
         self.buffered.held()

@@ -24,6 +24,7 @@ impl PipeBudget {
     }
 
     /// Pipes open now.
+    #[cfg(test)]
     pub fn open(&self) -> usize {
         self.open.load(Ordering::SeqCst)
     }

@@ -181,10 +181,10 @@ struct Held {
 /// How far [`HarnessQueue::write_through`] got with an item.
 enum Through {
     Written,
-    /// In part: the rest is owed (a frame's) or back at the queue's front
-    /// (piped bytes', with `n` bytes of their charge given back).
+    /// In part: the rest is owed (a frame's, charged anew) or back at the
+    /// queue's front (piped bytes', still charged `rest_charge`).
     Part {
-        n: usize,
+        rest_charge: usize,
     },
     /// Not at all: the item is handed back.
     Blocked(Item),
@@ -351,8 +351,8 @@ impl HarnessQueue {
             };
             match self.write_through(held, next) {
                 Through::Written => self.uncharge(held, cost),
-                Through::Part { n } => {
-                    self.uncharge(held, n.min(cost));
+                Through::Part { rest_charge } => {
+                    self.uncharge(held, cost.saturating_sub(rest_charge));
                     return Ok(());
                 }
                 Through::Blocked(back) if from_queue => {
@@ -394,7 +394,7 @@ impl HarnessQueue {
                 self.node.force(n);
                 held.bytes += n;
                 held.owed = Some((rest, n));
-                Through::Part { n: usize::MAX }
+                Through::Part { rest_charge: 0 }
             }
             Err(_) => {
                 held.broken = true;
@@ -421,7 +421,9 @@ impl HarnessQueue {
             Ok(n) if n >= len => Through::Written,
             Ok(n) => {
                 held.frames.push_front(Item::PipedRest(len - n));
-                Through::Part { n }
+                Through::Part {
+                    rest_charge: Item::PipedRest(len - n).charge(),
+                }
             }
             Err(_) => {
                 held.broken = true;
@@ -642,6 +644,7 @@ impl HarnessQueue {
 }
 
 mod reserved;
+pub use reserved::Reserved;
 
 #[cfg(test)]
 #[path = "queue_tests.rs"]

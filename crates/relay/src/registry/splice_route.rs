@@ -17,12 +17,13 @@
 //! usual, so the budgets' resets work the same either way.
 
 use super::hub::{Hub, MESSAGE_TIMEOUT};
-use super::queue::Item;
+use super::queue::{HarnessQueue, Item, Reserved, Splicing, QUEUED_FRAME_OVERHEAD};
 use crate::frame::{data_stream_id, MAX_FRAME_BYTES};
 use crate::socket::splice::{read_exact, splice_in, SharedTcp, SplicedIn};
 use crate::socket::{Message, Reader, WsError};
 use exec_server_wsframe::frame::{parse_header, OpCode};
 use exec_server_wsframe::mask::apply_mask;
+use std::sync::Arc;
 use tokio::io::AsyncRead;
 
 /// Bytes looked at before a frame is read or spliced: a frame header (at
@@ -71,15 +72,14 @@ impl Hub {
         reader: &mut Reader<R>,
         tcp: &SharedTcp,
     ) -> Result<bool, WsError> {
-        let mut seen = [0u8; PEEK_BYTES];
-        let n = tcp.tcp().peek(&mut seen).await?;
-        let seen = &seen[..n];
+        let mut peeked = [0u8; PEEK_BYTES];
+        let n = tcp.tcp().peek(&mut peeked).await?;
+        let seen = &mut peeked[..n];
         // A header the reader will refuse, or one not all here: the reader
         // reads it (and says why, or waits for the rest).
         let Ok(Some(header)) = parse_header(seen) else {
             return Ok(false);
         };
-        let total = header.header_len as u64 + header.len;
         let (Some(key), true, true) = (
             header.mask,
             header.opcode == OpCode::Binary && header.fin,
@@ -88,24 +88,21 @@ impl Hub {
             reader.cap_next_read(whole_frames(seen));
             return Ok(false);
         };
-        // `total` fits: the payload is at most MAX_FRAME_BYTES.
-        let total = total as usize;
-        let mut fields = seen[header.header_len..].to_vec();
-        apply_mask(&mut fields, key, 0);
+        // Both fit: the payload is at most MAX_FRAME_BYTES.
         let payload_len = header.len as usize;
-        let target = data_stream_id(&fields, payload_len).and_then(|id| self.stream_queue(env, id));
-        let Some(queue) = target else {
-            reader.cap_next_read(total);
-            return Ok(false);
-        };
-        let (Some(splicing), Ok(reserved)) = (
-            queue.splicing().cloned(),
-            queue.reserve(total + super::queue::QUEUED_FRAME_OVERHEAD),
-        ) else {
+        let total = header.header_len + payload_len;
+        // The fields in front of the data, unmasked where they lie (the
+        // peeked copy is ours; the socket keeps the frame as it came).
+        let fields = &mut seen[header.header_len..];
+        apply_mask(fields, key, 0);
+        let Some((queue, splicing, reserved)) =
+            data_stream_id(fields, payload_len).and_then(|id| self.splice_target(env, id, total))
+        else {
             reader.cap_next_read(total);
             return Ok(false);
         };
         let Some(pipe) = splicing.pipe() else {
+            // Not so: `splice_target` made it.
             reader.cap_next_read(total);
             return Ok(false);
         };
@@ -140,6 +137,26 @@ impl Hub {
         // A stream reset meanwhile has the frame dropped with it.
         let _ = queue.send_reserved(items, reserved);
         Ok(true)
+    }
+}
+
+impl Hub {
+    /// The queue of `stream_id`'s harness if that harness takes spliced
+    /// frames and its pipe can be had, with its splicing and the budget for
+    /// a frame of `total` bytes, taken last (nothing to give back when
+    /// another check fails).
+    fn splice_target(
+        &self,
+        env: &str,
+        stream_id: &str,
+        total: usize,
+    ) -> Option<(HarnessQueue, Arc<Splicing>, Reserved)> {
+        let queue = self.stream_queue(env, stream_id)?;
+        let splicing = queue.splicing()?.clone();
+        // Made now if need be; none (past the node's budget): read as usual.
+        splicing.pipe()?;
+        let reserved = queue.reserve(total + QUEUED_FRAME_OVERHEAD).ok()?;
+        Some((queue, splicing, reserved))
     }
 }
 

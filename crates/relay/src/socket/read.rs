@@ -100,11 +100,6 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         self.next_read_cap = Some(n.max(1));
     }
 
-    /// The connection read from.
-    pub fn get_ref(&self) -> &R {
-        &self.io
-    }
-
     /// Bounds the time from a message's first byte to its last: a peer that
     /// starts a message and then stalls (holding the reader's buffer for
     /// it) gets [`WsError::Stalled`] after `limit`. Waiting between
